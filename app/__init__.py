@@ -1,0 +1,1 @@
+"""app: a Gradio app that generates images from any checkpoint."""

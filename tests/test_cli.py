@@ -1,0 +1,40 @@
+"""The `dwb` console script as users run it: one-line errors, tracebacks only with --debug."""
+import pytest
+
+from .conftest import run_dwb
+
+
+def test_help_lists_every_stage():
+    out = run_dwb("--help").stdout
+    for command in ("data", "prepare", "train", "export", "sample", "demo"):
+        assert command in out
+
+
+def test_unknown_config_key_is_one_line(tmp_path):
+    r = run_dwb("train", "configs/tiny-phase1.yaml", "model.colour=red")
+    assert r.returncode == 1
+    assert r.stderr.strip() == "error: unknown config key 'model.colour' (known: architecture, attention, caption_dropout, " \
+        "gradient_checkpointing, min_snr_gamma, prediction_type, pretrained, unet)"
+    assert "Traceback" not in r.stderr
+
+
+def test_debug_shows_the_traceback():
+    r = run_dwb("--debug", "train", "configs/tiny-phase1.yaml", "model.colour=red")
+    assert r.returncode != 0 and "Traceback" in r.stderr and "WorkbenchError" in r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "configs/nope.yaml"], "error: config file not found: configs/nope.yaml"),
+    (["export", "missing.pt", "out"], "error: checkpoint not found: missing.pt"),
+    (["prepare", "no-such-data", "out"], "error: no MDS dataset at no-such-data"),
+    (["data", "convert", "no-such-folder", "out"], "no-such-folder"),
+])
+def test_bad_paths_are_named(args, needle, tmp_path):
+    r = run_dwb(*args, cwd=None)
+    assert r.returncode == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_missing_pretrained_weights_named(tmp_path):
+    r = run_dwb("train", "configs/tiny-phase1.yaml", f"model.pretrained={tmp_path}/parts", f"save_folder={tmp_path}/c")
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"error: pretrained VAE not found: {tmp_path}/parts/vae does not exist (run `dwb prepare` to build the tiny components)"

@@ -1,0 +1,91 @@
+import pytest
+import torch
+
+from train.config import load_config
+from train.errors import WorkbenchError
+from train.trainer import build_model
+
+from ..conftest import REPO
+
+
+def _model(components, **model):
+    overrides = [f"model.pretrained={components}"] + [f"model.{k}={v}" for k, v in model.items()]
+    return build_model(load_config(REPO / "configs/tiny-phase1.yaml", overrides))
+
+
+def _batch(model, n=4, res=32):
+    ids = model.tokenizer(["a red circle", "two blue squares", "a white square above a purple triangle", ""][:n],
+                          padding="max_length", max_length=model.tokenizer.model_max_length, return_tensors="pt").input_ids
+    return {"image": torch.rand(n, 3, res, res) * 2 - 1, "input_ids": ids}
+
+
+@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction"])
+def test_forward_backward_updates_only_the_unet(components, prediction_type):
+    torch.manual_seed(0)
+    model = _model(components, prediction_type=prediction_type, min_snr_gamma=5.0)
+    model.train()
+    out = model(_batch(model))
+    pred, target, t = out
+    assert pred.shape == target.shape == (4, 4, 8, 8) and t.shape == (4,)
+    loss = model.loss(out, None)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is not None for p in model.unet.parameters())
+    assert all(p.grad is None for p in model.vae.parameters())
+    assert all(p.grad is None for p in model.text_encoder.parameters())
+    assert not model.vae.training and not model.text_encoder.training  # frozen parts stay in eval
+
+
+def test_v_target_is_the_velocity(components):
+    """With a zero-noise draw replaced by hand: v = sqrt(a) eps - sqrt(1-a) x0 (Salimans & Ho 2022)."""
+    model = _model(components, prediction_type="v_prediction")
+    model.eval()
+    torch.manual_seed(1)
+    batch = _batch(model, 2)
+    torch.manual_seed(2)
+    _, target, t = model(batch)
+    torch.manual_seed(2)
+    latents = model.encode_images(batch["image"])
+    eps = torch.randn_like(latents)
+    a = model.alphas_cumprod[t].view(-1, 1, 1, 1)
+    assert torch.allclose(target, a.sqrt() * eps - (1 - a).sqrt() * latents, atol=1e-6)
+
+
+def test_min_snr_weighting_downweights_low_noise_steps(components):
+    model = _model(components, min_snr_gamma=1.0)
+    pred, target = torch.zeros(2, 4, 8, 8), torch.ones(2, 4, 8, 8)
+    t = torch.tensor([5, 900])  # high SNR (weight gamma/snr << 1), low SNR (weight 1)
+    per_step = [model.loss((pred[i:i + 1], target[i:i + 1], t[i:i + 1]), None).item() for i in range(2)]
+    snr = model.alphas_cumprod[5] / (1 - model.alphas_cumprod[5])
+    assert per_step[1] == pytest.approx(1.0)
+    assert per_step[0] == pytest.approx((1.0 / snr).item(), rel=1e-5)
+
+
+def test_caption_dropout_rate(components):
+    model = _model(components, caption_dropout=0.3)
+    model.train()
+    ids = _batch(model, 1)["input_ids"].repeat(4000, 1)
+    torch.manual_seed(0)
+    dropped = (model.drop_captions(ids) == model.empty_ids).all(dim=1).float().mean().item()
+    assert 0.27 < dropped < 0.33
+    model.eval()
+    assert torch.equal(model.drop_captions(ids), ids)  # never at inference
+
+
+def test_missing_pretrained_folder_is_one_clear_error(tmp_path):
+    with pytest.raises(WorkbenchError, match=r"pretrained VAE not found: .*nowhere/vae does not exist"):
+        build_model(load_config(REPO / "configs/tiny-phase1.yaml", [f"model.pretrained={tmp_path / 'nowhere'}"]))
+
+
+@pytest.mark.slow
+def test_sd2_base_instantiates_at_full_size_without_download():
+    cfg = load_config(REPO / "configs/sd2-base-phase1.yaml", ["model.pretrained=null"])
+    model = build_model(cfg)
+    n = sum(p.numel() for p in model.unet.parameters())
+    assert round(n / 1e6, 1) == 865.9
+    assert model.unet.config.cross_attention_dim == model.text_encoder.config.hidden_size == 1024
+    assert model.text_encoder.config.num_hidden_layers == 23  # SD2 conditions on the penultimate layer
+    assert model.scaling_factor == 0.18215
+    with torch.no_grad():  # one forward at a small latent size proves the wiring
+        out = model.unet(torch.randn(1, 4, 8, 8), torch.tensor([10]), encoder_hidden_states=torch.randn(1, 77, 1024)).sample
+    assert out.shape == (1, 4, 8, 8)

@@ -1,0 +1,123 @@
+"""Composer end to end on tiny models: fit, checkpoint, resume, phase 2 from phase 1, export, load."""
+import numpy as np
+import pytest
+import torch
+from diffusers import StableDiffusionPipeline
+
+from train.checkpoint import read_checkpoint
+from train.config import load_config
+from train.errors import WorkbenchError
+from train.pipeline import export_pipeline, load_pipeline
+from train.trainer import build_trainer, train
+
+from ..conftest import REPO, tiny_overrides
+
+PHASE1 = REPO / "configs/tiny-phase1.yaml"
+PHASE2 = REPO / "configs/tiny-phase2.yaml"
+
+
+def _unet(state_or_pipe):
+    return {k: v.clone() for k, v in state_or_pipe.unet.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def phase1(shapes_data, components, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("phase1") / "ckpt"
+    cfg = load_config(PHASE1, tiny_overrides(shapes_data, components, folder, max_duration="4ba", save_interval="2ba"))
+    train(cfg)
+    return folder
+
+
+def test_fit_writes_periodic_checkpoints_with_spec_and_ema(phase1):
+    names = sorted(p.name for p in phase1.glob("ep*-ba*-rank0.pt"))
+    assert names == ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"]
+    ckpt = read_checkpoint(phase1 / "ep0-ba4-rank0.pt")  # weights_only=True under the hood
+    assert ckpt["spec"]["architecture"] == "tiny" and ckpt["spec"]["resolution"] == 16
+    assert ckpt["ema_state"]["ema_started"]
+    raw = load_pipeline(phase1 / "ep0-ba4-rank0.pt")
+    ema = load_pipeline(phase1 / "ep0-ba4-rank0.pt", ema=True)
+    diff = sum((a - b).abs().sum().item() for a, b in zip(raw.unet.parameters(), ema.unet.parameters()))
+    assert diff > 0  # EMA and raw weights are told apart
+
+
+def test_autoresume_continues_from_the_latest_checkpoint(shapes_data, components, tmp_path):
+    folder = tmp_path / "ckpt"
+    over = tiny_overrides(shapes_data, components, folder, save_interval="2ba", autoresume="true", run_name="resume")
+    first = build_trainer(load_config(PHASE1, over + ["max_duration=2ba"]))
+    first.fit()
+    first.close()
+    second = build_trainer(load_config(PHASE1, over + ["max_duration=4ba"]))
+    assert int(second.state.timestamp.batch) == 2  # picked up where the first run stopped
+    second.fit()
+    second.close()
+    assert int(second.state.timestamp.batch) == 4
+    assert (folder / "ep0-ba4-rank0.pt").is_file()
+
+
+def test_phase2_starts_from_phase1_weights(phase1, shapes_data, components, tmp_path):
+    # lr 0 and no weight decay: phase 2's single step leaves the loaded weights untouched
+    start = phase1 / "ep0-ba4-rank0.pt"
+    over = tiny_overrides(shapes_data, components, tmp_path / "p2", res=32, max_duration="1ba", save_interval="1ba",
+                          load_path=start, **{"optimizer.lr": 0.0, "optimizer.weight_decay": 0.0, "ema.enabled": "false"})
+    trainer = build_trainer(load_config(PHASE2, over))
+    assert int(trainer.state.timestamp.batch) == 0  # weights only: a fresh run, not a resume
+    trainer.fit()
+    trainer.close()
+    stored = read_checkpoint(start)["model"]  # the weights phase 1 saved (EMA, swapped in for saving)
+    after = read_checkpoint(tmp_path / "p2" / "ep0-ba1-rank0.pt")
+    assert after["spec"]["resolution"] == 32
+    unet_keys = [k for k in stored if k.startswith("unet.")]
+    assert all(torch.equal(stored[k], after["model"][k]) for k in unet_keys)
+
+
+def test_load_path_of_another_architecture_is_refused(phase1, shapes_data, components, tmp_path):
+    over = tiny_overrides(shapes_data, components, tmp_path / "x", load_path=phase1 / "ep0-ba4-rank0.pt",
+                          **{"model.unet": "{block_out_channels: [16, 32]}"})
+    with pytest.raises(WorkbenchError, match="UNet differs"):
+        build_trainer(load_config(PHASE1, over))
+
+
+def test_export_round_trip_is_bit_identical(phase1, tmp_path):
+    ckpt = phase1 / "ep0-ba4-rank0.pt"
+    for ema in (False, True):
+        out = export_pipeline(ckpt, tmp_path / f"export-{ema}", ema=ema)
+        exported = StableDiffusionPipeline.from_pretrained(out)  # plain diffusers, no workbench code
+        ours = load_pipeline(ckpt, ema=ema)
+        kw = dict(prompt=["two red circles left of a blue square", "a green triangle"], num_inference_steps=6,
+                  guidance_scale=4.0, height=16, width=16, output_type="np")
+        a = exported(**kw, generator=[torch.Generator().manual_seed(s) for s in (0, 1)]).images
+        b = ours(**kw, generator=[torch.Generator().manual_seed(s) for s in (0, 1)]).images
+        assert a.shape == (2, 16, 16, 3) and np.array_equal(a, b)
+        assert load_pipeline(out).unet.state_dict().keys() == ours.unet.state_dict().keys()
+
+
+def test_bad_checkpoints_give_one_line_errors(tmp_path):
+    corrupt = tmp_path / "ep0-ba9-rank0.pt"
+    corrupt.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(WorkbenchError, match="corrupt or not a PyTorch file"):
+        load_pipeline(corrupt)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(1)}}, foreign)
+    with pytest.raises(WorkbenchError, match="not a diffusion-workbench checkpoint"):
+        load_pipeline(foreign)
+    with pytest.raises(WorkbenchError, match="checkpoint not found"):
+        load_pipeline(tmp_path / "missing.pt")
+    with pytest.raises(WorkbenchError, match="model_index.json missing"):
+        load_pipeline(tmp_path)
+
+
+def test_bad_data_paths_fail_before_training(shapes_data, components, tmp_path):
+    with pytest.raises(WorkbenchError, match=r"'data.path': no MDS dataset at"):
+        build_trainer(load_config(PHASE1, tiny_overrides(tmp_path / "nodata", components, tmp_path / "c")))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "blocker").write_text("a file where a folder should be")
+    with pytest.raises(WorkbenchError, match="'save_folder': cannot write"):
+        build_trainer(load_config(PHASE1, tiny_overrides(shapes_data, components, ro / "blocker" / "ckpt")))
+
+
+def test_gpu_only_features_are_refused_on_cpu(shapes_data, components, tmp_path):
+    for key in ("fsdp=true", "low_precision_norms=true", "model.attention=xformers"):
+        over = tiny_overrides(shapes_data, components, tmp_path / "c") + [key, "device=cpu"]
+        with pytest.raises(WorkbenchError, match="needs a CUDA GPU"):
+            build_trainer(load_config(PHASE1, over))

@@ -1,0 +1,61 @@
+"""The two architectures, by name: the real SD2-base sizes and a tiny one that trains on 2 CPU cores.
+
+Each entry gives diffusers/transformers configs. ``sd2-base``'s UNet built from its config has
+865.9M parameters; its VAE and OpenCLIP ViT-H text tower (23 of 24 layers: SD2 conditions on
+the penultimate layer) normally load pretrained, but can be built with random weights too.
+"""
+from __future__ import annotations
+
+SD2_BASE = {
+    "unet": dict(
+        sample_size=64, in_channels=4, out_channels=4, center_input_sample=False,
+        flip_sin_to_cos=True, freq_shift=0,
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        block_out_channels=(320, 640, 1280, 1280), layers_per_block=2, downsample_padding=1,
+        mid_block_scale_factor=1, act_fn="silu", norm_num_groups=32, norm_eps=1e-5,
+        cross_attention_dim=1024, attention_head_dim=(5, 10, 20, 20), use_linear_projection=True,
+    ),
+    "vae": dict(
+        in_channels=3, out_channels=3, latent_channels=4, sample_size=512, layers_per_block=2,
+        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(128, 256, 512, 512), act_fn="silu", norm_num_groups=32, scaling_factor=0.18215,
+    ),
+    "text_encoder": dict(
+        vocab_size=49408, hidden_size=1024, intermediate_size=4096, num_hidden_layers=23,
+        num_attention_heads=16, max_position_embeddings=77, hidden_act="gelu", projection_dim=512,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1,
+    ),
+    "hub_id": "stabilityai/stable-diffusion-2-base",
+}
+
+TINY = {
+    "unet": dict(
+        sample_size=8, in_channels=4, out_channels=4, flip_sin_to_cos=True, freq_shift=0,
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8,
+        cross_attention_dim=64, attention_head_dim=4, use_linear_projection=True,
+    ),
+    # 32 px -> 8x8x4 latents (two downsamples). Trained by `dwb prepare` on the shapes data.
+    "vae": dict(
+        in_channels=3, out_channels=3, latent_channels=4, sample_size=32, layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(16, 32, 64), act_fn="silu", norm_num_groups=8, scaling_factor=1.0,
+    ),
+    # Frozen and random. Token and position embeddings start at unit std: with CLIP's 0.02 the
+    # captions are hard to tell apart, and word order (which shape is above) is nearly invisible.
+    "text_encoder": dict(
+        hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=32, hidden_act="quick_gelu", projection_dim=64,
+    ),
+    "embedding_std": 1.0,
+}
+
+ARCHITECTURES = {"sd2-base": SD2_BASE, "tiny": TINY}
+
+
+def unet_config(architecture: str, overrides: dict | None = None) -> dict:
+    cfg = dict(ARCHITECTURES[architecture]["unet"])
+    cfg.update(overrides or {})
+    return cfg

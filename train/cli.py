@@ -1,0 +1,146 @@
+"""The training side of `dwb`: data, prepare, train, export, demo."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return n
+
+
+def _sizes(value: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sizes such as 256,512, got {value!r}") from None
+    if any(s <= 0 or s % 8 for s in sizes):
+        raise argparse.ArgumentTypeError(f"sizes must be positive multiples of 8, got {value!r}")
+    return sizes
+
+
+def cmd_shapes(args) -> None:
+    from .shapes import write_shapes_dataset
+
+    counts = write_shapes_dataset(args.out, args.n, args.seed, sizes=args.sizes, n_eval=args.n_eval)
+    buckets = ", ".join(f"{args.out}/{s}" for s in args.sizes)
+    print(f"wrote {counts.get('train', 0)} training samples per bucket ({buckets}) and "
+          f"{counts.get('eval', 0)} held-out samples ({args.out}/eval/{max(args.sizes)})")
+
+
+def cmd_convert(args) -> None:
+    from .convert import convert
+
+    summary = convert(args.src, args.out, buckets=args.buckets, image_format=args.image_format,
+                      image_column=args.image_column, caption_column=args.caption_column,
+                      min_aesthetic=args.min_aesthetic, aesthetic_column=args.aesthetic_column,
+                      language_column=args.language_column, languages=args.languages.split(",") if args.languages else None,
+                      split=args.split, limit=args.limit)
+    print(summary.line())
+
+
+def cmd_prepare(args) -> None:
+    from .prepare import prepare_tiny
+
+    report = prepare_tiny(args.data, args.out, vae_steps=args.vae_steps, seed=args.seed)
+    print(f"tiny components in {args.out}: tokenizer of {report['vocab_size']} tokens, text encoder, "
+          f"VAE ({report['vae_steps']} steps, held-out PSNR {report['vae_holdout_psnr_db']:.1f} dB)")
+
+
+def cmd_train(args) -> None:
+    from .config import load_config
+    from .trainer import train
+
+    cfg = load_config(args.config, args.overrides)
+    folder = train(cfg)
+    print(f"checkpoints in {folder}")
+
+
+def cmd_export(args) -> None:
+    from .pipeline import export_pipeline
+
+    out = export_pipeline(args.checkpoint, args.out, ema=args.ema)
+    print(f"exported {'EMA' if args.ema else 'raw'} weights of {args.checkpoint} to {out} "
+          f"(diffusers.StableDiffusionPipeline.from_pretrained('{out}'))")
+
+
+def cmd_sample(args) -> None:
+    from .grid import DEMO_PROMPTS, write_grid
+    from .pipeline import load_pipeline
+
+    pipe = load_pipeline(args.checkpoint, ema=args.ema)
+    prompts = args.prompt or DEMO_PROMPTS
+    out = write_grid(pipe, args.out, prompts, seeds=range(args.seeds), steps=args.steps, guidance=args.guidance,
+                     title=str(args.checkpoint))
+    print(f"wrote {out}")
+
+
+def cmd_demo(args) -> None:
+    from .demo import run_demo
+
+    run_demo(Path(args.out), quick=args.quick, seed=args.seed)
+
+
+def register(sub) -> None:
+    data = sub.add_parser("data", help="make or convert training data (MDS)")
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+
+    p = data_sub.add_parser("shapes", help="generate the synthetic shapes dataset")
+    p.add_argument("out")
+    p.add_argument("--n", type=_positive, default=16000, help="training samples per bucket")
+    p.add_argument("--n-eval", type=int, default=1000, help="held-out samples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sizes", type=_sizes, default=(16, 32), help="resolution buckets (default 16,32)")
+    p.set_defaults(func=cmd_shapes)
+
+    p = data_sub.add_parser("convert", help="image folder, Parquet or HF dataset -> MDS resolution buckets")
+    p.add_argument("src")
+    p.add_argument("out")
+    p.add_argument("--buckets", type=_sizes, default=(256, 512), help="minimum-side buckets (default 256,512)")
+    p.add_argument("--image-format", choices=("jpeg", "png"), default="jpeg")
+    p.add_argument("--image-column")
+    p.add_argument("--caption-column")
+    p.add_argument("--min-aesthetic", type=float, help="keep rows whose aesthetic score is at least this")
+    p.add_argument("--aesthetic-column")
+    p.add_argument("--language-column")
+    p.add_argument("--languages", help="comma-separated language codes to keep, e.g. en")
+    p.add_argument("--split", default="train")
+    p.add_argument("--limit", type=_positive)
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("prepare", help="build the tiny architecture's tokenizer, text encoder and VAE from data")
+    p.add_argument("data", help="shapes dataset folder (its 32 px bucket is used)")
+    p.add_argument("out")
+    p.add_argument("--vae-steps", type=_positive, default=400)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("train", help="run one training phase with Composer")
+    p.add_argument("config", help="YAML config, e.g. configs/tiny-phase1.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("export", help="Composer checkpoint -> diffusers folder (safetensors)")
+    p.add_argument("checkpoint")
+    p.add_argument("out")
+    p.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("sample", help="a grid PNG of prompts x seeds from any checkpoint")
+    p.add_argument("checkpoint")
+    p.add_argument("out")
+    p.add_argument("--prompt", action="append", help="repeatable; default: the demo prompts")
+    p.add_argument("--seeds", type=_positive, default=4)
+    p.add_argument("--steps", type=_positive, default=25)
+    p.add_argument("--guidance", type=float, default=5.0)
+    p.add_argument("--ema", action="store_true")
+    p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("demo", help="every stage on the offline shapes domain, in minutes")
+    p.add_argument("--out", default="demo-output")
+    p.add_argument("--quick", action="store_true", help="the same stages in seconds (for tests)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)

@@ -1,0 +1,90 @@
+"""Building and loading the parts of a latent-diffusion model: UNet, VAE, text encoder, tokenizer, schedulers.
+
+``pretrained`` is a folder or hub id in the diffusers layout (``vae/``, ``text_encoder/``,
+``tokenizer/``). A missing part is one clear error naming the folder and the part.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL, DDIMScheduler, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+from .architectures import ARCHITECTURES, unet_config
+from .errors import WorkbenchError
+
+# The SD2 training noise schedule: DDPM, scaled-linear betas 0.00085 to 0.012 over 1000 steps.
+NOISE_SCHEDULE = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
+
+
+def ddpm_scheduler(prediction_type: str) -> DDPMScheduler:
+    return DDPMScheduler(**NOISE_SCHEDULE, prediction_type=prediction_type, clip_sample=False)
+
+
+def inference_scheduler(prediction_type: str) -> DDIMScheduler:
+    """The pipeline's default sampler: deterministic DDIM over the training schedule."""
+    return DDIMScheduler(**NOISE_SCHEDULE, prediction_type=prediction_type, clip_sample=False,
+                         set_alpha_to_one=False, steps_offset=1, timestep_spacing="leading")
+
+
+def build_unet(architecture: str, overrides: dict | None = None) -> UNet2DConditionModel:
+    return UNet2DConditionModel(**unet_config(architecture, overrides))
+
+
+def random_text_encoder(architecture: str, vocab_size: int | None = None, seed: int = 0) -> CLIPTextModel:
+    arch = ARCHITECTURES[architecture]
+    cfg = dict(arch["text_encoder"])
+    if vocab_size is not None:
+        cfg["vocab_size"] = vocab_size
+    torch.manual_seed(seed)
+    model = CLIPTextModel(CLIPTextConfig(**cfg))
+    std = arch.get("embedding_std")
+    if std is not None:
+        emb = model.text_model.embeddings
+        torch.nn.init.normal_(emb.token_embedding.weight, std=std)
+        torch.nn.init.normal_(emb.position_embedding.weight, std=std)
+    return model
+
+
+def random_vae(architecture: str) -> AutoencoderKL:
+    return AutoencoderKL(**ARCHITECTURES[architecture]["vae"])
+
+
+def _is_local(ref: str) -> bool:
+    return os.path.isabs(ref) or ref.startswith(".") or os.path.exists(ref) or ref.count("/") != 1
+
+
+def _load_part(cls, ref: str, subfolder: str, what: str):
+    if _is_local(ref):
+        folder = Path(ref) / subfolder
+        if not folder.is_dir():
+            hint = " (run `dwb prepare` to build the tiny components)" if not Path(ref).exists() else ""
+            raise WorkbenchError(f"pretrained {what} not found: {folder} does not exist{hint}")
+    try:
+        return cls.from_pretrained(ref, subfolder=subfolder)
+    except WorkbenchError:
+        raise
+    except Exception as e:  # hub unreachable, missing file, unreadable weights
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"cannot load pretrained {what} from '{ref}/{subfolder}': {first}") from None
+
+
+def load_frozen_parts(pretrained: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
+    """VAE, text encoder and tokenizer from a diffusers-layout folder or hub id."""
+    vae = _load_part(AutoencoderKL, pretrained, "vae", "VAE")
+    text_encoder = _load_part(CLIPTextModel, pretrained, "text_encoder", "text encoder")
+    tokenizer = _load_part(CLIPTokenizer, pretrained, "tokenizer", "tokenizer")
+    return vae, text_encoder, tokenizer
+
+
+def build_pipeline(unet, vae, text_encoder, tokenizer, prediction_type: str) -> StableDiffusionPipeline:
+    """A plain diffusers StableDiffusionPipeline around the parts (no safety checker)."""
+    pipe = StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+        scheduler=inference_scheduler(prediction_type), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

@@ -1,0 +1,234 @@
+"""Typed training configuration: YAML on disk, ``key=value`` overrides, unknown keys rejected by name.
+
+Top-level keys follow Composer's Trainer argument names where one exists (``max_duration``,
+``save_folder``, ``save_interval``, ``device_train_microbatch_size``, ``seed``, ``load_path`` ...).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from .errors import WorkbenchError
+
+ARCHITECTURES = ("tiny", "sd2-base")
+PREDICTION_TYPES = ("epsilon", "v_prediction")
+
+
+@dataclass
+class ModelConfig:
+    architecture: str = "tiny"
+    # Folder or hub id with vae/, text_encoder/ and tokenizer/ (a diffusers layout). For `tiny`,
+    # `dwb prepare` builds one; for `sd2-base`, stabilityai/stable-diffusion-2-base or a local copy.
+    # None builds every component with random weights (benchmarks, shape tests).
+    pretrained: Optional[str] = None
+    prediction_type: str = "epsilon"
+    caption_dropout: float = 0.1
+    min_snr_gamma: Optional[float] = None
+    attention: str = "auto"  # auto | sdpa | xformers
+    gradient_checkpointing: bool = False
+    unet: dict = field(default_factory=dict)  # overrides of the architecture's UNet config
+
+
+@dataclass
+class DataConfig:
+    path: str = ""  # an MDS folder (local) written by `dwb data shapes` or `dwb data convert`
+    remote: Optional[str] = None
+    resolution: int = 256
+    num_workers: int = 0
+    shuffle: bool = True
+    center_crop: bool = True  # False: random crop
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1.0e-4
+    weight_decay: float = 0.01
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1.0e-8
+
+
+@dataclass
+class SchedulerConfig:
+    t_warmup: str = "10000ba"  # linear warm-up, then constant
+
+
+@dataclass
+class EMAConfig:
+    enabled: bool = False
+    smoothing: float = 0.9999
+    ema_start: str = "0ba"
+    update_interval: str = "1ba"
+
+
+@dataclass
+class TrainConfig:
+    run_name: str = "run"
+    seed: int = 17
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    global_train_batch_size: int = 2048
+    device_train_microbatch_size: Union[int, str] = 16
+    grad_clip_norm: Optional[float] = 1.0
+    max_duration: str = "550000ba"
+    save_folder: str = "runs/{run_name}/checkpoints"
+    save_interval: str = "10000ba"
+    save_num_checkpoints_to_keep: int = -1
+    autoresume: bool = False
+    load_path: Optional[str] = None  # phase 2: phase 1's final checkpoint; weights only, fresh optimizer
+    load_weights_only: bool = True
+    device: str = "auto"  # auto | cpu | gpu
+    precision: str = "auto"  # auto (amp_bf16 on GPU, fp32 on CPU) | fp32 | amp_bf16 | amp_fp16
+    fsdp: bool = False  # SHARD_GRAD_OP through Composer's parallelism config (GPU)
+    low_precision_norms: bool = False  # Composer's LowPrecisionGroupNorm + LowPrecisionLayerNorm (GPU)
+    loggers: list = field(default_factory=lambda: ["file"])  # file | tensorboard | wandb
+    log_interval: str = "10ba"
+    progress_bar: bool = True
+
+    def resolved_save_folder(self) -> str:
+        return self.save_folder.replace("{run_name}", self.run_name)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against annotation ``tp``; ints are accepted for floats. Raises on mismatch."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except WorkbenchError as e:
+                errors.append(e)
+        names = " or ".join(_type_name(a) for a in typing.get_args(tp))
+        raise WorkbenchError(f"config key '{key}' must be {names}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise WorkbenchError(f"config key '{key}' must be a mapping, got {value!r}")
+        return _build(tp, value, prefix=f"{key}.")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-4" as a string
+            return float(value)
+        except ValueError:
+            pass
+    expected = origin or tp
+    if expected is bool and not isinstance(value, bool):
+        raise WorkbenchError(f"config key '{key}' must be true or false, got {value!r}")
+    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise WorkbenchError(f"config key '{key}' must be an integer, got {value!r}")
+    if not isinstance(value, expected):
+        raise WorkbenchError(f"config key '{key}' must be {_type_name(expected)}, got {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise WorkbenchError(f"unknown config key '{prefix}{key}' (known: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise WorkbenchError(f"override '{dotted}': '{part}' is not a mapping")
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    out: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise WorkbenchError(f"override '{item}' is not of the form key=value")
+        key, raw = item.split("=", 1)
+        _set_dotted(out, key.strip(), yaml.safe_load(raw) if raw != "" else None)
+    return out
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    m = cfg.model
+    if m.architecture not in ARCHITECTURES:
+        raise WorkbenchError(f"config key 'model.architecture' must be one of {', '.join(ARCHITECTURES)}, got {m.architecture!r}")
+    if m.prediction_type not in PREDICTION_TYPES:
+        raise WorkbenchError(f"config key 'model.prediction_type' must be one of {', '.join(PREDICTION_TYPES)}, got {m.prediction_type!r}")
+    if not 0.0 <= m.caption_dropout < 1.0:
+        raise WorkbenchError(f"config key 'model.caption_dropout' must be in [0, 1), got {m.caption_dropout}")
+    if m.attention not in ("auto", "sdpa", "xformers"):
+        raise WorkbenchError(f"config key 'model.attention' must be auto, sdpa or xformers, got {m.attention!r}")
+    if cfg.data.resolution <= 0 or cfg.data.resolution % 8:
+        raise WorkbenchError(f"config key 'data.resolution' must be a positive multiple of 8, got {cfg.data.resolution}")
+    if cfg.device not in ("auto", "cpu", "gpu"):
+        raise WorkbenchError(f"config key 'device' must be auto, cpu or gpu, got {cfg.device!r}")
+    if cfg.precision not in ("auto", "fp32", "amp_bf16", "amp_fp16"):
+        raise WorkbenchError(f"config key 'precision' must be auto, fp32, amp_bf16 or amp_fp16, got {cfg.precision!r}")
+    mb = cfg.device_train_microbatch_size
+    if isinstance(mb, str) and mb != "auto":
+        raise WorkbenchError(f"config key 'device_train_microbatch_size' must be an integer or 'auto', got {mb!r}")
+    for key in ("max_duration", "save_interval", "log_interval"):
+        _check_time(key, getattr(cfg, key))
+    _check_time("scheduler.t_warmup", cfg.scheduler.t_warmup)
+    _check_time("ema.ema_start", cfg.ema.ema_start)
+    for name in cfg.loggers:
+        if name not in ("file", "tensorboard", "wandb"):
+            raise WorkbenchError(f"config key 'loggers' has unknown logger {name!r} (file, tensorboard, wandb)")
+    return cfg
+
+
+def _check_time(key: str, value: str) -> None:
+    from composer.core import Time
+
+    try:
+        Time.from_timestring(str(value))
+    except Exception:
+        raise WorkbenchError(f"config key '{key}' must be a Composer time string such as '1000ba' or '1ep', got {value!r}") from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """Read a YAML config, apply ``key=value`` overrides and validate every key and type."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise WorkbenchError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise WorkbenchError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise WorkbenchError(f"config file {path} must hold a mapping at the top level")
+    data = _merge(data, parse_overrides(list(overrides)))
+    return validate(_build(TrainConfig, data))
+
+
+def config_to_dict(cfg: TrainConfig) -> dict:
+    return dataclasses.asdict(cfg)

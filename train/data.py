@@ -1,0 +1,90 @@
+"""Reading image-caption MDS datasets for training: crop to the phase's resolution, tokenize captions."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from streaming import StreamingDataset
+from torch.utils.data import DataLoader
+
+from .errors import WorkbenchError
+from .mds import count_samples
+
+
+def image_to_tensor(img: Image.Image, resolution: int, center_crop: bool = True,
+                    rng: np.random.Generator | None = None) -> torch.Tensor:
+    """PIL image -> (3, R, R) float in [-1, 1]: shorter side resized to R, then a square crop."""
+    img = img.convert("RGB")
+    w, h = img.size
+    if min(w, h) != resolution:
+        scale = resolution / min(w, h)
+        img = img.resize((max(resolution, round(w * scale)), max(resolution, round(h * scale))), Image.Resampling.BICUBIC)
+        w, h = img.size
+    if center_crop or rng is None:
+        left, top = (w - resolution) // 2, (h - resolution) // 2
+    else:
+        left, top = int(rng.integers(0, w - resolution + 1)), int(rng.integers(0, h - resolution + 1))
+    if (w, h) != (resolution, resolution):
+        img = img.crop((left, top, left + resolution, top + resolution))
+    arr = np.array(img, dtype=np.uint8)  # a writable copy
+    return torch.from_numpy(arr).permute(2, 0, 1).float().div_(127.5).sub_(1.0)
+
+
+class ImageCaptionDataset(StreamingDataset):
+    """An MDS image-caption dataset yielding ``{'image': (3, R, R), 'caption': str}``."""
+
+    def __init__(self, *, local: str, remote: str | None = None, resolution: int, center_crop: bool = True, **kwargs):
+        super().__init__(local=local, remote=remote, **kwargs)
+        self.resolution = resolution
+        self.center_crop = center_crop
+
+    def __getitem__(self, index: int) -> dict:
+        sample = super().__getitem__(index)
+        rng = None if self.center_crop else np.random.default_rng([self.shuffle_seed, index])
+        return {"image": image_to_tensor(sample["image"], self.resolution, self.center_crop, rng),
+                "caption": sample["caption"]}
+
+
+class TokenizingCollate:
+    """Stacks images and tokenizes the batch's captions in one call (per-sample calls cost ~1 ms each)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, samples: list[dict]) -> dict:
+        ids = self.tokenizer([s["caption"] for s in samples], padding="max_length", truncation=True,
+                             max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids
+        return {"image": torch.stack([s["image"] for s in samples]), "input_ids": ids}
+
+
+def fast_tokenizer(tokenizer):
+    """The Rust tokenizer with the same vocabulary, for data loading (same ids, several times faster)."""
+    import tempfile
+
+    from transformers import CLIPTokenizerFast
+
+    if isinstance(tokenizer, CLIPTokenizerFast):
+        return tokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        return CLIPTokenizerFast.from_pretrained(tmp)
+
+
+def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last: bool = True) -> DataLoader:
+    if data_cfg.remote is None:
+        path = Path(data_cfg.path)
+        if not (path / "index.json").is_file():
+            raise WorkbenchError(f"config key 'data.path': no MDS dataset at {path} (index.json missing)")
+        if count_samples(path) == 0:
+            raise WorkbenchError(f"config key 'data.path': the dataset at {path} is empty")
+    if tokenizer is None:
+        raise WorkbenchError("training on captions needs a tokenizer: set model.pretrained to a folder with tokenizer/")
+    dataset = ImageCaptionDataset(
+        local=data_cfg.path, remote=data_cfg.remote, resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
+        shuffle=data_cfg.shuffle, shuffle_seed=seed, batch_size=batch_size,
+    )
+    return DataLoader(dataset, batch_size=batch_size, num_workers=data_cfg.num_workers, drop_last=drop_last,
+                      collate_fn=TokenizingCollate(fast_tokenizer(tokenizer)),
+                      persistent_workers=data_cfg.num_workers > 0)

@@ -1,0 +1,102 @@
+"""`dwb demo`: every stage on the offline shapes domain: data, tiny parts, two phases, export, grids."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+FULL = dict(n=16000, n_eval=1000, vae_steps=400, phase1="400ba", phase2="1200ba", save1="200ba", save2="300ba",
+            batch=64, steps=25)
+QUICK = dict(n=256, n_eval=32, vae_steps=10, phase1="4ba", phase2="4ba", save1="2ba", save2="2ba", batch=16, steps=4)
+
+
+@contextmanager
+def measured(name: str, stages: list):
+    """Wall time and peak resident memory (sampled every 50 ms) of one stage."""
+    proc, peak, stop = psutil.Process(), [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], proc.memory_info().rss)
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    t0 = time.perf_counter()
+    print(f"== {name}", flush=True)
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        peak[0] = max(peak[0], proc.memory_info().rss)
+        stages.append({"stage": name, "seconds": round(time.perf_counter() - t0, 1), "peak_rss_mib": round(peak[0] / 2**20)})
+
+
+def checkpoints(folder: Path) -> list[Path]:
+    """ep*-ba*-rank0.pt in batch order."""
+    return sorted(folder.glob("ep*-ba*-rank0.pt"), key=lambda p: int(p.name.split("-ba")[1].split("-")[0]))
+
+
+def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
+    from .config import load_config
+    from .grid import write_grid
+    from .pipeline import export_pipeline, load_pipeline
+    from .prepare import prepare_tiny
+    from .shapes import write_shapes_dataset
+    from .trainer import train
+
+    p = QUICK if quick else FULL
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    stages: list[dict] = []
+    t_start = time.perf_counter()
+    with measured("data: shapes dataset", stages):
+        write_shapes_dataset(out / "shapes", p["n"], seed, sizes=(16, 32), n_eval=p["n_eval"], progress=not quick)
+    with measured("prepare: tokenizer, text encoder, tiny VAE", stages):
+        prepare_tiny(out / "shapes", out / "components", vae_steps=p["vae_steps"], seed=seed, progress=not quick)
+
+    runs = out / "runs"
+    common = [f"model.pretrained={out / 'components'}", f"global_train_batch_size={p['batch']}",
+              f"device_train_microbatch_size={p['batch']}", f"seed={seed + 17}", f"progress_bar={not quick}"]
+    phase_dirs = {}
+    for phase, res, duration, save in (("phase1", 16, p["phase1"], p["save1"]), ("phase2", 32, p["phase2"], p["save2"])):
+        overrides = common + [f"data.path={out / 'shapes' / str(res)}", f"max_duration={duration}",
+                              f"save_interval={save}", f"save_folder={runs / ('tiny-' + phase) / 'checkpoints'}"]
+        if phase == "phase2":
+            overrides.append(f"load_path={checkpoints(phase_dirs['phase1'])[-1]}")
+        with measured(f"train: {phase} at {res} px ({duration})", stages):
+            phase_dirs[phase] = train(load_config(CONFIGS / f"tiny-{phase}.yaml", overrides))
+
+    final = checkpoints(phase_dirs["phase2"])[-1]
+    with measured("export: last checkpoint -> diffusers folder (EMA)", stages):
+        export_pipeline(final, out / "export", ema=True)
+    grids = []
+    with measured("grids: one per checkpoint", stages):
+        for phase, folder in phase_dirs.items():
+            res = 16 if phase == "phase1" else 32
+            for ckpt in checkpoints(folder):
+                png = out / "grids" / f"{phase}-{ckpt.name.split('-rank')[0]}.png"
+                write_grid(load_pipeline(ckpt, ema=True), png, title=f"{phase} {ckpt.name} (EMA), guidance 5",
+                           steps=p["steps"], size=res)
+                grids.append(png)
+    total = round(time.perf_counter() - t_start, 1)
+    report = {"quick": quick, "seed": seed, "total_seconds": total, "stages": stages,
+              "final_checkpoint": str(final), "export": str(out / "export"), "grids": [str(g) for g in grids]}
+    (out / "demo.json").write_text(json.dumps(report, indent=2))
+    print()
+    for s in stages:
+        print(f"  {s['seconds']:7.1f} s  {s['peak_rss_mib']:6d} MiB  {s['stage']}")
+    print(f"  {total:7.1f} s  total")
+    print(f"\ndata:        {out / 'shapes'}\ncomponents:  {out / 'components'}\ncheckpoints: {runs}\n"
+          f"export:      {out / 'export'}  (StableDiffusionPipeline.from_pretrained)\ngrids:       {out / 'grids'}"
+          f"  (last: {grids[-1].name})\nreport:      {out / 'demo.json'}")
+    return report

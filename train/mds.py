@@ -1,0 +1,42 @@
+"""The image-caption MDS format every training dataset of the workbench is written in.
+
+Columns: ``image`` (encoded PNG or JPEG), ``caption`` (str), ``meta`` (json: source attributes).
+A dataset folder holds one subfolder per resolution bucket, named by its side in pixels
+(``OUT/256``, ``OUT/512``); the shapes domain adds a held-out split under ``OUT/eval/<side>``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from streaming import MDSWriter
+
+from .errors import WorkbenchError
+
+
+def columns(image_format: str) -> dict[str, str]:
+    if image_format not in ("png", "jpeg"):
+        raise WorkbenchError(f"image format must be png or jpeg, got {image_format!r}")
+    return {"image": image_format, "caption": "str", "meta": "json"}
+
+
+def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "64mb") -> MDSWriter:
+    """An MDSWriter for one bucket folder; refuses to mix into an existing dataset."""
+    out = Path(out)
+    if (out / "index.json").exists():
+        raise WorkbenchError(f"{out} already holds an MDS dataset; choose an empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return MDSWriter(out=str(out), columns=columns(image_format), size_limit=size_limit, compression=None)
+
+
+def bucket_dirs(root: str | Path) -> dict[int, Path]:
+    """The resolution buckets under a dataset folder, by side."""
+    root = Path(root)
+    return {int(p.name): p for p in sorted(root.iterdir()) if p.name.isdigit() and (p / "index.json").is_file()} if root.is_dir() else {}
+
+
+def count_samples(folder: str | Path) -> int:
+    index = Path(folder) / "index.json"
+    if not index.is_file():
+        raise WorkbenchError(f"no MDS dataset at {folder} (index.json missing)")
+    return sum(shard["samples"] for shard in json.loads(index.read_text())["shards"])

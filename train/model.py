@@ -1,0 +1,84 @@
+"""The Composer model: latent diffusion around a trainable UNet, a frozen VAE and a frozen text encoder.
+
+Training objective (Ho et al. 2020; v-prediction from Salimans & Ho 2022; min-SNR-gamma weighting
+from Hang et al. 2023): x0 = VAE latents * scaling_factor, t ~ U{0..999}, x_t = sqrt(a_t) x0 +
+sqrt(1 - a_t) eps, and the UNet predicts eps or v = sqrt(a_t) eps - sqrt(1 - a_t) x0.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from composer.models import ComposerModel
+
+from .components import ddpm_scheduler
+
+
+class LatentDiffusion(ComposerModel):
+    def __init__(self, unet, vae, text_encoder, tokenizer, *, prediction_type: str = "epsilon",
+                 caption_dropout: float = 0.1, min_snr_gamma: float | None = None):
+        super().__init__()
+        self.unet, self.vae, self.text_encoder = unet, vae, text_encoder
+        self.tokenizer = tokenizer
+        self.vae.requires_grad_(False)
+        self.text_encoder.requires_grad_(False)
+        self.prediction_type = prediction_type
+        self.caption_dropout = caption_dropout
+        self.min_snr_gamma = min_snr_gamma
+        self.noise_scheduler = ddpm_scheduler(prediction_type)
+        self.register_buffer("alphas_cumprod", self.noise_scheduler.alphas_cumprod.clone(), persistent=False)
+        if tokenizer is not None:  # dropped captions become the empty caption (classifier-free guidance)
+            empty = tokenizer("", padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+                              return_tensors="pt").input_ids
+            self.register_buffer("empty_ids", empty, persistent=False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.vae.eval()  # frozen parts never switch to training behaviour
+        self.text_encoder.eval()
+        return self
+
+    @property
+    def scaling_factor(self) -> float:
+        return float(self.vae.config.scaling_factor)
+
+    @torch.no_grad()
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) in [-1, 1] -> (B, C, H/f, W/f) scaled latents, sampled from the posterior."""
+        return self.vae.encode(images).latent_dist.sample() * self.scaling_factor
+
+    @torch.no_grad()
+    def encode_text(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, L) token ids -> (B, L, D) last hidden states (SD2's text tower already ends at the penultimate layer)."""
+        return self.text_encoder(input_ids)[0]
+
+    def drop_captions(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.caption_dropout <= 0:
+            return input_ids
+        drop = torch.rand(input_ids.shape[0], device=input_ids.device) < self.caption_dropout
+        return torch.where(drop[:, None], self.empty_ids.to(input_ids.device), input_ids)
+
+    def forward(self, batch: dict):
+        latents = self.encode_images(batch["image"])
+        text = self.encode_text(self.drop_captions(batch["input_ids"]))
+        noise = torch.randn_like(latents)
+        t = torch.randint(0, len(self.alphas_cumprod), (latents.shape[0],), device=latents.device)
+        a = self.alphas_cumprod.to(latents.device)[t].view(-1, 1, 1, 1)
+        noisy = a.sqrt() * latents + (1 - a).sqrt() * noise
+        target = noise if self.prediction_type == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * latents
+        pred = self.unet(noisy, t, encoder_hidden_states=text).sample
+        return pred, target, t
+
+    def loss(self, outputs, batch):
+        pred, target, t = outputs
+        per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+        if self.min_snr_gamma is not None:
+            snr = self.alphas_cumprod.to(t.device)[t] / (1 - self.alphas_cumprod.to(t.device)[t])
+            clipped = snr.clamp(max=self.min_snr_gamma)
+            per_sample = per_sample * (clipped / snr if self.prediction_type == "epsilon" else clipped / (snr + 1))
+        return per_sample.mean()
+
+    def eval_forward(self, batch, outputs=None):
+        return outputs if outputs is not None else self.forward(batch)
+
+    def get_metrics(self, is_train: bool = False) -> dict:
+        return {}

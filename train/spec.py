@@ -1,0 +1,51 @@
+"""The model spec a checkpoint carries, so any checkpoint can be rebuilt without its config or data.
+
+Saved through a Composer callback's state: architecture, prediction type, the UNet/VAE/text-encoder
+configs and the tokenizer's files. Plain dicts, lists and strings only, so checkpoints load with
+``torch.load(weights_only=True)``.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from composer.core import Callback
+
+FORMAT = "diffusion-workbench/1"
+
+
+def _plain(value):
+    """JSON round trip: tuples to lists, and nothing a weights-only unpickler would refuse."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def make_spec(model, architecture: str, resolution: int) -> dict:
+    tokenizer_files = {}
+    if model.tokenizer is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            model.tokenizer.save_pretrained(tmp)
+            tokenizer_files = {p.name: p.read_text() for p in Path(tmp).iterdir() if p.is_file()}
+    return {
+        "format": FORMAT,
+        "architecture": architecture,
+        "prediction_type": model.prediction_type,
+        "resolution": resolution,
+        "unet": _plain(dict(model.unet.config)),
+        "vae": _plain(dict(model.vae.config)),
+        "text_encoder": _plain(model.text_encoder.config.to_dict()),
+        "tokenizer": tokenizer_files,
+    }
+
+
+class ModelSpec(Callback):
+    """Carries the spec into every checkpoint (Composer saves each callback's ``state_dict``)."""
+
+    def __init__(self, spec: dict):
+        self.spec = spec
+
+    def state_dict(self) -> dict:
+        return {"spec": self.spec}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass  # the spec of the run being trained wins; a mismatch is refused before loading
