@@ -32,6 +32,8 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    os.environ.setdefault("DATASETS_VERBOSITY", "error")
     for name in ("diffusers", "transformers", "composer", "streaming", "torch", "huggingface_hub", "datasets", "urllib3"):
         logging.getLogger(name).setLevel(logging.ERROR)
 

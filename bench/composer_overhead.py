@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--resolution", type=int, default=32)
+    ap.add_argument("--num-workers", type=int, default=0)
     args = ap.parse_args()
 
     from train.config import load_config
@@ -78,7 +79,7 @@ def main() -> None:
     cfg = load_config(ROOT / "configs/tiny-phase2.yaml", [
         f"model.pretrained={parts}", f"data.path={data / str(res)}", f"data.resolution={res}", "load_path=null",
         f"save_folder={ROOT / 'bench/out/overhead-ckpt'}", "save_interval=100000ba", "progress_bar=false", "loggers=[]",
-        "max_duration=100000ba"])
+        "max_duration=100000ba", f"data.num_workers={args.num_workers}"])
     warm = 5  # first steps include one-off costs (allocations, worker start) in both paths
     comp, bare = [], []
     for _ in range(args.rounds):
@@ -86,7 +87,7 @@ def main() -> None:
         bare += bare_steps(cfg, args.steps)[warm:]
     c, b = statistics.median(comp), statistics.median(bare)
     report("composer_overhead", {
-        "command": f"python bench/composer_overhead.py --steps {args.steps} --rounds {args.rounds} --resolution {res}",
+        "command": f"python bench/composer_overhead.py --steps {args.steps} --rounds {args.rounds} --resolution {res} --num-workers {args.num_workers}",
         "batch": cfg.global_train_batch_size, "resolution": res, "steps_timed_each": len(comp),
         "composer_median_step_ms": round(1e3 * c, 1), "bare_median_step_ms": round(1e3 * b, 1),
         "composer_mean_step_ms": round(1e3 * statistics.mean(comp), 1), "bare_mean_step_ms": round(1e3 * statistics.mean(bare), 1),

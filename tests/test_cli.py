@@ -27,7 +27,7 @@ def test_debug_shows_the_traceback():
     (["train", "configs/nope.yaml"], "error: config file not found: configs/nope.yaml"),
     (["export", "missing.pt", "out"], "error: checkpoint not found: missing.pt"),
     (["prepare", "no-such-data", "out"], "error: no MDS dataset at no-such-data"),
-    (["data", "convert", "no-such-folder", "out"], "no-such-folder"),
+    (["data", "convert", "./no-such-folder", "out"], "./no-such-folder"),
 ])
 def test_bad_paths_are_named(args, needle, tmp_path):
     r = run_dwb(*args, cwd=None)
@@ -38,3 +38,19 @@ def test_missing_pretrained_weights_named(tmp_path):
     r = run_dwb("train", "configs/tiny-phase1.yaml", f"model.pretrained={tmp_path}/parts", f"save_folder={tmp_path}/c")
     assert r.returncode == 1
     assert r.stderr.strip() == f"error: pretrained VAE not found: {tmp_path}/parts/vae does not exist (run `dwb prepare` to build the tiny components)"
+
+
+def test_data_shapes_writes_buckets(tmp_path):
+    r = run_dwb("data", "shapes", str(tmp_path / "s"), "--n", "12", "--n-eval", "3", "--sizes", "16,32")
+    assert r.returncode == 0, r.stderr
+    from train.mds import count_samples
+
+    assert count_samples(tmp_path / "s" / "16") == count_samples(tmp_path / "s" / "32") == 12
+    assert count_samples(tmp_path / "s" / "eval" / "32") == 3
+    again = run_dwb("data", "shapes", str(tmp_path / "s"), "--n", "12")
+    assert again.returncode == 1 and "already holds an MDS dataset" in again.stderr  # nothing overwritten
+
+
+def test_bad_sizes_are_refused(tmp_path):
+    r = run_dwb("data", "shapes", str(tmp_path / "s"), "--sizes", "20")
+    assert r.returncode == 2 and "multiples of 8" in r.stderr

@@ -47,7 +47,7 @@ TINY = {
     # captions are hard to tell apart, and word order (which shape is above) is nearly invisible.
     "text_encoder": dict(
         hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=32, hidden_act="quick_gelu", projection_dim=64,
+        max_position_embeddings=20, hidden_act="quick_gelu", projection_dim=64,
     ),
     "embedding_std": 1.0,
 }

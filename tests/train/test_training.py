@@ -121,3 +121,30 @@ def test_gpu_only_features_are_refused_on_cpu(shapes_data, components, tmp_path)
         over = tiny_overrides(shapes_data, components, tmp_path / "c") + [key, "device=cpu"]
         with pytest.raises(WorkbenchError, match="needs a CUDA GPU"):
             build_trainer(load_config(PHASE1, over))
+
+
+def test_empty_dataset_is_refused(components, tmp_path):
+    from train.mds import open_writer
+
+    open_writer(tmp_path / "empty" / "16").finish()
+    over = tiny_overrides(tmp_path / "empty", components, tmp_path / "c")
+    with pytest.raises(WorkbenchError, match="'data.path': the dataset at .* is empty"):
+        build_trainer(load_config(PHASE1, over))
+
+
+def test_cli_export_and_sample(phase1, tmp_path):
+    from PIL import Image
+
+    from ..conftest import run_dwb
+
+    ckpt = phase1 / "ep0-ba4-rank0.pt"
+    r = run_dwb("export", str(ckpt), str(tmp_path / "exp"), "--ema")
+    assert r.returncode == 0 and "exported EMA weights" in r.stdout, r.stderr
+    assert (tmp_path / "exp" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+    again = run_dwb("export", str(ckpt), str(tmp_path / "exp"))
+    assert again.returncode == 1 and "is not empty" in again.stderr  # never overwrites an export
+    r = run_dwb("sample", str(tmp_path / "exp"), str(tmp_path / "grid.png"), "--prompt", "a red circle",
+                "--prompt", "two blue squares", "--seeds", "3", "--steps", "2")
+    assert r.returncode == 0, r.stderr
+    grid = Image.open(tmp_path / "grid.png")
+    assert grid.size == (300 + 3 * 96, 24 + 2 * 96)

@@ -1,0 +1,31 @@
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ..conftest import run_dwb
+
+
+@pytest.mark.slow
+def test_quick_demo_runs_every_stage(tmp_path):
+    out = tmp_path / "demo"
+    r = run_dwb("demo", "--quick", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((out / "demo.json").read_text())
+    stages = [s["stage"].split(":")[0] for s in report["stages"]]
+    assert stages == ["data", "prepare", "train", "train", "export", "grids"]
+    assert all(s["seconds"] >= 0 and s["peak_rss_mib"] > 0 for s in report["stages"])
+    # one grid per checkpoint of both phases, each a real picture with content
+    ckpts = sorted((out / "runs").glob("*/checkpoints/ep*-ba*-rank0.pt"))
+    assert len(ckpts) == 4 and len(report["grids"]) == 4
+    for grid in report["grids"]:
+        pixels = np.asarray(Image.open(grid).convert("RGB"))
+        assert pixels.shape[0] > 100 and pixels.std() > 10
+    # the export is a plain diffusers pipeline
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline.from_pretrained(out / "export")
+    image = pipe("a red circle", num_inference_steps=2, height=32, width=32, output_type="np").images
+    assert image.shape == (1, 32, 32, 3)
+    assert "grids:" in r.stdout and "export:" in r.stdout
