@@ -1,8 +1,9 @@
 """Data: Streaming read throughput vs the tiny model's consumption rate (target: at least 30x).
 
 Readers over the same MDS bucket (8192 shapes samples, 32 px PNG), each a full shuffled epoch:
-  stream      StreamingDataset iterated as training iterates it (shuffle, PNG decode), main process;
-  stream_w2   the same through a DataLoader with 2 worker processes (Streaming's intended use);
+  stream_default  StreamingDataset with its default predownload (shuffle, PNG decode), main process;
+  stream          the same with the predownload `dwb train` sets for local data (the whole epoch);
+  stream_w2       that through a DataLoader with 2 worker processes;
   loader      the training DataLoader of `dwb train`: decode, crop, tokenize, collate, 0 workers;
   loader_w2   the same with 2 workers.
 Consumption: images/s of the tiny model's Composer training step (batch 64, 32 px), same run.
@@ -37,13 +38,14 @@ def main() -> None:
     data, parts = fixtures(n=8192)
     folder = data / "32"
 
-    def plain(workers: int) -> float:
-        ds = StreamingDataset(local=str(folder), shuffle=True, shuffle_seed=workers, batch_size=64)
+    def plain(workers: int, predownload: int | None = 1 << 30) -> float:
+        ds = StreamingDataset(local=str(folder), shuffle=True, shuffle_seed=workers, batch_size=64, predownload=predownload)
         if workers == 0:
             return rate(ds, lambda s: (s["image"].load(), 1)[1])
         dl = DataLoader(ds, batch_size=64, num_workers=workers, collate_fn=lambda b: sum((s["image"].load(), 1)[1] for s in b))
         return rate(dl, int)
 
+    stream_default = {0: plain(0, predownload=None)}
     stream = {w: plain(w) for w in (0, 2)}
     cfg = load_config(ROOT / "configs/tiny-phase2.yaml", [
         f"model.pretrained={parts}", f"data.path={folder}", "load_path=null", "progress_bar=false", "loggers=[]",
@@ -59,7 +61,7 @@ def main() -> None:
     consume = cfg.global_train_batch_size / steps[len(steps) // 2]
     result = {"command": "python bench/streaming_throughput.py", "dataset": "8192 shapes samples, 32 px PNG, shuffled",
               "model_consumes_images_per_s": round(consume, 1), "target": ">= 30x"}
-    for name, rates in (("stream", stream), ("loader", loader)):
+    for name, rates in (("stream_default", stream_default), ("stream", stream), ("loader", loader)):
         for w, r in rates.items():
             key = f"{name}_{w}_workers"
             result[f"{key}_samples_per_s"] = round(r)

@@ -35,7 +35,7 @@ def read_checkpoint(path: str | Path) -> dict:
     spec = (state or {}).get("callbacks", {}).get("ModelSpec", {}).get("spec")
     if not spec or spec.get("format") != FORMAT:
         raise WorkbenchError(f"{path} is not a diffusion-workbench checkpoint (no model spec inside)")
-    ema_state = next((s for name, s in state.get("algorithms", []) if name == "EMA"), None)
+    ema_state = next((s for name, s in state.get("algorithms", []) if name in ("EMA", "FusedEMA")), None)
     return {"spec": spec, "model": state["model"], "ema_state": ema_state, "timestamp": state.get("timestamp")}
 
 

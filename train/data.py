@@ -83,6 +83,13 @@ def fast_tokenizer(tokenizer):
         return CLIPTokenizerFast.from_pretrained(tmp)
 
 
+def predownload_for(data_cfg) -> int | None:
+    """Local data: the whole epoch (the background threads run ahead once and exit). Remote: Streaming's default."""
+    if data_cfg.predownload is not None:
+        return data_cfg.predownload
+    return None if data_cfg.remote else count_samples(data_cfg.path)
+
+
 def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last: bool = True) -> DataLoader:
     if data_cfg.remote is None:
         path = Path(data_cfg.path)
@@ -94,7 +101,7 @@ def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last:
         raise WorkbenchError("training on captions needs a tokenizer: set model.pretrained to a folder with tokenizer/")
     dataset = ImageCaptionDataset(
         local=data_cfg.path, remote=data_cfg.remote, resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
-        shuffle=data_cfg.shuffle, shuffle_seed=seed, batch_size=batch_size,
+        shuffle=data_cfg.shuffle, shuffle_seed=seed, batch_size=batch_size, predownload=predownload_for(data_cfg),
     )
     return DataLoader(dataset, batch_size=batch_size, num_workers=data_cfg.num_workers, drop_last=drop_last,
                       collate_fn=TokenizingCollate(fast_tokenizer(tokenizer)),

@@ -12,7 +12,7 @@ import psutil
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
-FULL = dict(n=16000, n_eval=1000, vae_steps=1000, phase1="200ba", phase2="750ba", save1="100ba", save2="250ba",
+FULL = dict(n=16000, n_eval=1000, vae_steps=1000, phase1="200ba", phase2="1200ba", save1="100ba", save2="300ba",
             batch=64, steps=20)
 QUICK = dict(n=256, n_eval=32, vae_steps=10, phase1="4ba", phase2="4ba", save1="2ba", save2="2ba", batch=16, steps=4)
 

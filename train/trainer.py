@@ -123,13 +123,14 @@ def check_save_folder(folder: str) -> None:
 
 def build_trainer(cfg: TrainConfig):
     from composer import Trainer
-    from composer.algorithms import EMA, GradientClipping, LowPrecisionGroupNorm, LowPrecisionLayerNorm
+    from composer.algorithms import GradientClipping, LowPrecisionGroupNorm, LowPrecisionLayerNorm
     from composer.callbacks import LRMonitor, SpeedMonitor
     from composer.loggers import FileLogger
     from composer.optim import ConstantWithWarmupScheduler
     from composer.utils import dist
 
     from .data import build_dataloader
+    from .ema import FusedEMA
 
     device = resolve_device(cfg)
     check_gpu_features(cfg, device)
@@ -154,7 +155,7 @@ def build_trainer(cfg: TrainConfig):
     if cfg.grad_clip_norm is not None:
         algorithms.append(GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip_norm))
     if cfg.ema.enabled:
-        algorithms.append(EMA(half_life=None, smoothing=cfg.ema.smoothing, ema_start=cfg.ema.ema_start,
+        algorithms.append(FusedEMA(half_life=None, smoothing=cfg.ema.smoothing, ema_start=cfg.ema.ema_start,
                               update_interval=cfg.ema.update_interval))
     if cfg.low_precision_norms:
         algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]

@@ -1,0 +1,36 @@
+import torch
+
+from train.config import DataConfig
+from train.data import build_dataloader, predownload_for
+from train.mds import count_samples
+
+
+def test_loader_batches_images_and_token_ids(shapes_data, components):
+    from transformers import CLIPTokenizer
+
+    tok = CLIPTokenizer.from_pretrained(components / "tokenizer")
+    cfg = DataConfig(path=str(shapes_data / "32"), resolution=32)
+    batch = next(iter(build_dataloader(cfg, tok, batch_size=8, seed=0)))
+    assert batch["image"].shape == (8, 3, 32, 32) and batch["image"].dtype == torch.float32
+    assert -1.0 <= batch["image"].min() < batch["image"].max() <= 1.0
+    assert batch["input_ids"].shape == (8, tok.model_max_length)
+    assert (batch["input_ids"][:, 0] == tok.bos_token_id).all()
+
+
+def test_loader_is_deterministic_by_seed(shapes_data, components):
+    from transformers import CLIPTokenizer
+
+    tok = CLIPTokenizer.from_pretrained(components / "tokenizer")
+    cfg = DataConfig(path=str(shapes_data / "16"), resolution=16)
+    first = [b["input_ids"] for b in build_dataloader(cfg, tok, batch_size=16, seed=5)]
+    again = [b["input_ids"] for b in build_dataloader(cfg, tok, batch_size=16, seed=5)]
+    other = [b["input_ids"] for b in build_dataloader(cfg, tok, batch_size=16, seed=6)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other))
+
+
+def test_predownload_covers_a_local_epoch(shapes_data):
+    local = DataConfig(path=str(shapes_data / "16"))
+    assert predownload_for(local) == count_samples(shapes_data / "16")
+    assert predownload_for(DataConfig(path="/cache/x", remote="s3://bucket/x")) is None  # Streaming's default
+    assert predownload_for(DataConfig(path=str(shapes_data / "16"), predownload=128)) == 128
