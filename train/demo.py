@@ -12,9 +12,10 @@ import psutil
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
-FULL = dict(n=16000, n_eval=1000, vae_steps=1000, phase1="200ba", phase2="1200ba", save1="100ba", save2="300ba",
-            batch=64, steps=20)
-QUICK = dict(n=256, n_eval=32, vae_steps=10, phase1="4ba", phase2="4ba", save1="2ba", save2="2ba", batch=16, steps=4)
+# Phase lengths, batch and resolution come from configs/tiny-phase{1,2}.yaml; --quick shrinks them.
+FULL = dict(n=16000, n_eval=1000, vae_steps=1000, steps=20, train=[])
+QUICK = dict(n=256, n_eval=32, vae_steps=10, steps=4,
+             train=["max_duration=4ba", "save_interval=2ba", "global_train_batch_size=16", "device_train_microbatch_size=16"])
 
 
 @contextmanager
@@ -65,16 +66,17 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
         prepare_tiny(out / "shapes", out / "components", vae_steps=p["vae_steps"], seed=seed, progress=not quick)
 
     runs = out / "runs"
-    common = [f"model.pretrained={out / 'components'}", f"global_train_batch_size={p['batch']}",
-              f"device_train_microbatch_size={p['batch']}", f"seed={seed + 17}", f"progress_bar={not quick}"]
-    phase_dirs = {}
-    for phase, res, duration, save in (("phase1", 16, p["phase1"], p["save1"]), ("phase2", 32, p["phase2"], p["save2"])):
-        overrides = common + [f"data.path={out / 'shapes' / str(res)}", f"max_duration={duration}",
-                              f"save_interval={save}", f"save_folder={runs / ('tiny-' + phase) / 'checkpoints'}"]
+    common = [f"model.pretrained={out / 'components'}", f"seed={seed + 17}", f"progress_bar={not quick}", *p["train"]]
+    phase_dirs, resolutions = {}, {}
+    for phase in ("phase1", "phase2"):
+        overrides = common + [f"save_folder={runs / ('tiny-' + phase) / 'checkpoints'}"]
         if phase == "phase2":
             overrides.append(f"load_path={checkpoints(phase_dirs['phase1'])[-1]}")
-        with measured(f"train: {phase} at {res} px ({duration})", stages):
-            phase_dirs[phase] = train(load_config(CONFIGS / f"tiny-{phase}.yaml", overrides))
+        cfg = load_config(CONFIGS / f"tiny-{phase}.yaml", overrides)
+        res = resolutions[phase] = cfg.data.resolution
+        cfg.data.path = str(out / "shapes" / str(res))
+        with measured(f"train: {phase} at {res} px ({cfg.max_duration})", stages):
+            phase_dirs[phase] = train(cfg)
 
     final = checkpoints(phase_dirs["phase2"])[-1]
     with measured("export: last checkpoint -> diffusers folder (EMA)", stages):
@@ -82,7 +84,7 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
     grids = []
     with measured("grids: one per checkpoint", stages):
         for phase, folder in phase_dirs.items():
-            res = 16 if phase == "phase1" else 32
+            res = resolutions[phase]
             for ckpt in checkpoints(folder):
                 png = out / "grids" / f"{phase}-{ckpt.name.split('-rank')[0]}.png"
                 write_grid(load_pipeline(ckpt, ema=True), png, title=f"{phase} {ckpt.name} (EMA), guidance 5",
