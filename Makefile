@@ -8,6 +8,7 @@ demo: setup
 	.venv/bin/dwb demo
 
 test: setup
+	bash scripts/setup-browser.sh
 	.venv/bin/python -m pytest -q -p no:cacheprovider
 
 test-fast: setup

@@ -54,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the one place errors become messages
         if debug:
             raise
-        from train.errors import WorkbenchError
-
-        if isinstance(e, WorkbenchError):
+        if getattr(type(e), "user_facing", False):  # each package's error class for problems users can fix
             print(f"error: {e}", file=sys.stderr)
         else:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""

@@ -59,3 +59,64 @@ def model_weights(ckpt: dict, ema: bool = False) -> dict[str, torch.Tensor]:
         # EMA also tracks non-persistent buffers, which are not part of the saved model
         weights.update({k: v for k, v in swapped.items() if k in weights})
     return weights
+
+
+# ---------------------------------------------------------------------------------------------
+# Autoresume: the newest readable checkpoint of a save folder
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why a checkpoint file cannot be resumed from (truncated, corrupt), or None when it reads whole.
+
+    PyTorch checkpoints are zip archives: the central directory at the end catches truncation and
+    each member's CRC-32 catches corrupted bytes, without unpickling anything.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+    return f"corrupt member {bad}" if bad else None
+
+
+def _batch_of(path: Path) -> int:
+    import re
+
+    m = re.search(r"ba(\d+)", path.name)
+    return int(m.group(1)) if m else -1
+
+
+def select_resume_checkpoint(folder: str | Path, pattern: str = "ep*-ba*-rank0.pt",
+                             latest_name: str = "latest-rank0.pt") -> Path | None:
+    """Point ``latest_name`` at the newest readable checkpoint in ``folder`` and return it.
+
+    Unreadable checkpoints (a run killed while writing, a damaged disk) are renamed to
+    ``*.corrupt`` with a warning, never deleted, so autoresume falls back to the one before.
+    """
+    import logging
+    import os
+
+    log = logging.getLogger("train.checkpoint")
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    for ckpt in sorted(folder.glob(pattern), key=_batch_of, reverse=True):
+        problem = checkpoint_problem(ckpt)
+        if problem is None:
+            latest = folder / latest_name
+            if latest.is_symlink() or latest.exists():
+                if latest.resolve() == ckpt.resolve():
+                    return ckpt
+                latest.unlink()
+            os.symlink(ckpt.name, latest)
+            return ckpt
+        aside = ckpt.with_name(ckpt.name + ".corrupt")
+        ckpt.rename(aside)
+        log.warning("warning: checkpoint %s is unreadable (%s); moved to %s and resuming from an earlier one",
+                    ckpt, problem, aside.name)
+    latest = folder / latest_name
+    if latest.is_symlink() and not latest.exists():
+        latest.unlink()  # a link to a checkpoint that was moved aside
+    return None

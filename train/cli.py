@@ -42,6 +42,29 @@ def cmd_convert(args) -> None:
     print(summary.line())
 
 
+def cmd_precompute(args) -> None:
+    from .precompute import precompute
+
+    vae = args.vae or args.pretrained
+    text_encoder = args.text_encoder or args.pretrained
+    if not vae or not text_encoder:
+        from .errors import WorkbenchError
+
+        raise WorkbenchError("give --pretrained ROOT (a diffusers folder or hub id), or both --vae and --text-encoder")
+    summaries = precompute(args.src, args.out, vae_ref=vae, text_encoder_ref=text_encoder,
+                           tokenizer_ref=args.tokenizer or (args.pretrained if not args.text_encoder else None),
+                           resolutions=args.resolution, batch_size=args.batch_size, dtype=args.dtype,
+                           device=args.device, chunk_size=args.chunk_size, cache=args.cache)
+    from composer.utils import dist
+
+    if dist.get_global_rank() == 0:
+        for s in summaries:
+            how = "already complete" if s["already_done"] else (
+                f"{s['encoded']} encoded here" + (f", {s['resumed_chunks']} chunks kept from an earlier run" if s["resumed_chunks"] else ""))
+            print(f"{s['out']}: {s['samples']} samples at {s['resolution']} px ({how}, {s['seconds']:.1f} s); "
+                  f"train with data.path={s['out']} data.precomputed=true")
+
+
 def cmd_prepare(args) -> None:
     from .prepare import prepare_tiny
 
@@ -110,6 +133,22 @@ def register(sub) -> None:
     p.add_argument("--split", default="train")
     p.add_argument("--limit", type=_positive)
     p.set_defaults(func=cmd_convert)
+
+    p = data_sub.add_parser("precompute", help="encode an MDS dataset once: VAE latents and text states per bucket")
+    p.add_argument("src", help="an MDS folder of resolution buckets (OUT/256, OUT/512), one MDS dataset, or s3://...")
+    p.add_argument("out")
+    p.add_argument("--pretrained", help="diffusers-layout folder or hub id with vae/, text_encoder/, tokenizer/")
+    p.add_argument("--vae", help="the VAE's folder (or a diffusers root); overrides --pretrained")
+    p.add_argument("--text-encoder", help="the text encoder's folder (or a diffusers root); overrides --pretrained")
+    p.add_argument("--tokenizer", help="default: next to the text encoder")
+    p.add_argument("--resolution", type=int, action="append", help="bucket(s) to encode (default: all); "
+                   "required for a single dataset")
+    p.add_argument("--batch-size", type=_positive, default=32)
+    p.add_argument("--dtype", choices=("float16", "float32"), default="float16")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--chunk-size", type=_positive, default=2048, help="samples per resumable unit of work")
+    p.add_argument("--cache", help="local cache folder for a remote SRC")
+    p.set_defaults(func=cmd_precompute)
 
     p = sub.add_parser("prepare", help="build the tiny architecture's tokenizer, text encoder and VAE from data")
     p.add_argument("data", help="shapes dataset folder (its 32 px bucket is used)")

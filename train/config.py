@@ -36,9 +36,24 @@ class ModelConfig:
 
 
 @dataclass
+class StreamConfig:
+    """One MDS dataset in a mixture (Streaming's ``Stream``): local, or remote with a local cache."""
+
+    path: str = ""  # the local folder, or the cache folder of a remote (empty: a temporary cache)
+    remote: Optional[str] = None  # s3://bucket/prefix or any remote Streaming reads
+    proportion: Optional[float] = None  # share of each epoch (all streams or none; they sum to 1)
+    repeat: Optional[float] = None  # or: how many times each sample is seen per epoch
+    choose: Optional[int] = None  # or: how many samples this stream gives per epoch
+
+
+@dataclass
 class DataConfig:
-    path: str = ""  # an MDS folder (local) written by `dwb data shapes` or `dwb data convert`
+    path: str = ""  # an MDS folder written by `dwb data shapes`, `convert` or `precompute` (the cache, with `remote`)
     remote: Optional[str] = None
+    # Several datasets mixed by proportion or repeat, instead of path/remote (resolution buckets, sources).
+    streams: list[StreamConfig] = field(default_factory=list)
+    # True: the datasets hold VAE latents and text hidden states from `dwb data precompute`.
+    precomputed: bool = False
     resolution: int = 256
     num_workers: int = 0
     shuffle: bool = True
@@ -47,6 +62,11 @@ class DataConfig:
     # default (8 batches) for remote data; for local data the whole epoch, so those threads finish
     # at once instead of stepping in lockstep with every sample (3.2x the read rate measured).
     predownload: Optional[int] = None
+    # Streaming shuffles within this many canonical nodes; kept fixed, the global sample order is
+    # the same whatever the number of nodes and ranks (elastic determinism). Must divide or be
+    # divisible by the number of nodes.
+    num_canonical_nodes: int = 1
+    shuffle_algo: str = "py1e"
 
 
 @dataclass
@@ -93,6 +113,8 @@ class TrainConfig:
     precision: str = "auto"  # auto (amp_bf16 on GPU, fp32 on CPU) | fp32 | amp_bf16 | amp_fp16
     fsdp: bool = False  # SHARD_GRAD_OP through Composer's parallelism config (GPU)
     low_precision_norms: bool = False  # Composer's LowPrecisionGroupNorm + LowPrecisionLayerNorm (GPU)
+    # Batches whose loss is NaN or infinite are skipped (no update) and counted; this many in a row abort.
+    max_consecutive_nonfinite: int = 10
     loggers: list = field(default_factory=lambda: ["file"])  # file | tensorboard | wandb
     log_interval: str = "10ba"
     progress_bar: bool = True
@@ -121,6 +143,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(e)
         names = " or ".join(_type_name(a) for a in typing.get_args(tp))
         raise WorkbenchError(f"config key '{key}' must be {names}, got {value!r}")
+    if origin is list and typing.get_args(tp) and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+        if not isinstance(value, list):
+            raise WorkbenchError(f"config key '{key}' must be a list, got {value!r}")
+        return [_coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise WorkbenchError(f"config key '{key}' must be a mapping, got {value!r}")
@@ -198,6 +224,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     mb = cfg.device_train_microbatch_size
     if isinstance(mb, str) and mb != "auto":
         raise WorkbenchError(f"config key 'device_train_microbatch_size' must be an integer or 'auto', got {mb!r}")
+    _check_data(cfg.data)
+    if cfg.max_consecutive_nonfinite < 1:
+        raise WorkbenchError(f"config key 'max_consecutive_nonfinite' must be at least 1, got {cfg.max_consecutive_nonfinite}")
     for key in ("max_duration", "save_interval", "log_interval"):
         _check_time(key, getattr(cfg, key))
     _check_time("scheduler.t_warmup", cfg.scheduler.t_warmup)
@@ -206,6 +235,44 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if name not in ("file", "tensorboard", "wandb"):
             raise WorkbenchError(f"config key 'loggers' has unknown logger {name!r} (file, tensorboard, wandb)")
     return cfg
+
+
+def _check_data(d: DataConfig) -> None:
+    if d.streams and (d.path or d.remote):
+        raise WorkbenchError("config keys 'data.streams' and 'data.path'/'data.remote' exclude each other: "
+                             "put every dataset in data.streams")
+    if not d.streams and not d.path and not d.remote:
+        raise WorkbenchError("config key 'data.path' is empty: give an MDS folder (or data.remote, or data.streams)")
+    if d.num_canonical_nodes < 1:
+        raise WorkbenchError(f"config key 'data.num_canonical_nodes' must be at least 1, got {d.num_canonical_nodes}")
+    if d.shuffle_algo not in ("py1e", "py1br", "py1b", "py1s", "py2s", "naive"):
+        raise WorkbenchError(f"config key 'data.shuffle_algo' must be one of py1e, py1br, py1b, py1s, py2s, naive, "
+                             f"got {d.shuffle_algo!r}")
+    for i, s in enumerate(d.streams):
+        key = f"data.streams[{i}]"
+        if not s.path and not s.remote:
+            raise WorkbenchError(f"config key '{key}' needs a path or a remote")
+        given = [k for k in ("proportion", "repeat", "choose") if getattr(s, k) is not None]
+        if len(given) > 1:
+            raise WorkbenchError(f"config key '{key}' sets {' and '.join(given)}: give at most one of proportion, "
+                                 f"repeat, choose")
+        for k in given:
+            if getattr(s, k) < 0:
+                raise WorkbenchError(f"config key '{key}.{k}' must not be negative, got {getattr(s, k)}")
+    if not d.streams:
+        return
+    with_prop = [s.proportion is not None for s in d.streams]
+    absolute = [s.repeat is not None or s.choose is not None for s in d.streams]
+    if any(with_prop) and not all(with_prop):
+        raise WorkbenchError("config key 'data.streams': give a proportion for every stream or for none")
+    if any(with_prop) and any(absolute):
+        raise WorkbenchError("config key 'data.streams': proportions cannot be mixed with repeat or choose")
+    if all(with_prop):
+        total = sum(s.proportion for s in d.streams)
+        if abs(total - 1.0) > 1e-3:
+            parts = " + ".join(f"{s.proportion:g}" for s in d.streams)
+            raise WorkbenchError(f"config key 'data.streams': proportions {parts} sum to {total:g}; they are shares "
+                                 f"of each epoch and must sum to 1")
 
 
 def _check_time(key: str, value: str) -> None:

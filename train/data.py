@@ -46,16 +46,42 @@ def image_to_tensor(img: Image.Image, resolution: int, center_crop: bool = True,
 class ImageCaptionDataset(StreamingDataset):
     """An MDS image-caption dataset yielding ``{'image': (R, R, 3) uint8, 'caption': str}``."""
 
-    def __init__(self, *, local: str, remote: str | None = None, resolution: int, center_crop: bool = True, **kwargs):
-        super().__init__(local=local, remote=remote, **kwargs)
+    def __init__(self, *, resolution: int, center_crop: bool = True, with_ids: bool = False, **kwargs):
+        super().__init__(**kwargs)
         self.resolution = resolution
         self.center_crop = center_crop
+        self.with_ids = with_ids
 
     def __getitem__(self, index: int) -> dict:
         sample = super().__getitem__(index)
         rng = None if self.center_crop else np.random.default_rng([self.shuffle_seed, index])
-        return {"image": crop_to_array(sample["image"], self.resolution, self.center_crop, rng),
-                "caption": sample["caption"]}
+        out = {"image": crop_to_array(sample["image"], self.resolution, self.center_crop, rng),
+               "caption": sample["caption"]}
+        if self.with_ids:
+            out["sample_id"] = index
+        return out
+
+
+class LatentDataset(StreamingDataset):
+    """A dataset from `dwb data precompute`: ``{'latent_mean', 'latent_std', 'text'}`` as stored (fp16 or fp32)."""
+
+    def __init__(self, *, with_ids: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.with_ids = with_ids
+
+    def __getitem__(self, index: int) -> dict:
+        sample = super().__getitem__(index)
+        out = {"latent_mean": sample["latent_mean"], "latent_std": sample["latent_std"], "text": sample["text"]}
+        if self.with_ids:
+            out["sample_id"] = index
+        return out
+
+
+def collate_latents(samples: list[dict]) -> dict:
+    out = {k: torch.from_numpy(np.stack([s[k] for s in samples])) for k in ("latent_mean", "latent_std", "text")}
+    if "sample_id" in samples[0]:
+        out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
+    return out
 
 
 class TokenizingCollate:
@@ -67,7 +93,10 @@ class TokenizingCollate:
     def __call__(self, samples: list[dict]) -> dict:
         ids = self.tokenizer([s["caption"] for s in samples], padding="max_length", truncation=True,
                              max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids
-        return {"image": to_model_range(np.stack([s["image"] for s in samples])), "input_ids": ids}
+        out = {"image": to_model_range(np.stack([s["image"] for s in samples])), "input_ids": ids}
+        if "sample_id" in samples[0]:
+            out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
+        return out
 
 
 def fast_tokenizer(tokenizer):
@@ -83,26 +112,110 @@ def fast_tokenizer(tokenizer):
         return CLIPTokenizerFast.from_pretrained(tmp)
 
 
+def stream_list(data_cfg) -> list:
+    """The datasets to read: ``data.streams``, or the one ``data.path``/``data.remote``."""
+    from .config import StreamConfig
+
+    return list(data_cfg.streams) or [StreamConfig(path=data_cfg.path, remote=data_cfg.remote)]
+
+
 def predownload_for(data_cfg) -> int | None:
     """Local data: the whole epoch (the background threads run ahead once and exit). Remote: Streaming's default."""
     if data_cfg.predownload is not None:
         return data_cfg.predownload
-    return None if data_cfg.remote else count_samples(data_cfg.path)
+    streams = stream_list(data_cfg)
+    if any(s.remote for s in streams):
+        return None
+    return sum(count_samples(s.path) for s in streams)
 
 
-def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last: bool = True) -> DataLoader:
-    if data_cfg.remote is None:
-        path = Path(data_cfg.path)
-        if not (path / "index.json").is_file():
-            raise WorkbenchError(f"config key 'data.path': no MDS dataset at {path} (index.json missing)")
-        if count_samples(path) == 0:
-            raise WorkbenchError(f"config key 'data.path': the dataset at {path} is empty")
-    if tokenizer is None:
+def check_remote_access(url: str, key: str) -> None:
+    """A remote without credentials fails now with one line, not deep inside a download thread."""
+    if not url.startswith("s3://"):
+        return
+    import boto3
+
+    if boto3.session.Session().get_credentials() is None:
+        raise WorkbenchError(f"config key '{key}': {url} needs S3 credentials, and none were found (set "
+                             f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; S3_ENDPOINT_URL for "
+                             f"an S3-compatible store)")
+
+
+def _check_local(path: str, key: str, precomputed: bool) -> None:
+    from .precompute import META
+
+    p = Path(path)
+    if not (p / "index.json").is_file():
+        raise WorkbenchError(f"config key '{key}': no MDS dataset at {p} (index.json missing)")
+    if count_samples(p) == 0:
+        raise WorkbenchError(f"config key '{key}': the dataset at {p} is empty")
+    if (p / META).is_file() and not precomputed:
+        raise WorkbenchError(f"config key '{key}': {p} holds precomputed latents; set data.precomputed=true")
+    if precomputed and not (p / META).is_file():
+        raise WorkbenchError(f"config key '{key}': {p} holds images, not precomputed latents; set "
+                             f"data.precomputed=false or run `dwb data precompute`")
+
+
+def latent_meta(data_cfg) -> dict:
+    """The precompute metadata every stream of a latent dataset shares (refused if they differ)."""
+    from .precompute import read_meta
+
+    metas = []
+    for i, s in enumerate(stream_list(data_cfg)):
+        meta = read_meta(s.path, s.remote)
+        key = f"data.streams[{i}]" if data_cfg.streams else "data.path"
+        for field in ("scaling_factor", "latent_shape", "text_shape", "resolution"):
+            if metas and meta[field] != metas[0][field]:
+                raise WorkbenchError(f"config key '{key}': its latents differ from the first stream's in {field} "
+                                     f"({meta[field]} vs {metas[0][field]})")
+        for part in ("vae", "text_encoder"):
+            if metas and meta[part]["fingerprint"] != metas[0][part]["fingerprint"]:
+                raise WorkbenchError(f"config key '{key}': its latents were made with another {part.replace('_', ' ')} "
+                                     f"than the first stream's")
+        metas.append(meta)
+    return metas[0]
+
+
+def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -> StreamingDataset:
+    """The Streaming dataset of a data config: one dataset or a mixture of streams, images or latents."""
+    from streaming import Stream
+
+    streams = stream_list(data_cfg)
+    for i, s in enumerate(streams):
+        key = f"data.streams[{i}]" if data_cfg.streams else "data"
+        if s.remote:
+            check_remote_access(s.remote, f"{key}.remote" if data_cfg.streams else "data.remote")
+        else:
+            _check_local(s.path, f"{key}.path" if data_cfg.streams else "data.path", data_cfg.precomputed)
+    if data_cfg.precomputed and not data_cfg.center_crop:
+        raise WorkbenchError("config key 'data.center_crop': precomputed latents were cropped when they were made; "
+                             "random crops need data.precomputed=false")
+    common = dict(shuffle=data_cfg.shuffle, shuffle_seed=seed, shuffle_algo=data_cfg.shuffle_algo,
+                  num_canonical_nodes=data_cfg.num_canonical_nodes, batch_size=batch_size,
+                  predownload=predownload_for(data_cfg))
+    if data_cfg.streams:
+        common["streams"] = [Stream(local=s.path or None, remote=s.remote, proportion=s.proportion, repeat=s.repeat,
+                                    choose=s.choose) for s in streams]
+    else:
+        common.update(local=data_cfg.path or None, remote=data_cfg.remote)
+    try:
+        if data_cfg.precomputed:
+            return LatentDataset(with_ids=with_ids, **common)
+        return ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop, with_ids=with_ids,
+                                   **common)
+    except WorkbenchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - storage and index errors become one line naming the data
+        where = ", ".join(s.remote or s.path for s in streams)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"cannot open the training data ({where}): {first}") from None
+
+
+def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last: bool = True,
+                     with_ids: bool = False) -> DataLoader:
+    if not data_cfg.precomputed and tokenizer is None:
         raise WorkbenchError("training on captions needs a tokenizer: set model.pretrained to a folder with tokenizer/")
-    dataset = ImageCaptionDataset(
-        local=data_cfg.path, remote=data_cfg.remote, resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
-        shuffle=data_cfg.shuffle, shuffle_seed=seed, batch_size=batch_size, predownload=predownload_for(data_cfg),
-    )
+    dataset = make_dataset(data_cfg, batch_size, seed, with_ids=with_ids)
+    collate = collate_latents if data_cfg.precomputed else TokenizingCollate(fast_tokenizer(tokenizer))
     return DataLoader(dataset, batch_size=batch_size, num_workers=data_cfg.num_workers, drop_last=drop_last,
-                      collate_fn=TokenizingCollate(fast_tokenizer(tokenizer)),
-                      persistent_workers=data_cfg.num_workers > 0)
+                      collate_fn=collate, persistent_workers=data_cfg.num_workers > 0)

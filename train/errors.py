@@ -6,3 +6,5 @@ class WorkbenchError(Exception):
 
     `dwb` prints ``error: <message>`` and exits non-zero; the traceback appears only with ``--debug``.
     """
+
+    user_facing = True  # `dwb` shows any exception class with this flag as one line

@@ -51,15 +51,41 @@ class LatentDiffusion(ComposerModel):
         """(B, L) token ids -> (B, L, D) last hidden states (SD2's text tower already ends at the penultimate layer)."""
         return self.text_encoder(input_ids)[0]
 
+    def set_empty_text(self, hidden_states: torch.Tensor) -> None:
+        """The empty caption's hidden states (L, D): what a dropped caption becomes with precomputed text."""
+        self.register_buffer("empty_text", hidden_states.detach().float().clone(), persistent=False)
+
+    def drop_text(self, text: torch.Tensor) -> torch.Tensor:
+        """Caption dropout on precomputed hidden states, drawn at every step (same draws as ``drop_captions``)."""
+        if not self.training or self.caption_dropout <= 0:
+            return text
+        if not hasattr(self, "empty_text"):
+            raise RuntimeError("caption dropout on precomputed text needs the empty caption's states (set_empty_text)")
+        drop = torch.rand(text.shape[0], device=text.device) < self.caption_dropout
+        return torch.where(drop[:, None, None], self.empty_text.to(text.device, text.dtype), text)
+
     def drop_captions(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not self.training or self.caption_dropout <= 0:
             return input_ids
         drop = torch.rand(input_ids.shape[0], device=input_ids.device) < self.caption_dropout
         return torch.where(drop[:, None], self.empty_ids.to(input_ids.device), input_ids)
 
-    def forward(self, batch: dict):
+    def latents_and_text(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scaled latents and text states from raw images and token ids, or from precomputed ones.
+
+        With precomputed data the posterior is sampled here as ``mean + std * eps`` (the VAE's own
+        sampling: the same draws from the same generator state), so both paths see the same
+        distribution and, for the same batch and RNG state, the same values.
+        """
+        if "latent_mean" in batch:
+            mean = batch["latent_mean"].float()
+            latents = mean + batch["latent_std"].float() * torch.randn_like(mean)
+            return latents, self.drop_text(batch["text"].float())
         latents = self.encode_images(batch["image"])
-        text = self.encode_text(self.drop_captions(batch["input_ids"]))
+        return latents, self.encode_text(self.drop_captions(batch["input_ids"]))
+
+    def forward(self, batch: dict):
+        latents, text = self.latents_and_text(batch)
         noise = torch.randn_like(latents)
         t = torch.randint(0, len(self.alphas_cumprod), (latents.shape[0],), device=latents.device)
         a = self.alphas_cumprod.to(latents.device)[t].view(-1, 1, 1, 1)

@@ -42,6 +42,9 @@ def check_gpu_features(cfg: TrainConfig, device: str) -> None:
     """Features that need a GPU are refused on CPU, never silently ignored."""
     if device == "gpu":
         return
+    if cfg.device_train_microbatch_size == "auto":
+        raise WorkbenchError("config key 'device_train_microbatch_size' is 'auto', which searches for the largest "
+                             "microbatch that fits in GPU memory and needs a CUDA GPU; give an integer on CPU")
     for key, on in (("fsdp", cfg.fsdp), ("low_precision_norms", cfg.low_precision_norms)):
         if on:
             raise WorkbenchError(f"config key '{key}' needs a CUDA GPU; set {key}=false to train on CPU")
@@ -105,9 +108,17 @@ def check_load_path(cfg: TrainConfig, spec: dict) -> None:
                              f"UNet differs from this run's '{spec['architecture']}' UNet")
 
 
-def check_save_folder(folder: str) -> None:
+def estimate_checkpoint_bytes(model: LatentDiffusion, ema: bool) -> int:
+    """Bytes of one checkpoint: the model's state, AdamW's two moments per trainable weight, the EMA copy."""
+    state = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    trainable = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    return state + 2 * trainable + (trainable if ema else 0)
+
+
+def check_save_folder(folder: str, need_bytes: int = 0) -> None:
     """An unwritable or full save folder fails now, not at the first checkpoint hours later."""
     if "://" in folder:
+        check_remote_folder(folder, "save_folder")
         return
     path = Path(folder)
     try:
@@ -117,8 +128,49 @@ def check_save_folder(folder: str) -> None:
         probe.unlink()
     except OSError as e:
         raise WorkbenchError(f"config key 'save_folder': cannot write to {folder} ({e.strerror})") from None
-    if shutil.disk_usage(path).free < 64 * 2**20:
-        raise WorkbenchError(f"config key 'save_folder': less than 64 MiB free at {folder}")
+    free = shutil.disk_usage(path).free
+    need = int(need_bytes * 1.05) + 64 * 2**20
+    if free < need:
+        raise WorkbenchError(f"config key 'save_folder': {free / 2**30:.2f} GiB free at {folder}, but one checkpoint "
+                             f"of this model needs about {need / 2**30:.2f} GiB")
+
+
+def check_remote_folder(url: str, key: str) -> None:
+    """Credentials for an s3:// save folder or load path, checked before the first step."""
+    from .data import check_remote_access
+
+    check_remote_access(url, key)
+
+
+def resolve_resume(cfg: TrainConfig, save_folder: str) -> bool:
+    """With autoresume and a local save folder: pick the newest readable checkpoint (rank 0), True if one exists."""
+    from composer.utils import dist
+
+    from .checkpoint import select_resume_checkpoint
+
+    if not cfg.autoresume or "://" in save_folder:
+        return False
+    found = None
+    if dist.get_global_rank() == 0:
+        found = select_resume_checkpoint(save_folder)
+    flag = [found is not None]
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(flag, src=0)
+    return bool(flag[0])
+
+
+def attach_latents(cfg: TrainConfig, model: LatentDiffusion) -> dict | None:
+    """Precomputed data: refuse latents of another VAE/text encoder, and hand the model the empty caption."""
+    if not cfg.data.precomputed:
+        return None
+    from .data import latent_meta
+    from .precompute import check_compatible, decode_array
+
+    meta = latent_meta(cfg.data)
+    check_compatible(meta, vae=model.vae, text_encoder=model.text_encoder, resolution=cfg.data.resolution,
+                     where="config key 'data.precomputed'")
+    model.set_empty_text(torch.from_numpy(decode_array(meta["empty_text"])))
+    return meta
 
 
 def build_trainer(cfg: TrainConfig):
@@ -132,15 +184,29 @@ def build_trainer(cfg: TrainConfig):
     from .data import build_dataloader
     from .ema import FusedEMA
 
+    from composer.devices import DeviceCPU, DeviceGPU
+
+    from .guard import NonFiniteGuard
+    from .resume import RestoreRNG
+
     device = resolve_device(cfg)
     check_gpu_features(cfg, device)
     precision = resolve_precision(cfg, device)
+    if dist.get_world_size() > 1 and not dist.is_initialized():
+        dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())  # gloo on CPU, NCCL on GPU
     save_folder = cfg.resolved_save_folder()
-    check_save_folder(save_folder)
+    if cfg.load_path and "://" in cfg.load_path:
+        check_remote_folder(cfg.load_path, "load_path")
+    from composer.utils import reproducibility
+
+    reproducibility.seed_all(cfg.seed)  # the UNet's initial weights follow the run's seed
     model = build_model(cfg)
+    check_save_folder(save_folder, estimate_checkpoint_bytes(model, cfg.ema.enabled))
     attention = set_attention(model.unet, cfg.model.attention, device)
     spec = make_spec(model, cfg.model.architecture, cfg.data.resolution)
     check_load_path(cfg, spec)
+    attach_latents(cfg, model)
+    resuming = resolve_resume(cfg, save_folder)
 
     world = dist.get_world_size()
     if cfg.global_train_batch_size % world:
@@ -151,7 +217,7 @@ def build_trainer(cfg: TrainConfig):
     o = cfg.optimizer
     optimizer = torch.optim.AdamW(model.unet.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                   weight_decay=o.weight_decay)
-    algorithms = []
+    algorithms = [NonFiniteGuard(cfg.max_consecutive_nonfinite)]  # before clipping, at the same event
     if cfg.grad_clip_norm is not None:
         algorithms.append(GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip_norm))
     if cfg.ema.enabled:
@@ -178,6 +244,7 @@ def build_trainer(cfg: TrainConfig):
 
             loggers.append(WandBLogger(project=os.environ.get("WANDB_PROJECT", "diffusion-workbench"), name=cfg.run_name))
 
+    restore_rng = RestoreRNG()
     parallelism = None
     if cfg.fsdp:
         parallelism = {"fsdp": {"sharding_strategy": "SHARD_GRAD_OP", "mixed_precision": "PURE"}}
@@ -190,7 +257,7 @@ def build_trainer(cfg: TrainConfig):
         schedulers=ConstantWithWarmupScheduler(t_warmup=cfg.scheduler.t_warmup),
         step_schedulers_every_batch=True,
         algorithms=algorithms,
-        callbacks=[SpeedMonitor(window_size=20), LRMonitor(), ModelSpec(spec)],
+        callbacks=[SpeedMonitor(window_size=20), LRMonitor(), ModelSpec(spec), restore_rng],
         loggers=loggers,
         run_name=cfg.run_name,
         progress_bar=cfg.progress_bar,
@@ -203,7 +270,7 @@ def build_trainer(cfg: TrainConfig):
         save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
         save_overwrite=not cfg.autoresume,
         autoresume=cfg.autoresume,
-        load_path=None if cfg.autoresume and _has_checkpoint(save_folder) else cfg.load_path,
+        load_path=None if resuming else cfg.load_path,
         load_weights_only=cfg.load_weights_only,
         device=device,
         precision=precision,
@@ -212,6 +279,7 @@ def build_trainer(cfg: TrainConfig):
         seed=cfg.seed,
         python_log_level=None,
     )
+    restore_rng.take_over(trainer)
     log.info("attention backend: %s, device: %s, precision: %s", attention, device, precision)
     if dist.get_global_rank() == 0:
         import yaml
@@ -219,10 +287,6 @@ def build_trainer(cfg: TrainConfig):
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     return trainer
-
-
-def _has_checkpoint(folder: str) -> bool:
-    return "://" not in folder and any(Path(folder).glob("ep*-ba*-rank0.pt"))
 
 
 def train(cfg: TrainConfig) -> Path:

@@ -1,0 +1,152 @@
+"""The admin dashboard: live results, the chart and the exports, behind a token.
+
+The token comes as ``Authorization: Bearer <token>``, as the ``dwb_admin`` cookie, or once as
+``/admin?token=<token>``, which sets the cookie and redirects to a URL without it. Tokens are compared
+in constant time. Everything here may name models; none of it is reachable without the token.
+"""
+from __future__ import annotations
+
+import hmac
+import io
+import json
+import threading
+from html import escape
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from .analysis import analyze
+from .report import results_csv, summary, votes_csv
+
+COOKIE = "dwb_admin"
+
+
+def _fmt(x, pct: bool = True) -> str:
+    if x is None:
+        return "n/a"
+    return f"{100 * x:.1f}%" if pct else f"{x:.3g}"
+
+
+def _interval(iv) -> str:
+    return "n/a" if not iv or iv[0] is None else f"[{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
+    """The dashboard page; every value from the study or the votes is HTML-escaped."""
+    toggle = "/admin" if exclude else "/admin?exclude=1"
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='30'>",
+        "<title>human-eval admin</title><link rel='stylesheet' href='/static/rate.css'></head><body class='admin'>",
+        "<h1>Human evaluation</h1>",
+        f"<p>{counts['raters']} raters, {counts['impressions']} pairs shown, {counts['votes']} votes. "
+        f"Failing raters {'excluded' if exclude else 'included'} (<a href='{toggle}'>toggle</a>). "
+        "Downloads: <a href='/admin/votes.csv'>votes.csv</a> <a href='/admin/results.csv'>results.csv</a> "
+        "<a href='/admin/results.json'>results.json</a></p>",
+        f"<img class='chart' alt='preference chart' src='/admin/chart.png{'?exclude=1' if exclude else ''}'>",
+        "<h2>Preference (share of decisive votes for model a)</h2>",
+        _table(["question", "model a", "model b", "votes", "a wins", "b wins", "ties", "rate a", "Wilson 95%",
+                "by prompt", "by rater", "prompt and rater", "tie rate", "sign test p"],
+               [[c["question"], c["model_a"], c["model_b"], c["votes"], c["wins_a"], c["wins_b"], c["ties"],
+                 _fmt(c["rate_a"]), _interval(c["wilson"]), _interval(c["bootstrap_prompt"]),
+                 _interval(c["bootstrap_rater"]), _interval(c["two_way"]), _fmt(c["tie_rate"]),
+                 _fmt(c["sign_test_p"], pct=False)] for c in results["comparisons"]]),
+        "<h2>By category</h2>",
+        _table(["question", "model a", "model b", "category", "votes", "rate a", "Wilson 95%", "tie rate"],
+               [[c["question"], c["model_a"], c["model_b"], cat["category"], cat["votes"], _fmt(cat["rate_a"]),
+                 _interval(cat["wilson"]), _fmt(cat["tie_rate"])] for c in results["comparisons"] for cat in c["categories"]]),
+    ]
+    for q, rows in results.get("bradley_terry", {}).items():
+        parts += [f"<h2>Bradley-Terry: {escape(q)}</h2>", _table(
+            ["rank", "model", "score", "95% bootstrap by prompt"],
+            [[r["rank"], r["model"], f"{r['score']:+.3f}", f"[{r['interval'][0]:+.3f}, {r['interval'][1]:+.3f}]"]
+             for r in sorted(rows, key=lambda r: r["rank"])])]
+    parts += ["<h2>Agreement, checks and planning</h2>", f"<pre>{escape(summary(results))}</pre>",
+              "<h2>Raters</h2>", _table(
+                  ["rater", "votes", "median response (ms)", "gold pass rate", "self-consistency", "excluded"],
+                  [[r["rater"], r["votes"], r["median_response_ms"] if r["median_response_ms"] is not None else "n/a",
+                    _fmt(r["gold_pass_rate"]), _fmt(r["self_consistency"]), "yes" if r["excluded"] else ""]
+                   for r in results["raters"]]),
+              "</body></html>"]
+    return "".join(parts)
+
+
+def add_admin_routes(app: FastAPI, service, token: str) -> None:
+    """Mount /admin, /admin/results.json, /admin/results.csv, /admin/votes.csv and /admin/chart.png."""
+    expected = token.encode()
+    cache: dict[tuple, dict] = {}
+    lock = threading.Lock()
+
+    def authorized(request: Request) -> bool:
+        supplied = request.headers.get("authorization", "")
+        supplied = supplied[7:] if supplied.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
+        return hmac.compare_digest(supplied.encode(), expected)
+
+    def require(request: Request) -> None:
+        if not authorized(request):
+            raise HTTPException(401, "admin token required", headers={"WWW-Authenticate": "Bearer"})
+
+    def results(exclude: bool) -> dict:
+        """Analysis of the current votes, recomputed only when a vote arrived since the last one."""
+        key = (service.store.last_vote_id(), exclude)
+        with lock:
+            if key not in cache:
+                cache.clear()
+                votes = service.store.all_votes()
+                cache[key] = {"votes": votes, "results": analyze(service.study, votes, exclude_failing=exclude,
+                                                                 n_boot=1000)}
+            return cache[key]
+
+    @app.get("/admin", response_class=HTMLResponse)
+    async def dashboard(request: Request, exclude: int = 0) -> Response:
+        supplied = request.query_params.get("token")
+        if supplied is not None:
+            if not hmac.compare_digest(supplied.encode(), expected):
+                raise HTTPException(401, "wrong admin token")
+            response = RedirectResponse("/admin", status_code=303)
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/admin")
+            return response
+        require(request)
+        data = await run_in_threadpool(results, bool(exclude))
+        counts = await run_in_threadpool(service.store.counts)
+        return HTMLResponse(dashboard_html(data["results"], counts, bool(exclude)))
+
+    @app.get("/admin/results.json")
+    async def results_json(request: Request, exclude: int = 0) -> Response:
+        require(request)
+        data = await run_in_threadpool(results, bool(exclude))
+        return Response(json.dumps(data["results"], indent=1), media_type="application/json")
+
+    @app.get("/admin/results.csv")
+    async def results_table(request: Request, exclude: int = 0) -> Response:
+        require(request)
+        data = await run_in_threadpool(results, bool(exclude))
+        return Response(results_csv(data["results"]), media_type="text/csv",
+                        headers={"Content-Disposition": "attachment; filename=results.csv"})
+
+    @app.get("/admin/votes.csv")
+    async def votes_table(request: Request) -> Response:
+        require(request)
+        votes = await run_in_threadpool(service.store.all_votes)
+        return Response(votes_csv(service.study, votes), media_type="text/csv",
+                        headers={"Content-Disposition": "attachment; filename=votes.csv"})
+
+    @app.get("/admin/chart.png")
+    async def chart(request: Request, exclude: int = 0) -> Response:
+        require(request)
+        data = await run_in_threadpool(results, bool(exclude))
+
+        def render() -> bytes:
+            from .chart import plot_preferences
+
+            buf = io.BytesIO()
+            plot_preferences(data["results"], buf)
+            return buf.getvalue()
+
+        return Response(await run_in_threadpool(render), media_type="image/png")

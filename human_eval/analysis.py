@@ -1,0 +1,184 @@
+"""From votes to results: every statistic the report and the dashboard show, as one JSON-ready dict.
+
+Only main pairs count towards preference rates, Bradley-Terry scores and agreement; gold pairs measure
+raters' attention and repeated pairs their self-consistency. Raters who fail the gold check can be
+left out of everything else (`exclude_failing=True`).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from statistics import median
+
+import numpy as np
+from tqdm import tqdm
+
+from .agreement import krippendorff_alpha_nominal
+from .bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
+from .stats import (Z95, bootstrap_rate, decisive_votes_needed, percentile_interval, sign_test, two_way_interval,
+                    wilson_interval)
+from .study import Study
+
+NO_CATEGORY = "(none)"
+
+
+def _clean(value):
+    """nan -> None, numpy scalars -> Python, recursively (JSON has no nan)."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return None if math.isnan(value) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def preference(votes: list[dict]) -> dict:
+    """Counts, the decisive preference rate of image a with its Wilson interval, the tie rate, the sign test."""
+    wins_a = sum(v["choice"] == "a" for v in votes)
+    wins_b = sum(v["choice"] == "b" for v in votes)
+    ties = len(votes) - wins_a - wins_b
+    decisive = wins_a + wins_b
+    return {"votes": len(votes), "wins_a": wins_a, "wins_b": wins_b, "ties": ties, "decisive": decisive,
+            "rate_a": wins_a / decisive if decisive else math.nan, "wilson": wilson_interval(wins_a, decisive),
+            "tie_rate": ties / len(votes) if votes else math.nan, "tie_wilson": wilson_interval(ties, len(votes)),
+            "sign_test_p": sign_test(wins_a, wins_b)}
+
+
+def clustered(votes: list[dict], study: Study, n_boot: int, rng: np.random.Generator) -> dict:
+    """Bootstrap intervals of the decisive rate, by prompt, by rater and both (see `human_eval.stats`)."""
+    if not votes:
+        return {"bootstrap_prompt": (math.nan, math.nan), "bootstrap_rater": (math.nan, math.nan),
+                "two_way": (math.nan, math.nan)}
+    wins = np.array([v["choice"] == "a" for v in votes], dtype=float)
+    decisive = np.array([v["choice"] != "none" for v in votes], dtype=float)
+    prompts = np.array([study.by_id[v["pair_id"]].prompt for v in votes])
+    raters = np.array([v["rater_id"] for v in votes])
+    return {"bootstrap_prompt": percentile_interval(bootstrap_rate(wins, decisive, prompts, n_boot, rng)),
+            "bootstrap_rater": percentile_interval(bootstrap_rate(wins, decisive, raters, n_boot, rng)),
+            "two_way": two_way_interval(wins, decisive, prompts, raters, n_boot, rng)}
+
+
+def plan(result: dict, target_width: float) -> dict:
+    """Decisive votes a `target_width` interval needs, worst case and at the observed rate and tie rate."""
+    rate, ties = result["rate_a"], result["tie_rate"]
+    lo, hi = result["wilson"]
+    tlo, thi = result.get("two_way", (math.nan, math.nan))
+    deff = ((thi - tlo) / (hi - lo)) ** 2 if hi > lo and thi > tlo else math.nan  # clustering's design effect
+    worst = decisive_votes_needed(target_width, 0.5)
+    observed = decisive_votes_needed(target_width, rate) if not math.isnan(rate) else worst
+    total = observed / (1 - ties) if not math.isnan(ties) and ties < 1 else math.nan
+    return {"target_width": target_width, "decisive_needed_worst_case": worst, "decisive_needed_at_observed": observed,
+            "design_effect": deff, "votes_needed": math.ceil(total * max(1.0, deff if not math.isnan(deff) else 1.0))
+            if not math.isnan(total) else None}
+
+
+def gold_checks(votes: list[dict], study: Study, threshold: float) -> dict:
+    per: dict[str, list[bool]] = defaultdict(list)
+    for v in votes:
+        pair = study.by_id[v["pair_id"]]
+        if pair.kind == "gold":
+            per[v["rater_id"]].append(v["choice"] == pair.gold)
+    raters = [{"rater": r, "votes": len(ok), "passed": sum(ok), "pass_rate": sum(ok) / len(ok),
+               "failing": sum(ok) / len(ok) < threshold} for r, ok in sorted(per.items())]
+    total, passed = sum(r["votes"] for r in raters), sum(r["passed"] for r in raters)
+    return {"threshold": threshold, "votes": total, "passed": passed, "pass_rate": passed / total if total else math.nan,
+            "raters": raters, "failing_raters": [r["rater"] for r in raters if r["failing"]]}
+
+
+def self_consistency(votes: list[dict], study: Study) -> dict:
+    choice = {(v["rater_id"], v["pair_id"], v["question"]): v["choice"] for v in votes}
+    per: dict[str, list[bool]] = defaultdict(list)
+    for (rater, pair_id, question), c in choice.items():
+        pair = study.by_id[pair_id]
+        first = choice.get((rater, pair.repeat_of, question)) if pair.kind == "repeat" else None
+        if first is not None:
+            per[rater].append(first == c)
+    raters = [{"rater": r, "repeats": len(ok), "agreed": sum(ok), "rate": sum(ok) / len(ok)} for r, ok in sorted(per.items())]
+    total, agreed = sum(r["repeats"] for r in raters), sum(r["agreed"] for r in raters)
+    return {"repeats": total, "agreed": agreed, "rate": agreed / total if total else math.nan, "raters": raters}
+
+
+def bradley_terry(votes: list[dict], study: Study, n_boot: int, rng: np.random.Generator) -> list[dict]:
+    index = {m: i for i, m in enumerate(study.models)}
+    decisive = [v for v in votes if v["choice"] != "none"]
+    if not decisive:
+        return []
+    a = np.array([index[study.images[study.by_id[v["pair_id"]].a].model] for v in decisive])
+    b = np.array([index[study.images[study.by_id[v["pair_id"]].b].model] for v in decisive])
+    a_won = np.array([v["choice"] == "a" for v in decisive])
+    prompts = np.unique([study.by_id[v["pair_id"]].prompt for v in decisive], return_inverse=True)[1]
+    per_prompt = win_matrices(a, b, a_won, prompts, len(study.models))  # (P, K, K)
+    scores = fit_bradley_terry(per_prompt.sum(0))
+    replicates = bootstrap_bradley_terry(per_prompt, n_boot, rng)
+    order = np.argsort(-scores)
+    rank = {int(i): r + 1 for r, i in enumerate(order)}
+    return [{"model": m, "score": scores[i], "interval": percentile_interval(replicates[:, i]), "rank": rank[i],
+             "wins": int(per_prompt.sum(0)[i].sum()), "losses": int(per_prompt.sum(0)[:, i].sum())}
+            for i, m in enumerate(study.models)]
+
+
+def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, gold_threshold: float = 0.8,
+            n_boot: int = 2000, seed: int = 0, target_width: float = 0.1, progress: bool = False) -> dict:
+    """Every result for one study's votes (see the module doc); JSON-ready (nan as None)."""
+    rng = np.random.default_rng(seed)
+    votes = [v for v in votes if v["pair_id"] in study.by_id]
+    gold = gold_checks(votes, study, gold_threshold)
+    excluded = set(gold["failing_raters"]) if exclude_failing else set()
+    kept = [v for v in votes if v["rater_id"] not in excluded]
+    main = [v for v in kept if study.by_id[v["pair_id"]].kind == "main"]
+
+    groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    for v in main:
+        groups[(v["question"], *study.models_of(study.by_id[v["pair_id"]]))].append(v)
+    comparisons = []
+    model_pairs = [(a, b) for i, a in enumerate(study.models) for b in study.models[i + 1:]]
+    keys = [(q, a, b) for q in study.question_ids for a, b in model_pairs]
+    for q, a, b in tqdm(keys, desc="comparisons", disable=None if progress else True):
+        group = groups.get((q, a, b), [])
+        result = {"question": q, "model_a": a, "model_b": b, **preference(group), **clustered(group, study, n_boot, rng)}
+        result["plan"] = plan(result, target_width)
+        by_category: dict[str, list[dict]] = defaultdict(list)
+        for v in group:
+            by_category[study.prompts[study.by_id[v["pair_id"]].prompt].category or NO_CATEGORY].append(v)
+        result["categories"] = [{"category": c, **preference(vs)} for c, vs in sorted(by_category.items())]
+        comparisons.append(result)
+
+    bt = {}
+    if len(study.models) >= 3:
+        for q in study.question_ids:
+            bt[q] = bradley_terry([v for v in main if v["question"] == q], study, max(200, n_boot // 2), rng)
+
+    agreement = {}
+    for q in study.question_ids:
+        units: dict[str, list[str]] = defaultdict(list)
+        for v in main:
+            if v["question"] == q:
+                units[v["pair_id"]].append(v["choice"])
+        agreement[q] = {"krippendorff_alpha": krippendorff_alpha_nominal(units.values()),
+                        "units_rated_twice_or_more": sum(len(u) >= 2 for u in units.values())}
+
+    consistency = self_consistency(kept, study)
+    gold_rate = {r["rater"]: r["pass_rate"] for r in gold["raters"]}
+    consistent = {r["rater"]: r["rate"] for r in consistency["raters"]}
+    per_rater: dict[str, list[dict]] = defaultdict(list)
+    for v in votes:
+        per_rater[v["rater_id"]].append(v)
+    raters = [{"rater": r, "votes": len(vs),
+               "median_response_ms": median([v["client_ms"] for v in vs if v.get("client_ms") is not None] or [math.nan]),
+               "gold_pass_rate": gold_rate.get(r, math.nan), "self_consistency": consistent.get(r, math.nan),
+               "excluded": r in excluded} for r, vs in sorted(per_rater.items())]
+
+    return _clean({
+        "study": study.id, "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "models": study.models,
+        "questions": {q.id: q.text for q in study.questions},
+        "settings": {"exclude_failing_raters": exclude_failing, "gold_threshold": gold_threshold, "bootstrap": n_boot,
+                     "seed": seed, "target_width": target_width, "z": Z95},
+        "counts": {"votes": len(votes), "main_votes": len(main), "raters": len(per_rater),
+                   "excluded_raters": sorted(excluded)},
+        "comparisons": comparisons, "bradley_terry": bt, "agreement": agreement, "gold": gold,
+        "consistency": consistency, "raters": raters,
+    })

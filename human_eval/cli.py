@@ -1,0 +1,187 @@
+"""`dwb human-eval create | serve | report`: build a blind A/B study, rate it in a browser, analyse the votes."""
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import socket
+from pathlib import Path
+
+from .errors import HumanEvalError
+
+TOKEN_ENV = "DWB_HUMAN_EVAL_TOKEN"
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return n
+
+
+def _count(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return n
+
+
+def _fraction(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = -1.0
+    if not 0 < x < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+    return x
+
+
+def _labelled(value: str) -> tuple[str | None, Path]:
+    """`PATH` or `LABEL=PATH`; a path that exists as given wins over splitting at '='."""
+    if "=" in value and not Path(value).exists():
+        label, path = value.split("=", 1)
+        return label.strip() or None, Path(path)
+    return None, Path(value)
+
+
+def cmd_create(args) -> None:
+    from .samples import read_folder, read_manifest
+    from .study import build_study
+
+    if not args.samples and not args.folder:
+        raise HumanEvalError("nothing to compare: pass --samples MANIFEST (from `dwb evaluate`) or --folder DIR --prompts CSV")
+    if args.folder and not args.prompts:
+        raise HumanEvalError("--folder needs --prompts CSV (a 'prompt' column, optionally 'category')")
+    samples = []
+    for label, path in map(_labelled, args.samples or []):
+        samples += read_manifest(path, model=label)
+    for label, path in map(_labelled, args.folder or []):
+        samples += read_folder(path, args.prompts, model=label)
+    study, summary = build_study(samples, args.study, gold=args.gold, repeats=args.repeats, per_rater=args.per_rater,
+                                 images_per_prompt=args.images_per_prompt, seed=args.seed)
+    per_pair = ", ".join(f"{k}: {v}" for k, v in summary["pairs_per_model_pair"].items())
+    print(f"study {study.folder}: {len(summary['models'])} models, {summary['prompts']} prompts, {summary['pairs']} pairs "
+          f"({per_pair}), {summary['gold']} gold, {summary['repeats']} repeated; {summary['images_written']} images")
+    for model, n in summary["unmatched_images"].items():
+        if n:
+            print(f"note: {n} images of '{model}' have no counterpart in another model and are not used")
+    print(f"next: dwb human-eval serve {study.folder}")
+
+
+def _admin_token(args, study_dir: Path) -> str:
+    token = args.admin_token or os.environ.get(TOKEN_ENV)
+    if token:
+        return token
+    path = study_dir / "admin_token"
+    if not path.is_file():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24))
+    return path.read_text().strip()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # IPPROTO_TCP: asyncio then sets TCP_NODELAY
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise HumanEvalError(f"cannot listen on {host}:{port}: {e.strerror} (is another server running? pass --port)") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def cmd_serve(args) -> None:
+    import uvicorn
+
+    from .server import create_app
+    from .store import Store, database_url
+    from .study import load_study
+
+    study = load_study(args.study)
+    missing = [f for f in study.image_files().values() if not f.is_file()]
+    if missing:
+        raise HumanEvalError(f"{len(missing)} study images are missing, e.g. {missing[0]} (copy the whole study folder)")
+    url = database_url(args.db or study.folder / "votes.sqlite")
+    store = Store(url, study.id)
+    token = _admin_token(args, study.folder)
+    app = create_app(study, store, token, per_rater=args.per_rater)
+    sock = _listen(args.host, args.port)
+    port = sock.getsockname()[1]
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"serving {len(study.pairs)} pairs of {study.folder} (votes: {url})\n"
+          f"  raters: http://{shown}:{port}/   (or /?rater=ID)\n"
+          f"  admin:  http://{shown}:{port}/admin?token={token}", flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False, lifespan="off",
+                            timeout_keep_alive=30, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def cmd_report(args) -> None:
+    from .analysis import analyze
+    from .report import summary, write_report
+    from .store import Store, database_url
+    from .study import load_study
+
+    study = load_study(args.study)
+    store = Store(database_url(args.db or study.folder / "votes.sqlite"), study.id, create=False)
+    votes = store.all_votes()
+    if not votes:
+        raise HumanEvalError(f"no votes yet in {store.url}")
+    results = analyze(study, votes, exclude_failing=args.exclude_failing_raters, gold_threshold=args.gold_threshold,
+                      n_boot=args.bootstrap, seed=args.seed, target_width=args.target_width, progress=True)
+    paths = write_report(study, votes, results, args.out or study.folder / "report", interval=args.interval)
+    print(summary(results, args.interval))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+def register(sub) -> None:
+    he = sub.add_parser("human-eval", help="blind pairwise A/B rating in the browser, with confidence intervals")
+    he_sub = he.add_subparsers(dest="human_eval_command", required=True, metavar="HUMAN_EVAL_COMMAND")
+
+    p = he_sub.add_parser("create", help="build a study from sample manifests or image folders")
+    p.add_argument("study", help="a new folder for the study")
+    p.add_argument("--samples", action="append", metavar="[LABEL=]MANIFEST",
+                   help="a manifest.jsonl from `dwb evaluate` (repeatable; one per model, or several models in one)")
+    p.add_argument("--folder", action="append", metavar="[LABEL=]DIR",
+                   help="a folder of one model's images named <prompt_index>_<image_index>.png (repeatable)")
+    p.add_argument("--prompts", metavar="CSV", help="the prompts of --folder images ('prompt' and 'category' columns)")
+    p.add_argument("--gold", type=_count, default=0, help="gold pairs (attention checks with a known answer)")
+    p.add_argument("--repeats", type=_count, default=0, help="pairs shown twice, for self-consistency")
+    p.add_argument("--per-rater", type=_positive, help="the most pairs one rater is given (default: all)")
+    p.add_argument("--images-per-prompt", type=_positive, help="use only image_index 0..K-1 of each prompt")
+    p.add_argument("--seed", type=int, default=0, help="for choosing gold and repeated pairs")
+    p.set_defaults(func=cmd_create)
+
+    p = he_sub.add_parser("serve", help="serve a study to raters (FastAPI under uvicorn)")
+    p.add_argument("study")
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept raters from other machines")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: STUDY/votes.sqlite); "
+                                "postgresql+psycopg://... lets several instances share one store")
+    p.add_argument("--admin-token", help=f"the dashboard's token (default: ${TOKEN_ENV}, else STUDY/admin_token)")
+    p.add_argument("--per-rater", type=_positive, help="override the study's cap on pairs per rater")
+    p.set_defaults(func=cmd_serve)
+
+    p = he_sub.add_parser("report", help="preference rates, intervals, Bradley-Terry, agreement; CSV, JSON and PNG")
+    p.add_argument("study")
+    p.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: STUDY/votes.sqlite)")
+    p.add_argument("--out", help="output folder (default: STUDY/report)")
+    p.add_argument("--exclude-failing-raters", action="store_true", help="leave out raters under --gold-threshold")
+    p.add_argument("--gold-threshold", type=_fraction, default=0.8, help="gold pass rate a rater needs (default 0.8)")
+    p.add_argument("--bootstrap", type=_positive, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target-width", type=_fraction, default=0.1,
+                   help="the planner's interval width, e.g. 0.1 for +-5 points (default)")
+    p.add_argument("--interval", choices=("two_way", "bootstrap_prompt", "bootstrap_rater", "wilson"), default="two_way",
+                   help="the chart's error bars (default: clustered by prompt and rater)")
+    p.set_defaults(func=cmd_report)

@@ -1,0 +1,157 @@
+// The rating page: fetch a pair, show it, send one vote per question, move on.
+// Text from the server is only ever set with textContent, so markup in a prompt shows as text.
+"use strict";
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const KEYS = { ArrowLeft: "A", a: "A", A: "A", ArrowRight: "B", b: "B", B: "B", ArrowDown: "none", n: "none", N: "none" };
+  const LABELS = [["A", "Image A"], ["none", "No preference"], ["B", "Image B"]];
+  const state = { rater: null, pair: null, answered: {}, active: null, activeSince: 0, busy: false };
+
+  function show(section) {
+    for (const id of ["start", "rate", "done"]) $(id).hidden = id !== section;
+  }
+
+  function setError(message) {
+    $("error").textContent = message || "";
+    $("error").hidden = !message;
+  }
+
+  async function api(method, url, body) {
+    const init = { method, headers: {} };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const res = await fetch(url, init);
+    let data = null;
+    try { data = await res.json(); } catch (_) { /* not JSON */ }
+    if (!res.ok) {
+      const err = new Error((data && data.detail) || `the server answered ${res.status}`);
+      err.status = res.status;
+      throw err;
+    }
+    return data;
+  }
+
+  function loadImage(img, url) {
+    return new Promise((resolve) => {
+      img.onload = img.onerror = () => resolve();
+      img.src = url;
+    });
+  }
+
+  function progress(p) {
+    const shown = Math.min(p.completed + 1, p.total);
+    $("progress-bar").max = p.total;
+    $("progress-bar").value = p.completed;
+    $("progress-text").textContent = `Pair ${shown} of ${p.total}`;
+  }
+
+  function renderQuestions() {
+    const box = $("questions");
+    box.replaceChildren();
+    for (const q of state.pair.questions) {
+      const div = document.createElement("div");
+      div.className = "question";
+      div.dataset.question = q.id;
+      const text = document.createElement("p");
+      text.textContent = q.text;
+      div.append(text);
+      for (const [answer, label] of LABELS) {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.textContent = label;
+        button.dataset.answer = answer;
+        button.addEventListener("click", () => vote(q.id, answer));
+        div.append(button);
+      }
+      box.append(div);
+    }
+    refresh();
+  }
+
+  function refresh() {
+    const open = state.pair.questions.filter((q) => !(q.id in state.answered));
+    state.active = open.length ? open[0].id : null;
+    for (const div of $("questions").children) {
+      const id = div.dataset.question;
+      div.classList.toggle("active", id === state.active);
+      div.classList.toggle("answered", id in state.answered);
+      for (const button of div.querySelectorAll("button")) {
+        button.disabled = id in state.answered;
+        button.classList.toggle("chosen", state.answered[id] === button.dataset.answer);
+      }
+    }
+  }
+
+  async function next() {
+    const p = await api("GET", `/api/next?rater=${encodeURIComponent(state.rater)}`);
+    progress(p.progress);
+    if (p.done) {
+      show("done");
+      return;
+    }
+    state.pair = p;
+    state.answered = { ...p.answered };
+    $("prompt").textContent = p.prompt;
+    await Promise.all([loadImage($("img-left"), p.images[0]), loadImage($("img-right"), p.images[1])]);
+    renderQuestions();
+    show("rate");
+    state.activeSince = performance.now();
+  }
+
+  async function vote(question, answer) {
+    if (state.busy || !state.pair || question in state.answered) return;
+    state.busy = true;
+    const ms = Math.round(performance.now() - state.activeSince);
+    try {
+      await api("POST", "/api/vote", { rater: state.rater, pair: state.pair.pair, question, answer, response_ms: ms });
+      setError("");
+      state.answered[question] = answer;
+      state.activeSince = performance.now();
+      refresh();
+      if (state.active === null) await next();
+    } catch (e) {
+      setError(`Your answer was not saved: ${e.message}. Please try again.`);
+      if (e.status === 409) await next().catch(() => {});
+    } finally {
+      state.busy = false;
+    }
+  }
+
+  async function start(id) {
+    setError("");
+    try {
+      const s = await api("POST", "/api/session", { rater: id || null });
+      state.rater = s.rater;
+      localStorage.setItem("dwb-rater", s.rater);
+      $("whoami").textContent = `Rater ID: ${s.rater} (use it to continue later)`;
+      await next();
+    } catch (e) {
+      show("start");
+      setError(`Could not start: ${e.message}`);
+    }
+  }
+
+  document.addEventListener("keydown", (event) => {
+    if (event.target instanceof HTMLInputElement || event.ctrlKey || event.metaKey || event.altKey) return;
+    const answer = KEYS[event.key];
+    if (answer && state.active && !$("rate").hidden) {
+      event.preventDefault();
+      vote(state.active, answer);
+    }
+  });
+
+  $("start-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    start($("rater-input").value.trim());
+  });
+
+  const fromUrl = new URLSearchParams(location.search).get("rater");
+  if (fromUrl) {
+    start(fromUrl);
+  } else {
+    $("rater-input").value = localStorage.getItem("dwb-rater") || "";
+    show("start");
+  }
+})();

@@ -1,0 +1,130 @@
+"""Fixtures for human_eval: sample sets written the way `evaluate` writes them, and a real server process.
+
+Every image carries its generator's settings in PNG text chunks (model, checkpoint, scheduler), the
+way diffusion front-ends write them, so tests can check that none of it reaches a rater.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image, PngImagePlugin
+
+from ..conftest import REPO, SHARED
+
+DRAWBENCH = SHARED / "data" / "prompts" / "drawbench.csv"
+DWB = Path(sys.executable).parent / "dwb"
+
+
+def model_secrets(name: str) -> dict:
+    """The identifying strings of one synthetic model; none may appear in a rater-facing byte."""
+    return {"model": f"{name}-modelname-7f3c", "checkpoint": f"/ckpts/{name}-secretckpt-91ab/ep3-ba800k-rank0.pt",
+            "scheduler": f"{name}SecretSchedulerXq"}
+
+
+def write_samples(folder: Path, name: str, prompts: list[tuple[str, str]], images_per_prompt: int = 1,
+                  size: int = 32, seed: int = 0, absolute: bool = False) -> Path:
+    """A manifest.jsonl with one PNG per prompt and image index; returns the manifest's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "samples").mkdir(exist_ok=True)
+    ids = model_secrets(name)
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i, (prompt, category) in enumerate(prompts):
+        for k in range(images_per_prompt):
+            pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            info = PngImagePlugin.PngInfo()
+            info.add_text("parameters", f"{prompt}; model: {ids['model']}; checkpoint: {ids['checkpoint']}; "
+                                        f"scheduler: {ids['scheduler']}; seed: {1000 + k}")
+            info.add_itxt("Software", f"diffusion-workbench {ids['model']}")
+            path = folder / "samples" / f"{i:04d}_{k}.png"
+            Image.fromarray(pixels).save(path, pnginfo=info)
+            lines.append({"prompt": prompt, "prompt_index": i, "category": category, "image_index": k, "seed": 1000 + k,
+                          "checkpoint": ids["checkpoint"], "model": ids["model"], "guidance": 7.5,
+                          "scheduler": ids["scheduler"], "steps": 50, "width": size, "height": size,
+                          "path": str(path) if absolute else f"samples/{path.name}", "clip_score": 0.31})
+    manifest = folder / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return manifest
+
+
+def drawbench(n: int | None = None) -> list[tuple[str, str]]:
+    from human_eval.samples import read_prompts_csv
+
+    prompts = read_prompts_csv(DRAWBENCH)
+    return prompts if n is None else prompts[:n]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`dwb human-eval serve` in a subprocess on 127.0.0.1, started the way users start it."""
+
+    def __init__(self, study: Path, *extra: str, port: int | None = None, token: str = "admin-secret-token"):
+        self.study, self.extra, self.token = study, extra, token
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> "Server":
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [str(DWB), "human-eval", "serve", str(self.study), "--port", str(self.port), "--admin-token", self.token,
+             *self.extra], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, as in a crash."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@pytest.fixture(scope="module")
+def two_model_study(tmp_path_factory) -> Path:
+    """Two models on 12 DrawBench prompts x 2 images, with 2 gold and 2 repeated pairs (28 pairs)."""
+    from human_eval.samples import read_manifest
+    from human_eval.study import build_study
+
+    root = tmp_path_factory.mktemp("two")
+    prompts = drawbench(12)
+    samples = read_manifest(write_samples(root / "alpha", "alpha", prompts, 2, seed=1))
+    samples += read_manifest(write_samples(root / "beta", "beta", prompts, 2, seed=2))
+    build_study(samples, root / "study", gold=2, repeats=2, seed=0, progress=False)
+    return root / "study"
