@@ -10,6 +10,7 @@ import hmac
 import io
 import json
 import threading
+import time
 from html import escape
 
 from fastapi import FastAPI, HTTPException, Request
@@ -20,6 +21,7 @@ from .analysis import analyze
 from .report import results_csv, summary, votes_csv
 
 COOKIE = "dwb_admin"
+REFRESH_S = 30.0  # the dashboard's results are at most this old (the page reloads itself as often)
 
 
 def _fmt(x, pct: bool = True) -> str:
@@ -45,7 +47,8 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='30'>",
         "<title>human-eval admin</title><link rel='stylesheet' href='/static/rate.css'></head><body class='admin'>",
         "<h1>Human evaluation</h1>",
-        f"<p>{counts['raters']} raters, {counts['impressions']} pairs shown, {counts['votes']} votes. "
+        f"<p>{counts['raters']} raters, {counts['impressions']} pairs shown, {counts['votes']} votes; "
+        f"results below computed {escape(results['generated'])} from {results['counts']['votes']} votes. "
         f"Failing raters {'excluded' if exclude else 'included'} (<a href='{toggle}'>toggle</a>). "
         "Downloads: <a href='/admin/votes.csv'>votes.csv</a> <a href='/admin/results.csv'>results.csv</a> "
         "<a href='/admin/results.json'>results.json</a></p>",
@@ -80,7 +83,7 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
 def add_admin_routes(app: FastAPI, service, token: str) -> None:
     """Mount /admin, /admin/results.json, /admin/results.csv, /admin/votes.csv and /admin/chart.png."""
     expected = token.encode()
-    cache: dict[tuple, dict] = {}
+    cache: dict[bool, dict] = {}
     lock = threading.Lock()
 
     def authorized(request: Request) -> bool:
@@ -93,15 +96,19 @@ def add_admin_routes(app: FastAPI, service, token: str) -> None:
             raise HTTPException(401, "admin token required", headers={"WWW-Authenticate": "Bearer"})
 
     def results(exclude: bool) -> dict:
-        """Analysis of the current votes, recomputed only when a vote arrived since the last one."""
-        key = (service.store.last_vote_id(), exclude)
+        """Analysis of the votes, recomputed when votes arrived, at most every `REFRESH_S` seconds.
+
+        The analysis takes the same CPU as the raters' requests; a dashboard left open must not slow them.
+        """
         with lock:
-            if key not in cache:
-                cache.clear()
+            last = cache.get(exclude)
+            if last is None or (time.monotonic() - last["at"] > REFRESH_S
+                                and last["last_vote"] != service.store.last_vote_id()):
+                last_vote = service.store.last_vote_id()
                 votes = service.store.all_votes()
-                cache[key] = {"votes": votes, "results": analyze(service.study, votes, exclude_failing=exclude,
-                                                                 n_boot=1000)}
-            return cache[key]
+                cache[exclude] = last = {"at": time.monotonic(), "last_vote": last_vote, "votes": votes,
+                                         "results": analyze(service.study, votes, exclude_failing=exclude, n_boot=1000)}
+            return last
 
     @app.get("/admin", response_class=HTMLResponse)
     async def dashboard(request: Request, exclude: int = 0) -> Response:

@@ -16,6 +16,8 @@ from .study import Study
 VOTE_COLUMNS = ("vote_id", "created_at", "rater", "pair", "kind", "question", "answer", "left_model", "right_model",
                 "choice", "preferred_model", "model_a", "model_b", "prompt_index", "prompt", "category", "image_index",
                 "client_ms", "server_ms")
+SHORT = {"two_way": "by prompt and rater", "bootstrap_prompt": "by prompt", "bootstrap_rater": "by rater",
+         "wilson": "Wilson"}
 RESULT_COLUMNS = ("question", "model_a", "model_b", "category", "votes", "wins_a", "wins_b", "ties", "decisive",
                   "rate_a", "wilson_lo", "wilson_hi", "bootstrap_prompt_lo", "bootstrap_prompt_hi", "bootstrap_rater_lo",
                   "bootstrap_rater_hi", "two_way_lo", "two_way_hi", "tie_rate", "sign_test_p")
@@ -71,7 +73,7 @@ def summary(results: dict, interval: str = "two_way") -> str:
         lo, hi = c[interval] if c[interval] else (None, None)
         wlo, whi = c["wilson"]
         lines.append(f"{c['question']:>10}  {c['model_a']} vs {c['model_b']}: {c['model_a']} preferred in "
-                     f"{_pct(c['rate_a'])}% of {c['decisive']} decisive votes, 95% [{_pct(lo)}, {_pct(hi)}] "
+                     f"{_pct(c['rate_a'])}% of {c['decisive']} decisive votes, 95% {SHORT[interval]} [{_pct(lo)}, {_pct(hi)}] "
                      f"(Wilson [{_pct(wlo)}, {_pct(whi)}]), ties {_pct(c['tie_rate'])}%, sign test p={c['sign_test_p']:.3g}")
     for q, rows in results.get("bradley_terry", {}).items():
         ranked = sorted(rows, key=lambda r: r["rank"])
@@ -91,7 +93,7 @@ def summary(results: dict, interval: str = "two_way") -> str:
     c = results["comparisons"][0] if results["comparisons"] else None
     if c:
         p = c["plan"]
-        lines.append(f"planner: a {p['target_width']:.2f}-wide interval needs {p['decisive_needed_worst_case']} decisive "
+        lines.append(f"planner ({c['question']}, {c['model_a']} vs {c['model_b']}): a {p['target_width']:.2f}-wide interval needs {p['decisive_needed_worst_case']} decisive "
                      f"votes at 50% ({p['decisive_needed_at_observed']} at the observed rate"
                      + (f"; about {p['votes_needed']} votes with ties and clustering" if p["votes_needed"] else "") + ")")
     return "\n".join(lines)

@@ -10,6 +10,8 @@ rater and which side image *a* was on.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +104,9 @@ class Store:
             self.engine: Engine = create_engine(url, **kwargs)
         except Exception as e:  # noqa: BLE001 - a bad URL or a missing driver is the user's to fix
             raise HumanEvalError(f"cannot open database {url}: {e}") from None
+        # SQLite takes one writer at a time; waiting here wakes at once, while SQLite's busy handler sleeps
+        # in steps of up to 100 ms, which is where the latency tail came from under concurrent votes
+        self._write = threading.Lock() if self.engine.dialect.name == "sqlite" else contextlib.nullcontext()
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         try:
@@ -130,7 +135,7 @@ class Store:
     def add_rater(self, rater: str, user_agent: str = "") -> bool:
         """Register a rater; False when the id already exists (the rater resumes)."""
         try:
-            with self.engine.begin() as conn:
+            with self._write, self.engine.begin() as conn:
                 conn.execute(raters.insert().values(id=rater, created_at=time.time(), user_agent=user_agent[:256]))
             return True
         except IntegrityError:
@@ -167,7 +172,7 @@ class Store:
         """Record that `pair` is shown to `rater`; an existing impression wins a race and is returned."""
         now = time.time()
         try:
-            with self.engine.begin() as conn:
+            with self._write, self.engine.begin() as conn:
                 conn.execute(impressions.insert().values(rater_id=rater, pair_id=pair, swapped=swapped, shown_at=now))
             return Impression(pair, swapped, now)
         except IntegrityError:
@@ -186,7 +191,7 @@ class Store:
         choice = "none" if answer == "none" else ("a" if (answer == "A") != imp.swapped else "b")
         now = time.time()
         try:
-            with self.engine.begin() as conn:
+            with self._write, self.engine.begin() as conn:
                 conn.execute(votes.insert().values(
                     rater_id=rater, pair_id=pair, question=question, answer=answer, choice=choice, swapped=imp.swapped,
                     client_ms=client_ms, server_ms=int(round((now - imp.shown_at) * 1000)), created_at=now))

@@ -48,7 +48,7 @@ class StreamConfig:
 
 @dataclass
 class DataConfig:
-    path: str = ""  # an MDS folder written by `dwb data shapes`, `convert` or `precompute` (the cache, with `remote`)
+    path: Optional[str] = ""  # an MDS folder written by `dwb data shapes`, `convert` or `precompute` (the cache, with `remote`)
     remote: Optional[str] = None
     # Several datasets mixed by proportion or repeat, instead of path/remote (resolution buckets, sources).
     streams: list[StreamConfig] = field(default_factory=list)
@@ -238,6 +238,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 
 def _check_data(d: DataConfig) -> None:
+    d.path = d.path or ""  # `data.path=` on the command line clears it (for data.streams)
     if d.streams and (d.path or d.remote):
         raise WorkbenchError("config keys 'data.streams' and 'data.path'/'data.remote' exclude each other: "
                              "put every dataset in data.streams")

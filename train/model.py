@@ -79,14 +79,17 @@ class LatentDiffusion(ComposerModel):
         """
         if "latent_mean" in batch:
             mean = batch["latent_mean"].float()
-            latents = mean + batch["latent_std"].float() * torch.randn_like(mean)
+            eps = torch.randn(mean.shape, device=mean.device, dtype=mean.dtype)
+            latents = mean + batch["latent_std"].float() * eps
             return latents, self.drop_text(batch["text"].float())
         latents = self.encode_images(batch["image"])
         return latents, self.encode_text(self.drop_captions(batch["input_ids"]))
 
     def forward(self, batch: dict):
         latents, text = self.latents_and_text(batch)
-        noise = torch.randn_like(latents)
+        # Drawn in logical order whatever the latents' memory layout (the VAE may return channels-last
+        # latents, and randn_like follows the layout), so stored and on-the-fly latents get the same noise.
+        noise = torch.randn(latents.shape, device=latents.device, dtype=latents.dtype)
         t = torch.randint(0, len(self.alphas_cumprod), (latents.shape[0],), device=latents.device)
         a = self.alphas_cumprod.to(latents.device)[t].view(-1, 1, 1, 1)
         noisy = a.sqrt() * latents + (1 - a).sqrt() * noise

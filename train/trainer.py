@@ -291,7 +291,11 @@ def build_trainer(cfg: TrainConfig):
 
 def train(cfg: TrainConfig) -> Path:
     """Run one phase; returns the folder its checkpoints are in."""
+    from composer.utils import dist
+
     trainer = build_trainer(cfg)
+    if int(trainer.state.timestamp.batch) > 0 and dist.get_global_rank() == 0:
+        print(f"resuming at batch {int(trainer.state.timestamp.batch)} from {cfg.resolved_save_folder()}", flush=True)
     trainer.fit()
     trainer.close()
     return Path(cfg.resolved_save_folder())

@@ -1,0 +1,129 @@
+"""A rater in a real headless Chromium: mouse and keyboard, resume after a reload, escaped prompts, stored votes."""
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from human_eval.samples import read_manifest
+from human_eval.study import build_study, load_study
+
+from .conftest import Server, write_samples
+
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium "
+                                                               "(scripts/setup-browser.sh installs it)")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+HOSTILE = '<b>bold</b> {n} cats <script>window.pwned=1</script><img src=x onerror="window.pwned=2"> & "quotes"'
+
+
+@pytest.fixture(scope="module")
+def markup_study(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("browser")
+    prompts = [(HOSTILE.format(n=n), "Colors") for n in range(4)]
+    samples = read_manifest(write_samples(root / "alpha", "alpha", prompts, 1, size=64, seed=1))
+    samples += read_manifest(write_samples(root / "beta", "beta", prompts, 1, size=64, seed=2))
+    build_study(samples, root / "study", progress=False)
+    return root / "study"
+
+
+def test_rater_rates_with_mouse_and_keyboard(markup_study):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    study = load_study(markup_study)
+    prompts = {p.text for p in study.prompts}
+    done: list[tuple[str, str, str, str]] = []  # (pair shown, question, answer, model on the chosen side)
+    problems: list[str] = []
+
+    with Server(markup_study) as server, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        page = browser.new_page()
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+        page.goto(server.url)
+        page.fill("#rater-input", "alice")
+        page.click("#start-button")  # the mouse
+
+        def current() -> dict:
+            page.wait_for_selector("#rate:not([hidden])")
+            left, right = (page.get_attribute(sel, "src").removeprefix("/img/") for sel in ("#img-left", "#img-right"))
+            pair = next(q for q in study.pairs if {q.a, q.b} == {left, right})
+            return {"pair": pair.id, "left": study.images[left].model, "right": study.images[right].model,
+                    "progress": page.inner_text("#progress-text")}
+
+        def answered(before: str) -> None:
+            page.wait_for_function("p => document.querySelector('#progress-text').textContent !== p "
+                                   "|| !document.querySelector('#done').hidden", arg=before)
+
+        def record(state: dict, question: str, answer: str) -> None:
+            side = {"A": state["left"], "B": state["right"], "none": ""}[answer]
+            done.append((state["pair"], question, answer, side))
+
+        def click(question: str, answer: str) -> None:
+            page.click(f".question[data-question={question}] button[data-answer={answer}]")
+
+        def key_answer(key: str, question: str) -> None:
+            page.wait_for_selector(f".question.active[data-question={question}]")
+            page.keyboard.press(key)
+
+        # pair 1: the mouse only
+        s = current()
+        assert s["progress"] == "Pair 1 of 4"
+        text = page.text_content("#prompt")
+        assert text in prompts  # shown exactly as written: markup as text
+        assert page.evaluate("document.querySelector('#prompt').children.length") == 0
+        assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth === 64)")
+        click("quality", "A")
+        record(s, "quality", "A")
+        page.wait_for_selector(".question.active[data-question=alignment]")
+        click("alignment", "none")
+        record(s, "alignment", "none")
+        answered(s["progress"])
+
+        # pair 2: the keyboard only
+        s = current()
+        assert s["progress"] == "Pair 2 of 4"
+        key_answer("ArrowRight", "quality")
+        record(s, "quality", "B")
+        key_answer("n", "alignment")
+        record(s, "alignment", "none")
+        answered(s["progress"])
+
+        # pair 3: one answer, then a reload; the rater resumes on the same pair with the same sides
+        s = current()
+        key_answer("a", "quality")
+        record(s, "quality", "A")
+        page.wait_for_selector(".question.active[data-question=alignment]")
+        page.reload()
+        assert page.input_value("#rater-input") == "alice"  # remembered
+        page.click("#start-button")
+        again = current()
+        assert again == s
+        assert page.is_disabled(".question[data-question=quality] button[data-answer=B]")
+        assert "chosen" in page.get_attribute(".question[data-question=quality] button[data-answer=A]", "class")
+        key_answer("ArrowLeft", "alignment")
+        record(s, "alignment", "A")
+        answered(s["progress"])
+
+        # pair 4: mouse and keyboard mixed, then the end
+        s = current()
+        assert s["progress"] == "Pair 4 of 4"
+        click("quality", "B")
+        record(s, "quality", "B")
+        key_answer("b", "alignment")
+        record(s, "alignment", "B")
+        page.wait_for_selector("#done:not([hidden])")
+        assert page.evaluate("window.pwned") is None
+        browser.close()
+
+    assert not problems, problems
+    assert len({pair for pair, *_ in done}) == 4
+    with sqlite3.connect(markup_study / "votes.sqlite") as conn:
+        rows = conn.execute("SELECT pair_id, question, answer, choice, client_ms FROM votes WHERE rater_id='alice'").fetchall()
+    assert len(rows) == 8
+    stored = {(pair, q): (answer, choice, ms) for pair, q, answer, choice, ms in rows}
+    for pair_id, question, answer, model in done:
+        got_answer, choice, ms = stored[(pair_id, question)]
+        pair = study.by_id[pair_id]
+        assert got_answer == answer and ms is not None and ms >= 0
+        chosen = {"a": study.images[pair.a].model, "b": study.images[pair.b].model, "none": ""}[choice]
+        assert chosen == model  # the model whose image was on the clicked side

@@ -1,0 +1,132 @@
+"""`dwb human-eval report` on a store of simulated votes: numbers, exports, the chart, gold exclusion."""
+import csv
+import io
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from human_eval.analysis import analyze
+from human_eval.samples import read_manifest
+from human_eval.stats import sign_test, wilson_interval
+from human_eval.store import Store, database_url
+from human_eval.study import build_study, load_study
+
+from ..conftest import run_dwb
+from .conftest import drawbench, write_samples
+
+STRENGTH = {"alpha": 0.9, "beta": 0.3, "gamma": -0.6}  # Bradley-Terry log-strengths of the simulated raters
+
+
+@pytest.fixture(scope="module")
+def rated_study(tmp_path_factory) -> tuple[Path, dict]:
+    """Three models on 20 DrawBench prompts, 4 gold and 6 repeated pairs, 12 raters; 'careless' fails every gold pair."""
+    root = tmp_path_factory.mktemp("report")
+    samples = []
+    for i, name in enumerate(STRENGTH):
+        samples += read_manifest(write_samples(root / name, name, drawbench()[::10], 1, size=8, seed=i))
+    build_study(samples, root / "study", gold=4, repeats=6, seed=1, progress=False)
+    study = load_study(root / "study")
+    store = Store(database_url(root / "study" / "votes.sqlite"), study.id)
+    rng = random.Random(0)
+    strength = {m: STRENGTH[m.split("-")[0]] for m in study.models}
+    for r in range(12):
+        rater = "careless" if r == 0 else f"rater{r:02d}"
+        store.add_rater(rater)
+        for pair_id in study.order_for(rater)[:40]:
+            pair = study.by_id[pair_id]
+            swapped = rng.random() < 0.5
+            store.show(rater, pair_id, swapped)
+            for q in study.question_ids:
+                if pair.kind == "gold":
+                    choice = "b" if rater == "careless" else "a"
+                elif rng.random() < 0.15:
+                    choice = "none"
+                else:
+                    a, b = study.models_of(pair)
+                    choice = "a" if rng.random() < 1 / (1 + np.exp(strength[b] - strength[a])) else "b"
+                answer = "none" if choice == "none" else ("A" if (choice == "a") != swapped else "B")
+                assert store.vote(rater, pair_id, q, answer, rng.randint(300, 5000)) == ("recorded", None)
+    votes = store.all_votes()
+    store.close()
+    return root / "study", {"votes": votes}
+
+
+def test_report_writes_results_exports_and_chart(rated_study, tmp_path):
+    folder, data = rated_study
+    study = load_study(folder)
+    r = run_dwb("human-eval", "report", str(folder), "--out", str(tmp_path / "out"), "--bootstrap", "300")
+    assert r.returncode == 0, r.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    votes = data["votes"]
+
+    # the numbers, recomputed from the raw votes
+    main = [v for v in votes if study.by_id[v["pair_id"]].kind == "main"]
+    for c in results["comparisons"]:
+        mine = [v for v in main if v["question"] == c["question"]
+                and study.models_of(study.by_id[v["pair_id"]]) == (c["model_a"], c["model_b"])]
+        count = Counter(v["choice"] for v in mine)
+        assert (c["wins_a"], c["wins_b"], c["ties"]) == (count["a"], count["b"], count["none"])
+        assert c["rate_a"] == pytest.approx(count["a"] / (count["a"] + count["b"]))
+        assert c["wilson"] == pytest.approx(list(wilson_interval(count["a"], count["a"] + count["b"])))
+        assert c["sign_test_p"] == pytest.approx(sign_test(count["a"], count["b"]))
+        for name in ("bootstrap_prompt", "bootstrap_rater", "two_way"):
+            lo, hi = c[name]
+            assert lo < c["rate_a"] < hi
+        assert sum(cat["votes"] for cat in c["categories"]) == c["votes"]
+        assert {cat["category"] for cat in c["categories"]} <= {p.category for p in study.prompts}
+        assert c["plan"]["decisive_needed_worst_case"] > 300
+    rates = {(c["question"], c["model_a"].split("-")[0], c["model_b"].split("-")[0]): c["rate_a"]
+             for c in results["comparisons"]}
+    assert rates[("quality", "alpha", "gamma")] > 0.7  # simulated: 1 / (1 + e^-1.5) = 0.82
+    for q, rows in results["bradley_terry"].items():
+        ranked = [row["model"].split("-")[0] for row in sorted(rows, key=lambda row: row["rank"])]
+        assert ranked == ["alpha", "beta", "gamma"]
+    assert results["gold"]["failing_raters"] == ["careless"]
+    assert results["consistency"]["repeats"] > 0
+    assert all(a["units_rated_twice_or_more"] > 0 for a in results["agreement"].values())
+
+    # exports: every vote, named by model; one results row per question, pair and category
+    with open(tmp_path / "out" / "votes.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(votes)
+    for row in rows:
+        expected = {"a": row["model_a"], "b": row["model_b"], "none": ""}[row["choice"]]
+        assert row["preferred_model"] == expected
+        shown = {"A": row["left_model"], "B": row["right_model"], "none": ""}[row["answer"]]
+        assert shown == expected  # the clicked side holds the preferred model
+    with open(tmp_path / "out" / "results.csv") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == sum(1 + len(c["categories"]) for c in results["comparisons"])
+    with Image.open(tmp_path / "out" / "preference.png") as im:
+        assert im.format == "PNG" and im.width > 800
+        assert np.asarray(im.convert("L")).std() > 20  # a drawn chart, not a blank canvas
+    assert "Bradley-Terry" in r.stdout and "gold checks" in r.stdout and "careless" in r.stdout
+
+
+def test_failing_raters_can_be_excluded(rated_study):
+    folder, data = rated_study
+    study = load_study(folder)
+    kept = analyze(study, data["votes"], n_boot=100)
+    dropped = analyze(study, data["votes"], n_boot=100, exclude_failing=True)
+    careless_main = sum(v["rater_id"] == "careless" and study.by_id[v["pair_id"]].kind == "main" for v in data["votes"])
+    assert careless_main > 0
+    assert dropped["counts"]["excluded_raters"] == ["careless"]
+    assert dropped["counts"]["main_votes"] == kept["counts"]["main_votes"] - careless_main
+    assert next(r for r in dropped["raters"] if r["rater"] == "careless")["excluded"] is True
+    assert next(r for r in kept["raters"] if r["rater"] == "careless")["gold_pass_rate"] == 0
+
+
+def test_report_errors_are_one_line(rated_study, tmp_path):
+    folder, _ = rated_study
+    r = run_dwb("human-eval", "report", str(folder), "--db", str(tmp_path / "none.sqlite"))
+    assert r.returncode == 1 and r.stderr.strip() == f"error: no votes database at {tmp_path / 'none.sqlite'} " \
+                                                     "(serve the study first, or pass --db)"
+    r = run_dwb("human-eval", "report", str(tmp_path / "nothing"))
+    assert r.returncode == 1 and "no study in" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_dwb("human-eval", "report", str(folder), "--target-width", "2")
+    assert r.returncode == 2 and "between 0 and 1" in r.stderr
