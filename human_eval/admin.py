@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from .analysis import analyze
-from .report import results_csv, summary, votes_csv
+from .report import results_csv, summary, votes_csv, votes_json
 
 COOKIE = "dwb_admin"
 REFRESH_S = 30.0  # the dashboard's results are at most this old (the page reloads itself as often)
@@ -50,7 +50,8 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
         f"<p>{counts['raters']} raters, {counts['impressions']} pairs shown, {counts['votes']} votes; "
         f"results below computed {escape(results['generated'])} from {results['counts']['votes']} votes. "
         f"Failing raters {'excluded' if exclude else 'included'} (<a href='{toggle}'>toggle</a>). "
-        "Downloads: <a href='/admin/votes.csv'>votes.csv</a> <a href='/admin/results.csv'>results.csv</a> "
+        "Downloads: <a href='/admin/votes.csv'>votes.csv</a> <a href='/admin/votes.json'>votes.json</a> "
+        "<a href='/admin/results.csv'>results.csv</a> "
         "<a href='/admin/results.json'>results.json</a></p>",
         f"<img class='chart' alt='preference chart' src='/admin/chart.png{'?exclude=1' if exclude else ''}'>",
         "<h2>Preference (share of decisive votes for model a)</h2>",
@@ -81,7 +82,7 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
 
 
 def add_admin_routes(app: FastAPI, service, token: str) -> None:
-    """Mount /admin, /admin/results.json, /admin/results.csv, /admin/votes.csv and /admin/chart.png."""
+    """Mount /admin, /admin/results.json, /admin/results.csv, /admin/votes.csv, /admin/votes.json, /admin/chart.png."""
     expected = token.encode()
     cache: dict[bool, dict] = {}
     lock = threading.Lock()
@@ -143,6 +144,12 @@ def add_admin_routes(app: FastAPI, service, token: str) -> None:
         votes = await run_in_threadpool(service.store.all_votes)
         return Response(votes_csv(service.study, votes), media_type="text/csv",
                         headers={"Content-Disposition": "attachment; filename=votes.csv"})
+
+    @app.get("/admin/votes.json")
+    async def votes_list(request: Request) -> Response:
+        require(request)
+        votes = await run_in_threadpool(service.store.all_votes)
+        return Response(votes_json(service.study, votes), media_type="application/json")
 
     @app.get("/admin/chart.png")
     async def chart(request: Request, exclude: int = 0) -> Response:

@@ -1,4 +1,4 @@
-"""Report files: results as JSON and CSV, the raw votes as CSV, the chart as PNG, and a text summary.
+"""Report files: results and raw votes as JSON and CSV, the chart as PNG, and a text summary.
 
 Used by `dwb human-eval report` and by the admin dashboard's downloads.
 """
@@ -23,23 +23,33 @@ RESULT_COLUMNS = ("question", "model_a", "model_b", "category", "votes", "wins_a
                   "bootstrap_rater_hi", "two_way_lo", "two_way_hi", "tie_rate", "sign_test_p")
 
 
-def votes_csv(study: Study, votes: list[dict]) -> str:
-    """Every vote with the models behind it (admin-side: this file names the models)."""
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(VOTE_COLUMNS)
+def vote_rows(study: Study, votes: list[dict]) -> list[dict]:
+    """Every vote with the models behind it, one dict per vote (admin-side: these name the models)."""
+    rows = []
     for v in votes:
         pair = study.by_id.get(v["pair_id"])
         if pair is None:
             continue
         ma, mb = study.models_of(pair)
         left, right = (mb, ma) if v["swapped"] else (ma, mb)
-        preferred = {"a": ma, "b": mb}.get(v["choice"], "")
         prompt = study.prompts[pair.prompt]
-        writer.writerow((v["id"], time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(v["created_at"])) + "Z", v["rater_id"],
-                         pair.id, pair.kind, v["question"], v["answer"], left, right, v["choice"], preferred, ma, mb,
-                         pair.prompt, prompt.text, prompt.category, pair.image_index, v["client_ms"], v["server_ms"]))
+        values = (v["id"], time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(v["created_at"])) + "Z", v["rater_id"], pair.id,
+                  pair.kind, v["question"], v["answer"], left, right, v["choice"], {"a": ma, "b": mb}.get(v["choice"], ""),
+                  ma, mb, pair.prompt, prompt.text, prompt.category, pair.image_index, v["client_ms"], v["server_ms"])
+        rows.append(dict(zip(VOTE_COLUMNS, values)))
+    return rows
+
+
+def votes_csv(study: Study, votes: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, VOTE_COLUMNS)
+    writer.writeheader()
+    writer.writerows(vote_rows(study, votes))
     return buf.getvalue()
+
+
+def votes_json(study: Study, votes: list[dict]) -> str:
+    return json.dumps(vote_rows(study, votes), indent=1)
 
 
 def results_csv(results: dict) -> str:
@@ -100,15 +110,15 @@ def summary(results: dict, interval: str = "two_way") -> str:
 
 
 def write_report(study: Study, votes: list[dict], results: dict, out: str | Path, interval: str = "two_way") -> dict[str, Path]:
-    """results.json, results.csv, votes.csv and preference.png in `out`; returns their paths."""
+    """results.json, results.csv, votes.csv, votes.json and preference.png in `out`; returns their paths."""
     from .chart import plot_preferences
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"results.json": out / "results.json", "results.csv": out / "results.csv", "votes.csv": out / "votes.csv",
-             "preference.png": out / "preference.png"}
+    paths = {name: out / name for name in ("results.json", "results.csv", "votes.csv", "votes.json", "preference.png")}
     paths["results.json"].write_text(json.dumps(results, indent=1))
     paths["results.csv"].write_text(results_csv(results))
     paths["votes.csv"].write_text(votes_csv(study, votes))
+    paths["votes.json"].write_text(votes_json(study, votes))
     plot_preferences(results, paths["preference.png"], interval)
     return paths

@@ -45,3 +45,72 @@ def run_dwb(*args: str, cwd: Path | None = None, timeout: int = 600) -> subproce
     exe = Path(sys.executable).parent / "dwb"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run([str(exe), *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3-compatible store: moto's server on 127.0.0.1, with test credentials in the environment."""
+    import time
+    import urllib.request
+
+    port = _free_port()
+    exe = Path(sys.executable).parent / "moto_server"
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            break
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("moto server did not start")
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "S3_ENDPOINT_URL": url}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield url
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def upload_folder(folder: Path, bucket: str, prefix: str) -> str:
+    """Copy a local folder to s3://bucket/prefix (creating the bucket); returns the URL."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    try:
+        s3.create_bucket(Bucket=bucket)
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            s3.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+    return f"s3://{bucket}/{prefix}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run where a CUDA GPU is visible and are skipped, with the reason, elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (FSDP, low-precision norms, xformers, auto microbatching)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

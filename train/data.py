@@ -58,7 +58,7 @@ class ImageCaptionDataset(StreamingDataset):
         out = {"image": crop_to_array(sample["image"], self.resolution, self.center_crop, rng),
                "caption": sample["caption"]}
         if self.with_ids:
-            out["sample_id"] = index
+            out["sample_id"] = int(index)
         return out
 
 
@@ -73,7 +73,7 @@ class LatentDataset(StreamingDataset):
         sample = super().__getitem__(index)
         out = {"latent_mean": sample["latent_mean"], "latent_std": sample["latent_std"], "text": sample["text"]}
         if self.with_ids:
-            out["sample_id"] = index
+            out["sample_id"] = int(index)
         return out
 
 

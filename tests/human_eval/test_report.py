@@ -1,6 +1,5 @@
 """`dwb human-eval report` on a store of simulated votes: numbers, exports, the chart, gold exclusion."""
 import csv
-import io
 import json
 import random
 from collections import Counter
@@ -56,6 +55,12 @@ def rated_study(tmp_path_factory) -> tuple[Path, dict]:
     return root / "study", {"votes": votes}
 
 
+def rows_as_json(rows: list[dict]) -> list[dict]:
+    """CSV rows with the JSON export's types (CSV has only strings)."""
+    ints = ("vote_id", "prompt_index", "image_index", "client_ms", "server_ms")
+    return [{k: (int(v) if k in ints and v != "" else v) for k, v in row.items()} for row in rows]
+
+
 def test_report_writes_results_exports_and_chart(rated_study, tmp_path):
     folder, data = rated_study
     study = load_study(folder)
@@ -99,6 +104,7 @@ def test_report_writes_results_exports_and_chart(rated_study, tmp_path):
         assert row["preferred_model"] == expected
         shown = {"A": row["left_model"], "B": row["right_model"], "none": ""}[row["answer"]]
         assert shown == expected  # the clicked side holds the preferred model
+    assert json.loads((tmp_path / "out" / "votes.json").read_text()) == rows_as_json(rows)
     with open(tmp_path / "out" / "results.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == sum(1 + len(c["categories"]) for c in results["comparisons"])

@@ -1,5 +1,4 @@
 """The rating server as raters meet it: a real `dwb human-eval serve` process on 127.0.0.1 and its SQLite file."""
-import json
 import re
 import socket
 import sqlite3
@@ -149,7 +148,8 @@ def test_bad_input_and_abuse_get_4xx_and_store_nothing(server, two_model_study):
                                    b"Connection: close\r\n\r\n{}")
         assert code == 413
 
-        for path in ("/admin", "/admin/results.json", "/admin/results.csv", "/admin/votes.csv", "/admin/chart.png"):
+        for path in ("/admin", "/admin/results.json", "/admin/results.csv", "/admin/votes.csv", "/admin/votes.json",
+                     "/admin/chart.png"):
             assert c.get(path).status_code == 401
             assert c.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
             assert c.get(path, cookies={"dwb_admin": "admin-secret-tokeN"}).status_code == 401
@@ -173,6 +173,9 @@ def test_admin_token_opens_the_dashboard(server, two_model_study):
         assert results["counts"]["votes"] == db_rows(two_model_study, "SELECT count(*) FROM votes")[0][0]
         chart = c.get("/admin/chart.png")
         assert chart.content.startswith(b"\x89PNG")
+        votes = c.get("/admin/votes.json").json()
+        assert len(votes) == results["counts"]["votes"] and {v["model_a"] for v in votes} <= set(load_study(two_model_study).models)
+        assert c.get("/admin/votes.csv").text.count("\n") == len(votes) + 1
 
 
 def test_no_model_identifier_in_any_rater_facing_byte(two_model_study, tmp_path):
