@@ -1,4 +1,5 @@
-"""`dwb demo`: every stage on the offline shapes domain: data, tiny parts, two phases, export, grids."""
+"""`dwb demo`: every stage on the offline shapes domain: data, tiny parts, precomputed latents, two phases,
+export, grids."""
 from __future__ import annotations
 
 import json
@@ -50,6 +51,7 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
     from .config import load_config
     from .grid import write_grid
     from .pipeline import export_pipeline, load_pipeline
+    from .precompute import precompute
     from .prepare import prepare_tiny
     from .shapes import write_shapes_dataset
     from .trainer import train
@@ -64,6 +66,10 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
         write_shapes_dataset(out / "shapes", p["n"], seed, sizes=(16, 32), n_eval=p["n_eval"], progress=not quick)
     with measured("prepare: tokenizer, text encoder, tiny VAE", stages):
         prepare_tiny(out / "shapes", out / "components", vae_steps=p["vae_steps"], seed=seed, progress=not quick)
+    with measured("precompute: VAE latents and text states per bucket", stages):
+        parts = str(out / "components")
+        precompute(str(out / "shapes"), str(out / "latents"), vae_ref=parts, text_encoder_ref=parts,
+                   tokenizer_ref=parts, batch_size=256, progress=not quick)
 
     runs = out / "runs"
     common = [f"model.pretrained={out / 'components'}", f"seed={seed + 17}", f"progress_bar={not quick}", *p["train"]]
@@ -74,7 +80,8 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
             overrides.append(f"load_path={checkpoints(phase_dirs['phase1'])[-1]}")
         cfg = load_config(CONFIGS / f"tiny-{phase}.yaml", overrides)
         res = resolutions[phase] = cfg.data.resolution
-        cfg.data.path = str(out / "shapes" / str(res))
+        cfg.data.path = str(out / "latents" / str(res))  # trains without running the encoders
+        cfg.data.precomputed = True
         with measured(f"train: {phase} at {res} px ({cfg.max_duration})", stages):
             phase_dirs[phase] = train(cfg)
 

@@ -33,8 +33,8 @@ def resolve_device(cfg: TrainConfig) -> str:
 def resolve_precision(cfg: TrainConfig, device: str) -> str:
     if cfg.precision == "auto":
         return "amp_bf16" if device == "gpu" else "fp32"
-    if device == "cpu" and cfg.precision == "amp_fp16":
-        raise WorkbenchError("config key 'precision': amp_fp16 needs a GPU (use fp32 or amp_bf16 on CPU)")
+    if device == "cpu" and cfg.precision != "fp32":
+        raise WorkbenchError(f"config key 'precision': {cfg.precision} needs a CUDA GPU (Composer trains in fp32 on a CPU)")
     return cfg.precision
 
 

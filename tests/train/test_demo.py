@@ -14,7 +14,8 @@ def test_quick_demo_runs_every_stage(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((out / "demo.json").read_text())
     stages = [s["stage"].split(":")[0] for s in report["stages"]]
-    assert stages == ["data", "prepare", "train", "train", "export", "grids"]
+    assert stages == ["data", "prepare", "precompute", "train", "train", "export", "grids"]
+    assert (out / "latents" / "32" / "precompute.json").is_file()  # the phases trained on stored latents
     assert all(s["seconds"] >= 0 and s["peak_rss_mib"] > 0 for s in report["stages"])
     # one grid per checkpoint of both phases, each a real picture with content
     ckpts = sorted((out / "runs").glob("*/checkpoints/ep*-ba*-rank0.pt"))

@@ -126,3 +126,13 @@ def test_checkpoint_size_estimate_and_full_disk(reference, components, tmp_path)
     with pytest.raises(WorkbenchError, match="GiB free at .* needs about"):
         check_save_folder(str(tmp_path / "ckpt"), need_bytes=2 * free)
     check_save_folder(str(tmp_path / "ckpt"), need_bytes=actual)
+
+
+def test_ema_tracks_only_the_unet(reference):
+    ckpt = read_checkpoint(reference / "ep0-ba4-rank0.pt")
+    ema = ckpt["ema_state"]
+    assert ema["ema_started"]
+    tracked = ema["ema_model"]["named_parameters_dict"]
+    unet = [k for k in ckpt["model"] if k.startswith("unet.")]
+    assert tracked and all(k.startswith("unet.") for k in tracked)  # never the frozen VAE or text encoder
+    assert len(tracked) == len([k for k in unet if not k.endswith("num_batches_tracked")])

@@ -1,0 +1,239 @@
+"""The Gradio Blocks of `dwb app`: a Generate tab, a Compare tab, and the API they expose.
+
+API (``gradio_client``): ``/generate`` and ``/compare`` return (gallery, parameters): the gallery's
+PNGs carry every parameter in their ``parameters`` text chunk; ``/stop`` ends the calling client's
+running generation after its current step. Bad input comes back as a one-line ``gr.Error``.
+"""
+from __future__ import annotations
+
+import html
+import logging
+import random
+
+import gradio as gr
+
+from train.errors import WorkbenchError
+
+from .generate import DEFAULT_SCHEDULER, MAX_SEED, SCHEDULERS, GenerationParams, Stopped
+from .service import Result, Service
+
+log = logging.getLogger("app")
+CONCURRENCY_ID = "generation"  # generate and compare share one concurrency limit
+CSS = "#gallery, #compare-gallery {min-height: 320px} .seed-row button {max-width: 3em}"
+
+
+def _message(e: Exception) -> gr.Error:
+    """A one-line error for the UI; messages are shown as HTML, so user text in them is escaped."""
+    return gr.Error(html.escape(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__),
+                    print_exception=False)
+
+
+def _fail(what: str, e: Exception) -> gr.Error:
+    if isinstance(e, (WorkbenchError, Stopped)):
+        log.warning("%s: %s", what, e)
+        return _message(e)
+    log.exception("%s failed", what)  # a bug or a runtime failure (out of memory): the server keeps serving
+    return _message(RuntimeError(f"{what} failed: {type(e).__name__}: {e}"))
+
+
+def _gallery(result: Result, compare: bool = False) -> tuple[list, str, list[str]]:
+    texts = [r.parameters() for r in result.records]
+    if compare:
+        captions = [f"{r.checkpoint} ({r.weights}, {r.checkpoint_hash[:10]}), seed {r.seed}" for r in result.records]
+    else:
+        captions = [r.caption() for r in result.records]
+    return list(zip(result.images, captions)), texts[0] if texts else "", texts
+
+
+def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-workbench") -> gr.Blocks:
+    """The app's Blocks; queue and launch it (see ``app.cli``)."""
+    limits = service.limits
+
+    def choices() -> list[tuple[str, str]]:
+        return [(c.label, str(c.path)) for c in service.checkpoints()]
+
+    def checkpoint_note(text: str | None) -> tuple[str, object, object]:
+        """What the chosen checkpoint is, and its training resolution as the default size."""
+        if not text:
+            return "No checkpoint chosen.", gr.update(), gr.update()
+        try:
+            ckpt, info = service.info(text)
+        except WorkbenchError as e:
+            return f"**Cannot use this checkpoint:** {html.escape(str(e))}", gr.update(), gr.update()
+        parts = [f"`{html.escape(ckpt.label)}`", "Composer checkpoint" if info.kind == "composer" else "diffusers folder"]
+        if info.architecture:
+            parts.append(f"architecture {info.architecture}")
+        if info.resolution:
+            parts.append(f"trained at {info.resolution} px")
+        if info.has_ema is not None:
+            parts.append("EMA and raw weights" if info.has_ema else "raw weights only (no EMA)")
+        size = info.resolution if info.resolution and limits.min_size <= info.resolution <= limits.max_size else None
+        update = gr.update(value=size) if size else gr.update()
+        return ", ".join(parts), update, update
+
+    found = choices()
+    first = found[0][1] if found else None
+    default_size = 512
+    if first:
+        try:
+            info = service.info(first)[1]
+            if info.resolution and limits.min_size <= info.resolution <= limits.max_size:
+                default_size = info.resolution
+        except WorkbenchError:
+            pass
+
+    def settings_controls(prefix: str):
+        scheduler = gr.Dropdown(list(SCHEDULERS), value=DEFAULT_SCHEDULER, label="Sampler", elem_id=f"{prefix}scheduler")
+        steps = gr.Slider(1, limits.max_steps, value=min(25, limits.max_steps), step=1, label="Steps",
+                          elem_id=f"{prefix}steps")
+        guidance = gr.Slider(0, limits.max_guidance, value=7.5, step=0.5, label="Guidance scale",
+                             elem_id=f"{prefix}guidance")
+        with gr.Row():
+            width = gr.Slider(limits.min_size, limits.max_size, value=default_size, step=8, label="Width",
+                              elem_id=f"{prefix}width")
+            height = gr.Slider(limits.min_size, limits.max_size, value=default_size, step=8, label="Height",
+                               elem_id=f"{prefix}height")
+        with gr.Row(elem_classes="seed-row"):
+            seed = gr.Number(-1, precision=0, label="Seed (-1: a random one; image i of a batch uses seed + i)",
+                             elem_id=f"{prefix}seed", scale=4)
+            dice = gr.Button("🎲", elem_id=f"{prefix}randomize", scale=0, min_width=48)
+        dice.click(lambda: random.randint(0, MAX_SEED - limits.max_batch), outputs=seed, queue=False,
+                   api_visibility="private")
+        return scheduler, steps, guidance, width, height, seed
+
+    with gr.Blocks(title=title, analytics_enabled=False) as demo:
+        gr.Markdown(f"## {title}\nText-to-image from your checkpoints under "
+                    + ", ".join(f"`{html.escape(str(r))}`" for r in service.roots))
+        with gr.Tabs():
+            with gr.Tab("Generate", id="generate-tab"):
+                with gr.Row():
+                    checkpoint = gr.Dropdown(found, value=first, allow_custom_value=True, scale=5, elem_id="checkpoint",
+                                             label="Checkpoint (pick one found under the folders, or type a path)")
+                    refresh = gr.Button("↻ Refresh", scale=0, min_width=90, elem_id="refresh")
+                    weights = gr.Radio([("EMA", "ema"), ("raw", "raw")], value="ema", label="Weights", scale=1,
+                                       elem_id="weights")
+                note = gr.Markdown(elem_id="checkpoint-note")
+                with gr.Row():
+                    with gr.Column(scale=1):
+                        prompt = gr.Textbox(label="Prompt", lines=2, elem_id="prompt")
+                        negative = gr.Textbox("", label="Negative prompt", lines=1, elem_id="negative")
+                        scheduler, steps, guidance, width, height, seed = settings_controls("")
+                        batch = gr.Slider(1, limits.max_batch, value=1, step=1, label="Batch size", elem_id="batch")
+                        with gr.Row():
+                            run = gr.Button("Generate", variant="primary", elem_id="generate")
+                            stop = gr.Button("Stop", variant="stop", elem_id="stop")
+                    with gr.Column(scale=1):
+                        gallery = gr.Gallery(label="Images", format="png", columns=4, elem_id="gallery",
+                                             interactive=False)
+                        parameters = gr.Textbox(label="Parameters",
+                                                lines=4, interactive=False, elem_id="parameters",
+                                                buttons=["copy"])
+                        texts = gr.State([])
+
+            with gr.Tab("Compare", id="compare-tab"):
+                with gr.Row():
+                    c_checkpoints = gr.Dropdown(found, value=[v for _, v in found[:2]], multiselect=True, max_choices=4,
+                                                allow_custom_value=True, scale=5, elem_id="compare-checkpoints",
+                                                label="Checkpoints (two to four)")
+                    c_refresh = gr.Button("↻ Refresh", scale=0, min_width=90, elem_id="compare-refresh")
+                    c_weights = gr.Radio([("EMA", "ema"), ("raw", "raw")], value="ema", label="Weights", scale=1,
+                                         elem_id="compare-weights")
+                with gr.Row():
+                    with gr.Column(scale=1):
+                        c_prompt = gr.Textbox(label="Prompt", lines=2, elem_id="compare-prompt")
+                        c_negative = gr.Textbox("", label="Negative prompt", lines=1, elem_id="compare-negative")
+                        c_scheduler, c_steps, c_guidance, c_width, c_height, c_seed = settings_controls("compare-")
+                        with gr.Row():
+                            c_run = gr.Button("Compare", variant="primary", elem_id="compare")
+                            c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
+                    with gr.Column(scale=2):
+                        c_gallery = gr.Gallery(label="Images", format="png", columns=4,
+                                               elem_id="compare-gallery", interactive=False)
+                        c_parameters = gr.Textbox(label="Parameters", lines=4,
+                                                  interactive=False, elem_id="compare-parameters", buttons=["copy"])
+                        c_texts = gr.State([])
+
+        # -- events --------------------------------------------------------------------------------
+
+        def generate(checkpoint: str, weights: str, prompt: str, negative_prompt: str, scheduler: str, steps: int,
+                     guidance_scale: float, width: int, height: int, seed: int, batch_size: int,
+                     request: gr.Request, progress=gr.Progress()):
+            """Images from one checkpoint; image i of the batch uses seed + i. Returns (gallery, parameters)."""
+            params = GenerationParams(prompt, negative_prompt, scheduler, steps, guidance_scale, width, height,
+                                      -1 if seed is None else seed, batch_size)
+            progress(0, desc="loading checkpoint")
+            try:
+                result = service.generate(checkpoint, weights, params, session=_session(request),
+                                          on_step=lambda done, total: progress((done, total), desc="denoising",
+                                                                               unit="steps"))
+            except Exception as e:  # noqa: BLE001 - every failure becomes a message; the server keeps serving
+                raise _fail("generate", e) from None
+            log.info("generated %d image(s) in %.1f s", len(result.images), result.seconds)
+            return _gallery(result)
+
+        def compare(checkpoints: list[str], weights: str, prompt: str, negative_prompt: str, scheduler: str,
+                    steps: int, guidance_scale: float, width: int, height: int, seed: int,
+                    request: gr.Request, progress=gr.Progress()):
+            """One image per checkpoint (two to four), same prompt, seed and settings. Returns (gallery, parameters)."""
+            params = GenerationParams(prompt, negative_prompt, scheduler, steps, guidance_scale, width, height,
+                                      -1 if seed is None else seed, 1)
+            if isinstance(checkpoints, str):
+                checkpoints = [checkpoints]
+
+            def on_step(k: int, n: int, done: int, total: int) -> None:
+                progress((k * total + done, n * total), desc=f"checkpoint {k + 1} of {n}", unit="steps")
+
+            try:
+                result = service.compare(list(checkpoints or []), weights, params, session=_session(request),
+                                         on_step=on_step)
+            except Exception as e:  # noqa: BLE001
+                raise _fail("compare", e) from None
+            return _gallery(result, compare=True)
+
+        def stop_running(request: gr.Request) -> None:
+            """End this client's running generation after its current step."""
+            service.stop(_session(request))
+
+        def select(texts: list[str], evt: gr.SelectData) -> str:
+            return texts[evt.index] if isinstance(evt.index, int) and evt.index < len(texts) else ""
+
+        def refresh_choices():
+            fresh = choices()
+            return gr.update(choices=fresh), gr.update(choices=fresh)
+
+        common = dict(concurrency_limit=concurrency, concurrency_id=CONCURRENCY_ID, preprocess=False)
+        gen_event = run.click(generate, [checkpoint, weights, prompt, negative, scheduler, steps, guidance, width,
+                                         height, seed, batch], [gallery, parameters, texts], api_name="generate",
+                              **common)
+        prompt.submit(generate, [checkpoint, weights, prompt, negative, scheduler, steps, guidance, width, height,
+                                 seed, batch], [gallery, parameters, texts], api_visibility="private", **common)
+        cmp_event = c_run.click(compare, [c_checkpoints, c_weights, c_prompt, c_negative, c_scheduler, c_steps,
+                                          c_guidance, c_width, c_height, c_seed], [c_gallery, c_parameters, c_texts],
+                                api_name="compare", **common)
+        stop.click(stop_running, None, None, queue=False, api_name="stop", cancels=[gen_event, cmp_event])
+        c_stop.click(stop_running, None, None, queue=False, api_visibility="private", cancels=[gen_event, cmp_event])
+        gallery.select(select, texts, parameters, queue=False, api_visibility="private")
+        c_gallery.select(select, c_texts, c_parameters, queue=False, api_visibility="private")
+        checkpoint.change(checkpoint_note, checkpoint, [note, width, height], queue=False, api_visibility="private")
+        for button in (refresh, c_refresh):
+            button.click(refresh_choices, None, [checkpoint, c_checkpoints], queue=False, api_visibility="private")
+        demo.load(lambda text: checkpoint_note(text)[0], checkpoint, note, queue=False, api_visibility="private")
+    return demo
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or ""
+
+
+def launch(demo: gr.Blocks, *, host: str, port: int, queue_size: int, concurrency: int,
+           prevent_thread_lock: bool = False, quiet: bool = False):
+    """Queue (a concurrency limit and a maximum size) and serve on ``host:port``.
+
+    Gradio serves only its own cache of returned images: no ``allowed_paths``, so neither the
+    checkpoint folders nor any other file is reachable through its file route.
+    """
+    demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
+    return demo.launch(server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
+                       footer_links=["api", "settings"], show_error=True, css=CSS, allowed_paths=[],
+                       favicon_path=None, pwa=False, mcp_server=False, ssr_mode=False)
+

@@ -1,0 +1,121 @@
+"""Generation without Gradio: validation messages, samplers, per-image seeds, stopping, PNG parameters."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.generate import (SCHEDULERS, GenerationParams, ImageRecord, Limits, Stopped, generate, make_scheduler,
+                          parse_parameters, save_png, validate)
+from train.errors import WorkbenchError
+
+LIMITS = Limits(max_steps=150, max_size=1024, max_batch=8)
+
+
+def params(**kw) -> GenerationParams:
+    base = dict(prompt="two blue squares", negative_prompt="", scheduler="DDIM", steps=4, guidance=5.0, width=16,
+                height=16, seed=3, batch_size=1)
+    return GenerationParams(**{**base, **kw})
+
+
+def pixels(images) -> np.ndarray:
+    return np.stack([np.asarray(i, dtype=np.int16) for i in images])  # (N, H, W, 3)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(steps=0), "steps must be between 1 and 150, got 0"),
+    (dict(steps=151), "steps must be between 1 and 150, got 151"),
+    (dict(steps=2.5), "steps must be a whole number"),
+    (dict(width=20), "width must be a multiple of 8, got 20"),
+    (dict(height=1032), "height must be between 16 and 1024, got 1032"),
+    (dict(width=8), "width must be between 16 and 1024, got 8"),
+    (dict(scheduler="Karras 9000"), "unknown scheduler 'Karras 9000'; choose one of: DDIM, Euler"),
+    (dict(prompt="   "), "the prompt is empty"),
+    (dict(guidance=-1), "guidance scale must be between 0 and 30"),
+    (dict(guidance=float("nan")), "guidance scale must be between 0 and 30"),
+    (dict(batch_size=9), "batch size must be between 1 and 8, got 9"),
+    (dict(seed=-2), "seed must be between -1 and 4294967295"),
+    (dict(seed=2**32 - 2, batch_size=4), "seed + batch size - 1 must be at most 4294967295"),
+    (dict(steps="ten"), "steps must be a whole number, got 'ten'"),
+])
+def test_bad_parameters_get_a_one_line_message(change, message):
+    with pytest.raises(WorkbenchError) as e:
+        validate(params(**change), LIMITS)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_valid_parameters_are_normalised_and_seed_minus_one_is_drawn():
+    ok = validate(params(steps=30.0, width=1024.0, height=16, guidance=0, batch_size=8, seed=2**32 - 8), LIMITS)
+    assert (ok.steps, ok.width, ok.batch_size) == (30, 1024, 8) and isinstance(ok.steps, int)
+    assert ok.seeds() == [2**32 - 8 + i for i in range(8)]
+    drawn = {validate(params(seed=-1, batch_size=8), LIMITS).seed for _ in range(20)}
+    assert len(drawn) > 1 and all(0 <= s <= 2**32 - 8 for s in drawn)
+
+
+def test_schedulers_come_from_the_pipeline_config(pipe):
+    base = pipe.scheduler.config
+    assert type(pipe.scheduler).__name__ == "DDIMScheduler"  # the workbench's own default sampler
+    ddim = make_scheduler("DDIM", base)
+    assert dict(ddim.config) == dict(base)
+    for name in SCHEDULERS:
+        s = make_scheduler(name, base)
+        assert s.config.prediction_type == base.prediction_type and s.config.beta_end == base.beta_end
+    assert make_scheduler("DPM++ 2M Karras", base).config.use_karras_sigmas
+    assert not make_scheduler("DPM++ 2M", base).config.use_karras_sigmas
+    assert type(make_scheduler("Euler a", base)).__name__ == "EulerAncestralDiscreteScheduler"
+    assert {"DDIM", "Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "UniPC", "PNDM"} <= set(SCHEDULERS)
+
+
+def test_every_sampler_runs_and_samplers_differ(pipe):
+    images = {}
+    for name in SCHEDULERS:
+        images[name] = pixels(generate(pipe, validate(params(scheduler=name, steps=3), LIMITS)))
+        assert images[name].shape == (1, 16, 16, 3), name
+    assert len({v.tobytes() for v in images.values()}) >= len(SCHEDULERS) - 2  # some may coincide at 3 steps
+    again = pixels(generate(pipe, validate(params(scheduler="Euler a", steps=3), LIMITS)))
+    assert np.array_equal(again, images["Euler a"])  # ancestral noise comes from the seeded generators too
+    assert type(pipe.scheduler).__name__ == "DDIMScheduler"  # the cached pipeline was left as it was
+
+
+def test_default_sampler_equals_a_plain_pipeline_call(pipe):
+    p = validate(params(steps=5, negative_prompt="red", seed=21, batch_size=2), LIMITS)
+    gens = [torch.Generator().manual_seed(s) for s in (21, 22)]
+    ref = pipe(["two blue squares"] * 2, negative_prompt=["red"] * 2, num_inference_steps=5, guidance_scale=5.0,
+               width=16, height=16, generator=gens, output_type="pil").images
+    assert np.array_equal(pixels(generate(pipe, p)), pixels(ref))
+
+
+def test_image_i_of_a_batch_is_the_image_of_seed_plus_i_alone(pipe):
+    batch = pixels(generate(pipe, validate(params(scheduler="Euler a", steps=6, seed=40, batch_size=3), LIMITS)))
+    alone = np.concatenate([pixels(generate(pipe, validate(params(scheduler="Euler a", steps=6, seed=40 + i), LIMITS)))
+                            for i in range(3)])
+    diff = np.abs(batch - alone)
+    # the same noise and the same steps: equal up to float rounding in batched kernels (a level, rarely)
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+    other = pixels(generate(pipe, validate(params(scheduler="Euler a", steps=6, seed=43), LIMITS)))
+    assert np.abs(other[0] - alone[0]).mean() > 5  # a different seed is a different image
+
+
+def test_stop_ends_the_call_after_the_current_step(pipe):
+    seen = []
+    with pytest.raises(Stopped, match="stopped after 3 of 40 steps"):
+        generate(pipe, validate(params(steps=40), LIMITS), on_step=lambda done, total: seen.append((done, total)),
+                 should_stop=lambda: len(seen) >= 2)
+    assert seen == [(1, 40), (2, 40)]
+
+
+def test_png_parameters_round_trip(tmp_path):
+    p = validate(params(prompt='a "red", circle: left\nof a square', negative_prompt="blue, green", steps=30,
+                        guidance=7.5, width=24, height=32, seed=100, batch_size=3), LIMITS)
+    record = ImageRecord.of(p, 2, "runs/a, b/ep0-ba4-rank0.pt", "ab" * 32, "ema")
+    path = tmp_path / "x.png"
+    save_png(Image.new("RGB", (24, 32)), path, record)
+    with Image.open(path) as im:
+        text, data = im.text["parameters"], json.loads(im.text["dwb"])
+    parsed = parse_parameters(text)
+    assert parsed["prompt"] == 'a "red", circle: left\nof a square' and parsed["negative_prompt"] == "blue, green"
+    assert parsed["Seed"] == "102" and parsed["Steps"] == "30" and parsed["Sampler"] == "DDIM"
+    assert parsed["CFG scale"] == "7.5" and parsed["Size"] == "24x32" and parsed["Model hash"] == "abababab" + "ab"
+    assert parsed["Model"] == "runs/a, b/ep0-ba4-rank0.pt" and parsed["Weights"] == "EMA"
+    assert data["seed"] == 102 and data["checkpoint_hash"] == "ab" * 32 and data["width"] == 24
