@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/dwb demo
 
 test: setup
-	bash scripts/setup-browser.sh
+	bash scripts/setup-test-deps.sh
 	.venv/bin/python -m pytest -q -p no:cacheprovider
 
 test-fast: setup

@@ -63,6 +63,12 @@ for _verb in ("UPDATE", "DELETE"):
     event.listen(votes, "after_create", DDL(
         f"CREATE TRIGGER IF NOT EXISTS votes_append_only_{_verb.lower()} BEFORE {_verb} ON votes "
         "BEGIN SELECT RAISE(ABORT, 'votes are append-only'); END").execute_if(dialect="sqlite"))
+event.listen(votes, "after_create", DDL(
+    "CREATE OR REPLACE FUNCTION votes_append_only() RETURNS trigger LANGUAGE plpgsql AS "
+    "$body$ BEGIN RAISE EXCEPTION 'votes are append-only'; END $body$").execute_if(dialect="postgresql"))
+event.listen(votes, "after_create", DDL(
+    "CREATE TRIGGER votes_append_only BEFORE UPDATE OR DELETE ON votes "
+    "FOR EACH ROW EXECUTE FUNCTION votes_append_only()").execute_if(dialect="postgresql"))
 
 
 def database_url(value: str | Path) -> str:

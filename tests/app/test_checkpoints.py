@@ -101,7 +101,8 @@ def test_describe_reads_resolution_and_ema(tree):
     info = describe(resolve_checkpoint(str(tree.ba4), [tree.root]))
     assert (info.kind, info.resolution, info.has_ema, info.architecture) == ("composer", 16, True, "tiny")
     folder = describe(resolve_checkpoint(str(tree.export), [tree.root]))
-    assert (folder.kind, folder.resolution, folder.has_ema) == ("diffusers", 16, None)
+    # a diffusers folder does not record its training resolution: its UNet's sample size (8) x VAE factor (4)
+    assert (folder.kind, folder.resolution, folder.has_ema) == ("diffusers", 32, None)
 
 
 def test_checkpoint_hash_is_the_files_sha256_and_follows_rewrites(tree, tmp_path):
