@@ -82,3 +82,18 @@ def test_a_missing_remote_dataset_is_one_clear_error(s3_server, shapes_data, com
     over = tiny_overrides(shapes_data, components, tmp_path / "ckpt", max_duration="2ba")
     with pytest.raises(WorkbenchError, match="cannot open the training data"):
         build_trainer(load_config(PHASE1, over + ["data.remote=s3://empty/nothing", f"data.path={tmp_path / 'c'}"]))
+
+
+def test_precompute_reads_a_remote_source(s3_server, shapes_data, components, tmp_path):
+    from streaming import StreamingDataset
+
+    from train.precompute import precompute
+
+    remote = upload_folder(shapes_data / "16", "data", "precompute-src/16")
+    kw = dict(vae_ref=str(components), text_encoder_ref=str(components), resolutions=[16], chunk_size=100, progress=False)
+    precompute(remote, str(tmp_path / "remote-src"), cache=str(tmp_path / "cache"), **kw)
+    precompute(str(shapes_data), str(tmp_path / "local-src"), **kw)
+    a = StreamingDataset(local=str(tmp_path / "remote-src" / "16"), shuffle=False, batch_size=1)
+    b = StreamingDataset(local=str(tmp_path / "local-src" / "16"), shuffle=False, batch_size=1)
+    assert len(a) == len(b) == 192
+    assert all(a[i]["latent_mean"].tobytes() == b[i]["latent_mean"].tobytes() for i in range(0, 192, 7))
