@@ -1,0 +1,123 @@
+"""`dwb evaluate run|watch|report`: score checkpoints, watch a run, rebuild the report."""
+from __future__ import annotations
+
+import argparse
+
+
+def _guidance(value: str) -> tuple[float, ...]:
+    try:
+        scales = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated guidance scales such as 1.5,3,5,8, got {value!r}") from None
+    if any(g < 0 for g in scales):
+        raise argparse.ArgumentTypeError("guidance scales must be non-negative")
+    return scales
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return n
+
+
+def _config(args):
+    from .run import EvalConfig
+
+    return EvalConfig(out=args.out, reference=args.reference, inception_weights=args.inception_weights,
+                      prompts=args.prompts, n_prompts=args.n_prompts, n_per_prompt=args.n_per_prompt,
+                      n_reference=args.n_reference, guidance=args.guidance, steps=args.steps, size=args.size,
+                      batch_size=args.batch_size, seed=args.seed, clip=args.clip, ema=args.ema,
+                      kid_subsets=args.kid_subsets, kid_subset_size=args.kid_subset_size, device=args.device,
+                      allow_fewer_reference=args.allow_fewer_reference, cache=args.cache,
+                      feature_dim=args.inception_features)
+
+
+def _summary(rows: list[dict]) -> None:
+    for r in rows:
+        clip = f", CLIP {r['clip_score']:.2f}" if r.get("clip_score") is not None else ""
+        print(f"{r['model']} cfg {r['guidance']:g}: FID {r['fid']:.3f}, KID {r['kid_mean']:.5f}{clip} "
+              f"({r['n_images']} images, {r['seconds_total']:.1f} s)")
+
+
+def cmd_run(args) -> None:
+    from composer.utils import dist
+
+    from .run import evaluate_checkpoints
+
+    rows = evaluate_checkpoints(_config(args), args.checkpoints)
+    if dist.get_global_rank() == 0:
+        _summary(rows)
+        print(f"results in {args.out}/results.jsonl (CSV: results.csv), report: {args.out}/report/index.html")
+
+
+def cmd_watch(args) -> None:
+    from .report import write_report
+    from .run import Evaluator
+    from .watch import Watcher
+
+    ev = Evaluator(_config(args))
+
+    def score(path) -> None:
+        _summary(ev.score(path))
+        ev.store.export_csv()
+        write_report(args.out)
+
+    Watcher(args.run_dir, ev.store, score, settle=args.settle).run(interval=args.interval, max_polls=args.max_polls)
+
+
+def cmd_report(args) -> None:
+    from .report import write_report
+    from .store import ResultsStore
+
+    csv = ResultsStore(args.out).export_csv()
+    print(f"wrote {write_report(args.out)} and {csv}")
+
+
+def _common(p) -> None:
+    p.add_argument("--out", required=True, help="results folder: results.jsonl, results.csv, samples/, report/")
+    p.add_argument("--reference", required=True, help="reference images: an MDS folder or an image folder")
+    p.add_argument("--inception-weights", required=True,
+                   help="path to weights-inception-2015-12-05-6726825d.pth (or its folder)")
+    p.add_argument("--inception-features", type=int, choices=(64, 192, 768, 2048), default=2048,
+                   help="Inception layer: 2048 (pool3, the standard FID) or a smaller, faster one")
+    p.add_argument("--prompts", default="reference",
+                   help="'reference' (its captions), 'shapes', or a CSV/TSV file such as DrawBench or PartiPrompts")
+    p.add_argument("--n-prompts", type=_positive, default=1000, help="first N prompts of the set")
+    p.add_argument("--n-per-prompt", type=_positive, default=1, help="images per prompt")
+    p.add_argument("--n-reference", type=_positive, default=1000, help="reference images for the statistics")
+    p.add_argument("--guidance", type=_guidance, default=(1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0),
+                   help="guidance scales (default 1.5,2,3,4,5,6,7,8)")
+    p.add_argument("--steps", type=_positive, default=25)
+    p.add_argument("--size", type=_positive, help="image side (default: the model's native size)")
+    p.add_argument("--batch-size", type=_positive, default=16)
+    p.add_argument("--seed", type=int, default=0, help="base of the per-image seeds")
+    p.add_argument("--clip", help="CLIP model folder or hub id for CLIP score (default: no CLIP score)")
+    p.add_argument("--ema", action="store_true", help="score the EMA weights")
+    p.add_argument("--kid-subsets", type=_positive, default=100)
+    p.add_argument("--kid-subset-size", type=_positive, default=1000)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--allow-fewer-reference", action="store_true", help="use a reference set smaller than --n-reference")
+    p.add_argument("--cache", help="reference statistics cache (default OUT/cache)")
+
+
+def register(sub) -> None:
+    ev = sub.add_parser("evaluate", help="FID, KID and CLIP score of checkpoints, guidance sweeps, sample sets")
+    ev_sub = ev.add_subparsers(dest="evaluate_command", required=True, metavar="EVALUATE_COMMAND")
+
+    p = ev_sub.add_parser("run", help="score the given checkpoints")
+    p.add_argument("checkpoints", nargs="+", help="Composer .pt files or diffusers folders")
+    _common(p)
+    p.set_defaults(func=cmd_run)
+
+    p = ev_sub.add_parser("watch", help="score each new checkpoint of a run as it appears (once, across restarts)")
+    p.add_argument("run_dir", help="a training run's folder (or its checkpoints/ folder)")
+    _common(p)
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between polls")
+    p.add_argument("--settle", type=float, default=10.0, help="seconds a file must stay unchanged before scoring")
+    p.add_argument("--max-polls", type=_positive, help="stop after N polls (default: watch forever)")
+    p.set_defaults(func=cmd_watch)
+
+    p = ev_sub.add_parser("report", help="rebuild results.csv and report/ from the results store")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_report)

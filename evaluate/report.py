@@ -1,0 +1,100 @@
+"""The report of a results store: metric-against-step and guidance trade-off plots, and a static HTML page."""
+from __future__ import annotations
+
+import html
+import os
+from collections import defaultdict
+from pathlib import Path
+
+from .store import ResultsStore
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_metrics_vs_step(rows: list[dict], out: Path) -> Path:
+    """FID and CLIP score against training step, one line per guidance scale."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    by_guidance: dict[float, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_guidance[r["guidance"]].append(r)
+    for g, rs in sorted(by_guidance.items()):
+        rs = sorted(rs, key=lambda r: r["step"])
+        for ax, key in zip(axes, ("fid", "clip_score")):
+            pts = [(r["step"], r[key]) for r in rs if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"cfg {g:g}")
+    for ax, name in zip(axes, ("FID (lower is better)", "CLIP score (higher is better)")):
+        ax.set_xlabel("training step (batches)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_tradeoff(rows: list[dict], out: Path) -> Path:
+    """FID against CLIP score across guidance scales, one curve per checkpoint."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    by_model: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("clip_score") is not None:
+            by_model[r["model"]].append(r)
+    for model, rs in sorted(by_model.items(), key=lambda kv: kv[1][0]["step"]):
+        rs = sorted(rs, key=lambda r: r["guidance"])
+        ax.plot([r["clip_score"] for r in rs], [r["fid"] for r in rs], marker="o", label=model)
+        for r in rs:
+            ax.annotate(f"{r['guidance']:g}", (r["clip_score"], r["fid"]), fontsize=6, xytext=(2, 2),
+                        textcoords="offset points")
+    ax.set_xlabel("CLIP score")
+    ax.set_ylabel("FID")
+    ax.set_title("guidance trade-off (labels: guidance scale)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v if v is not None else ""))
+
+
+def write_report(folder: str | Path) -> Path:
+    """``folder/report/``: metrics_vs_step.png, tradeoff.png, index.html (tables and sample grids)."""
+    store = ResultsStore(folder)
+    rows = [r for r in store.rows() if r.get("status") == "ok"]
+    out = Path(folder) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    if rows:
+        plot_metrics_vs_step(rows, out / "metrics_vs_step.png")
+        plot_tradeoff(rows, out / "tradeoff.png")
+    cols = ["model", "step", "guidance", "fid", "kid_mean", "clip_score", "n_images", "seconds_total"]
+    parts = ["<!doctype html><meta charset='utf-8'><title>evaluation report</title>",
+             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
+             "img{max-width:100%}</style><h1>Evaluation report</h1>"]
+    if rows:
+        parts.append("<img src='metrics_vs_step.png'><img src='tradeoff.png'>")
+    parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>")
+    for r in sorted(rows, key=lambda r: (r["step"], r["guidance"])):
+        parts.append("<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>")
+    parts.append("</table>")
+    for r in sorted(rows, key=lambda r: (r["step"], r["guidance"])):
+        grids = sorted((Path(folder) / r["samples"] / "grids").glob("*.png")) if r.get("samples") else []
+        if grids:
+            parts.append(f"<h2>{html.escape(r['model'])}, guidance {r['guidance']:g}</h2>")
+            parts += [f"<p>{html.escape(g.stem)}<br><img src='{html.escape(os.path.relpath(g, out))}'></p>" for g in grids]
+    page = out / "index.html"
+    page.write_text("\n".join(parts))
+    return page

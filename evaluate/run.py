@@ -1,0 +1,209 @@
+"""Scoring checkpoints: samples per guidance scale, FID/KID against cached reference statistics, CLIP score.
+
+Under ``composer -n N`` every rank generates and embeds its share of the images (``samples.plan``);
+feature statistics and CLIP sums are gathered on rank 0, which writes the manifest and the results.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from train.errors import WorkbenchError
+
+from .features import FeatureExtractor, InceptionExtractor, resize_policy
+from .metrics import FeatureStats, fid_from_stats, kernel_inception_distance
+from .prompts import Prompt, load_prompts
+from .reference import reference_stats
+from .samples import generate_samples, model_label, write_category_grids, write_manifest
+from .store import ResultsStore
+
+DEFAULT_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+
+
+@dataclass
+class EvalConfig:
+    out: str
+    reference: str
+    inception_weights: str
+    prompts: str = "reference"  # "reference", "shapes", or a CSV/TSV path
+    n_prompts: int | None = 1000
+    n_per_prompt: int = 1
+    n_reference: int = 1000
+    guidance: tuple[float, ...] = DEFAULT_GUIDANCE
+    steps: int = 25
+    size: int | None = None  # default: the pipeline's native size
+    batch_size: int = 16  # generation and feature batches; fixed so features do not depend on it
+    seed: int = 0
+    clip: str | None = None  # folder or hub id; None skips CLIP score
+    ema: bool = False
+    kid_subsets: int = 100
+    kid_subset_size: int = 1000
+    feature_dim: int = 2048
+    device: str = "auto"
+    allow_fewer_reference: bool = False
+    cache: str | None = None  # reference statistics; default OUT/cache
+    progress: bool = True
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        import os
+
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # one GPU per rank under `composer -n N`
+        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device(name)
+
+
+def training_step(checkpoint: str | Path) -> int:
+    """The batch count in a Composer checkpoint's name (``ep3-ba12000-rank0.pt``), else 0."""
+    m = re.search(r"ba(\d+)", Path(checkpoint).name)
+    return int(m.group(1)) if m else 0
+
+
+def _dist():
+    from composer.utils import dist
+
+    return dist
+
+
+def init_distributed(device: torch.device) -> None:
+    """Join the process group `composer -n N` set up (gloo on CPU, NCCL on GPU); nothing for one process."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or _dist().is_initialized():
+        return
+    from composer.devices import DeviceCPU, DeviceGPU
+
+    _dist().initialize_dist(DeviceGPU() if device.type == "cuda" else DeviceCPU())
+
+
+class Evaluator:
+    """Holds what every checkpoint shares: extractor, CLIP, prompts and the reference statistics."""
+
+    def __init__(self, cfg: EvalConfig, extractor: FeatureExtractor | None = None):
+        self.cfg = cfg
+        self.device = _device(cfg.device)
+        init_distributed(self.device)
+        self.extractor = extractor or InceptionExtractor(cfg.inception_weights, dim=cfg.feature_dim, device=self.device)
+        self.clip = None
+        if cfg.clip:
+            from .clip import ClipScorer
+
+            self.clip = ClipScorer(cfg.clip, device=self.device)
+        self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference)
+        self.store = ResultsStore(cfg.out)
+        self._reference: dict[int, object] = {}
+
+    def reference(self, size: int):
+        """Rank 0's reference statistics (None on other ranks); an error there stops every rank."""
+        if size not in self._reference:
+            dist = _dist()
+            ref, error = None, None
+            if dist.get_global_rank() == 0:
+                try:
+                    ref = reference_stats(self.cfg.reference, self.extractor, size, self.cfg.n_reference,
+                                          self.cfg.cache or Path(self.cfg.out) / "cache",
+                                          batch_size=self.cfg.batch_size, allow_fewer=self.cfg.allow_fewer_reference,
+                                          kid_max=self.cfg.kid_subset_size * 10, progress=self.cfg.progress)
+                except WorkbenchError as e:
+                    error = str(e)
+            if dist.get_world_size() > 1:  # the other ranks wait here, and learn of rank 0's error
+                box = [error]
+                dist.broadcast_object_list(box, src=0)
+                error = box[0]
+            if error:
+                raise WorkbenchError(error)
+            self._reference[size] = ref
+        return self._reference[size]
+
+    def score(self, checkpoint: str | Path, model: str | None = None) -> list[dict]:
+        """Score one checkpoint at every guidance scale; rank 0 appends the rows to the store and returns them."""
+        cfg, dist = self.cfg, _dist()
+        rank, world = dist.get_global_rank(), dist.get_world_size()
+        checkpoint = str(checkpoint)
+        model = model or model_label(checkpoint)
+        t0 = time.perf_counter()
+        from train.pipeline import load_pipeline
+
+        pipe = load_pipeline(checkpoint, ema=cfg.ema, device=self.device)
+        size = cfg.size or pipe.unet.config.sample_size * pipe.vae_scale_factor
+        ref = self.reference(size)
+        st = Path(checkpoint).stat() if Path(checkpoint).is_file() else None
+        rows = []
+        for guidance in cfg.guidance:
+            t_start = time.perf_counter()
+            fake = FeatureStats(self.extractor.dim, kid_max=cfg.kid_subset_size * 10, seed=rank)
+            t_metric = [0.0]
+            if self.clip:
+                self.clip.reset()
+
+            def on_batch(images: torch.Tensor, captions: list[str]) -> None:
+                t = time.perf_counter()
+                fake.update(self.extractor(images))
+                if self.clip:
+                    self.clip.update(images, captions)
+                t_metric[0] += time.perf_counter() - t
+
+            samples = Path("samples") / re.sub(r"[^A-Za-z0-9_.-]+", "_", model) / f"cfg{guidance:g}"
+            records = generate_samples(pipe, self.prompts, Path(cfg.out) / samples, checkpoint=checkpoint, model=model,
+                                       n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=cfg.steps, size=size,
+                                       batch_size=cfg.batch_size, seed=cfg.seed, rank=rank, world=world,
+                                       progress=cfg.progress and rank == 0, on_batch=on_batch)
+            clip_part = (float(self.clip.metric.score), int(self.clip.metric.n_samples)) if self.clip else None
+            gathered = dist.all_gather_object((records, fake.state_dict(), clip_part)) if world > 1 else \
+                [(records, fake.state_dict(), clip_part)]
+            if rank != 0:
+                continue
+            all_records = [r for part in gathered for r in part[0]]
+            fake_all = FeatureStats.from_state_dict(gathered[0][1], kid_max=cfg.kid_subset_size * 10)
+            for part in gathered[1:]:
+                fake_all.merge(FeatureStats.from_state_dict(part[1], kid_max=cfg.kid_subset_size * 10))
+            t = time.perf_counter()
+            fid = fid_from_stats(ref.stats, fake_all)
+            kid_mean, kid_std = kernel_inception_distance(ref.stats.features(), fake_all.features(),
+                                                          cfg.kid_subsets, cfg.kid_subset_size, seed=cfg.seed)
+            clip_score = None
+            if self.clip:
+                total, count = sum(p[2][0] for p in gathered), sum(p[2][1] for p in gathered)
+                clip_score = total / max(count, 1)
+            t_metric[0] += time.perf_counter() - t
+            write_manifest(all_records, Path(cfg.out) / samples)
+            write_category_grids(all_records, Path(cfg.out) / samples, title=f"{model} cfg {guidance:g}")
+            total_s = time.perf_counter() - t_start
+            row = {"model": model, "checkpoint": checkpoint, "step": training_step(checkpoint),
+                   "guidance": float(guidance), "fid": fid, "kid_mean": kid_mean, "kid_std": kid_std,
+                   "clip_score": clip_score, "n_images": fake_all.n, "n_reference": ref.stats.n,
+                   "reference_skipped": ref.skipped, "prompts": cfg.prompts, "steps": cfg.steps, "size": size,
+                   "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}", "resize": resize_policy(size),
+                   "seconds_generate": round(total_s - t_metric[0], 3), "seconds_metrics": round(t_metric[0], 3),
+                   "seconds_total": round(total_s, 3), "samples": str(samples), "status": "ok",
+                   "file_size": st.st_size if st else None, "file_mtime_ns": st.st_mtime_ns if st else None,
+                   "time": time.time()}
+            rows.append(row)
+        if rank == 0:
+            for row in rows:  # a checkpoint's rows land together, so a crash never leaves it half-recorded
+                row["seconds_checkpoint"] = round(time.perf_counter() - t0, 3)
+                self.store.append(row)
+        dist.barrier() if world > 1 else None
+        return rows
+
+
+def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extractor: FeatureExtractor | None = None) -> list[dict]:
+    """`dwb evaluate run`: score each checkpoint, then refresh the CSV and the report."""
+    from .report import write_report
+
+    missing = [str(c) for c in checkpoints if not Path(c).exists()]
+    if missing:
+        raise WorkbenchError(f"checkpoint not found: {missing[0]}")
+    ev = Evaluator(cfg, extractor)
+    rows = []
+    for ckpt in checkpoints:
+        rows += ev.score(ckpt)
+    if _dist().get_global_rank() == 0:
+        ev.store.export_csv()
+        write_report(cfg.out)
+    return rows

@@ -1,0 +1,52 @@
+"""The results store: one JSON line per (checkpoint, guidance) score, appended and never rewritten.
+
+JSONL keeps the store readable by anything and safe to append from the one process that scores;
+``export_csv`` flattens it for spreadsheets. Scoring state for `watch` lives in the same file: a
+checkpoint is done once a line with its path and file identity exists.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+RESULTS = "results.jsonl"
+COLUMNS = ["model", "checkpoint", "step", "guidance", "fid", "kid_mean", "kid_std", "clip_score", "n_images",
+           "n_reference", "reference_skipped", "prompts", "steps", "size", "extractor", "resize", "seconds_generate",
+           "seconds_metrics", "seconds_total", "seconds_checkpoint", "samples", "status", "error", "file_size", "file_mtime_ns", "time"]
+
+
+class ResultsStore:
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.path = self.folder / RESULTS
+
+    def rows(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        rows = []
+        for line in self.path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash: that score is redone
+        return rows
+
+    def append(self, row: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+
+    def done(self) -> set[str]:
+        """Checkpoint paths with a finished record (scored, or refused as unreadable)."""
+        return {r["checkpoint"] for r in self.rows() if r.get("status") in ("ok", "unreadable")}
+
+    def export_csv(self, path: str | Path | None = None) -> Path:
+        path = Path(path) if path else self.folder / "results.csv"
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            for row in self.rows():
+                writer.writerow(row)
+        return path

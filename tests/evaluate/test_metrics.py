@@ -1,0 +1,133 @@
+"""FID and KID against float64 references and against torchmetrics' own metrics on the same Inception module."""
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+from evaluate.features import InceptionExtractor
+from evaluate.metrics import FeatureStats, fid_from_stats, kernel_inception_distance
+from train.errors import WorkbenchError
+
+
+def _scipy_fid(x: np.ndarray, y: np.ndarray) -> float:
+    mu1, mu2 = x.mean(0), y.mean(0)
+    s1, s2 = np.cov(x, rowvar=False), np.cov(y, rowvar=False)
+    covmean = scipy.linalg.sqrtm(s1 @ s2).real
+    return float(((mu1 - mu2) ** 2).sum() + np.trace(s1) + np.trace(s2) - 2 * np.trace(covmean))
+
+
+def _stats(x: np.ndarray, batch: int) -> FeatureStats:
+    s = FeatureStats(x.shape[1])
+    for i in range(0, len(x), batch):
+        s.update(torch.from_numpy(x[i:i + batch]))
+    return s
+
+
+def test_fid_from_features_matches_scipy_float64():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 16))
+    y = rng.normal(loc=0.3, scale=1.2, size=(250, 16)) @ rng.normal(size=(16, 16)) * 0.5
+    ref = _scipy_fid(x, y)
+    ours = fid_from_stats(_stats(x, 7), _stats(y, 64))  # streamed in uneven batches
+    assert ref > 1.0
+    assert abs(ours - ref) / ref < 1e-6
+    assert abs(fid_from_stats(_stats(x, 300), _stats(x, 1))) < 1e-8  # a set against itself
+
+
+def test_kid_matches_numpy_reference():
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(40, 8)), rng.normal(loc=0.5, size=(40, 8))
+    d = x.shape[1]
+    kxx, kyy, kxy = ((a @ b.T / d + 1) ** 3 for a, b in ((x, x), (y, y), (x, y)))
+    m = len(x)
+    ref = ((kxx.sum() - np.trace(kxx)) + (kyy.sum() - np.trace(kyy))) / (m * (m - 1)) - 2 * kxy.sum() / m**2
+    mean, std = kernel_inception_distance(torch.from_numpy(x), torch.from_numpy(y), subsets=5, subset_size=40)
+    assert mean == pytest.approx(ref, rel=1e-9) and std == pytest.approx(0, abs=1e-12)  # full sets: subsets agree
+
+
+def test_reservoir_keeps_a_bounded_sample():
+    s = FeatureStats(4, kid_max=10)
+    for _ in range(10):
+        s.update(torch.randn(7, 4))
+    assert s.n == 70 and s.features().shape == (10, 4)
+
+
+def _images(seed: int, n: int = 6, size: int = 32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
+
+
+def _compare_with_torchmetrics(weights, dim: int) -> None:
+    from torchmetrics.image.fid import FrechetInceptionDistance
+    from torchmetrics.image.kid import KernelInceptionDistance
+
+    real, fake = _images(0), (_images(1) // 2)
+    extractor = InceptionExtractor(weights, dim=dim)
+    ours_real, ours_fake = FeatureStats(dim), FeatureStats(dim)
+    for i in range(0, 6, 4):  # batch size 4 on our side, whole sets on torchmetrics'
+        ours_real.update(extractor(real[i:i + 4]))
+        ours_fake.update(extractor(fake[i:i + 4]))
+
+    tm = FrechetInceptionDistance(feature=dim, feature_extractor_weights_path=str(weights))
+    tm.update(real, real=True)
+    tm.update(fake, real=False)
+    ref = float(tm.compute())
+    assert ref > 0
+    assert fid_from_stats(ours_real, ours_fake) == pytest.approx(ref, rel=1e-4)  # torchmetrics returns float32
+
+    kid = KernelInceptionDistance(feature=tm.inception, subsets=3, subset_size=6)
+    kid.update(real, real=True)
+    kid.update(fake, real=False)
+    ref_mean, _ = kid.compute()
+    mean, _ = kernel_inception_distance(ours_real.features(), ours_fake.features(), subsets=3, subset_size=6)
+    assert mean == pytest.approx(float(ref_mean), rel=1e-3)  # torchmetrics keeps KID features in float32
+
+
+def test_inception_fid_and_kid_equal_torchmetrics(inception_weights):
+    """The first pooling layer's 64 features: the same module and weights file, seconds on a CPU."""
+    _compare_with_torchmetrics(inception_weights, 64)
+
+
+@pytest.mark.slow
+def test_inception_pool3_fid_and_kid_equal_torchmetrics(inception_weights):
+    """The standard 2048 pool-3 features (a 2048 x 2048 eigenproblem per FID)."""
+    _compare_with_torchmetrics(inception_weights, 2048)
+
+
+def test_missing_or_wrong_inception_weights_name_the_file(tmp_path):
+    with pytest.raises(WorkbenchError, match="weights-inception-2015-12-05-6726825d.pth"):
+        InceptionExtractor(tmp_path / "nowhere.pth")
+    with pytest.raises(WorkbenchError, match="weights-inception-2015-12-05-6726825d.pth"):
+        InceptionExtractor(tmp_path)  # a folder without the file
+    bad = tmp_path / "bad.pth"
+    torch.save({"x": torch.zeros(1)}, bad)
+    with pytest.raises(WorkbenchError, match="does not hold Inception-v3 weights"):
+        InceptionExtractor(bad)
+
+
+def test_clip_score_with_a_tiny_clip_from_config(tiny_clip):
+    from transformers import CLIPModel, CLIPProcessor
+
+    from evaluate.clip import ClipScorer
+
+    images, captions = _images(2, n=4), ["a red circle", "two blue squares", "a green triangle", "a red circle"]
+    scorer = ClipScorer(tiny_clip)
+    scorer.update(images[:3], captions[:3])  # streamed in two batches
+    scorer.update(images[3:], captions[3:])
+    ours = scorer.compute()
+
+    model, processor = CLIPModel.from_pretrained(tiny_clip), CLIPProcessor.from_pretrained(tiny_clip)
+    with torch.no_grad():
+        inputs = processor(text=captions, images=[im.permute(1, 2, 0).numpy() for im in images], return_tensors="pt",
+                           padding=True)
+        img = model.get_image_features(pixel_values=inputs["pixel_values"])
+        txt = model.get_text_features(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    cos = torch.nn.functional.cosine_similarity(img.double(), txt.double())
+    assert ours == pytest.approx(float((100 * cos).mean()), rel=1e-4, abs=1e-4)
+
+
+def test_missing_clip_folder_is_one_line(tmp_path):
+    from evaluate.clip import ClipScorer
+
+    with pytest.raises(WorkbenchError, match="CLIP model folder not found"):
+        ClipScorer(tmp_path / "no-clip")

@@ -1,0 +1,150 @@
+"""`dwb evaluate run` end to end on tiny checkpoints, reference sets, and the checkpoint watcher."""
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from evaluate.features import InceptionExtractor
+from evaluate.reference import reference_stats
+from evaluate.run import EvalConfig, evaluate_checkpoints
+from evaluate.store import ResultsStore
+from evaluate.watch import Watcher
+from train.checkpoint import read_checkpoint
+from train.errors import WorkbenchError
+
+
+def _cfg(tmp_path, shapes_data, inception_weights, **kw) -> EvalConfig:
+    base = dict(out=str(tmp_path / "results"), reference=str(shapes_data / "eval/32"),
+                inception_weights=str(inception_weights), prompts="shapes", n_prompts=4, n_per_prompt=1,
+                n_reference=16, guidance=(1.5, 5.0), steps=2, size=16, batch_size=4, kid_subsets=3,
+                kid_subset_size=4, feature_dim=64, device="cpu", progress=False)
+    base.update(kw)
+    return EvalConfig(**base)
+
+
+def test_run_scores_checkpoints_and_writes_store_csv_plots_and_samples(checkpoints, shapes_data, inception_weights,
+                                                                       tiny_clip, tmp_path):
+    cfg = _cfg(tmp_path, shapes_data, inception_weights, clip=str(tiny_clip))
+    ckpts = [checkpoints / "ep0-ba2-rank0.pt", checkpoints / "ep0-ba4-rank0.pt"]
+    rows = evaluate_checkpoints(cfg, ckpts)
+    assert [(r["step"], r["guidance"]) for r in rows] == [(2, 1.5), (2, 5.0), (4, 1.5), (4, 5.0)]
+    for r in rows:
+        assert np.isfinite(r["fid"]) and r["fid"] > 0 and np.isfinite(r["kid_mean"])
+        assert -100 <= r["clip_score"] <= 100 and r["n_images"] == 4 and r["n_reference"] == 16
+        assert r["seconds_total"] > 0 and r["seconds_checkpoint"] >= r["seconds_total"]
+    assert rows[0]["fid"] != rows[1]["fid"]  # guidance changes the images
+
+    out = tmp_path / "results"
+    assert len(ResultsStore(out).rows()) == 4
+    with open(out / "results.csv") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 4 and float(table[0]["fid"]) == pytest.approx(rows[0]["fid"])
+    for name in ("metrics_vs_step.png", "tradeoff.png", "index.html"):
+        assert (out / "report" / name).stat().st_size > 0
+    samples = out / rows[3]["samples"]
+    manifest = [json.loads(line) for line in (samples / "manifest.jsonl").read_text().splitlines()]
+    assert len(manifest) == 4 and manifest[0]["guidance"] == 5.0 and (samples / manifest[0]["path"]).is_file()
+    assert list((samples / "grids").glob("*.png"))
+    assert "grids/" in (out / "report" / "index.html").read_text()
+    assert list((out / "cache").glob("ref-*.pt"))  # reference statistics cached
+
+
+def _image_folder(tmp_path, n_good: int, n_bad: int):
+    folder = tmp_path / "ref"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(n_good):
+        Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(folder / f"{i:03d}.png")
+    for i in range(n_bad):
+        (folder / f"{i:03d}b.png").write_bytes(b"not a png")  # sorted between the good ones
+    return folder
+
+
+def test_reference_stats_skip_unreadable_images_and_cache(inception_weights, tmp_path):
+    folder = _image_folder(tmp_path, 5, 2)
+    ex = InceptionExtractor(inception_weights, dim=64)
+    first = reference_stats(folder, ex, 16, 5, tmp_path / "cache", batch_size=2, progress=False)
+    assert (first.stats.n, first.skipped, first.cached) == (5, 2, False)
+    again = reference_stats(folder, ex, 16, 5, tmp_path / "cache", progress=False)
+    assert again.cached and again.key == first.key
+    assert torch_equal(again.stats.outer, first.stats.outer)
+    other = reference_stats(folder, ex, 24, 5, tmp_path / "cache", progress=False)  # another resize policy
+    assert not other.cached and other.key != first.key
+    with pytest.raises(WorkbenchError, match="5 readable images, fewer than the 8 requested"):
+        reference_stats(folder, ex, 16, 8, tmp_path / "cache", progress=False)
+    assert reference_stats(folder, ex, 16, 8, tmp_path / "cache", allow_fewer=True, progress=False).stats.n == 5
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def test_corrupt_checkpoint_and_missing_weights_are_one_line_errors(shapes_data, inception_weights, tmp_path, capsys):
+    from dwb import main
+
+    bad = tmp_path / "ep0-ba2-rank0.pt"
+    bad.write_bytes(b"\0" * 100)
+    cfg = _cfg(tmp_path, shapes_data, inception_weights)
+    with pytest.raises(WorkbenchError, match="cannot read checkpoint"):
+        evaluate_checkpoints(cfg, [bad])
+    code = main(["evaluate", "run", str(bad), "--out", str(tmp_path / "o"), "--reference", str(shapes_data / "eval/32"),
+                 "--inception-weights", str(tmp_path / "missing")])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and err.startswith("error:") and "weights-inception-2015-12-05-6726825d.pth" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_watcher_scores_each_checkpoint_once_across_restarts(checkpoints, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(checkpoints / "ep0-ba2-rank0.pt", run / "checkpoints")
+    full = (checkpoints / "ep0-ba4-rank0.pt").read_bytes()
+    partial = run / "checkpoints" / "ep0-ba4-rank0.pt"
+    partial.write_bytes(full[: len(full) // 2])  # still being written
+    store = ResultsStore(tmp_path / "results")
+    scored = []
+
+    def score(path):
+        read_checkpoint(path)  # raises for a whole zip that is no workbench checkpoint
+        scored.append(path.name)
+        store.append({"checkpoint": str(path), "status": "ok"})
+
+    now = [0.0]
+    watcher = Watcher(run, store, score, settle=5, clock=lambda: now[0])
+    assert watcher.poll_once() == []  # first sight: not yet known to be stable
+    now[0] += 6
+    assert [p.name for p in watcher.poll_once()] == ["ep0-ba2-rank0.pt"]  # the half file is not a whole zip
+    partial.write_bytes(full)  # the writer finishes
+    now[0] += 1
+    assert watcher.poll_once() == []  # changed since the last look: wait
+    now[0] += 6
+    assert [p.name for p in watcher.poll_once()] == ["ep0-ba4-rank0.pt"]
+
+    torch.save({"not": "a checkpoint"}, run / "checkpoints" / "ep0-ba6-rank0.pt")  # whole, but unloadable
+    restarted = Watcher(run, store, score, settle=0)
+    assert restarted.poll_once() == [] and restarted.poll_once() == []
+    assert scored == ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"]
+    assert [r["status"] for r in store.rows()] == ["ok", "ok", "unreadable"]  # recorded once, not retried
+
+
+def test_cli_watch_scores_a_run_once(checkpoints, shapes_data, inception_weights, tmp_path, capsys):
+    from dwb import main
+
+    run = tmp_path / "run"
+    shutil.copytree(checkpoints, run / "checkpoints")
+    args = ["evaluate", "watch", str(run), "--out", str(tmp_path / "res"), "--reference", str(shapes_data / "eval/32"),
+            "--inception-weights", str(inception_weights), "--inception-features", "64", "--prompts", "shapes",
+            "--n-prompts", "3", "--n-reference", "16", "--guidance", "4", "--steps", "2", "--size", "16",
+            "--kid-subset-size", "3", "--kid-subsets", "2", "--device", "cpu", "--settle", "0", "--max-polls", "1"]
+    assert main(args) == 0
+    assert main(args) == 0  # a restart finds nothing new
+    rows = ResultsStore(tmp_path / "res").rows()
+    assert sorted(r["step"] for r in rows) == [2, 4]
+    assert capsys.readouterr().out.count("scored ") == 2
+    assert (tmp_path / "res" / "report" / "tradeoff.png").is_file()
