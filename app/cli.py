@@ -22,19 +22,25 @@ def cmd_app(args) -> None:
     from train.errors import WorkbenchError
 
     from .checkpoints import resolve_roots
+
+    if args.max_size % 8:
+        raise WorkbenchError(f"--max-size must be a multiple of 8, got {args.max_size}")
+    roots = resolve_roots(args.checkpoints or ["."])  # before the slow imports: a typo fails at once
+
+    from diffusers.utils import logging as diffusers_logging
+
     from .generate import Limits
     from .service import Runtime, Service
     from .ui import build_ui, launch
 
-    if args.max_size % 8:
-        raise WorkbenchError(f"--max-size must be a multiple of 8, got {args.max_size}")
-    roots = resolve_roots(args.checkpoints or ["."])
+    diffusers_logging.disable_progress_bar()  # loading bars would fill the server's log
     output = None
     if args.output:
         output = Path(args.output).resolve()
         output.mkdir(parents=True, exist_ok=True)
     service = Service(roots, limits=Limits(max_steps=args.max_steps, max_size=args.max_size, max_batch=args.max_batch),
-                      runtime=Runtime.pick(args.device, args.dtype), cache_size=args.cache_size, output=output)
+                      runtime=Runtime.pick(args.device, args.dtype), cache_size=args.cache_size, output=output,
+                      workers=args.concurrency)
     found = service.checkpoints()
     print(f"dwb app: {len(found)} checkpoint(s) under {', '.join(str(r) for r in roots)}; "
           f"{service.runtime.device}, {str(service.runtime.dtype).removeprefix('torch.')}", flush=True)

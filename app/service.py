@@ -2,12 +2,19 @@
 
 ``Service.generate`` and ``Service.compare`` are what the UI's events (and the API) call; every
 problem a user can fix comes out as a one-line ``WorkbenchError``.
+
+Loading and generation run on the process's compute threads (one per concurrent generation), never
+on whichever thread the web server hands a request to: PyTorch's CPU kernels keep one OpenMP
+thread team per calling thread, and with a second team spinning next to the first, a generation on
+2 cores took 3x as long (measured in bench/app_overhead.py's set-up).
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,6 +31,16 @@ from .generate import GenerationParams, ImageRecord, Limits, generate, save_png,
 
 log = logging.getLogger("app")
 WEIGHTS = ("ema", "raw")
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def compute_pool(workers: int) -> ThreadPoolExecutor:
+    """The process's long-lived compute threads for ``workers`` concurrent generations (shared by services)."""
+    with _pools_lock:
+        if workers not in _pools:
+            _pools[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dwb-compute")
+        return _pools[workers]
 
 
 @dataclass(frozen=True)
@@ -59,13 +76,16 @@ class Result:
 
 
 class Service:
+    """Generation from the checkpoints under ``roots``: what `dwb app`'s events and API call."""
+
     def __init__(self, roots: list[Path], *, limits: Limits = Limits(), runtime: Runtime | None = None,
-                 cache_size: int = 2, output: Path | None = None):
+                 cache_size: int = 2, output: Path | None = None, workers: int = 1):
         self.roots = roots
         self.limits = limits
         self.runtime = runtime or Runtime.pick()
         self.cache = PipelineCache(cache_size)
         self.output = output
+        self._compute = compute_pool(workers)
         self._stops: dict[str, threading.Event] = {}
         self._stops_lock = threading.Lock()
         self._saved = 0
@@ -136,7 +156,12 @@ class Service:
         """``params.batch_size`` images from one checkpoint; every parameter validated first."""
         params = validate(params, self.limits)
         ckpt = self.open(checkpoint)
-        return self._run([ckpt], weights, params, session, lambda k, done, total: on_step and on_step(done, total))
+
+        def step(k: int, done: int, total: int) -> None:
+            if on_step is not None:
+                on_step(done, total)
+
+        return self._run([ckpt], weights, params, session, step)
 
     def compare(self, checkpoints: list[str], weights: str, params: GenerationParams, *, session: str = "",
                 on_step: Callable[[int, int, int, int], None] | None = None) -> Result:
@@ -149,33 +174,41 @@ class Service:
         if len({c.path for c in ckpts}) < len(ckpts):
             raise WorkbenchError("the same checkpoint is chosen twice: choose different ones")
         params.batch_size = 1
-        n = len(ckpts)
-        return self._run(ckpts, weights, params, session,
-                         lambda k, done, total: on_step and on_step(k, n, done, total))
+
+        def step(k: int, done: int, total: int) -> None:
+            if on_step is not None:
+                on_step(k, len(ckpts), done, total)
+
+        return self._run(ckpts, weights, params, session, step)
 
     def _run(self, ckpts: list[Checkpoint], weights: str, params: GenerationParams, session: str,
              on_step: Callable[[int, int, int], None]) -> Result:
-        t0 = time.perf_counter()
+        """Generate on a compute thread (the caller's context, e.g. Gradio's progress, goes along)."""
         stop = self._begin(session)
-        images, records = [], []
         try:
-            for k, ckpt in enumerate(ckpts):
-                pipe = self.pipeline(ckpt, weights)
-                digest = checkpoint_hash(ckpt)
-                kind = weights if ckpt.kind == "composer" else "exported"
-                out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total),
-                               should_stop=stop.is_set)
-                for i, image in enumerate(out):
-                    record = ImageRecord.of(params, i, ckpt.label, digest, kind)
-                    images.append(with_metadata(image, record))
-                    records.append(record)
-                    self._save(image, record)
+            return self._compute.submit(contextvars.copy_context().run, self._generate, ckpts, weights, params,
+                                        stop, on_step).result()
         finally:
             self._end(session, stop)
+
+    def _generate(self, ckpts: list[Checkpoint], weights: str, params: GenerationParams, stop: threading.Event,
+                  on_step: Callable[[int, int, int], None]) -> Result:
+        t0 = time.perf_counter()
+        images, records = [], []
+        for k, ckpt in enumerate(ckpts):
+            pipe = self.pipeline(ckpt, weights)
+            digest = checkpoint_hash(ckpt)
+            kind = weights if ckpt.kind == "composer" else "exported"
+            out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total), should_stop=stop.is_set)
+            for i, image in enumerate(out):
+                record = ImageRecord.of(params, i, ckpt.label, digest, kind)
+                images.append(with_metadata(image, record))
+                records.append(record)
+                self._save(image, record)
         return Result(images, records, time.perf_counter() - t0)
 
     def _save(self, image: Image.Image, record: ImageRecord) -> None:
-        """With ``--output DIR``: also keep every image as DIR/YYYY-MM-DD/NNNNN-SEED.png."""
+        """With ``--output DIR``: also keep every image as DIR/YYYY-MM-DD/HHMMSS-N-SEED.png."""
         if self.output is None:
             return
         folder = self.output / time.strftime("%Y-%m-%d")
@@ -183,4 +216,4 @@ class Service:
         with self._stops_lock:
             self._saved += 1
             n = self._saved
-        save_png(image, folder / f"{n:05d}-{record.seed}.png", record)
+        save_png(image, folder / f"{time.strftime('%H%M%S')}-{n}-{record.seed}.png", record)

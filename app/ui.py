@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import logging
 import random
+from pathlib import Path
 
 import gradio as gr
 
@@ -19,12 +20,12 @@ from .service import Result, Service
 
 log = logging.getLogger("app")
 CONCURRENCY_ID = "generation"  # generate and compare share one concurrency limit
-CSS = "#gallery, #compare-gallery {min-height: 320px} .seed-row button {max-width: 3em}"
+CSS = "#gallery, #compare-gallery {min-height: 320px}"
 
 
 def _message(e: Exception) -> gr.Error:
-    """A one-line error for the UI; messages are shown as HTML, so user text in them is escaped."""
-    return gr.Error(html.escape(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__),
+    """A one-line error for the UI; Gradio shows messages as HTML, so markup in user text is escaped."""
+    return gr.Error(html.escape(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, quote=False),
                     print_exception=False)
 
 
@@ -39,7 +40,7 @@ def _fail(what: str, e: Exception) -> gr.Error:
 def _gallery(result: Result, compare: bool = False) -> tuple[list, str, list[str]]:
     texts = [r.parameters() for r in result.records]
     if compare:
-        captions = [f"{r.checkpoint} ({r.weights}, {r.checkpoint_hash[:10]}), seed {r.seed}" for r in result.records]
+        captions = [f"{r.checkpoint} ({r.weights})" for r in result.records]
     else:
         captions = [r.caption() for r in result.records]
     return list(zip(result.images, captions)), texts[0] if texts else "", texts
@@ -68,19 +69,24 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
         if info.has_ema is not None:
             parts.append("EMA and raw weights" if info.has_ema else "raw weights only (no EMA)")
         size = info.resolution if info.resolution and limits.min_size <= info.resolution <= limits.max_size else None
-        update = gr.update(value=size) if size else gr.update()
-        return ", ".join(parts), update, update
+        return ", ".join(parts), *(gr.update(value=size) if size else gr.update() for _ in range(2))  # one per output
+
+    def default_size(paths: list[str]) -> int:
+        """The training resolution of the newest readable checkpoint (512 without one)."""
+        for path in paths[:5]:
+            try:
+                info = service.info(path)[1]
+            except WorkbenchError:
+                continue
+            if info.resolution and limits.min_size <= info.resolution <= limits.max_size:
+                return info.resolution
+            break
+        return min(512, limits.max_size)
 
     found = choices()
-    first = found[0][1] if found else None
-    default_size = 512
-    if first:
-        try:
-            info = service.info(first)[1]
-            if info.resolution and limits.min_size <= info.resolution <= limits.max_size:
-                default_size = info.resolution
-        except WorkbenchError:
-            pass
+    by_age = _newest_first([v for _, v in found])
+    first = by_age[0] if by_age else None
+    size = default_size(by_age)
 
     def settings_controls(prefix: str):
         scheduler = gr.Dropdown(list(SCHEDULERS), value=DEFAULT_SCHEDULER, label="Sampler", elem_id=f"{prefix}scheduler")
@@ -89,14 +95,14 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
         guidance = gr.Slider(0, limits.max_guidance, value=7.5, step=0.5, label="Guidance scale",
                              elem_id=f"{prefix}guidance")
         with gr.Row():
-            width = gr.Slider(limits.min_size, limits.max_size, value=default_size, step=8, label="Width",
+            width = gr.Slider(limits.min_size, limits.max_size, value=size, step=8, label="Width",
                               elem_id=f"{prefix}width")
-            height = gr.Slider(limits.min_size, limits.max_size, value=default_size, step=8, label="Height",
+            height = gr.Slider(limits.min_size, limits.max_size, value=size, step=8, label="Height",
                                elem_id=f"{prefix}height")
         with gr.Row(elem_classes="seed-row"):
             seed = gr.Number(-1, precision=0, label="Seed (-1: a random one; image i of a batch uses seed + i)",
                              elem_id=f"{prefix}seed", scale=4)
-            dice = gr.Button("🎲", elem_id=f"{prefix}randomize", scale=0, min_width=48)
+            dice = gr.Button("🎲 Random", elem_id=f"{prefix}randomize", scale=0, min_width=90)
         dice.click(lambda: random.randint(0, MAX_SEED - limits.max_batch), outputs=seed, queue=False,
                    api_visibility="private")
         return scheduler, steps, guidance, width, height, seed
@@ -125,14 +131,13 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
                     with gr.Column(scale=1):
                         gallery = gr.Gallery(label="Images", format="png", columns=4, elem_id="gallery",
                                              interactive=False)
-                        parameters = gr.Textbox(label="Parameters",
-                                                lines=4, interactive=False, elem_id="parameters",
+                        parameters = gr.Textbox(label="Parameters", lines=4, interactive=False, elem_id="parameters",
                                                 buttons=["copy"])
                         texts = gr.State([])
 
             with gr.Tab("Compare", id="compare-tab"):
                 with gr.Row():
-                    c_checkpoints = gr.Dropdown(found, value=[v for _, v in found[:2]], multiselect=True, max_choices=4,
+                    c_checkpoints = gr.Dropdown(found, value=[], multiselect=True, max_choices=4,
                                                 allow_custom_value=True, scale=5, elem_id="compare-checkpoints",
                                                 label="Checkpoints (two to four)")
                     c_refresh = gr.Button("↻ Refresh", scale=0, min_width=90, elem_id="compare-refresh")
@@ -217,8 +222,28 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
         checkpoint.change(checkpoint_note, checkpoint, [note, width, height], queue=False, api_visibility="private")
         for button in (refresh, c_refresh):
             button.click(refresh_choices, None, [checkpoint, c_checkpoints], queue=False, api_visibility="private")
-        demo.load(lambda text: checkpoint_note(text)[0], checkpoint, note, queue=False, api_visibility="private")
+
+        def on_load(current: str | None):
+            """Each page load lists the checkpoints there are now (training may have written more)."""
+            fresh = choices()
+            value = current or next(iter(_newest_first([v for _, v in fresh])), None)
+            text, w, h = checkpoint_note(value)
+            return gr.update(choices=fresh, value=value), gr.update(choices=fresh), text, w, h
+
+        demo.load(on_load, checkpoint, [checkpoint, c_checkpoints, note, width, height], queue=False,
+                  api_visibility="private")
     return demo
+
+
+def _newest_first(paths: list[str]) -> list[str]:
+    """Most recently written first: the newest checkpoint is usually the one a user wants to try."""
+    def mtime(p: str) -> float:
+        try:
+            return Path(p).stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return sorted(paths, key=mtime, reverse=True)
 
 
 def _session(request: gr.Request | None) -> str:

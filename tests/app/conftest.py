@@ -35,12 +35,18 @@ class Tree:
 
 
 @pytest.fixture(scope="session")
-def tree(shapes_data, components, tmp_path_factory) -> Tree:
+def base(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("app")
+    (folder / "checkpoints").mkdir()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tree(shapes_data, components, base) -> Tree:
     from train.config import load_config
     from train.pipeline import export_pipeline
     from train.trainer import train
 
-    base = tmp_path_factory.mktemp("app")
     root, outside = base / "checkpoints", base / "outside"
     run = root / "tiny-phase1"
     train(load_config(PHASE1, tiny_overrides(shapes_data, components, run, max_duration="4ba", save_interval="2ba")))
@@ -83,11 +89,14 @@ class AppServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 120.0) -> "AppServer":
+    def launch(self) -> "AppServer":
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
         args = [str(DWB), "app", "--checkpoints", *map(str, self.roots), "--port", str(self.port), *self.extra]
         self._out = open(self.log, "w")
         self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._out, stderr=subprocess.STDOUT, text=True)
+        return self
+
+    def wait_ready(self, timeout: float = 180.0) -> "AppServer":
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -115,11 +124,21 @@ class AppServer:
 
 
 @pytest.fixture(scope="session")
-def server(tree, tmp_path_factory):
-    """One server for the API and browser tests: at most 2 requests wait while one runs."""
-    app = AppServer([tree.root], "--queue-size", "2", "--cache-size", "2", "--max-steps", "150",
+def server(base, request, tmp_path_factory):
+    """One server for the API and browser tests: at most 2 requests wait while one runs.
+
+    It starts on the (still empty) checkpoint folder while the tiny checkpoints are trained, as a
+    user may start the app while training runs; a page load lists what is there.
+    """
+    app = AppServer([base / "checkpoints"], "--queue-size", "2", "--cache-size", "4", "--max-steps", "150",
                     log=tmp_path_factory.mktemp("server") / "app.log")
-    app.start()
+    app.launch()
+    try:
+        request.getfixturevalue("tree")
+        app.wait_ready()
+    except BaseException:
+        app.stop()
+        raise
     yield app
     app.stop()
 
@@ -137,3 +156,11 @@ def pipe(tree):
     from train.pipeline import load_pipeline
 
     return load_pipeline(tree.ba4, ema=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item, so fixtures can tell a failed test at teardown."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -161,3 +161,17 @@ def test_roots_must_exist(tmp_path):
     with pytest.raises(WorkbenchError, match="checkpoint folder not found"):
         resolve_roots([tmp_path / "nope"])
     assert resolve_roots([tmp_path, Path(tmp_path, ".")]) == [tmp_path.resolve()]
+
+
+def test_output_folder_keeps_every_png_with_its_parameters(tree, tmp_path):
+    from PIL import Image
+
+    service = Service([tree.root], cache_size=1, output=tmp_path / "out")
+    result = service.generate("tiny-phase1/ep0-ba4-rank0.pt", "raw",
+                              GenerationParams("a red circle", steps=2, width=16, height=16, seed=30, batch_size=2))
+    files = sorted((tmp_path / "out").rglob("*.png"))
+    assert [f.name.split("-")[-1] for f in files] == ["30.png", "31.png"]
+    for f, image, record in zip(files, result.images, result.records):
+        with Image.open(f) as saved:
+            assert saved.text["parameters"] == record.parameters() == image.info["parameters"]
+            assert saved.tobytes() == image.tobytes()

@@ -1,0 +1,258 @@
+"""The app's cost over diffusers: generation through `dwb app`'s API vs a bare pipeline call, same run.
+
+CPU (default), tiny checkpoint trained here at 32 px:
+
+- overhead: `dwb app` runs in its own process on 127.0.0.1 and is called through its API (queue,
+  progress events, PNG with the parameters chunk, download of the PNG), both over plain HTTP
+  (`/gradio_api/call/generate`, what any language uses) and with gradio_client (which adds its own
+  polling: it sleeps 50 ms whenever no message is waiting). This process makes the same call on the
+  pipeline `train.load_pipeline` gives (same prompt, seed, sampler, steps, guidance, size, PIL
+  output). The three alternate, request by request, and must return the same pixels. Figure: median
+  ratio (target <= 1.05).
+  Measured at the tiny model's own 32 px (a request costs a few hundred ms, so the fixed per-request
+  cost shows most) and at 128 px (a cost per image closer to real use).
+- cache: the app's first open of a checkpoint (load and hash) vs the second, cached (target <= 10%).
+
+GPU (`--gpu`): a full-size SD2-base pipeline with random weights (train.components), 512², 50 steps,
+batch 1, bf16, SDPA: seconds per image through the app's `generate` and through a bare pipeline
+call, eager and (with `--compile`) with the UNet compiled. Target on one H200: <= 0.6 s per image.
+
+CPU: python bench/app_overhead.py [--rounds 8]
+GPU: python bench/app_overhead.py --gpu [--compile]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import OUT, ROOT, fixtures, report
+
+PROMPT, NEGATIVE = "two red circles left of a blue square", "green"
+
+
+def tiny_checkpoint() -> Path:
+    """A tiny 32 px Composer checkpoint (2 batches: its quality does not matter for timing)."""
+    from train.config import load_config
+    from train.trainer import train
+
+    folder = OUT / "app-ckpt"
+    ckpt = folder / "ep0-ba2-rank0.pt"
+    if not ckpt.is_file():
+        data, parts = fixtures()
+        train(load_config(ROOT / "configs/tiny-phase1.yaml", [
+            f"model.pretrained={parts}", f"data.path={data / '32'}", "data.resolution=32", f"save_folder={folder}",
+            "max_duration=2ba", "save_interval=2ba", "global_train_batch_size=16", "device_train_microbatch_size=16",
+            "progress_bar=false", "loggers=[]", "scheduler.t_warmup=1ba"]))
+    return ckpt
+
+
+def start_app(root: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(OUT / "app_overhead_server.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "dwb"), "app", "--checkpoints", str(root), "--port",
+                             str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise SystemExit(f"dwb app exited: see {log.name}")
+        try:
+            if httpx.get(f"{url}/gradio_api/info", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    proc.kill()
+    raise SystemExit("dwb app did not start")
+
+
+def bare_call(pipe, seed: int, steps: int, size: int, scheduler=None):
+    """What a diffusers user writes: one pipeline call (the workbench pipeline's default DDIM)."""
+    gen = torch.Generator().manual_seed(seed)
+    return pipe(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=steps, guidance_scale=7.5, width=size,
+                height=size, generator=gen, output_type="pil").images[0]
+
+
+def http_call(url: str, data: list) -> bytes:
+    """The app's HTTP API as any language calls it: POST the inputs, read the event stream, GET the PNG."""
+    import httpx
+
+    with httpx.Client(timeout=600) as c:
+        event = c.post(f"{url}/gradio_api/call/generate", json={"data": data}).json()["event_id"]
+        kind = None
+        with c.stream("GET", f"{url}/gradio_api/call/generate/{event}") as r:
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:") and kind in ("complete", "error"):
+                    if kind == "error":
+                        raise SystemExit(f"the app refused the request: {line}")
+                    out = json.loads(line[5:])
+                    break
+        return c.get(out[0][0]["image"]["url"]).content
+
+
+def overhead(client, url: str, pipe, ckpt: Path, size: int, steps: int, rounds: int) -> dict:
+    """Alternating bare call, HTTP API and gradio_client, request by request; all must give the same pixels."""
+    from PIL import Image
+
+    times: dict[str, list[float]] = {"bare": [], "http": [], "gradio_client": []}
+    for r in range(rounds + 1):  # round 0 warms every path (first load, first call)
+        seed = 1000 + r
+        data = [str(ckpt), "ema", PROMPT, NEGATIVE, "DDIM", steps, 7.5, size, size, seed, 1]
+        t0 = time.perf_counter()
+        image = np.asarray(bare_call(pipe, seed, steps, size))
+        t1 = time.perf_counter()
+        png = http_call(url, data)
+        t2 = time.perf_counter()
+        gallery, _ = client.predict(*data, api_name="/generate")
+        t3 = time.perf_counter()
+        with Image.open(io.BytesIO(png)) as a, Image.open(gallery[0]["image"]) as b:
+            if not (np.array_equal(np.asarray(a.convert("RGB")), image) and np.array_equal(np.asarray(b.convert("RGB")), image)):
+                raise SystemExit(f"the app's image differs from the bare pipeline's at {size} px, seed {seed}")
+        if r:
+            for name, dt in (("bare", t1 - t0), ("http", t2 - t1), ("gradio_client", t3 - t2)):
+                times[name].append(dt)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"size": size, "steps": steps, "requests_each": rounds, "identical_images": True,
+            **{f"{k}_median_s": round(v, 4) for k, v in med.items()},
+            "ratio_http": round(med["http"] / med["bare"], 3),
+            "ratio_gradio_client": round(med["gradio_client"] / med["bare"], 3)}
+
+
+def cache_figure(ckpt: Path, repeats: int = 5) -> dict:
+    from app import checkpoints
+    from app.service import Service
+
+    firsts, seconds = [], []
+    for _ in range(repeats):
+        checkpoints._hashes.clear()
+        service = Service([ckpt.parent], cache_size=2)
+        for times in (firsts, seconds):
+            t0 = time.perf_counter()
+            c = service.open(str(ckpt))
+            service.pipeline(c, "ema")
+            checkpoints.checkpoint_hash(c)
+            times.append(time.perf_counter() - t0)
+    f, s = statistics.median(firsts), statistics.median(seconds)
+    return {"first_open_median_s": round(f, 4), "second_open_median_s": round(s, 6), "ratio": round(s / f, 5),
+            "checkpoint_mib": round(ckpt.stat().st_size / 2**20, 1), "target": "<= 0.10"}
+
+
+def cpu(args) -> None:
+    from gradio_client import Client
+
+    from train.pipeline import load_pipeline
+
+    ckpt = tiny_checkpoint()
+    proc, url = start_app(ckpt.parent)
+    try:
+        client = Client(url, verbose=False, download_files=str(OUT / "app-downloads"))
+        pipe = load_pipeline(ckpt, ema=True)
+        runs = [overhead(client, url, pipe, ckpt, size, args.steps, args.rounds) for size in (32, 128)]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    report("app_overhead", {
+        "command": f"python bench/app_overhead.py --rounds {args.rounds} --steps {args.steps}",
+        "checkpoint": "tiny, 32 px", "overhead": runs, "overhead_target": "<= 1.05", "cache": cache_figure(ckpt)})
+
+
+def sd2_base_pipeline(device: str, dtype: torch.dtype):
+    """SD2-base at full size with random weights: UNet (865.9M), VAE, 23-layer OpenCLIP-H text tower."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    from train.components import build_pipeline, build_unet, random_text_encoder, random_vae
+    from train.prepare import fit_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = fit_tokenizer([PROMPT, "a photo of an astronaut riding a horse on mars"], max_length=77)
+    pipe = build_pipeline(build_unet("sd2-base"), random_vae("sd2-base"), random_text_encoder("sd2-base"), tokenizer,
+                          "epsilon").to(device=device, dtype=dtype)
+    for module in (pipe.unet, pipe.vae):
+        module.set_attn_processor(AttnProcessor2_0())  # PyTorch SDPA, as `dwb app` sets on a GPU
+    return pipe
+
+
+def gpu(args) -> None:
+    from app.generate import GenerationParams, Limits, generate, validate
+
+    if not torch.cuda.is_available() and args.device == "cuda":
+        raise SystemExit("--gpu: no CUDA GPU is visible (use --device cpu --size 64 --steps 2 to check the script)")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    pipe = sd2_base_pipeline(args.device, dtype)
+    params = validate(GenerationParams(PROMPT, NEGATIVE, "DDIM", args.steps, 7.5, args.size, args.size, 0, 1),
+                      Limits(max_size=max(1024, args.size)))
+
+    def sync():
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    def timed(fn) -> list[float]:
+        fn()  # warm-up (kernel selection; compilation when compiled)
+        times = []
+        for _ in range(args.rounds):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    out = {}
+    variants = ["eager"] + (["compiled"] if args.compile else [])
+    for variant in variants:
+        if variant == "compiled":
+            pipe.unet = torch.compile(pipe.unet, fullgraph=True)  # the UNet is ~all of the time per image
+        app_t = timed(lambda: generate(pipe, params))
+        bare_t = timed(lambda: bare_call(pipe, 0, args.steps, args.size))
+        out[variant] = {"app_median_s_per_image": round(statistics.median(app_t), 3),
+                        "bare_median_s_per_image": round(statistics.median(bare_t), 3),
+                        "ratio": round(statistics.median(app_t) / statistics.median(bare_t), 3)}
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    report("app_latency_gpu" if args.device == "cuda" else "app_latency_cpu_check", {
+        "command": f"python bench/app_overhead.py --gpu --device {args.device} --size {args.size} --steps {args.steps} "
+                   f"--dtype {args.dtype} --rounds {args.rounds}" + (" --compile" if args.compile else ""),
+        "device": name, "model": "sd2-base, random weights", "size": args.size, "steps": args.steps, "batch": 1,
+        "dtype": args.dtype, "attention": "SDPA", "rounds": args.rounds, **out, "target": "<= 0.6 s per image (H200)",
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device == "cuda" else None})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=8, help="timed requests per path and setting")
+    ap.add_argument("--steps", type=int, default=None, help="denoising steps (CPU default 25, GPU 50)")
+    ap.add_argument("--gpu", action="store_true", help="SD2-base latency on a GPU instead of the CPU figures")
+    ap.add_argument("--compile", action="store_true", help="with --gpu: also time a torch.compile'd UNet")
+    ap.add_argument("--device", default="cuda", help="with --gpu: cuda, or cpu to check the script at a small size")
+    ap.add_argument("--size", type=int, default=512, help="with --gpu: image size")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="with --gpu")
+    args = ap.parse_args()
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()  # dtype-cast notices, as `dwb` silences them
+    if args.gpu:
+        args.steps = args.steps or 50
+        gpu(args)
+    else:
+        args.steps = args.steps or 25
+        cpu(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The app in a real headless Chromium: pick a checkpoint, generate, see the image, read its parameters,
+compare checkpoints, stop a generation, and the messages bad input gets."""
+import io
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.generate import parse_parameters
+
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium "
+                                                               "(scripts/setup-browser.sh installs it)")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+HOSTILE = '<img src=x onerror="window.pwned=1">'
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, server, request, tmp_path):
+    """A fresh tab on the app, after its page load has listed the checkpoints (a screenshot if the test fails)."""
+    problems: list[str] = []
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(60_000)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.goto(server.url)
+    page.locator("#checkpoint-note", has_text=re.compile(r"\S")).wait_for()
+    yield page
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        page.screenshot(path=str(tmp_path / "failure.png"))
+        print(f"screenshot of the failure: {tmp_path / 'failure.png'}")
+    page.close()
+    assert not problems
+
+
+def pick(page, dropdown: str, label: str) -> None:
+    page.click(f"{dropdown} input")
+    page.get_by_role("option", name=label, exact=True).click()
+    if dropdown == "#checkpoint":  # picking one sets the default size: wait for it before setting a size
+        page.locator("#checkpoint-note", has_text=label).wait_for()
+
+
+def type_path(page, dropdown: str, text: str) -> None:
+    page.fill(f"{dropdown} input", text)
+    page.press(f"{dropdown} input", "Enter")
+
+
+def set_number(page, selector: str, value) -> None:
+    page.fill(selector, str(value))
+    page.press(selector, "Tab")
+
+
+def error_toast(page, contains: str) -> str:
+    toast = page.locator(".toast-body", has_text=contains).first
+    toast.wait_for()
+    text = toast.inner_text()
+    page.locator(".toast-close").first.click()  # close it, so the next one is told apart
+    return text
+
+
+def test_generate_see_the_image_and_read_its_parameters(page, tree, pipe):
+    pick(page, "#checkpoint", "tiny-phase1/ep0-ba4-rank0.pt")
+    page.locator("#checkpoint-note", has_text="trained at 16 px").wait_for()
+    assert "EMA and raw weights" in page.inner_text("#checkpoint-note")
+    for side in ("width", "height"):  # the checkpoint's training resolution
+        assert page.input_value(f"#{side} input[type=number]") == "16"
+    page.fill("#prompt textarea", "two blue squares")
+    page.fill("#negative textarea", "red")
+    set_number(page, "#steps input[type=number]", 6)
+    set_number(page, "#seed input", 7)
+    set_number(page, "#batch input[type=number]", 2)
+    page.click("#generate")
+    page.locator("#gallery img").nth(1).wait_for()
+    page.wait_for_function("[...document.querySelectorAll('#gallery img')].every(i => i.complete && i.naturalWidth === 16)")
+    assert "seed 8" in page.inner_text("#gallery")  # each image shows its own seed
+
+    text = page.input_value("#parameters textarea")
+    shown = parse_parameters(text)
+    assert (shown["prompt"], shown["negative_prompt"], shown["Seed"], shown["Steps"]) == (
+        "two blue squares", "red", "7", "6")
+    src = page.get_attribute("#gallery img >> nth=0", "src")
+    png = page.request.get(src)
+    assert png.ok
+    image = Image.open(io.BytesIO(png.body()))
+    assert image.text["parameters"] == text  # the PNG carries what the page shows
+    gens = [torch.Generator().manual_seed(7)]
+    ref = pipe("two blue squares", negative_prompt="red", num_inference_steps=6, guidance_scale=7.5, width=16,
+               height=16, generator=gens, output_type="pil").images[0]
+    assert np.array_equal(np.asarray(image.convert("RGB")), np.asarray(ref))
+
+    page.click("#randomize")
+    page.wait_for_function("document.querySelector('#seed input').value !== '7'")
+    assert 0 <= int(page.input_value("#seed input")) < 2**32
+
+
+def test_bad_input_shows_a_message_and_the_app_keeps_working(page, tree):
+    page.fill("#prompt textarea", "")
+    page.click("#generate")
+    assert "the prompt is empty" in error_toast(page, "prompt is empty")
+
+    page.fill("#prompt textarea", "a red circle")
+    type_path(page, "#checkpoint", str(tree.outside / "ep0-ba4-rank0.pt"))
+    page.locator("#checkpoint-note", has_text="outside the allowed checkpoint folders").wait_for()
+    page.click("#generate")
+    error_toast(page, "outside the allowed checkpoint folders")
+
+    pick(page, "#checkpoint", "broken/ep0-ba9-rank0.pt")
+    page.click("#generate")
+    error_toast(page, "corrupt or not a PyTorch file")
+
+    type_path(page, "#checkpoint", HOSTILE)
+    page.click("#generate")
+    assert HOSTILE in error_toast(page, "checkpoint not found")  # markup shown as text, never run
+    assert page.evaluate("window.pwned") is None
+
+    pick(page, "#checkpoint", "tiny-phase1/ep0-ba2-rank0.pt")
+    set_number(page, "#steps input[type=number]", 2)
+    page.click("#generate")
+    page.locator("#gallery img").first.wait_for()
+    assert "Seed: " in page.input_value("#parameters textarea")
+
+
+def test_compare_tab_shows_checkpoints_side_by_side(page):
+    page.get_by_role("tab", name="Compare").click()
+    for label in ("tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt", "export-ba4"):
+        pick(page, "#compare-checkpoints", label)
+    page.fill("#compare-prompt textarea", "three yellow triangles")
+    for name, value in (("steps", 5), ("width", 16), ("height", 16)):
+        set_number(page, f"#compare-{name} input[type=number]", value)
+    set_number(page, "#compare-seed input", 5)
+    page.click("#compare")
+    page.locator("#compare-gallery img").nth(2).wait_for()
+    captions = page.inner_text("#compare-gallery")
+    for label in ("ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt", "export-ba4"):
+        assert label in captions
+    assert "Seed: 5" in page.input_value("#compare-parameters textarea")
+    page.locator("#compare-gallery img").nth(2).click()  # the selected image's parameters are shown
+    page.locator("#compare-parameters textarea").wait_for()
+    page.wait_for_function("document.querySelector('#compare-parameters textarea').value.includes('Model: export-ba4')")
+
+
+def test_stop_button_ends_the_generation(page, server):
+    page.fill("#prompt textarea", "two red circles")
+    pick(page, "#checkpoint", "tiny-phase1/ep0-ba4-rank0.pt")
+    for name, value in (("steps", 150), ("width", 64), ("height", 64)):
+        set_number(page, f"#{name} input[type=number]", value)
+    page.click("#generate")
+    page.locator("#gallery", has_text=re.compile(r"\d+/150")).wait_for()  # the per-step progress bar
+    page.click("#stop")
+    page.wait_for_function("!/\\d+\\/150/.test(document.querySelector('#gallery').innerText)")
+    # the server itself stopped early, not only the page: its log says after how many steps
+    deadline = time.monotonic() + 60
+    while not (stopped := re.findall(r"stopped after (\d+) of 150 steps", server.output())):
+        assert time.monotonic() < deadline, "the server did not report the stop"
+        time.sleep(0.1)
+    assert int(stopped[-1]) < 150
+    set_number(page, "#steps input[type=number]", 2)
+    page.click("#generate")
+    page.locator("#gallery img").first.wait_for()
