@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+# Shared data (DrawBench, PartiPrompts) lives beside the checkout; DWB_SHARED points elsewhere.
+SHARED = Path(os.environ.get("DWB_SHARED", REPO.parent / "shared"))
 
 
 @pytest.fixture(scope="session")
