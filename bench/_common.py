@@ -36,3 +36,23 @@ def report(name: str, result: dict) -> None:
     result = {"benchmark": name, "date": time.strftime("%Y-%m-%d"), "machine": machine(), **result}
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+
+
+def fit_batch_end_times(trainer, batches: int, sync=None) -> list[float]:
+    """Fit ``trainer`` for ``batches`` batches; the wall-clock time at each batch's end (after ``sync``)."""
+    from composer.core import Callback
+
+    class Clock(Callback):
+        def __init__(self):
+            self.t = []
+
+        def batch_end(self, state, logger):
+            if sync is not None:
+                sync()
+            self.t.append(time.perf_counter())
+
+    clock = Clock()
+    trainer.state.callbacks.append(clock)
+    trainer.fit(duration=f"{batches}ba")
+    trainer.close()
+    return clock.t

@@ -13,27 +13,14 @@ import time
 
 import torch
 
-from _common import ROOT, fixtures, report
+from _common import ROOT, fit_batch_end_times, fixtures, report
 
 
 def composer_steps(cfg, steps: int) -> list[float]:
-    from composer.core import Callback
-
     from train.trainer import build_trainer
 
-    class Clock(Callback):
-        def __init__(self):
-            self.times = []
-
-        def batch_end(self, state, logger):
-            self.times.append(time.perf_counter())
-
-    clock = Clock()
-    trainer = build_trainer(cfg)
-    trainer.state.callbacks.append(clock)
-    trainer.fit(duration=f"{steps}ba")
-    trainer.close()
-    return [b - a for a, b in zip(clock.times, clock.times[1:])]
+    times = fit_batch_end_times(build_trainer(cfg), steps)
+    return [b - a for a, b in zip(times, times[1:])]
 
 
 def bare_steps(cfg, steps: int) -> list[float]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import OUT, ROOT, report
+from _common import OUT, ROOT, fit_batch_end_times, report
 
 TFLOP_PER_IMAGE = {256: 0.54, 512: 2.41}  # SD2-base UNet, forward + backward, per image
 PEAK_TFLOPS = {"H200": 989.5, "H100": 989.5, "A100": 312.0}  # dense bf16
@@ -89,25 +89,10 @@ def sync():
 
 def workbench(cfg, steps: int, warmup: int) -> float:
     """Images/s through build_trainer (the `dwb train` path)."""
-    from composer.core import Callback
-
     from train.trainer import build_trainer
 
-    class Clock(Callback):
-        def __init__(self):
-            self.t = []
-
-        def batch_end(self, state, logger):
-            sync()
-            self.t.append(time.perf_counter())
-
-    clock = Clock()
-    trainer = build_trainer(cfg)
-    trainer.state.callbacks.append(clock)
-    trainer.fit(duration=f"{steps + warmup}ba")
-    trainer.close()
-    del trainer
-    elapsed = clock.t[-1] - clock.t[warmup - 1]
+    times = fit_batch_end_times(build_trainer(cfg), steps + warmup, sync=sync)
+    elapsed = times[-1] - times[warmup - 1]
     return cfg.global_train_batch_size * steps / elapsed
 
 

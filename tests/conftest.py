@@ -151,3 +151,11 @@ def _release_streaming_shared_memory():
                     block.unlink()
                 except (FileNotFoundError, OSError):
                     pass
+
+
+# Browser tests: Debian's chromium driven by Playwright's Python package (executable_path).
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at "
+                                    "/usr/bin/chromium (scripts/setup-test-deps.sh installs it)")

@@ -3,7 +3,6 @@ compare checkpoints, stop a generation, and the messages bad input gets."""
 import io
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,11 +11,9 @@ from PIL import Image
 
 from app.generate import parse_parameters
 
-CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium "
-                                                               "(scripts/setup-browser.sh installs it)")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+from ..conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, needs_chromium
+
+pytestmark = needs_chromium
 HOSTILE = '<img src=x onerror="window.pwned=1">'
 
 

@@ -9,11 +9,9 @@ from human_eval.study import build_study, load_study
 
 from .conftest import Server, write_samples
 
-CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium "
-                                                               "(scripts/setup-browser.sh installs it)")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+from ..conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, needs_chromium
+
+pytestmark = needs_chromium
 HOSTILE = '<b>bold</b> {n} cats <script>window.pwned=1</script><img src=x onerror="window.pwned=2"> & "quotes"'
 
 
