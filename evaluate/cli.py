@@ -24,7 +24,7 @@ def _positive(value: str) -> int:
 def _config(args):
     from .run import EvalConfig
 
-    return EvalConfig(out=args.out, reference=args.reference, inception_weights=args.inception_weights,
+    return EvalConfig(out=args.out, reference=args.reference, inception_weights=args.inception_weights, scorer=args.scorer,
                       prompts=args.prompts, n_prompts=args.n_prompts, n_per_prompt=args.n_per_prompt,
                       n_reference=args.n_reference, guidance=args.guidance, steps=args.steps, size=args.size,
                       batch_size=args.batch_size, seed=args.seed, clip=args.clip, ema=args.ema,
@@ -36,7 +36,13 @@ def _config(args):
 def _summary(rows: list[dict]) -> None:
     for r in rows:
         clip = f", CLIP {r['clip_score']:.2f}" if r.get("clip_score") is not None else ""
-        print(f"{r['model']} cfg {r['guidance']:g}: FID {r['fid']:.3f}, KID {r['kid_mean']:.5f}{clip} "
+        attrs = ""
+        if r.get("attr_all_all") is not None:
+            attrs = (f", one object: colour {r.get('attr_single_color', float('nan')):.2f} shape "
+                     f"{r.get('attr_single_shape', float('nan')):.2f} count {r.get('attr_single_count', float('nan')):.2f}"
+                     f", position {r.get('attr_pair_position', float('nan')):.2f}, all right {r['attr_all_all']:.2f}")
+        fid = "domain FID" if str(r.get("extractor", "")).startswith("shapes-scorer") else "FID"
+        print(f"{r['model']} cfg {r['guidance']:g}: {fid} {r['fid']:.3f}, KID {r['kid_mean']:.5f}{clip}{attrs} "
               f"({r['n_images']} images, {r['seconds_total']:.1f} s)")
 
 
@@ -66,6 +72,18 @@ def cmd_watch(args) -> None:
     Watcher(args.run_dir, ev.store, score, settle=args.settle).run(interval=args.interval, max_polls=args.max_polls)
 
 
+def cmd_train_scorer(args) -> None:
+    from .domain import train_scorer
+
+    info = train_scorer(args.data, args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                        seed=args.seed, progress=not args.no_progress)
+    held = info.get("held_out")
+    if held:
+        print("held-out accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in held.items())
+              + f" ({info['n_held_out']} images)")
+    print(f"wrote {args.out} ({info['seconds']:.0f} s training)")
+
+
 def cmd_report(args) -> None:
     from .report import write_report
     from .store import ResultsStore
@@ -77,8 +95,10 @@ def cmd_report(args) -> None:
 def _common(p) -> None:
     p.add_argument("--out", required=True, help="results folder: results.jsonl, results.csv, samples/, report/")
     p.add_argument("--reference", required=True, help="reference images: an MDS folder or an image folder")
-    p.add_argument("--inception-weights", required=True,
-                   help="path to weights-inception-2015-12-05-6726825d.pth (or its folder)")
+    p.add_argument("--inception-weights",
+                   help="path to weights-inception-2015-12-05-6726825d.pth (or its folder); FID on Inception features")
+    p.add_argument("--scorer", help="a shapes domain scorer (`dwb evaluate train-scorer`): domain FID on its features "
+                                    "and attribute accuracy (colour, shape, count, position) instead of Inception")
     p.add_argument("--inception-features", type=int, choices=(64, 192, 768, 2048), default=2048,
                    help="Inception layer: 2048 (pool3, the standard FID) or a smaller, faster one")
     p.add_argument("--prompts", default="reference",
@@ -117,6 +137,16 @@ def register(sub) -> None:
     p.add_argument("--settle", type=float, default=10.0, help="seconds a file must stay unchanged before scoring")
     p.add_argument("--max-polls", type=_positive, help="stop after N polls (default: watch forever)")
     p.set_defaults(func=cmd_watch)
+
+    p = ev_sub.add_parser("train-scorer", help="train the shapes domain scorer (domain FID, attribute accuracy)")
+    p.add_argument("data", help="a shapes dataset folder (`dwb data shapes`): trains on DATA/32, checks on DATA/eval/32")
+    p.add_argument("out", help="the scorer file to write (.pt)")
+    p.add_argument("--epochs", type=_positive, default=6)
+    p.add_argument("--batch-size", type=_positive, default=128)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train_scorer)
 
     p = ev_sub.add_parser("report", help="rebuild results.csv and report/ from the results store")
     p.add_argument("--out", required=True)

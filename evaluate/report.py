@@ -67,6 +67,37 @@ def plot_tradeoff(rows: list[dict], out: Path) -> Path:
     return out
 
 
+ATTRIBUTE_LINES = (("attr_single_color", "colour (one object)"), ("attr_single_shape", "shape (one object)"),
+                   ("attr_single_count", "count (one object)"), ("attr_pair_position", "position (two groups)"),
+                   ("attr_all_all", "every attribute right (all prompts)"))
+
+
+def plot_attributes_vs_step(rows: list[dict], out: Path) -> Path | None:
+    """GenEval-style attribute accuracy against training step, one panel per guidance scale."""
+    rows = [r for r in rows if r.get("attr_all_all") is not None]
+    if not rows:
+        return None
+    plt = _plt()
+    scales = sorted({r["guidance"] for r in rows})
+    fig, axes = plt.subplots(1, len(scales), figsize=(5 * len(scales), 4), squeeze=False)
+    for ax, g in zip(axes[0], scales):
+        rs = sorted((r for r in rows if r["guidance"] == g), key=lambda r: r["step"])
+        for key, label in ATTRIBUTE_LINES:
+            pts = [(r["step"], r[key]) for r in rs if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("training step (batches)")
+        ax.set_ylabel("fraction of images right")
+        ax.set_title(f"attribute accuracy, guidance {g:g}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v if v is not None else ""))
 
@@ -80,12 +111,17 @@ def write_report(folder: str | Path) -> Path:
     if rows:
         plot_metrics_vs_step(rows, out / "metrics_vs_step.png")
         plot_tradeoff(rows, out / "tradeoff.png")
+    attributes = plot_attributes_vs_step(rows, out / "attributes_vs_step.png") if rows else None
     cols = ["model", "step", "guidance", "fid", "kid_mean", "clip_score", "n_images", "seconds_total"]
+    if attributes:
+        cols[6:6] = [k for k, _ in ATTRIBUTE_LINES]
     parts = ["<!doctype html><meta charset='utf-8'><title>evaluation report</title>",
              "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
              "img{max-width:100%}</style><h1>Evaluation report</h1>"]
     if rows:
         parts.append("<img src='metrics_vs_step.png'><img src='tradeoff.png'>")
+    if attributes:
+        parts.append("<img src='attributes_vs_step.png'>")
     parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>")
     for r in sorted(rows, key=lambda r: (r["step"], r["guidance"])):
         parts.append("<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>")

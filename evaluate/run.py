@@ -28,7 +28,8 @@ DEFAULT_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
 class EvalConfig:
     out: str
     reference: str
-    inception_weights: str
+    inception_weights: str | None = None  # Inception features for FID/KID ...
+    scorer: str | None = None  # ... or the shapes domain scorer's (domain FID), plus attribute accuracy
     prompts: str = "reference"  # "reference", "shapes", or a CSV/TSV path
     n_prompts: int | None = 1000
     n_per_prompt: int = 1
@@ -88,6 +89,13 @@ class Evaluator:
         self.cfg = cfg
         self.device = _device(cfg.device)
         init_distributed(self.device)
+        self.scorer = None
+        if extractor is None and cfg.scorer:
+            from .domain import ShapesScorer
+
+            extractor = self.scorer = ShapesScorer(cfg.scorer, device=self.device)
+        elif extractor is None and not cfg.inception_weights:
+            raise WorkbenchError("give --inception-weights (FID on Inception features) or --scorer (the shapes domain's)")
         self.extractor = extractor or InceptionExtractor(cfg.inception_weights, dim=cfg.feature_dim, device=self.device)
         self.clip = None
         if cfg.clip:
@@ -138,12 +146,27 @@ class Evaluator:
             t_start = time.perf_counter()
             fake = FeatureStats(self.extractor.dim, kid_max=cfg.kid_subset_size * 10, seed=rank)
             t_metric = [0.0]
+            tally = None
+            if self.scorer is not None:
+                from .domain import AttributeTally
+
+                tally = AttributeTally()
             if self.clip:
                 self.clip.reset()
 
             def on_batch(images: torch.Tensor, captions: list[str]) -> None:
                 t = time.perf_counter()
-                fake.update(self.extractor(images))
+                if tally is not None:
+                    from .domain import check, decode, parse_caption
+
+                    features, logits = self.scorer.run(images)
+                    for caption, seen in zip(captions, decode(logits)):
+                        asked = parse_caption(caption)
+                        if asked is not None:  # captions outside the shapes grammar get no verdict
+                            tally.add(asked, check(asked, seen))
+                else:
+                    features = self.extractor(images)
+                fake.update(features)
                 if self.clip:
                     self.clip.update(images, captions)
                 t_metric[0] += time.perf_counter() - t
@@ -154,8 +177,9 @@ class Evaluator:
                                        batch_size=cfg.batch_size, seed=cfg.seed, rank=rank, world=world,
                                        progress=cfg.progress and rank == 0, on_batch=on_batch)
             clip_part = (float(self.clip.metric.score), int(self.clip.metric.n_samples)) if self.clip else None
-            gathered = dist.all_gather_object((records, fake.state_dict(), clip_part)) if world > 1 else \
-                [(records, fake.state_dict(), clip_part)]
+            tally_part = tally.counts if tally is not None else None
+            mine = (records, fake.state_dict(), clip_part, tally_part)
+            gathered = dist.all_gather_object(mine) if world > 1 else [mine]
             if rank != 0:
                 continue
             all_records = [r for part in gathered for r in part[0]]
@@ -170,6 +194,14 @@ class Evaluator:
             if self.clip:
                 total, count = sum(p[2][0] for p in gathered), sum(p[2][1] for p in gathered)
                 clip_score = total / max(count, 1)
+            attributes = {}
+            if tally is not None:
+                from .domain import AttributeTally
+
+                merged = AttributeTally()
+                for part in gathered:
+                    merged.merge(part[3])
+                attributes = merged.summary()
             t_metric[0] += time.perf_counter() - t
             write_manifest(all_records, Path(cfg.out) / samples)
             write_category_grids(all_records, Path(cfg.out) / samples, title=f"{model} cfg {guidance:g}")
@@ -182,7 +214,7 @@ class Evaluator:
                    "seconds_generate": round(total_s - t_metric[0], 3), "seconds_metrics": round(t_metric[0], 3),
                    "seconds_total": round(total_s, 3), "samples": str(samples), "status": "ok",
                    "file_size": st.st_size if st else None, "file_mtime_ns": st.st_mtime_ns if st else None,
-                   "time": time.time()}
+                   "time": time.time(), **attributes}
             rows.append(row)
         if rank == 0:
             for row in rows:  # a checkpoint's rows land together, so a crash never leaves it half-recorded

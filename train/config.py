@@ -30,6 +30,9 @@ class ModelConfig:
     prediction_type: str = "epsilon"
     caption_dropout: float = 0.1
     min_snr_gamma: Optional[float] = None
+    # Probability of training a sample under its caption's other phrasing, where the data lists
+    # phrasings ("A above B" / "B below A" in the shapes data): teaches that both mean one scene.
+    other_phrasing: float = 0.0
     attention: str = "auto"  # auto | sdpa | xformers
     gradient_checkpointing: bool = False
     unet: dict = field(default_factory=dict)  # overrides of the architecture's UNet config

@@ -43,6 +43,16 @@ def image_to_tensor(img: Image.Image, resolution: int, center_crop: bool = True,
     return to_model_range(crop_to_array(img, resolution, center_crop, rng))
 
 
+def other_phrasing(sample: dict) -> str:
+    """The sample's caption said the other way round, where its ``meta`` lists phrasings (the shapes data:
+    "A above B" and "B below A"); the caption itself otherwise."""
+    caption, meta = sample["caption"], sample.get("meta")
+    phrasings = meta.get("captions") if isinstance(meta, dict) else None
+    if isinstance(phrasings, list) and caption in phrasings and len(phrasings) > 1:
+        return phrasings[(phrasings.index(caption) + 1) % len(phrasings)]
+    return caption
+
+
 class ImageCaptionDataset(StreamingDataset):
     """An MDS image-caption dataset yielding ``{'image': (R, R, 3) uint8, 'caption': str}``."""
 
@@ -56,7 +66,7 @@ class ImageCaptionDataset(StreamingDataset):
         sample = super().__getitem__(index)
         rng = None if self.center_crop else np.random.default_rng([self.shuffle_seed, index])
         out = {"image": crop_to_array(sample["image"], self.resolution, self.center_crop, rng),
-               "caption": sample["caption"]}
+               "caption": sample["caption"], "caption_alt": other_phrasing(sample)}
         if self.with_ids:
             out["sample_id"] = int(index)
         return out
@@ -72,13 +82,16 @@ class LatentDataset(StreamingDataset):
     def __getitem__(self, index: int) -> dict:
         sample = super().__getitem__(index)
         out = {"latent_mean": sample["latent_mean"], "latent_std": sample["latent_std"], "text": sample["text"]}
+        if "text_alt" in sample:  # latents precomputed before phrasings were stored have none
+            out["text_alt"] = sample["text_alt"]
         if self.with_ids:
             out["sample_id"] = int(index)
         return out
 
 
 def collate_latents(samples: list[dict]) -> dict:
-    out = {k: torch.from_numpy(np.stack([s[k] for s in samples])) for k in ("latent_mean", "latent_std", "text")}
+    keys = ("latent_mean", "latent_std", "text") + (("text_alt",) if all("text_alt" in s for s in samples) else ())
+    out = {k: torch.from_numpy(np.stack([s[k] for s in samples])) for k in keys}
     if "sample_id" in samples[0]:
         out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
     return out
@@ -91,9 +104,12 @@ class TokenizingCollate:
         self.tokenizer = tokenizer
 
     def __call__(self, samples: list[dict]) -> dict:
-        ids = self.tokenizer([s["caption"] for s in samples], padding="max_length", truncation=True,
+        captions = [s["caption"] for s in samples] + [s.get("caption_alt", s["caption"]) for s in samples]
+        ids = self.tokenizer(captions, padding="max_length", truncation=True,
                              max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids
-        out = {"image": to_model_range(np.stack([s["image"] for s in samples])), "input_ids": ids}
+        n = len(samples)
+        out = {"image": to_model_range(np.stack([s["image"] for s in samples])), "input_ids": ids[:n],
+               "input_ids_alt": ids[n:]}
         if "sample_id" in samples[0]:
             out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
         return out

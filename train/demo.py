@@ -1,5 +1,5 @@
 """`dwb demo`: every stage on the offline shapes domain: data, tiny parts, precomputed latents, two phases,
-export, grids."""
+export, grids, and a score for every checkpoint (domain FID and attribute accuracy from the shapes scorer)."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,13 @@ from pathlib import Path
 import psutil
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+# Guidance of the grids and the scores. The tiny model's attribute accuracy peaks near 3 and falls at
+# higher scales (measured: BENCHMARKS.md, "The demo's scores").
+GUIDANCE = 3.0
 
 # Phase lengths, batch and resolution come from configs/tiny-phase{1,2}.yaml; --quick shrinks them.
-FULL = dict(n=16000, n_eval=1000, vae_steps=1000, steps=20, train=[])
-QUICK = dict(n=256, n_eval=32, vae_steps=10, steps=4,
+FULL = dict(n=16000, n_eval=1000, vae_steps=1000, steps=20, scorer_epochs=6, score_prompts=256, train=[])
+QUICK = dict(n=256, n_eval=32, vae_steps=10, steps=4, scorer_epochs=1, score_prompts=8,
              train=["max_duration=4ba", "save_interval=2ba", "global_train_batch_size=16", "device_train_microbatch_size=16"])
 
 
@@ -66,6 +69,11 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
         write_shapes_dataset(out / "shapes", p["n"], seed, sizes=(16, 32), n_eval=p["n_eval"], progress=not quick)
     with measured("prepare: tokenizer, text encoder, tiny VAE", stages):
         prepare_tiny(out / "shapes", out / "components", vae_steps=p["vae_steps"], seed=seed, progress=not quick)
+    with measured("scorer: shapes attribute classifier (domain FID features)", stages):
+        from evaluate.domain import train_scorer
+
+        scorer = train_scorer(out / "shapes", out / "scorer.pt", epochs=p["scorer_epochs"], seed=seed, progress=not quick)
+    stages[-1]["held_out_accuracy"] = scorer.get("held_out")
     # Phase 2 reads its 32 px data ~5 times over, so it trains on stored latents; phase 1 reads less
     # than an epoch and encodes on the fly (both paths in one demo).
     with measured("precompute: VAE latents and text states (32 px bucket)", stages):
@@ -98,18 +106,64 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
             res = resolutions[phase]
             for ckpt in checkpoints(folder):
                 png = out / "grids" / f"{phase}-{ckpt.name.split('-rank')[0]}.png"
-                write_grid(load_pipeline(ckpt, ema=True), png, title=f"{phase} {ckpt.name} (EMA), guidance 5",
-                           steps=p["steps"], size=res)
+                write_grid(load_pipeline(ckpt, ema=True), png, title=f"{phase} {ckpt.name} (EMA), guidance {GUIDANCE:g}",
+                           guidance=GUIDANCE, steps=p["steps"], size=res)
                 grids.append(png)
+    with measured(f"evaluate: every checkpoint (domain FID, attribute accuracy at guidance {GUIDANCE:g})", stages):
+        scores = score_checkpoints(out, phase_dirs, resolutions, n_prompts=p["score_prompts"], steps=p["steps"],
+                                   seed=seed, progress=not quick)
     total = round(time.perf_counter() - t_start, 1)
     report = {"quick": quick, "seed": seed, "total_seconds": total, "stages": stages,
-              "final_checkpoint": str(final), "export": str(out / "export"), "grids": [str(g) for g in grids]}
+              "final_checkpoint": str(final), "export": str(out / "export"), "grids": [str(g) for g in grids],
+              "scorer": str(out / "scorer.pt"), "scores": scores, "evaluation": str(out / "eval" / "report" / "index.html")}
     (out / "demo.json").write_text(json.dumps(report, indent=2))
     print()
     for s in stages:
         print(f"  {s['seconds']:7.1f} s  {s['peak_rss_mib']:6d} MiB  {s['stage']}")
     print(f"  {total:7.1f} s  total")
+    print_scores(scores)
+    held = scorer.get("held_out") or {}
+    if held:
+        print("  scorer's accuracy on held-out real images: " + ", ".join(f"{k} {v:.3f}" for k, v in held.items()))
     print(f"\ndata:        {out / 'shapes'}\ncomponents:  {out / 'components'}\ncheckpoints: {runs}\n"
           f"export:      {out / 'export'}  (StableDiffusionPipeline.from_pretrained)\ngrids:       {out / 'grids'}"
-          f"  (last: {grids[-1].name})\nreport:      {out / 'demo.json'}")
+          f"  (last: {grids[-1].name})\nscores:      {out / 'eval' / 'report' / 'index.html'}"
+          f"\nreport:      {out / 'demo.json'}")
     return report
+
+
+SCORE_KEYS = ("fid", "attr_single_color", "attr_single_shape", "attr_single_count", "attr_pair_position", "attr_all_all")
+
+
+def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_prompts: int, steps: int, seed: int,
+                      progress: bool) -> list[dict]:
+    """Score every checkpoint of both phases (EMA weights) with `dwb evaluate`'s Evaluator on the shapes scorer."""
+    from evaluate.report import write_report
+    from evaluate.run import EvalConfig, Evaluator
+
+    cfg = EvalConfig(out=str(out / "eval"), reference=str(out / "shapes" / "eval" / str(resolutions["phase2"])),
+                     scorer=str(out / "scorer.pt"), prompts="shapes", n_prompts=n_prompts, n_reference=n_prompts,
+                     guidance=(GUIDANCE,), steps=steps, batch_size=64, seed=seed, ema=True, kid_subset_size=100,
+                     progress=progress)
+    ev = Evaluator(cfg)
+    rows = []
+    for phase, folder in phase_dirs.items():
+        ev.cfg.size = resolutions[phase]
+        for ckpt in checkpoints(folder):
+            rows += ev.score(ckpt, model=f"{phase}/{ckpt.name.split('-rank')[0]}")
+    ev.store.export_csv()
+    write_report(cfg.out)
+    return [{"model": r["model"], "step": r["step"], "size": r["size"], **{k: r.get(k) for k in SCORE_KEYS}} for r in rows]
+
+
+def print_scores(scores: list[dict]) -> None:
+    """The table of how the model learned its prompts, checkpoint by checkpoint."""
+    print(f"\nscores at guidance {GUIDANCE:g} (EMA weights; shapes scorer on held-out prompts):")
+    print(f"  {'checkpoint':24s} {'px':>3s} {'domain FID':>10s} {'colour':>7s} {'shape':>6s} {'count':>6s} "
+          f"{'position':>8s} {'all right':>9s}")
+    for r in scores:
+        vals = [r.get(k) for k in SCORE_KEYS]
+        cells = [f"{v:10.2f}" if i == 0 else f"{v:{w}.2f}" if v is not None else f"{'-':>{w}s}"
+                 for i, (v, w) in enumerate(zip(vals, (10, 7, 6, 6, 8, 9)))]
+        print(f"  {r['model']:24s} {r['size']:3d} " + " ".join(cells))
+    print("  (colour, shape, count: one-object prompts; position: two-group prompts; all right: every prompt)")

@@ -15,7 +15,7 @@ from .components import ddpm_scheduler
 
 class LatentDiffusion(ComposerModel):
     def __init__(self, unet, vae, text_encoder, tokenizer, *, prediction_type: str = "epsilon",
-                 caption_dropout: float = 0.1, min_snr_gamma: float | None = None):
+                 caption_dropout: float = 0.1, min_snr_gamma: float | None = None, other_phrasing: float = 0.0):
         super().__init__()
         self.unet, self.vae, self.text_encoder = unet, vae, text_encoder
         self.tokenizer = tokenizer
@@ -24,6 +24,7 @@ class LatentDiffusion(ComposerModel):
         self.prediction_type = prediction_type
         self.caption_dropout = caption_dropout
         self.min_snr_gamma = min_snr_gamma
+        self.other_phrasing = other_phrasing
         self.noise_scheduler = ddpm_scheduler(prediction_type)
         self.register_buffer("alphas_cumprod", self.noise_scheduler.alphas_cumprod.clone(), persistent=False)
         if tokenizer is not None:  # dropped captions become the empty caption (classifier-free guidance)
@@ -70,6 +71,14 @@ class LatentDiffusion(ComposerModel):
         drop = torch.rand(input_ids.shape[0], device=input_ids.device) < self.caption_dropout
         return torch.where(drop[:, None], self.empty_ids.to(input_ids.device), input_ids)
 
+    def rephrase(self, main: torch.Tensor, alt: torch.Tensor | None) -> torch.Tensor:
+        """Each sample under its other phrasing with probability ``other_phrasing`` (drawn every step, on both
+        the token-id and the precomputed path, before caption dropout)."""
+        if not self.training or self.other_phrasing <= 0 or alt is None:
+            return main
+        swap = torch.rand(main.shape[0], device=main.device) < self.other_phrasing
+        return torch.where(swap.view(-1, *([1] * (main.dim() - 1))), alt.to(main.dtype), main)
+
     def latents_and_text(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Scaled latents and text states from raw images and token ids, or from precomputed ones.
 
@@ -81,9 +90,12 @@ class LatentDiffusion(ComposerModel):
             mean = batch["latent_mean"].float()
             eps = torch.randn(mean.shape, device=mean.device, dtype=mean.dtype)
             latents = mean + batch["latent_std"].float() * eps
-            return latents, self.drop_text(batch["text"].float())
+            alt = batch.get("text_alt")
+            text = self.rephrase(batch["text"].float(), alt.float() if alt is not None else None)
+            return latents, self.drop_text(text)
         latents = self.encode_images(batch["image"])
-        return latents, self.encode_text(self.drop_captions(batch["input_ids"]))
+        ids = self.rephrase(batch["input_ids"], batch.get("input_ids_alt"))
+        return latents, self.encode_text(self.drop_captions(ids))
 
     def forward(self, batch: dict):
         latents, text = self.latents_and_text(batch)

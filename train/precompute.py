@@ -60,7 +60,7 @@ def columns(latent_shape, text_shape, dtype: str) -> dict[str, str]:
     lat = ",".join(map(str, latent_shape))
     txt = ",".join(map(str, text_shape))
     return {"latent_mean": f"ndarray:{dtype}:{lat}", "latent_std": f"ndarray:{dtype}:{lat}",
-            "text": f"ndarray:{dtype}:{txt}", "caption": "str"}
+            "text": f"ndarray:{dtype}:{txt}", "text_alt": f"ndarray:{dtype}:{txt}", "caption": "str"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def precompute(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, token
     from streaming import MDSWriter, StreamingDataset
     from tqdm import tqdm
 
-    from .data import crop_to_array, to_model_range
+    from .data import crop_to_array, other_phrasing, to_model_range
     from .mds import count_samples
 
     if dtype not in DTYPES:
@@ -258,12 +258,14 @@ def precompute(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, token
             "text_encoder": {"ref": text_encoder_ref, "fingerprint": fingerprints["text_encoder"]},
             "tokenizer": {"model_max_length": tokenizer.model_max_length, "vocab_size": len(tokenizer)},
             "empty_text": encode_array(empty),
+            "text_alt": True,  # a column of the states of each caption's other phrasing (itself where it has none)
         }
         meta_path = target / META
         if rank == 0:
             if meta_path.is_file():
                 old = json.loads(meta_path.read_text())
-                same = {k: old.get(k) for k in ("source", "resolution", "dtype", "samples", "chunk_size", "scaling_factor")}
+                same = {k: old.get(k) for k in ("source", "resolution", "dtype", "samples", "chunk_size", "scaling_factor",
+                                                "text_alt")}
                 if same != {k: meta[k] for k in same} or old.get("vae", {}).get("fingerprint") != fingerprints["vae"] \
                         or old.get("text_encoder", {}).get("fingerprint") != fingerprints["text_encoder"]:
                     raise WorkbenchError(f"{target} holds latents of another source, encoder or setting; choose an empty folder")
@@ -296,10 +298,13 @@ def precompute(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, token
                 for b in range(start, stop, batch_size):
                     samples = [dataset[i] for i in range(b, min(stop, b + batch_size))]
                     pixels = to_model_range(np.stack([crop_to_array(s["image"], side) for s in samples]))
-                    mean, std, text = encode_batch(vae, text_encoder, tokenizer, pixels, [s["caption"] for s in samples])
+                    captions = [s["caption"] for s in samples] + [other_phrasing(s) for s in samples]
+                    mean, std, text = encode_batch(vae, text_encoder, tokenizer, pixels, captions)
                     mean, std, text = (x.float().cpu().numpy().astype(dtype) for x in (mean, std, text))
+                    m = len(samples)
                     for i, s in enumerate(samples):
-                        writer.write({"latent_mean": mean[i], "latent_std": std[i], "text": text[i], "caption": s["caption"]})
+                        writer.write({"latent_mean": mean[i], "latent_std": std[i], "text": text[i],
+                                      "text_alt": text[m + i], "caption": s["caption"]})
                     bar.update(len(samples))
                     encoded += len(samples)
             part.rename(chunk_dirs[k])  # finished chunks appear whole

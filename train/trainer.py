@@ -93,7 +93,14 @@ def build_model(cfg: TrainConfig) -> LatentDiffusion:
     if m.gradient_checkpointing:
         unet.enable_gradient_checkpointing()
     return LatentDiffusion(unet, vae, text_encoder, tokenizer, prediction_type=m.prediction_type,
-                           caption_dropout=m.caption_dropout, min_snr_gamma=m.min_snr_gamma)
+                           caption_dropout=m.caption_dropout, min_snr_gamma=m.min_snr_gamma,
+                           other_phrasing=m.other_phrasing)
+
+
+def public_config(config: dict) -> dict:
+    """A diffusers config without its bookkeeping keys: ``_use_default_values`` is built from a set, so its
+    order changes from one process to the next and must not make two equal UNets look different."""
+    return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
 def check_load_path(cfg: TrainConfig, spec: dict) -> None:
@@ -103,7 +110,7 @@ def check_load_path(cfg: TrainConfig, spec: dict) -> None:
     from .checkpoint import read_checkpoint
 
     other = read_checkpoint(cfg.load_path)["spec"]
-    if other["architecture"] != spec["architecture"] or other["unet"] != spec["unet"]:
+    if other["architecture"] != spec["architecture"] or public_config(other["unet"]) != public_config(spec["unet"]):
         raise WorkbenchError(f"config key 'load_path': {cfg.load_path} holds a '{other['architecture']}' model whose "
                              f"UNet differs from this run's '{spec['architecture']}' UNet")
 

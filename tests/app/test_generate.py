@@ -94,7 +94,8 @@ def test_image_i_of_a_batch_is_the_image_of_seed_plus_i_alone(pipe):
     # the same noise and the same steps: equal up to float rounding in batched kernels (a level, rarely)
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01
     other = pixels(generate(pipe, validate(params(scheduler="Euler a", steps=6, seed=43), LIMITS)))
-    assert np.abs(other[0] - alone[0]).mean() > 5  # a different seed is a different image
+    moved = np.abs(other[0].astype(int) - alone[0])
+    assert (moved > 1).mean() > 0.05, moved.mean()  # a different seed is a different image, well past rounding
 
 
 def test_stop_ends_the_call_after_the_current_step(pipe):

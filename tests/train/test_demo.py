@@ -14,7 +14,7 @@ def test_quick_demo_runs_every_stage(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((out / "demo.json").read_text())
     stages = [s["stage"].split(":")[0] for s in report["stages"]]
-    assert stages == ["data", "prepare", "precompute", "train", "train", "export", "grids"]
+    assert stages == ["data", "prepare", "scorer", "precompute", "train", "train", "export", "grids", "evaluate"]
     assert (out / "latents" / "32" / "precompute.json").is_file()  # the phases trained on stored latents
     assert all(s["seconds"] >= 0 and s["peak_rss_mib"] > 0 for s in report["stages"])
     # one grid per checkpoint of both phases, each a real picture with content
@@ -30,3 +30,9 @@ def test_quick_demo_runs_every_stage(tmp_path):
     image = pipe("a red circle", num_inference_steps=2, height=32, width=32, output_type="np").images
     assert image.shape == (1, 32, 32, 3)
     assert "grids:" in r.stdout and "export:" in r.stdout
+    # every checkpoint scored by the shapes scorer: domain FID and attribute accuracy, with a report
+    assert [s["model"].split("/")[1] for s in report["scores"]] == [c.name.split("-rank")[0] for c in ckpts]
+    for s in report["scores"]:
+        assert np.isfinite(s["fid"]) and 0.0 <= s["attr_all_all"] <= 1.0 and 0.0 <= s["attr_single_color"] <= 1.0
+    assert (out / "eval" / "report" / "attributes_vs_step.png").is_file()
+    assert "all right" in r.stdout and "scores:" in r.stdout

@@ -9,7 +9,7 @@ from streaming import StreamingDataset
 
 from train.components import load_frozen_parts
 from train.config import DataConfig, load_config
-from train.data import build_dataloader, crop_to_array, latent_meta, to_model_range
+from train.data import build_dataloader, crop_to_array, latent_meta, other_phrasing, to_model_range
 from train.errors import WorkbenchError
 from train.precompute import META, decode_array, fingerprint, precompute
 from train.trainer import attach_latents, build_model, train
@@ -73,17 +73,19 @@ def test_stored_latents_decode_to_the_image_within_the_vae_error(latents, shapes
 def test_precomputed_training_loss_equals_on_the_fly(latents, shapes_data, components, dtype, rtol):
     """Same batch, same RNG state: the precomputed path gives the on-the-fly loss (fp16 within its rounding)."""
     cfg = load_config(PHASE1, [f"model.pretrained={components}", f"data.path={latents / dtype / '32'}",
-                               "data.precomputed=true", "data.resolution=32", "model.caption_dropout=0.5"])
+                               "data.precomputed=true", "data.resolution=32", "model.caption_dropout=0.5",
+                               "model.other_phrasing=0.5"])
     model = build_model(cfg)
     attach_latents(cfg, model)
     model.train()
     n = 8
     src = _source(shapes_data, 32, n)
+    tokens = lambda captions: model.tokenizer(captions, padding="max_length", truncation=True,  # noqa: E731
+                                              max_length=model.tokenizer.model_max_length, return_tensors="pt").input_ids
     raw = {"image": to_model_range(np.stack([crop_to_array(s["image"], 32) for s in src])),
-           "input_ids": model.tokenizer([s["caption"] for s in src], padding="max_length", truncation=True,
-                                        max_length=model.tokenizer.model_max_length, return_tensors="pt").input_ids}
+           "input_ids": tokens([s["caption"] for s in src]), "input_ids_alt": tokens([other_phrasing(s) for s in src])}
     stored = _stored(latents / dtype / "32", n)
-    pre = {k: torch.from_numpy(np.stack([s[k] for s in stored])) for k in ("latent_mean", "latent_std", "text")}
+    pre = {k: torch.from_numpy(np.stack([s[k] for s in stored])) for k in ("latent_mean", "latent_std", "text", "text_alt")}
     losses = []
     for batch in (raw, pre):
         torch.manual_seed(123)
@@ -91,6 +93,37 @@ def test_precomputed_training_loss_equals_on_the_fly(latents, shapes_data, compo
     assert losses[1] == pytest.approx(losses[0], rel=rtol)
     torch.manual_seed(124)  # another draw gives another loss: the comparison is not vacuous
     assert model.loss(model(pre), pre).item() != pytest.approx(losses[1], rel=1e-6)
+
+
+def test_other_phrasing_is_stored_and_drawn_at_every_step(latents, shapes_data, components):
+    """``text_alt`` holds the states of each caption said the other way round; training swaps it in at the set rate."""
+    vae, text_encoder, tokenizer = load_frozen_parts(str(components))
+    src = _source(shapes_data, 32, 64)
+    stored = _stored(latents / "float32" / "32", 64)
+    alts = [other_phrasing(s) for s in src]
+    assert sum(a != s["caption"] for a, s in zip(alts, src)) > 10  # two-group scenes have another phrasing
+    for s, alt in zip(src, alts):
+        assert alt in s["meta"]["captions"]
+    ids = tokenizer(alts, padding="max_length", truncation=True, max_length=tokenizer.model_max_length,
+                    return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = text_encoder(ids)[0]
+    got = torch.from_numpy(np.stack([s["text_alt"] for s in stored]))
+    assert torch.allclose(got, expected, atol=1e-5)
+    same = [i for i, s in enumerate(src) if alts[i] == s["caption"]]  # one-group scenes: alt is the caption
+    assert torch.equal(got[same], torch.from_numpy(np.stack([stored[i]["text"] for i in same])))
+
+    cfg = load_config(PHASE1, [f"model.pretrained={components}", f"data.path={latents / 'float32' / '32'}",
+                               "data.precomputed=true", "data.resolution=32", "model.other_phrasing=0.3"])
+    model = build_model(cfg)
+    model.train()
+    main, alt = torch.zeros(64, 20, 64), torch.ones(64, 20, 64)
+    torch.manual_seed(0)
+    picks = torch.stack([model.rephrase(main, alt)[:, 0, 0] for _ in range(200)])
+    assert set(picks.unique().tolist()) == {0.0, 1.0}  # whole samples swapped, never mixed
+    assert abs(picks.mean().item() - 0.3) < 0.02
+    model.eval()
+    assert torch.equal(model.rephrase(main, alt), main)
 
 
 def test_caption_dropout_is_drawn_at_every_step(latents, components):

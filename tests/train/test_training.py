@@ -77,6 +77,22 @@ def test_load_path_of_another_architecture_is_refused(phase1, shapes_data, compo
         build_trainer(load_config(PHASE1, over))
 
 
+def test_load_path_check_ignores_the_order_of_diffusers_bookkeeping(phase1, shapes_data, components, tmp_path):
+    """diffusers' ``_use_default_values`` comes from a set: another process (phase 2 started by hand) lists it
+    in another order, and that alone must not refuse phase 1's checkpoint."""
+    from train.trainer import check_load_path
+
+    start = phase1 / "ep0-ba4-rank0.pt"
+    spec = read_checkpoint(start)["spec"]
+    unet = dict(spec["unet"])
+    assert len(unet["_use_default_values"]) > 1
+    unet["_use_default_values"] = list(reversed(unet["_use_default_values"]))
+    cfg = load_config(PHASE2, tiny_overrides(shapes_data, components, tmp_path / "p2", res=32, load_path=start))
+    check_load_path(cfg, {**spec, "unet": unet})  # no error
+    with pytest.raises(WorkbenchError, match="UNet differs"):
+        check_load_path(cfg, {**spec, "unet": {**unet, "block_out_channels": [16, 32]}})
+
+
 def test_export_round_trip_is_bit_identical(phase1, tmp_path):
     ckpt = phase1 / "ep0-ba4-rank0.pt"
     for ema in (False, True):

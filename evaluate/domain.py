@@ -1,0 +1,407 @@
+"""The shapes domain's scorer: a small CNN that reads a scene's attributes back from an image.
+
+Trained on the shapes training split (`dwb evaluate train-scorer`, or the demo's "scorer" stage), it
+serves two purposes:
+
+- **Domain FID.** Its 256-dimensional penultimate features follow the ``FeatureExtractor`` interface,
+  so FID and KID can be computed on features that know what the domain's images should look like,
+  without Inception weights.
+- **GenEval-style attribute accuracy.** Given an image and the caption it was generated from, the
+  scorer's attribute predictions are checked against the caption: colour, shape, count per group, and
+  for two-group captions, which group is above (or left of) the other.
+
+Output layout: the scene's *layout* (one group, two groups one above the other, two groups side by
+side, or nothing drawn: taught with blank backgrounds, so an empty sample is never right) and two
+*slots*: slot 0 is the only group, or the upper / left one; slot 1 the lower / right one. Each slot
+has colour, shape, count and size heads.
+
+Every image, whatever its resolution, is resized to 32 px (``SCORER_SIZE``) with bicubic
+interpolation inside the scorer. Training sees each image both at 32 px and after a trip through
+16 px (box-downsampled, bicubic-upsampled), as phase-1 samples arrive, plus mild noise.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from train.errors import WorkbenchError
+from train.shapes import BACKGROUND, COLORS, COUNTS, SHAPES, SIZES
+
+from .features import file_hash
+
+SCORER_SIZE = 32
+LAYOUTS = ("one group", "above", "left of", "empty")  # "empty": nothing drawn (taught with blank images)
+COLOR_NAMES = tuple(COLORS)
+SIZE_NAMES = tuple(SIZES)
+COUNT_VALUES = tuple(COUNTS)  # 1, 2, 3
+HEADS = {"color": len(COLOR_NAMES), "shape": len(SHAPES), "count": len(COUNT_VALUES), "size": len(SIZE_NAMES)}
+FORMAT = "dwb-shapes-scorer-1"
+ATTRIBUTES = ("color", "shape", "count", "position")
+
+
+class ShapesNet(nn.Module):
+    """(B, 3, 32, 32) floats in [0, 1] -> (features (B, 256), logits per head)."""
+
+    def __init__(self, width: int = 32, feature_dim: int = 256):
+        super().__init__()
+        w = width
+        self.body = nn.Sequential(
+            nn.Conv2d(3, w, 5, stride=2, padding=2), nn.BatchNorm2d(w), nn.ReLU(inplace=True),          # 16 x 16
+            nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),                                                                              # 8 x 8
+            nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.BatchNorm2d(4 * w), nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),                                                                              # 4 x 4
+            nn.Flatten(),
+            nn.Linear(4 * w * 16, feature_dim), nn.ReLU(inplace=True),
+        )
+        self.layout = nn.Linear(feature_dim, len(LAYOUTS))
+        self.slots = nn.ModuleList(nn.ModuleDict({k: nn.Linear(feature_dim, n) for k, n in HEADS.items()}) for _ in range(2))
+        self.feature_dim = feature_dim
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        f = self.body(x)
+        out = {"layout": self.layout(f)}
+        for i, heads in enumerate(self.slots):
+            for k, head in heads.items():
+                out[f"{k}{i}"] = head(f)
+        return f, out
+
+
+def to_input(images: torch.Tensor) -> torch.Tensor:
+    """(B, 3, S, S) uint8 -> (B, 3, 32, 32) float in [0, 1]; bicubic to 32 px when S differs."""
+    x = images.float().div(255.0)
+    if x.shape[-1] != SCORER_SIZE or x.shape[-2] != SCORER_SIZE:
+        x = F.interpolate(x, size=(SCORER_SIZE, SCORER_SIZE), mode="bicubic", align_corners=False).clamp(0.0, 1.0)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------- labels
+
+@dataclass(frozen=True)
+class Group:
+    color: str
+    shape: str
+    count: int
+    size: str | None = None  # None when the caption does not say
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A scene in canonical order: ``groups[0]`` is the only group, or the upper / left one."""
+
+    layout: str
+    groups: tuple[Group, ...]
+
+
+_WORDS = {v: k for k, v in COUNTS.items()}
+_GROUP = (rf"(?P<count{{i}}>{'|'.join(_WORDS)}) (?:(?P<size{{i}}>{'|'.join(SIZE_NAMES)}) )?"
+          rf"(?P<color{{i}}>{'|'.join(COLOR_NAMES)}) (?P<shape{{i}}>{'|'.join(SHAPES)})s?")
+_CAPTION = re.compile(rf"^{_GROUP.format(i=0)}(?: (?P<rel>above|below|left of|right of) {_GROUP.format(i=1)})?$")
+
+
+def parse_caption(text: str) -> Scene | None:
+    """The scene a shapes caption asks for, in canonical order; ``None`` for any other text."""
+    m = _CAPTION.match(text.strip().lower())
+    if not m:
+        return None
+    groups = [Group(m[f"color{i}"], m[f"shape{i}"], _WORDS[m[f"count{i}"]], m[f"size{i}"])
+              for i in range(2) if m[f"color{i}"]]
+    rel = m["rel"]
+    if rel is None:
+        return Scene("one group", (groups[0],))
+    if rel in ("below", "right of"):
+        groups.reverse()
+    return Scene("above" if rel in ("above", "below") else "left of", tuple(groups))
+
+
+def scene_from_meta(meta: dict) -> Scene:
+    """The dataset's stored attributes (``train.shapes``: groups[0] takes the top / left half)."""
+    groups = tuple(Group(g["color"], g["shape"], int(g["count"]), g["size"]) for g in meta["groups"])
+    return Scene(meta["relation"] or "one group", groups)
+
+
+def targets(scenes: list[Scene]) -> dict[str, torch.Tensor]:
+    """Class indices per head; -100 (ignored) for slot 1 of a one-group scene."""
+    out: dict[str, list[int]] = {"layout": []}
+    for k in HEADS:
+        out[f"{k}0"], out[f"{k}1"] = [], []
+    for s in scenes:
+        out["layout"].append(LAYOUTS.index(s.layout))
+        for i in range(2):
+            g = s.groups[i] if i < len(s.groups) else None
+            out[f"color{i}"].append(COLOR_NAMES.index(g.color) if g else -100)
+            out[f"shape{i}"].append(SHAPES.index(g.shape) if g else -100)
+            out[f"count{i}"].append(COUNT_VALUES.index(g.count) if g else -100)
+            out[f"size{i}"].append(SIZE_NAMES.index(g.size) if g and g.size else -100)
+    return {k: torch.tensor(v) for k, v in out.items()}
+
+
+def decode(logits: dict[str, torch.Tensor]) -> list[Scene]:
+    """Predicted scenes from a batch of logits."""
+    idx = {k: v.argmax(1).tolist() for k, v in logits.items()}
+    scenes = []
+    for b, lay in enumerate(idx["layout"]):
+        n = {"one group": 1, "empty": 0}.get(LAYOUTS[lay], 2)
+        groups = tuple(Group(COLOR_NAMES[idx[f"color{i}"][b]], SHAPES[idx[f"shape{i}"][b]],
+                             COUNT_VALUES[idx[f"count{i}"][b]], SIZE_NAMES[idx[f"size{i}"][b]]) for i in range(n))
+        scenes.append(Scene(LAYOUTS[lay], groups))
+    return scenes
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+def check(asked: Scene, seen: Scene) -> dict[str, bool | None]:
+    """GenEval-style verdicts for one image: each attribute of the caption right or not.
+
+    colour / shape / count: every group asked for is there with that attribute. For two groups the
+    generated groups are matched to the asked ones in whichever order agrees on more colours and shapes,
+    so a scene with the groups swapped still counts its colours right. Count also needs the right number
+    of groups. position: two groups, laid out on the asked axis, with the asked order (``None`` for a
+    one-group caption). ``all``: all of these right.
+    """
+    n = len(asked.groups)
+    if len(seen.groups) != n:  # wrong number of groups: attributes compared on what overlaps
+        pairs = list(zip(asked.groups, seen.groups))
+        order_ok = False
+    else:
+        straight = list(zip(asked.groups, seen.groups))
+        if n == 2:
+            swapped = list(zip(asked.groups, reversed(seen.groups)))
+            agree = lambda ps: sum((a.color == s.color) + (a.shape == s.shape) for a, s in ps)  # noqa: E731
+            order_ok = agree(straight) >= agree(swapped)
+            pairs = straight if order_ok else swapped
+        else:
+            pairs, order_ok = straight, True
+    full = len(pairs) == n
+    out: dict[str, bool | None] = {
+        "color": full and all(a.color == s.color for a, s in pairs),
+        "shape": full and all(a.shape == s.shape for a, s in pairs),
+        "count": len(seen.groups) == n and all(a.count == s.count for a, s in pairs),
+        "position": (seen.layout == asked.layout and order_ok) if n == 2 else None,
+    }
+    out["all"] = all(v for v in out.values() if v is not None)
+    return out
+
+
+class AttributeTally:
+    """Running GenEval-style accuracies over images, split by one-group and two-group captions."""
+
+    def __init__(self):
+        self.counts: dict[str, list[int]] = {}
+
+    def add(self, asked: Scene, verdict: dict[str, bool | None]) -> None:
+        kind = "single" if len(asked.groups) == 1 else "pair"
+        for k, v in verdict.items():
+            if v is None:
+                continue
+            for key in (f"{kind}_{k}", f"all_{k}"):
+                c = self.counts.setdefault(key, [0, 0])
+                c[0] += int(v)
+                c[1] += 1
+
+    def merge(self, counts: dict[str, list[int]]) -> None:
+        for k, (right, n) in counts.items():
+            c = self.counts.setdefault(k, [0, 0])
+            c[0] += right
+            c[1] += n
+
+    def summary(self) -> dict[str, float]:
+        """``attr_single_color`` ... ``attr_all_all``: fraction right; ``attr_n_single``, ``attr_n_pair``: images."""
+        out = {f"attr_{k}": round(right / n, 4) for k, (right, n) in sorted(self.counts.items()) if n}
+        for kind in ("single", "pair"):
+            out[f"attr_n_{kind}"] = self.counts.get(f"{kind}_all", [0, 0])[1]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------- scorer
+
+class ShapesScorer:
+    """The trained scorer: a ``FeatureExtractor`` for domain FID plus attribute predictions.
+
+    Loaded from the file `train_scorer` writes (a plain state dict and its config, read with
+    ``weights_only=True``).
+    """
+
+    def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
+        path = Path(path)
+        if not path.is_file():
+            raise WorkbenchError(f"shapes scorer not found at {path}: train one with "
+                                 f"`dwb evaluate train-scorer SHAPES_DATA {path}` (the demo writes demo-output/scorer.pt)")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise WorkbenchError(f"cannot read shapes scorer {path}: {str(e).strip().splitlines()[0][:200]}") from None
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise WorkbenchError(f"{path} is not a shapes scorer (expected format {FORMAT})")
+        cfg = json.loads(state["config"])
+        self.net = ShapesNet(width=cfg["width"], feature_dim=cfg["feature_dim"])
+        try:
+            self.net.load_state_dict(state["weights"])
+        except RuntimeError:
+            raise WorkbenchError(f"{path} holds a scorer of another layout: train it again with "
+                                 f"`dwb evaluate train-scorer`") from None
+        self.device = torch.device(device)
+        self.net.to(self.device).eval()
+        self.info = cfg
+        self.dim = self.net.feature_dim
+        self.name = f"shapes-scorer-{self.dim}"
+        self.weights_hash = file_hash(path)
+
+    @torch.no_grad()
+    def run(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        f, logits = self.net(to_input(images).to(self.device))
+        return f.to(torch.float64).cpu(), {k: v.cpu() for k, v in logits.items()}
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return self.run(images)[0]
+
+    def predict(self, images: torch.Tensor) -> list[Scene]:
+        return decode(self.run(images)[1])
+
+
+# ---------------------------------------------------------------------------------------------------- training
+
+def load_split(folder: str | Path, limit: int | None = None, progress: bool = False) -> tuple[torch.Tensor, list[Scene]]:
+    """All images of a shapes MDS bucket as (N, 3, S, S) uint8, and their scenes."""
+    from streaming import LocalDataset
+    from tqdm import tqdm
+
+    folder = Path(folder)
+    if not (folder / "index.json").is_file():
+        raise WorkbenchError(f"no shapes dataset at {folder} (index.json missing; `dwb data shapes` writes one)")
+    ds = LocalDataset(local=str(folder))
+    n = min(len(ds), limit) if limit else len(ds)
+    images, scenes = [], []
+    for i in tqdm(range(n), desc=f"reading {folder.name}", unit="img", disable=not progress):
+        sample = ds.get_item(i)
+        meta = sample.get("meta")
+        if not isinstance(meta, dict) or "groups" not in meta:
+            raise WorkbenchError(f"{folder} has no shapes attributes in its 'meta' column (sample {i})")
+        images.append(np.asarray(sample["image"].convert("RGB"), dtype=np.uint8))
+        scenes.append(scene_from_meta(meta))
+    if not images:
+        raise WorkbenchError(f"{folder} holds no samples")
+    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), scenes
+
+
+EMPTY_RATE = 0.04
+
+
+def _with_blanks(x: torch.Tensor, target: dict[str, torch.Tensor], gen: torch.Generator):
+    """Replace ~4% of the batch by blank backgrounds labelled "empty": a sample with nothing drawn must not
+    pass as a right answer (the shapes data itself never has an empty scene)."""
+    blank = torch.rand(x.shape[0], generator=gen) < EMPTY_RATE
+    if not blank.any():
+        return x, target
+    x, target = x.clone(), {k: v.clone() for k, v in target.items()}
+    bg = torch.tensor(BACKGROUND, dtype=x.dtype).view(1, 3, 1, 1) / 255.0
+    shift = (torch.rand(int(blank.sum()), 1, 1, 1, generator=gen) - 0.5) * 0.1  # slightly lighter or darker
+    x[blank] = (bg + shift).clamp(0, 1).expand(-1, -1, *x.shape[-2:])
+    for k in target:
+        target[k][blank] = LAYOUTS.index("empty") if k == "layout" else -100
+    return x, target
+
+
+def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A third of the batch goes through 16 px and back; every image gets noise of a random strength."""
+    x = x.clone()
+    b = x.shape[0]
+    low = torch.rand(b, generator=gen) < 1 / 3
+    if low.any():
+        small = F.avg_pool2d(x[low], 2)  # a box filter, as the dataset renders its smaller bucket
+        x[low] = F.interpolate(small, size=x.shape[-2:], mode="bicubic", align_corners=False).clamp(0, 1)
+    sigma = torch.rand(b, 1, 1, 1, generator=gen) * 0.04
+    return (x + sigma * torch.randn(x.shape, generator=gen)).clamp(0, 1)
+
+
+def _loss(logits: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> torch.Tensor:
+    return sum(F.cross_entropy(logits[k], target[k], ignore_index=-100) for k in logits
+               if (target[k] != -100).any())
+
+
+@torch.no_grad()
+def attribute_accuracy(net: ShapesNet, images: torch.Tensor, scenes: list[Scene], batch_size: int = 256,
+                       low_res: bool = False) -> dict[str, float]:
+    """Per-attribute accuracy on real images: layout, colour, shape, count and size over every group present.
+
+    ``low_res``: the images first go through 16 px (box) and back, as phase-1 samples do.
+    """
+    net.eval()
+    right: dict[str, int] = {}
+    total: dict[str, int] = {}
+    for s in range(0, len(images), batch_size):
+        x = to_input(images[s:s + batch_size])
+        if low_res:
+            x = F.interpolate(F.avg_pool2d(x, 2), size=x.shape[-2:], mode="bicubic", align_corners=False).clamp(0, 1)
+        _, logits = net(x)
+        t = targets(scenes[s:s + batch_size])
+        for k, v in logits.items():
+            attr = "layout" if k == "layout" else k[:-1]
+            mask = t[k] != -100
+            right[attr] = right.get(attr, 0) + int((v.argmax(1)[mask] == t[k][mask]).sum())
+            total[attr] = total.get(attr, 0) + int(mask.sum())
+    acc = {k: right[k] / total[k] for k in right if total[k]}
+    acc["mean"] = sum(acc.values()) / len(acc)
+    return acc
+
+
+def train_scorer(data: str | Path, out: str | Path, *, epochs: int = 6, batch_size: int = 128, lr: float = 3e-3,
+                 width: int = 32, seed: int = 0, limit: int | None = None, progress: bool = True) -> dict:
+    """Train on ``data/32`` (the training split), check on ``data/eval/32`` (held out), write ``out``.
+
+    Returns the held-out accuracies; they are stored in the file too.
+    """
+    from tqdm import tqdm
+
+    data = Path(data)
+    train_dir = data / str(SCORER_SIZE) if (data / str(SCORER_SIZE)).is_dir() else data
+    eval_dir = data / "eval" / str(SCORER_SIZE)
+    images, scenes = load_split(train_dir, limit, progress=progress)
+    if images.shape[-1] != SCORER_SIZE:
+        raise WorkbenchError(f"the scorer trains on {SCORER_SIZE} px images; {train_dir} holds {images.shape[-1]} px")
+    held_images, held_scenes = load_split(eval_dir) if eval_dir.is_dir() else (None, None)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    net = ShapesNet(width=width)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
+    steps = epochs * (len(images) // batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.15)
+    t_all = targets(scenes)
+    t0 = time.perf_counter()
+    bar = tqdm(total=steps, desc="shapes scorer", unit="step", disable=not progress)
+    net.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(images), generator=gen)
+        for s in range(0, len(order) - batch_size + 1, batch_size):
+            idx = order[s:s + batch_size]
+            x, target = _with_blanks(to_input(images[idx]), {k: v[idx] for k, v in t_all.items()}, gen)
+            _, logits = net(_augment(x, gen))
+            loss = _loss(logits, target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    bar.close()
+    info = {"width": width, "feature_dim": net.feature_dim, "epochs": epochs, "batch_size": batch_size, "lr": lr,
+            "seed": seed, "train": str(train_dir), "n_train": len(images), "seconds": round(time.perf_counter() - t0, 1)}
+    if held_images is not None:
+        info["held_out"] = {k: round(v, 4) for k, v in attribute_accuracy(net, held_images, held_scenes).items()}
+        info["held_out_16px"] = {k: round(v, 4) for k, v in
+                                 attribute_accuracy(net, held_images, held_scenes, low_res=True).items()}
+        info["n_held_out"] = len(held_images)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    torch.save({"format": FORMAT, "config": json.dumps(info), "weights": net.state_dict()}, tmp)
+    tmp.replace(out)
+    return info
