@@ -14,7 +14,7 @@ def test_unknown_config_key_is_one_line(tmp_path):
     r = run_dwb("train", "configs/tiny-phase1.yaml", "model.colour=red")
     assert r.returncode == 1
     assert r.stderr.strip() == "error: unknown config key 'model.colour' (known: architecture, attention, caption_dropout, " \
-        "gradient_checkpointing, min_snr_gamma, prediction_type, pretrained, unet)"
+        "gradient_checkpointing, min_snr_gamma, other_phrasing, prediction_type, pretrained, unet)"
     assert "Traceback" not in r.stderr
 
 

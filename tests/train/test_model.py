@@ -52,7 +52,7 @@ def test_v_target_is_the_velocity(components):
 
 
 def test_min_snr_weighting_downweights_low_noise_steps(components):
-    model = _model(components, min_snr_gamma=1.0)
+    model = _model(components, min_snr_gamma=1.0, prediction_type="epsilon")  # epsilon's weight: min(snr, gamma) / snr
     pred, target = torch.zeros(2, 4, 8, 8), torch.ones(2, 4, 8, 8)
     t = torch.tensor([5, 900])  # high SNR (weight gamma/snr << 1), low SNR (weight 1)
     per_step = [model.loss((pred[i:i + 1], target[i:i + 1], t[i:i + 1]), None).item() for i in range(2)]
