@@ -18,6 +18,20 @@ def _plt():
     return plt
 
 
+def _axes(ax, xlabel: str, ylabel: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(plt, fig, out: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def plot_metrics_vs_step(rows: list[dict], out: Path) -> Path:
     """FID and CLIP score against training step, one line per guidance scale."""
     plt = _plt()
@@ -32,14 +46,8 @@ def plot_metrics_vs_step(rows: list[dict], out: Path) -> Path:
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=f"cfg {g:g}")
     for ax, name in zip(axes, ("FID (lower is better)", "CLIP score (higher is better)")):
-        ax.set_xlabel("training step (batches)")
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+        _axes(ax, "training step (batches)", name)
+    return _save(plt, fig, out)
 
 
 def plot_tradeoff(rows: list[dict], out: Path) -> Path:
@@ -56,15 +64,9 @@ def plot_tradeoff(rows: list[dict], out: Path) -> Path:
         for r in rs:
             ax.annotate(f"{r['guidance']:g}", (r["clip_score"], r["fid"]), fontsize=6, xytext=(2, 2),
                         textcoords="offset points")
-    ax.set_xlabel("CLIP score")
-    ax.set_ylabel("FID")
     ax.set_title("guidance trade-off (labels: guidance scale)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    _axes(ax, "CLIP score", "FID")
+    return _save(plt, fig, out)
 
 
 ATTRIBUTE_LINES = (("attr_single_color", "colour (one object)"), ("attr_single_shape", "shape (one object)"),
@@ -87,15 +89,9 @@ def plot_attributes_vs_step(rows: list[dict], out: Path) -> Path | None:
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label)
         ax.set_ylim(0, 1.02)
-        ax.set_xlabel("training step (batches)")
-        ax.set_ylabel("fraction of images right")
         ax.set_title(f"attribute accuracy, guidance {g:g}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+        _axes(ax, "training step (batches)", "fraction of images right")
+    return _save(plt, fig, out)
 
 
 def _fmt(v) -> str:

@@ -14,6 +14,7 @@ import torch
 
 from train.errors import WorkbenchError
 
+from .domain import AttributeTally, check, decode, parse_caption
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
 from .metrics import FeatureStats, fid_from_stats, kernel_inception_distance
 from .prompts import Prompt, load_prompts
@@ -146,19 +147,13 @@ class Evaluator:
             t_start = time.perf_counter()
             fake = FeatureStats(self.extractor.dim, kid_max=cfg.kid_subset_size * 10, seed=rank)
             t_metric = [0.0]
-            tally = None
-            if self.scorer is not None:
-                from .domain import AttributeTally
-
-                tally = AttributeTally()
+            tally = AttributeTally() if self.scorer is not None else None
             if self.clip:
                 self.clip.reset()
 
             def on_batch(images: torch.Tensor, captions: list[str]) -> None:
                 t = time.perf_counter()
                 if tally is not None:
-                    from .domain import check, decode, parse_caption
-
                     features, logits = self.scorer.run(images)
                     for caption, seen in zip(captions, decode(logits)):
                         asked = parse_caption(caption)
@@ -196,8 +191,6 @@ class Evaluator:
                 clip_score = total / max(count, 1)
             attributes = {}
             if tally is not None:
-                from .domain import AttributeTally
-
                 merged = AttributeTally()
                 for part in gathered:
                     merged.merge(part[3])

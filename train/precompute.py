@@ -298,13 +298,16 @@ def precompute(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, token
                 for b in range(start, stop, batch_size):
                     samples = [dataset[i] for i in range(b, min(stop, b + batch_size))]
                     pixels = to_model_range(np.stack([crop_to_array(s["image"], side) for s in samples]))
-                    captions = [s["caption"] for s in samples] + [other_phrasing(s) for s in samples]
-                    mean, std, text = encode_batch(vae, text_encoder, tokenizer, pixels, captions)
+                    captions = [s["caption"] for s in samples]
+                    alts = {i: alt for i, alt in enumerate(map(other_phrasing, samples)) if alt != captions[i]}
+                    mean, std, text = encode_batch(vae, text_encoder, tokenizer, pixels, captions + list(alts.values()))
                     mean, std, text = (x.float().cpu().numpy().astype(dtype) for x in (mean, std, text))
                     m = len(samples)
+                    text_alt = text[:m].copy()  # a caption without another phrasing is its own (not encoded twice)
+                    text_alt[list(alts)] = text[m:]
                     for i, s in enumerate(samples):
                         writer.write({"latent_mean": mean[i], "latent_std": std[i], "text": text[i],
-                                      "text_alt": text[m + i], "caption": s["caption"]})
+                                      "text_alt": text_alt[i], "caption": s["caption"]})
                     bar.update(len(samples))
                     encoded += len(samples)
             part.rename(chunk_dirs[k])  # finished chunks appear whole
