@@ -170,6 +170,9 @@ def test_scorer_problems_are_one_line_errors(shapes_data, tmp_path):
     with pytest.raises(WorkbenchError, match="no shapes dataset"):
         train_scorer(tmp_path / "nowhere", tmp_path / "s.pt", progress=False)
 
+    r = run_dwb("evaluate", "train-scorer", str(tmp_path / "nowhere"), str(tmp_path / "s.pt"))
+    assert r.returncode != 0 and r.stderr.strip().startswith("error: no shapes dataset")
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.pt").exists()
     r = run_dwb("evaluate", "run", str(junk), "--out", str(tmp_path / "x"), "--reference", str(shapes_data / "eval/32"),
                 "--prompts", "shapes")
     assert r.returncode != 0 and r.stderr.strip().startswith("error:") and "--scorer" in r.stderr
