@@ -80,9 +80,16 @@ class OptimizerConfig:
     eps: float = 1.0e-8
 
 
+SCHEDULERS = ("constant_with_warmup", "linear_with_warmup", "cosine_with_warmup")
+
+
 @dataclass
 class SchedulerConfig:
-    t_warmup: str = "10000ba"  # linear warm-up, then constant
+    # Composer's warm-up schedulers: linear warm-up over t_warmup, then constant (the SD2 recipe), or a
+    # linear / cosine decay to alpha_f x lr at max_duration.
+    name: str = "constant_with_warmup"
+    t_warmup: str = "10000ba"
+    alpha_f: float = 0.0
 
 
 @dataclass
@@ -233,6 +240,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for key in ("max_duration", "save_interval", "log_interval"):
         _check_time(key, getattr(cfg, key))
     _check_time("scheduler.t_warmup", cfg.scheduler.t_warmup)
+    if cfg.scheduler.name not in SCHEDULERS:
+        raise WorkbenchError(f"config key 'scheduler.name' must be one of {', '.join(SCHEDULERS)}, got {cfg.scheduler.name!r}")
+    if not 0.0 <= cfg.scheduler.alpha_f <= 1.0:
+        raise WorkbenchError(f"config key 'scheduler.alpha_f' must be between 0 and 1, got {cfg.scheduler.alpha_f}")
     _check_time("ema.ema_start", cfg.ema.ema_start)
     for name in cfg.loggers:
         if name not in ("file", "tensorboard", "wandb"):

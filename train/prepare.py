@@ -48,22 +48,35 @@ def fit_tokenizer(captions: list[str], max_length: int = 32):
 
 def read_bucket(folder: str | Path, resolution: int, limit: int):
     """Up to ``limit`` (images (N, 3, R, R) in [-1, 1], captions) from an MDS bucket, in order."""
-    from streaming import StreamingDataset
+    from streaming import LocalDataset  # a local folder: no shared-memory registry, so parallel runs never collide
 
     n = min(limit, count_samples(folder))
-    ds = StreamingDataset(local=str(folder), shuffle=False, batch_size=1)
+    ds = LocalDataset(local=str(folder))
     images, captions = torch.empty(n, 3, resolution, resolution), []
     for i in tqdm(range(n), desc="read images", unit="img", leave=False):
-        sample = ds[i]
+        sample = ds.get_item(i)
         images[i] = image_to_tensor(sample["image"], resolution)
         captions.append(sample["caption"])
     return images, captions
 
 
-def train_vae(vae, images: torch.Tensor, steps: int, batch_size: int = 8, lr: float = 1e-3,
-              kl_weight: float = 1e-5, seed: int = 0, progress: bool = True) -> list[float]:
-    """Plain reconstruction training: MSE + kl_weight * KL(q(z|x) || N(0, I)), cosine-decayed lr.
+def foreground_mask(x: torch.Tensor, threshold: float = 0.05) -> torch.Tensor:
+    """(B, 1, H, W): 1 where a pixel differs from its image's median colour (the flat background of the
+    shapes data), grown by one pixel so that edges count as foreground too."""
+    median = x.flatten(2).median(dim=2).values[:, :, None, None]
+    mask = ((x - median).abs().amax(dim=1, keepdim=True) > threshold).float()
+    return F.max_pool2d(mask, 3, stride=1, padding=1)
 
+
+def train_vae(vae, images: torch.Tensor, steps: int, batch_size: int = 8, lr: float = 1e-3,
+              kl_weight: float = 1e-5, foreground_weight: float = 5.0, seed: int = 0,
+              progress: bool = True) -> list[float]:
+    """Reconstruction training: weighted MSE + kl_weight * KL(q(z|x) || N(0, I)), cosine-decayed lr.
+
+    Pixels off the background weigh ``1 + foreground_weight``: the shapes cover a small part of each
+    image, and plain MSE spends the VAE's capacity on flat background. Measured on the demo's data
+    (the shapes scorer on reconstructions of 1,000 held-out images, 1,000 steps): shape read right
+    0.71 with plain MSE, 0.79 with weight 5 or 10; weight 30 lost counts (0.64) and L1 lost colour.
     Small batches win on a CPU budget: at equal wall time, batch 8 x 1600 steps reached 23.3 dB
     foreground PSNR where batch 32 x 400 steps reached 13.8 dB (lr 1e-3 vs 2e-3: 17.6 vs 13.8).
     """
@@ -77,7 +90,10 @@ def train_vae(vae, images: torch.Tensor, steps: int, batch_size: int = 8, lr: fl
         posterior = vae.encode(x).latent_dist
         z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
         recon = vae.decode(z).sample
-        loss = F.mse_loss(recon, x) + kl_weight * posterior.kl().mean() / x[0].numel()
+        err = (recon - x) ** 2
+        if foreground_weight:
+            err = err * (1 + foreground_weight * foreground_mask(x))
+        loss = err.mean() + kl_weight * posterior.kl().mean() / x[0].numel()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -180,12 +180,23 @@ def attach_latents(cfg: TrainConfig, model: LatentDiffusion) -> dict | None:
     return meta
 
 
+def make_scheduler(cfg: TrainConfig):
+    from composer.optim import (ConstantWithWarmupScheduler, CosineAnnealingWithWarmupScheduler,
+                                LinearWithWarmupScheduler)
+
+    sc = cfg.scheduler
+    if sc.name == "linear_with_warmup":
+        return LinearWithWarmupScheduler(t_warmup=sc.t_warmup, alpha_f=sc.alpha_f)
+    if sc.name == "cosine_with_warmup":
+        return CosineAnnealingWithWarmupScheduler(t_warmup=sc.t_warmup, alpha_f=sc.alpha_f)
+    return ConstantWithWarmupScheduler(t_warmup=sc.t_warmup)
+
+
 def build_trainer(cfg: TrainConfig):
     from composer import Trainer
     from composer.algorithms import GradientClipping, LowPrecisionGroupNorm, LowPrecisionLayerNorm
     from composer.callbacks import LRMonitor, SpeedMonitor
     from composer.loggers import FileLogger
-    from composer.optim import ConstantWithWarmupScheduler
     from composer.utils import dist
 
     from .data import build_dataloader
@@ -261,7 +272,7 @@ def build_trainer(cfg: TrainConfig):
         train_dataloader=dataloader,
         max_duration=cfg.max_duration,
         optimizers=optimizer,
-        schedulers=ConstantWithWarmupScheduler(t_warmup=cfg.scheduler.t_warmup),
+        schedulers=make_scheduler(cfg),
         step_schedulers_every_batch=True,
         algorithms=algorithms,
         callbacks=[SpeedMonitor(window_size=20), LRMonitor(), ModelSpec(spec), restore_rng],

@@ -57,3 +57,21 @@ def test_mds_round_trip(tmp_path):
         got = ds[i]
         assert got["caption"] == want["caption"] and got["meta"]["groups"] == want["meta"]["groups"]
         assert np.array_equal(np.asarray(got["image"]), _pixels(want, 32))  # PNG is lossless
+
+
+def test_vae_foreground_mask_covers_the_shapes_and_their_edges_only():
+    import torch
+
+    from train.prepare import foreground_mask
+    from train.shapes import BACKGROUND, make_sample
+
+    images = [np.asarray(make_sample(4, "train", i, (32,))["images"][32], dtype=np.float32) for i in range(8)]
+    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2) / 127.5 - 1
+    mask = foreground_mask(x)[:, 0]
+    off_background = (np.abs(np.stack(images) - np.array(BACKGROUND)).max(axis=-1) > 8)  # drawn pixels
+    assert mask.shape == (8, 32, 32)
+    assert bool(mask[torch.from_numpy(off_background)].min() == 1)  # every drawn pixel is foreground
+    assert 0.02 < float(mask.mean()) < 0.6  # and the flat background mostly is not
+    # edges: grown by one pixel around what is drawn, nothing further
+    grown = torch.nn.functional.max_pool2d(torch.from_numpy(off_background).float()[:, None], 5, 1, 2)[:, 0]
+    assert bool((mask <= grown).all())

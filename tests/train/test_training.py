@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import torch
+from composer import Callback
 from diffusers import StableDiffusionPipeline
 
 from train.checkpoint import read_checkpoint
@@ -165,3 +166,32 @@ def test_cli_export_and_sample(phase1, tmp_path):
     assert r.returncode == 0, r.stderr
     grid = Image.open(tmp_path / "grid.png")
     assert grid.size == (300 + 3 * 96, 24 + 2 * 96)
+
+
+@pytest.mark.parametrize("name", ["constant_with_warmup", "linear_with_warmup", "cosine_with_warmup"])
+def test_scheduler_choice_shapes_the_learning_rate(name, shapes_data, components, tmp_path):
+    over = tiny_overrides(shapes_data, components, tmp_path / "ckpt", max_duration="8ba", save_interval="8ba",
+                          **{"scheduler.name": name, "scheduler.t_warmup": "1ba", "scheduler.alpha_f": 0.1,
+                             "optimizer.lr": 1e-3})
+    trainer = build_trainer(load_config(PHASE1, over))
+    lrs = []
+
+    class RecordLR(Callback):  # the lr each batch trains with
+        def before_forward(self, state, logger):
+            lrs.append(state.optimizers[0].param_groups[0]["lr"])
+
+    trainer.state.callbacks.append(RecordLR())
+    trainer.fit()
+    trainer.close()
+    peak = lrs.index(max(lrs))
+    assert len(lrs) == 8 and lrs[0] == 0.0 and max(lrs) == pytest.approx(1e-3) and peak <= 2  # short warm-up
+    if name == "constant_with_warmup":
+        assert lrs[peak:] == pytest.approx([1e-3] * (8 - peak))
+    else:  # decays towards alpha_f x lr at max_duration, monotonically
+        assert all(a > b for a, b in zip(lrs[peak:], lrs[peak + 1:]))
+        assert 1e-4 <= lrs[-1] < 4e-4
+
+
+def test_unknown_scheduler_is_a_config_error(shapes_data, components, tmp_path):
+    with pytest.raises(WorkbenchError, match="scheduler.name"):
+        load_config(PHASE1, tiny_overrides(shapes_data, components, tmp_path / "c", **{"scheduler.name": "step"}))
