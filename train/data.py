@@ -104,12 +104,14 @@ class TokenizingCollate:
         self.tokenizer = tokenizer
 
     def __call__(self, samples: list[dict]) -> dict:
-        captions = [s["caption"] for s in samples] + [s.get("caption_alt", s["caption"]) for s in samples]
-        ids = self.tokenizer(captions, padding="max_length", truncation=True,
+        captions = [s["caption"] for s in samples]
+        alts = [s.get("caption_alt") or s["caption"] for s in samples]
+        unique = list(dict.fromkeys(captions + alts))  # each distinct text once (most have no other phrasing)
+        ids = self.tokenizer(unique, padding="max_length", truncation=True,
                              max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids
-        n = len(samples)
-        out = {"image": to_model_range(np.stack([s["image"] for s in samples])), "input_ids": ids[:n],
-               "input_ids_alt": ids[n:]}
+        row = {c: i for i, c in enumerate(unique)}
+        out = {"image": to_model_range(np.stack([s["image"] for s in samples])),
+               "input_ids": ids[[row[c] for c in captions]], "input_ids_alt": ids[[row[c] for c in alts]]}
         if "sample_id" in samples[0]:
             out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
         return out

@@ -1,3 +1,4 @@
+import numpy as np
 import torch
 
 from train.config import DataConfig
@@ -34,3 +35,29 @@ def test_predownload_covers_a_local_epoch(shapes_data):
     assert predownload_for(local) == count_samples(shapes_data / "16")
     assert predownload_for(DataConfig(path="/cache/x", remote="s3://bucket/x")) is None  # Streaming's default
     assert predownload_for(DataConfig(path=str(shapes_data / "16"), predownload=128)) == 128
+
+
+def test_collate_token_ids_equal_each_caption_and_its_other_phrasing_tokenized_alone(shapes_data, components):
+    from transformers import CLIPTokenizer
+
+    from train.data import TokenizingCollate, other_phrasing
+    from train.shapes import make_sample
+
+    tok = CLIPTokenizer.from_pretrained(components / "tokenizer")
+    samples = []
+    for i in range(12):
+        s = make_sample(3, "train", i, (16,))
+        samples.append({"image": np.asarray(s["images"][16]), "caption": s["caption"], "meta": s["meta"]})
+    samples.append(dict(samples[0]))  # a repeated caption
+    for s in samples:
+        s["caption_alt"] = other_phrasing(s)
+    assert any(s["caption_alt"] != s["caption"] for s in samples) and any(s["caption_alt"] == s["caption"] for s in samples)
+    batch = TokenizingCollate(tok)(samples)
+
+    def alone(text):
+        return tok(text, padding="max_length", truncation=True, max_length=tok.model_max_length,
+                   return_tensors="pt").input_ids[0]
+
+    for k, s in enumerate(samples):
+        assert torch.equal(batch["input_ids"][k], alone(s["caption"]))
+        assert torch.equal(batch["input_ids_alt"][k], alone(s["caption_alt"]))
