@@ -1,6 +1,7 @@
 """Reading image-caption MDS datasets for training: crop to the phase's resolution, tokenize captions."""
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -89,8 +90,10 @@ class LatentDataset(StreamingDataset):
         return out
 
 
-def collate_latents(samples: list[dict]) -> dict:
-    keys = ("latent_mean", "latent_std", "text") + (("text_alt",) if all("text_alt" in s for s in samples) else ())
+def collate_latents(samples: list[dict], other_phrasings: bool = True) -> dict:
+    """Stacks stored latents and text states; ``text_alt`` too where every sample has it and it is wanted."""
+    with_alt = other_phrasings and all("text_alt" in s for s in samples)
+    keys = ("latent_mean", "latent_std", "text") + (("text_alt",) if with_alt else ())
     out = {k: torch.from_numpy(np.stack([s[k] for s in samples])) for k in keys}
     if "sample_id" in samples[0]:
         out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
@@ -98,20 +101,26 @@ def collate_latents(samples: list[dict]) -> dict:
 
 
 class TokenizingCollate:
-    """Batches samples: images to (B, 3, R, R) in [-1, 1] and captions tokenized in one call each."""
+    """Batches samples: images to (B, 3, R, R) in [-1, 1] and captions tokenized in one call.
 
-    def __init__(self, tokenizer):
+    ``other_phrasings``: also ``input_ids_alt``, each caption's other phrasing (training that never swaps
+    phrasings skips tokenizing them).
+    """
+
+    def __init__(self, tokenizer, other_phrasings: bool = True):
         self.tokenizer = tokenizer
+        self.other_phrasings = other_phrasings
 
     def __call__(self, samples: list[dict]) -> dict:
         captions = [s["caption"] for s in samples]
-        alts = [s.get("caption_alt") or s["caption"] for s in samples]
+        alts = [s.get("caption_alt") or s["caption"] for s in samples] if self.other_phrasings else []
         unique = list(dict.fromkeys(captions + alts))  # each distinct text once (most have no other phrasing)
         ids = self.tokenizer(unique, padding="max_length", truncation=True,
                              max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids
         row = {c: i for i, c in enumerate(unique)}
-        out = {"image": to_model_range(np.stack([s["image"] for s in samples])),
-               "input_ids": ids[[row[c] for c in captions]], "input_ids_alt": ids[[row[c] for c in alts]]}
+        out = {"image": to_model_range(np.stack([s["image"] for s in samples])), "input_ids": ids[[row[c] for c in captions]]}
+        if alts:
+            out["input_ids_alt"] = ids[[row[c] for c in alts]]
         if "sample_id" in samples[0]:
             out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
         return out
@@ -230,10 +239,12 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -
 
 
 def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last: bool = True,
-                     with_ids: bool = False) -> DataLoader:
+                     with_ids: bool = False, other_phrasings: bool = True) -> DataLoader:
+    """``other_phrasings``: batches carry each caption's other phrasing too (``model.other_phrasing`` > 0)."""
     if not data_cfg.precomputed and tokenizer is None:
         raise WorkbenchError("training on captions needs a tokenizer: set model.pretrained to a folder with tokenizer/")
     dataset = make_dataset(data_cfg, batch_size, seed, with_ids=with_ids)
-    collate = collate_latents if data_cfg.precomputed else TokenizingCollate(fast_tokenizer(tokenizer))
+    collate = (partial(collate_latents, other_phrasings=other_phrasings) if data_cfg.precomputed
+               else TokenizingCollate(fast_tokenizer(tokenizer), other_phrasings=other_phrasings))
     return DataLoader(dataset, batch_size=batch_size, num_workers=data_cfg.num_workers, drop_last=drop_last,
                       collate_fn=collate, persistent_workers=data_cfg.num_workers > 0)

@@ -230,7 +230,8 @@ def build_trainer(cfg: TrainConfig):
     if cfg.global_train_batch_size % world:
         raise WorkbenchError(f"config key 'global_train_batch_size' ({cfg.global_train_batch_size}) must divide by "
                              f"the number of processes ({world})")
-    dataloader = build_dataloader(cfg.data, model.tokenizer, cfg.global_train_batch_size // world, cfg.seed)
+    dataloader = build_dataloader(cfg.data, model.tokenizer, cfg.global_train_batch_size // world, cfg.seed,
+                                  other_phrasings=cfg.model.other_phrasing > 0)
 
     o = cfg.optimizer
     optimizer = torch.optim.AdamW(model.unet.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,

@@ -61,3 +61,6 @@ def test_collate_token_ids_equal_each_caption_and_its_other_phrasing_tokenized_a
     for k, s in enumerate(samples):
         assert torch.equal(batch["input_ids"][k], alone(s["caption"]))
         assert torch.equal(batch["input_ids_alt"][k], alone(s["caption_alt"]))
+    # training that never swaps phrasings gets the same captions' ids and no other phrasings
+    plain = TokenizingCollate(tok, other_phrasings=False)(samples)
+    assert "input_ids_alt" not in plain and torch.equal(plain["input_ids"], batch["input_ids"])

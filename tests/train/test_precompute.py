@@ -145,6 +145,15 @@ def test_caption_dropout_is_drawn_at_every_step(latents, components):
     assert torch.equal(model.drop_text(text), text)  # no dropout outside training
 
 
+def test_stored_other_phrasings_reach_the_batch_only_when_training_swaps_them(latents, components):
+    cfg = load_config(PHASE1, [f"model.pretrained={components}", f"data.path={latents / 'float16' / '16'}",
+                               "data.precomputed=true", "data.resolution=16"])
+    wanted = next(iter(build_dataloader(cfg.data, None, batch_size=16, seed=0)))
+    skipped = next(iter(build_dataloader(cfg.data, None, batch_size=16, seed=0, other_phrasings=False)))
+    assert wanted["text_alt"].shape == wanted["text"].shape and "text_alt" not in skipped
+    assert all(torch.equal(wanted[k], skipped[k]) for k in ("latent_mean", "latent_std", "text"))
+
+
 def test_training_on_precomputed_latents_and_refusing_other_encoders(latents, shapes_data, components, tmp_path):
     folder = tmp_path / "ckpt"
     over = tiny_overrides(shapes_data, components, folder, max_duration="2ba", save_interval="2ba")
