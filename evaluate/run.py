@@ -91,6 +91,9 @@ class Evaluator:
         self.device = _device(cfg.device)
         init_distributed(self.device)
         self.scorer = None
+        if extractor is None and cfg.scorer and cfg.inception_weights:
+            raise WorkbenchError("give either --inception-weights (FID on Inception features) or --scorer (the shapes "
+                                 "domain's), not both: each row has one feature extractor")
         if extractor is None and cfg.scorer:
             from .domain import ShapesScorer
 

@@ -177,3 +177,7 @@ def test_scorer_problems_are_one_line_errors(shapes_data, tmp_path):
                 "--prompts", "shapes")
     assert r.returncode != 0 and r.stderr.strip().startswith("error:") and "--scorer" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    r = run_dwb("evaluate", "run", str(junk), "--out", str(tmp_path / "y"), "--reference", str(shapes_data / "eval/32"),
+                "--prompts", "shapes", "--scorer", str(junk), "--inception-weights", str(junk))
+    assert r.returncode != 0 and r.stderr.strip().startswith("error: give either --inception-weights")
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "y" / "results.jsonl").exists()
