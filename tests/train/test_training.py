@@ -195,3 +195,5 @@ def test_scheduler_choice_shapes_the_learning_rate(name, shapes_data, components
 def test_unknown_scheduler_is_a_config_error(shapes_data, components, tmp_path):
     with pytest.raises(WorkbenchError, match="scheduler.name"):
         load_config(PHASE1, tiny_overrides(shapes_data, components, tmp_path / "c", **{"scheduler.name": "step"}))
+    with pytest.raises(WorkbenchError, match="scheduler.alpha_f"):
+        load_config(PHASE1, tiny_overrides(shapes_data, components, tmp_path / "c", **{"scheduler.alpha_f": 1.5}))
