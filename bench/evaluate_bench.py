@@ -13,8 +13,8 @@ CPU, tiny checkpoint trained here at 32 px (its quality does not matter for timi
 Per-checkpoint scoring time of the demo is printed by `dwb demo` (its "evaluate" stage and
 ``eval/results.jsonl``'s ``seconds_checkpoint``).
 
-GPU (``--gpu``, when one is available): a full-size SD2-base pipeline with random weights, 512²,
-1k images, bf16: seconds per checkpoint for generation and Inception-free domain-independent parts.
+Not here yet: the GPU figure the issue asks for (a full-size SD2-base pipeline with random weights,
+1k images at 512², seconds per checkpoint); this script has no GPU path.
 
 python bench/evaluate_bench.py [--rounds 3] [--images 1000,10000] [--skip-memory]
 """
