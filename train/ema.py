@@ -4,12 +4,33 @@ Composer's ``compute_ema`` issues four small ops per tensor; on a CPU each costs
 made EMA a visible share of a tiny model's step. Here the update is one ``_foreach_lerp_`` over all
 tensors. Only floating-point tensors are averaged (integer buffers such as position ids stay as
 they are). State, checkpoints and the swap of EMA weights in for eval and saving are Composer's.
+
+Under FSDP, Composer's EMA gathers the full weights through ``model.module``, which exists on its
+HuggingFaceModel but not on a model whose FSDP units are its children (the UNet here). Every EMA
+step here, and Composer's own EMA code through the hook below, gathers them with FSDP's
+``summon_full_params`` on the whole model instead, which finds each FSDP unit inside it.
 """
 from __future__ import annotations
 
+import contextlib
+
+import composer.algorithms.ema.ema as composer_ema
 import torch
 from composer.algorithms import EMA
 from composer.core import Event
+from composer.utils import misc
+
+
+def full_params(model: torch.nn.Module):
+    """A context in which every FSDP unit inside ``model`` holds its full (unsharded) weights."""
+    if misc.is_model_fsdp(model):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel.summon_full_params(model)
+    return contextlib.nullcontext()
+
+
+composer_ema.get_model_context_manager = full_params
 
 
 @torch.no_grad()
@@ -25,6 +46,7 @@ def fused_ema_update(model: torch.nn.Module, ema_model, smoothing: float) -> Non
 class FusedEMA(EMA):
     def apply(self, event: Event, state, logger) -> None:
         if event in (Event.BATCH_END, Event.EPOCH_END) and self.ema_model is not None:
-            fused_ema_update(state.model, self.ema_model, self.smoothing)
+            with full_params(state.model):
+                fused_ema_update(state.model, self.ema_model, self.smoothing)
             return
         super().apply(event, state, logger)

@@ -28,7 +28,10 @@ def test_bf16_low_precision_norms_and_sdpa(shapes_data, components, tmp_path):
 
 
 def test_fsdp_shard_grad_op_trains_and_checkpoints(shapes_data, components, tmp_path):
-    trainer = _fit(shapes_data, components, tmp_path, "fsdp=true", "precision=amp_bf16")
+    trainer = _fit(shapes_data, components, tmp_path, "fsdp=true", "precision=amp_bf16", "ema.enabled=true")
+    ema = next(a for a in trainer.state.algorithms if type(a).__name__ == "FusedEMA")
+    assert ema.ema_model is not None  # the EMA copy was built from the full (gathered) weights
+    assert all(torch.isfinite(t).all() for t in ema.ema_model.named_parameters_dict.values())
     trainer.close()
     assert (tmp_path / "ckpt" / "ep0-ba3-rank0.pt").is_file()
 
