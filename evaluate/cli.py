@@ -29,7 +29,7 @@ def _config(args):
                       n_reference=args.n_reference, guidance=args.guidance, steps=args.steps, size=args.size,
                       batch_size=args.batch_size, seed=args.seed, clip=args.clip, ema=args.ema,
                       kid_subsets=args.kid_subsets, kid_subset_size=args.kid_subset_size, device=args.device,
-                      allow_fewer_reference=args.allow_fewer_reference, cache=args.cache,
+                      dtype=args.dtype, allow_fewer_reference=args.allow_fewer_reference, cache=args.cache,
                       feature_dim=args.inception_features)
 
 
@@ -117,6 +117,8 @@ def _common(p) -> None:
     p.add_argument("--kid-subsets", type=_positive, default=100)
     p.add_argument("--kid-subset-size", type=_positive, default=1000)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="generation precision (default: bf16 on a GPU, fp32 on a CPU)")
     p.add_argument("--allow-fewer-reference", action="store_true", help="use a reference set smaller than --n-reference")
     p.add_argument("--cache", help="reference statistics cache (default OUT/cache)")
 

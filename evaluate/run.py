@@ -46,6 +46,7 @@ class EvalConfig:
     kid_subset_size: int = 1000
     feature_dim: int = 2048
     device: str = "auto"
+    dtype: str = "auto"  # generation precision: auto = bf16 on a GPU, fp32 on a CPU
     allow_fewer_reference: bool = False
     cache: str | None = None  # reference statistics; default OUT/cache
     progress: bool = True
@@ -58,6 +59,18 @@ def _device(name: str) -> torch.device:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # one GPU per rank under `composer -n N`
         return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     return torch.device(name)
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    """The pipeline's precision for generation (features and metrics stay in float32/float64)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise WorkbenchError(f"unknown dtype {name!r}: choose auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
 
 
 def training_step(checkpoint: str | Path) -> int:
@@ -89,6 +102,7 @@ class Evaluator:
     def __init__(self, cfg: EvalConfig, extractor: FeatureExtractor | None = None):
         self.cfg = cfg
         self.device = _device(cfg.device)
+        self.dtype = _dtype(cfg.dtype, self.device)
         init_distributed(self.device)
         self.scorer = None
         if extractor is None and cfg.scorer and cfg.inception_weights:
@@ -141,7 +155,7 @@ class Evaluator:
         t0 = time.perf_counter()
         from train.pipeline import load_pipeline
 
-        pipe = load_pipeline(checkpoint, ema=cfg.ema, device=self.device)
+        pipe = load_pipeline(checkpoint, ema=cfg.ema, device=self.device, dtype=self.dtype)
         size = cfg.size or pipe.unet.config.sample_size * pipe.vae_scale_factor
         ref = self.reference(size)
         st = Path(checkpoint).stat() if Path(checkpoint).is_file() else None
@@ -206,6 +220,7 @@ class Evaluator:
                    "guidance": float(guidance), "fid": fid, "kid_mean": kid_mean, "kid_std": kid_std,
                    "clip_score": clip_score, "n_images": fake_all.n, "n_reference": ref.stats.n,
                    "reference_skipped": ref.skipped, "prompts": cfg.prompts, "steps": cfg.steps, "size": size,
+                   "dtype": str(self.dtype).removeprefix("torch."),
                    "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}", "resize": resize_policy(size),
                    "seconds_generate": round(total_s - t_metric[0], 3), "seconds_metrics": round(t_metric[0], 3),
                    "seconds_total": round(total_s, 3), "samples": str(samples), "status": "ok",

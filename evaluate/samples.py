@@ -10,8 +10,10 @@ to the rounding of batched float kernels (rarely one 8-bit level on a pixel).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -103,21 +105,30 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, checkpoint
     batches = plan(prompts, n_per_prompt, batch_size, rank, world)
     records: list[SampleRecord] = []
     bar = tqdm(total=sum(map(len, batches)), desc=f"samples {model} cfg {guidance:g}", unit="img", disable=not progress)
-    for chunk in batches:
-        seeds = [image_seed(p.index, i, seed) for p, i in chunk]
-        images = pipe([p.text for p, _ in chunk], num_inference_steps=steps, guidance_scale=guidance, height=size,
-                      width=size, generator=[torch.Generator().manual_seed(s) for s in seeds],
-                      output_type="np").images
-        images = (images * 255).round().astype(np.uint8)  # (B, H, W, 3)
-        for (p, i), s, image in zip(chunk, seeds, images):
-            rel = f"images/{p.index:05d}-{i:03d}.png"
-            rec = SampleRecord(p.text, p.index, p.category, i, s, str(checkpoint), model, float(guidance), scheduler,
-                               steps, size, size, rel)
-            save_png(Image.fromarray(image), out / rel, rec)
-            records.append(rec)
-        if on_batch is not None:
-            on_batch(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), [p.text for p, _ in chunk])
-        bar.update(len(chunk))
+    # PNG encoding (zlib, which releases the GIL) runs in threads while the next batch is generated;
+    # at most one batch's PNGs are pending, so memory stays flat in the number of images.
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="png") as pool:
+        pending: list[Future] = []
+        for chunk in batches:
+            seeds = [image_seed(p.index, i, seed) for p, i in chunk]
+            images = pipe([p.text for p, _ in chunk], num_inference_steps=steps, guidance_scale=guidance,
+                          height=size, width=size, generator=[torch.Generator().manual_seed(s) for s in seeds],
+                          output_type="np").images
+            images = (images * 255).round().astype(np.uint8)  # (B, H, W, 3)
+            for f in pending:
+                f.result()  # the previous batch is on disk (and its errors surface) before this one queues
+            pending = []
+            for (p, i), s, image in zip(chunk, seeds, images):
+                rel = f"images/{p.index:05d}-{i:03d}.png"
+                rec = SampleRecord(p.text, p.index, p.category, i, s, str(checkpoint), model, float(guidance),
+                                   scheduler, steps, size, size, rel)
+                pending.append(pool.submit(save_png, Image.fromarray(image), out / rel, rec))
+                records.append(rec)
+            if on_batch is not None:
+                on_batch(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), [p.text for p, _ in chunk])
+            bar.update(len(chunk))
+        for f in pending:
+            f.result()
     bar.close()
     return records
 

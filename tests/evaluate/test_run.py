@@ -85,6 +85,18 @@ def torch_equal(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
+def test_generation_precision_is_chosen_and_recorded(checkpoints, shapes_data, inception_weights, tmp_path):
+    ckpt = checkpoints / "ep0-ba4-rank0.pt"
+    rows = {}
+    for dtype in ("auto", "bf16"):  # auto is float32 on a CPU
+        cfg = _cfg(tmp_path / dtype, shapes_data, inception_weights, guidance=(5.0,), dtype=dtype)
+        rows[dtype] = evaluate_checkpoints(cfg, [ckpt])[0]
+    assert rows["auto"]["dtype"] == "float32" and rows["bf16"]["dtype"] == "bfloat16"
+    assert np.isfinite(rows["bf16"]["fid"]) and rows["bf16"]["fid"] != rows["auto"]["fid"]
+    with pytest.raises(WorkbenchError, match="unknown dtype 'int8'"):
+        evaluate_checkpoints(_cfg(tmp_path / "bad", shapes_data, inception_weights, dtype="int8"), [ckpt])
+
+
 def test_corrupt_checkpoint_and_missing_weights_are_one_line_errors(shapes_data, inception_weights, tmp_path, capsys):
     from dwb import main
 
