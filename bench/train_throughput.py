@@ -71,9 +71,10 @@ def make_latents(arch: str, res: int, n: int, parts: Path, folder: Path) -> Path
     rng = np.random.default_rng(0)
     with MDSWriter(out=str(out), columns=columns(lat, txt, "float16"), size_limit="256mb") as w:
         for i in range(n):
+            text = rng.standard_normal(txt, dtype=np.float32).astype(np.float16)
             w.write({"latent_mean": rng.standard_normal(lat, dtype=np.float32).astype(np.float16),
-                     "latent_std": np.full(lat, 0.01, np.float16),
-                     "text": rng.standard_normal(txt, dtype=np.float32).astype(np.float16), "caption": f"sample {i}"})
+                     "latent_std": np.full(lat, 0.01, np.float16), "text": text, "text_alt": text,
+                     "caption": f"sample {i}"})
     meta = {"format": FORMAT, "complete": True, "resolution": res, "dtype": "float16", "samples": n,
             "scaling_factor": float(vae.config.scaling_factor), "latent_shape": list(lat), "text_shape": list(txt),
             "vae": {"fingerprint": fingerprint(vae)}, "text_encoder": {"fingerprint": fingerprint(te)},
