@@ -27,7 +27,7 @@ def _config(args):
     return EvalConfig(out=args.out, reference=args.reference, inception_weights=args.inception_weights, scorer=args.scorer,
                       prompts=args.prompts, n_prompts=args.n_prompts, n_per_prompt=args.n_per_prompt,
                       n_reference=args.n_reference, guidance=args.guidance, steps=args.steps, size=args.size,
-                      batch_size=args.batch_size, seed=args.seed, clip=args.clip, ema=args.ema,
+                      batch_size=args.batch_size, seed=args.seed, clip=args.clip, cmmd=args.cmmd, ema=args.ema,
                       kid_subsets=args.kid_subsets, kid_subset_size=args.kid_subset_size, device=args.device,
                       dtype=args.dtype, allow_fewer_reference=args.allow_fewer_reference, cache=args.cache,
                       feature_dim=args.inception_features)
@@ -36,6 +36,8 @@ def _config(args):
 def _summary(rows: list[dict]) -> None:
     for r in rows:
         clip = f", CLIP {r['clip_score']:.2f}" if r.get("clip_score") is not None else ""
+        if r.get("cmmd") is not None:
+            clip += f", CMMD {r['cmmd']:.4f}"
         attrs = ""
         if r.get("attr_all_all") is not None:
             attrs = (f", one object: colour {r.get('attr_single_color', float('nan')):.2f} shape "
@@ -113,6 +115,8 @@ def _common(p) -> None:
     p.add_argument("--batch-size", type=_positive, default=16)
     p.add_argument("--seed", type=int, default=0, help="base of the per-image seeds")
     p.add_argument("--clip", help="CLIP model folder or hub id for CLIP score (default: no CLIP score)")
+    p.add_argument("--cmmd", action="store_true",
+                   help="also CMMD (Gaussian-kernel MMD on the --clip model's image embeddings, x1000)")
     p.add_argument("--ema", action="store_true", help="score the EMA weights")
     p.add_argument("--kid-subsets", type=_positive, default=100)
     p.add_argument("--kid-subset-size", type=_positive, default=1000)

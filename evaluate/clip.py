@@ -32,6 +32,38 @@ def load_clip(ref: str | Path):
         raise WorkbenchError(f"cannot load CLIP model from {ref}: {first}") from None
 
 
+def weights_fingerprint(model: torch.nn.Module, n: int = 16) -> str:
+    """A short hash of a model's weights (a sample of every tensor), to key cached reference embeddings."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        flat = t.detach().reshape(-1)
+        step = max(1, flat.numel() // 64)
+        h.update(name.encode() + str(tuple(t.shape)).encode() + flat[::step][:64].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:n]
+
+
+class ClipImageExtractor:
+    """CLIP image embeddings (unit norm, float64) for CMMD; a ``FeatureExtractor`` like Inception's.
+
+    Images go through the CLIP model's own processor (its resize and centre crop) from (B, 3, H, W) uint8.
+    """
+
+    def __init__(self, model, processor, device: str | torch.device = "cpu", name: str = "clip"):
+        self.model, self.processor = model.to(device), processor
+        self.device = torch.device(device)
+        self.dim = int(model.config.projection_dim)
+        self.name = f"clip-image:{name}"
+        self.weights_hash = weights_fingerprint(model)
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        pixels = self.processor(images=list(images.permute(0, 2, 3, 1).cpu().numpy()), return_tensors="pt")
+        emb = self.model.get_image_features(pixel_values=pixels["pixel_values"].to(self.device))
+        return torch.nn.functional.normalize(emb.to(torch.float64), dim=1).cpu()
+
+
 class ClipScorer:
     """Streaming CLIP score: ``update(images, captions)`` per batch, ``compute()`` at the end."""
 
@@ -39,6 +71,7 @@ class ClipScorer:
         from torchmetrics.multimodal.clip_score import CLIPScore
 
         model, processor = load_clip(ref)
+        self.model, self.processor = model, processor
         self.metric = CLIPScore(model_name_or_path=lambda: (model, processor)).to(device)
         self.device = torch.device(device)
         self.name = str(ref)
@@ -53,3 +86,7 @@ class ClipScorer:
 
     def reset(self) -> None:
         self.metric.reset()
+
+    def image_extractor(self) -> ClipImageExtractor:
+        """The same CLIP's image embeddings, for CMMD."""
+        return ClipImageExtractor(self.model, self.processor, self.device, name=Path(self.name).name or self.name)

@@ -109,8 +109,10 @@ def write_report(folder: str | Path) -> Path:
         plot_tradeoff(rows, out / "tradeoff.png")
     attributes = plot_attributes_vs_step(rows, out / "attributes_vs_step.png") if rows else None
     cols = ["model", "step", "guidance", "fid", "kid_mean", "clip_score", "n_images", "seconds_total"]
+    if any(r.get("cmmd") is not None for r in rows):
+        cols.insert(6, "cmmd")
     if attributes:
-        cols[6:6] = [k for k, _ in ATTRIBUTE_LINES]
+        cols[cols.index("n_images"):cols.index("n_images")] = [k for k, _ in ATTRIBUTE_LINES]
     parts = ["<!doctype html><meta charset='utf-8'><title>evaluation report</title>",
              "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
              "img{max-width:100%}</style><h1>Evaluation report</h1>"]

@@ -16,7 +16,7 @@ from train.errors import WorkbenchError
 
 from .domain import AttributeTally, check, decode, parse_caption
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
-from .metrics import FeatureStats, fid_from_stats, kernel_inception_distance
+from .metrics import FeatureStats, cmmd, fid_from_stats, kernel_inception_distance
 from .prompts import Prompt, load_prompts
 from .reference import reference_stats
 from .samples import generate_samples, model_label, write_category_grids, write_manifest
@@ -41,6 +41,7 @@ class EvalConfig:
     batch_size: int = 16  # generation and feature batches; fixed so features do not depend on it
     seed: int = 0
     clip: str | None = None  # folder or hub id; None skips CLIP score
+    cmmd: bool = False  # CMMD on the CLIP model's image embeddings (needs clip)
     ema: bool = False
     kid_subsets: int = 100
     kid_subset_size: int = 1000
@@ -115,23 +116,29 @@ class Evaluator:
         elif extractor is None and not cfg.inception_weights:
             raise WorkbenchError("give --inception-weights (FID on Inception features) or --scorer (the shapes domain's)")
         self.extractor = extractor or InceptionExtractor(cfg.inception_weights, dim=cfg.feature_dim, device=self.device)
-        self.clip = None
+        self.clip = self.clip_images = None
+        if cfg.cmmd and not cfg.clip:
+            raise WorkbenchError("--cmmd needs a CLIP model: give --clip FOLDER_OR_HUB_ID (CMMD compares its image "
+                                 "embeddings)")
         if cfg.clip:
             from .clip import ClipScorer
 
             self.clip = ClipScorer(cfg.clip, device=self.device)
+            if cfg.cmmd:
+                self.clip_images = self.clip.image_extractor()
         self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference)
         self.store = ResultsStore(cfg.out)
-        self._reference: dict[int, object] = {}
+        self._reference: dict[tuple[int, str], object] = {}
 
-    def reference(self, size: int):
+    def reference(self, size: int, extractor: FeatureExtractor | None = None):
         """Rank 0's reference statistics (None on other ranks); an error there stops every rank."""
-        if size not in self._reference:
+        extractor = extractor or self.extractor
+        if (size, extractor.name) not in self._reference:
             dist = _dist()
             ref, error = None, None
             if dist.get_global_rank() == 0:
                 try:
-                    ref = reference_stats(self.cfg.reference, self.extractor, size, self.cfg.n_reference,
+                    ref = reference_stats(self.cfg.reference, extractor, size, self.cfg.n_reference,
                                           self.cfg.cache or Path(self.cfg.out) / "cache",
                                           batch_size=self.cfg.batch_size, allow_fewer=self.cfg.allow_fewer_reference,
                                           kid_max=self.cfg.kid_subset_size * 10, progress=self.cfg.progress)
@@ -143,8 +150,8 @@ class Evaluator:
                 error = box[0]
             if error:
                 raise WorkbenchError(error)
-            self._reference[size] = ref
-        return self._reference[size]
+            self._reference[(size, extractor.name)] = ref
+        return self._reference[(size, extractor.name)]
 
     def score(self, checkpoint: str | Path, model: str | None = None) -> list[dict]:
         """Score one checkpoint at every guidance scale; rank 0 appends the rows to the store and returns them."""
@@ -158,11 +165,14 @@ class Evaluator:
         pipe = load_pipeline(checkpoint, ema=cfg.ema, device=self.device, dtype=self.dtype)
         size = cfg.size or pipe.unet.config.sample_size * pipe.vae_scale_factor
         ref = self.reference(size)
+        ref_clip = self.reference(size, self.clip_images) if self.clip_images is not None else None
         st = Path(checkpoint).stat() if Path(checkpoint).is_file() else None
         rows = []
         for guidance in cfg.guidance:
             t_start = time.perf_counter()
             fake = FeatureStats(self.extractor.dim, kid_max=cfg.kid_subset_size * 10, seed=rank)
+            fake_clip = (FeatureStats(self.clip_images.dim, kid_max=cfg.kid_subset_size * 10, seed=rank)
+                         if self.clip_images is not None else None)
             t_metric = [0.0]
             tally = AttributeTally() if self.scorer is not None else None
             if self.clip:
@@ -181,6 +191,8 @@ class Evaluator:
                 fake.update(features)
                 if self.clip:
                     self.clip.update(images, captions)
+                if fake_clip is not None:
+                    fake_clip.update(self.clip_images(images))
                 t_metric[0] += time.perf_counter() - t
 
             samples = Path("samples") / re.sub(r"[^A-Za-z0-9_.-]+", "_", model) / f"cfg{guidance:g}"
@@ -190,7 +202,8 @@ class Evaluator:
                                        progress=cfg.progress and rank == 0, on_batch=on_batch)
             clip_part = (float(self.clip.metric.score), int(self.clip.metric.n_samples)) if self.clip else None
             tally_part = tally.counts if tally is not None else None
-            mine = (records, fake.state_dict(), clip_part, tally_part)
+            mine = (records, fake.state_dict(), clip_part, tally_part,
+                    fake_clip.state_dict() if fake_clip is not None else None)
             gathered = dist.all_gather_object(mine) if world > 1 else [mine]
             if rank != 0:
                 continue
@@ -202,6 +215,13 @@ class Evaluator:
             fid = fid_from_stats(ref.stats, fake_all)
             kid_mean, kid_std = kernel_inception_distance(ref.stats.features(), fake_all.features(),
                                                           cfg.kid_subsets, cfg.kid_subset_size, seed=cfg.seed)
+            cmmd_value = None
+            if fake_clip is not None:
+                kept = cfg.kid_subset_size * 10
+                fake_clip_all = FeatureStats.from_state_dict(gathered[0][4], kid_max=kept)
+                for part in gathered[1:]:
+                    fake_clip_all.merge(FeatureStats.from_state_dict(part[4], kid_max=kept))
+                cmmd_value = cmmd(ref_clip.stats.features(), fake_clip_all.features())
             clip_score = None
             if self.clip:
                 total, count = sum(p[2][0] for p in gathered), sum(p[2][1] for p in gathered)
@@ -218,7 +238,7 @@ class Evaluator:
             total_s = time.perf_counter() - t_start
             row = {"model": model, "checkpoint": checkpoint, "step": training_step(checkpoint),
                    "guidance": float(guidance), "fid": fid, "kid_mean": kid_mean, "kid_std": kid_std,
-                   "clip_score": clip_score, "n_images": fake_all.n, "n_reference": ref.stats.n,
+                   "clip_score": clip_score, "cmmd": cmmd_value, "n_images": fake_all.n, "n_reference": ref.stats.n,
                    "reference_skipped": ref.skipped, "prompts": cfg.prompts, "steps": cfg.steps, "size": size,
                    "dtype": str(self.dtype).removeprefix("torch."),
                    "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}", "resize": resize_policy(size),

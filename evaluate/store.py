@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 RESULTS = "results.jsonl"
-COLUMNS = ["model", "checkpoint", "step", "guidance", "fid", "kid_mean", "kid_std", "clip_score",
+COLUMNS = ["model", "checkpoint", "step", "guidance", "fid", "kid_mean", "kid_std", "clip_score", "cmmd",
            "attr_single_color", "attr_single_shape", "attr_single_count", "attr_single_all", "attr_pair_color",
            "attr_pair_shape", "attr_pair_count", "attr_pair_position", "attr_pair_all", "attr_all_all",
            "attr_n_single", "attr_n_pair", "n_images",

@@ -5,7 +5,7 @@ import scipy.linalg
 import torch
 
 from evaluate.features import InceptionExtractor
-from evaluate.metrics import FeatureStats, fid_from_stats, kernel_inception_distance
+from evaluate.metrics import FeatureStats, cmmd, fid_from_stats, kernel_inception_distance
 from train.errors import WorkbenchError
 
 
@@ -43,6 +43,23 @@ def test_kid_matches_numpy_reference():
     ref = ((kxx.sum() - np.trace(kxx)) + (kyy.sum() - np.trace(kyy))) / (m * (m - 1)) - 2 * kxy.sum() / m**2
     mean, std = kernel_inception_distance(torch.from_numpy(x), torch.from_numpy(y), subsets=5, subset_size=40)
     assert mean == pytest.approx(ref, rel=1e-9) and std == pytest.approx(0, abs=1e-12)  # full sets: subsets agree
+
+
+def test_cmmd_matches_a_pairwise_numpy_reference():
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((70, 16)), rng.standard_normal((50, 16)) + 0.3
+
+    def reference(a, b, sigma=10.0):
+        a, b = a / np.linalg.norm(a, axis=1, keepdims=True), b / np.linalg.norm(b, axis=1, keepdims=True)
+        k = lambda p, q: np.mean([[np.exp(-np.sum((u - v) ** 2) / (2 * sigma**2)) for v in q] for u in p])  # noqa: E731
+        return 1000 * (k(a, a) + k(b, b) - 2 * k(a, b))
+
+    ours = cmmd(torch.from_numpy(x), torch.from_numpy(y))
+    assert ours == pytest.approx(reference(x, y), rel=1e-9) and ours > 0
+    assert cmmd(torch.from_numpy(x), torch.from_numpy(x)) == pytest.approx(0.0, abs=1e-9)
+    assert cmmd(torch.from_numpy(x), torch.from_numpy(2 * x)) == pytest.approx(0.0, abs=1e-9)  # scale-free: unit norm
+    with pytest.raises(ValueError):
+        cmmd(torch.from_numpy(x), torch.zeros(0, 16))
 
 
 def test_reservoir_keeps_a_bounded_sample():
