@@ -56,16 +56,9 @@ class Runtime:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise WorkbenchError("--device cuda: no CUDA GPU is visible")
-        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-        if dtype == "auto":
-            on_gpu = device.startswith("cuda")
-            chosen = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if on_gpu else torch.float32
-        elif dtype in names:
-            chosen = names[dtype]
-        else:
-            raise WorkbenchError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
-        return cls(device, chosen)
+        from train.pipeline import pipeline_dtype
+
+        return cls(device, pipeline_dtype(dtype, device))
 
 
 @dataclass

@@ -122,7 +122,7 @@ def _common(p) -> None:
     p.add_argument("--kid-subset-size", type=_positive, default=1000)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                   help="generation precision (default: bf16 on a GPU, fp32 on a CPU)")
+                   help="generation precision (default: bf16 on a GPU, fp16 where it has no bf16, fp32 on a CPU)")
     p.add_argument("--allow-fewer-reference", action="store_true", help="use a reference set smaller than --n-reference")
     p.add_argument("--cache", help="reference statistics cache (default OUT/cache)")
 

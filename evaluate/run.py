@@ -47,7 +47,7 @@ class EvalConfig:
     kid_subset_size: int = 1000
     feature_dim: int = 2048
     device: str = "auto"
-    dtype: str = "auto"  # generation precision: auto = bf16 on a GPU, fp32 on a CPU
+    dtype: str = "auto"  # generation precision (train.pipeline.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
     allow_fewer_reference: bool = False
     cache: str | None = None  # reference statistics; default OUT/cache
     progress: bool = True
@@ -60,18 +60,6 @@ def _device(name: str) -> torch.device:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # one GPU per rank under `composer -n N`
         return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     return torch.device(name)
-
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    """The pipeline's precision for generation (features and metrics stay in float32/float64)."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in DTYPES:
-        raise WorkbenchError(f"unknown dtype {name!r}: choose auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
 
 
 def training_step(checkpoint: str | Path) -> int:
@@ -97,13 +85,23 @@ def init_distributed(device: torch.device) -> None:
     _dist().initialize_dist(DeviceGPU() if device.type == "cuda" else DeviceCPU())
 
 
+def _merged(states: list[dict], kid_max: int) -> FeatureStats:
+    """One set's statistics from every rank's ``FeatureStats.state_dict()``, in rank order."""
+    merged = FeatureStats.from_state_dict(states[0], kid_max=kid_max)
+    for state in states[1:]:
+        merged.merge(FeatureStats.from_state_dict(state, kid_max=kid_max))
+    return merged
+
+
 class Evaluator:
     """Holds what every checkpoint shares: extractor, CLIP, prompts and the reference statistics."""
 
     def __init__(self, cfg: EvalConfig, extractor: FeatureExtractor | None = None):
         self.cfg = cfg
         self.device = _device(cfg.device)
-        self.dtype = _dtype(cfg.dtype, self.device)
+        from train.pipeline import pipeline_dtype
+
+        self.dtype = pipeline_dtype(cfg.dtype, self.device)  # generation only: features stay float32/float64
         init_distributed(self.device)
         self.scorer = None
         if extractor is None and cfg.scorer and cfg.inception_weights:
@@ -208,19 +206,14 @@ class Evaluator:
             if rank != 0:
                 continue
             all_records = [r for part in gathered for r in part[0]]
-            fake_all = FeatureStats.from_state_dict(gathered[0][1], kid_max=cfg.kid_subset_size * 10)
-            for part in gathered[1:]:
-                fake_all.merge(FeatureStats.from_state_dict(part[1], kid_max=cfg.kid_subset_size * 10))
+            fake_all = _merged([part[1] for part in gathered], kid_max=cfg.kid_subset_size * 10)
             t = time.perf_counter()
             fid = fid_from_stats(ref.stats, fake_all)
             kid_mean, kid_std = kernel_inception_distance(ref.stats.features(), fake_all.features(),
                                                           cfg.kid_subsets, cfg.kid_subset_size, seed=cfg.seed)
             cmmd_value = None
             if fake_clip is not None:
-                kept = cfg.kid_subset_size * 10
-                fake_clip_all = FeatureStats.from_state_dict(gathered[0][4], kid_max=kept)
-                for part in gathered[1:]:
-                    fake_clip_all.merge(FeatureStats.from_state_dict(part[4], kid_max=kept))
+                fake_clip_all = _merged([part[4] for part in gathered], kid_max=cfg.kid_subset_size * 10)
                 cmmd_value = cmmd(ref_clip.stats.features(), fake_clip_all.features())
             clip_score = None
             if self.clip:

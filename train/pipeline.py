@@ -13,6 +13,24 @@ from .components import build_pipeline
 from .errors import WorkbenchError
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def pipeline_dtype(name: str, device: str | torch.device) -> torch.dtype:
+    """A pipeline's precision by name (``auto``, ``float32``/``fp32``, ``bfloat16``/``bf16``, ``float16``/``fp16``).
+
+    ``auto`` is float32 on a CPU and bfloat16 on a GPU (float16 where the GPU has no bf16).
+    """
+    if name == "auto":
+        if torch.device(device).type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if name not in DTYPES:
+        raise WorkbenchError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
+    return DTYPES[name]
+
+
 def _tokenizer_from_files(files: dict[str, str]):
     if not files:
         return None

@@ -89,3 +89,14 @@ def test_sd2_base_instantiates_at_full_size_without_download():
     with torch.no_grad():  # one forward at a small latent size proves the wiring
         out = model.unet(torch.randn(1, 4, 8, 8), torch.tensor([10]), encoder_hidden_states=torch.randn(1, 77, 1024)).sample
     assert out.shape == (1, 4, 8, 8)
+
+
+def test_pipeline_dtype_names_and_auto():
+    from train.pipeline import pipeline_dtype
+
+    assert pipeline_dtype("auto", "cpu") == torch.float32
+    for names, dtype in ((("float32", "fp32"), torch.float32), (("bfloat16", "bf16"), torch.bfloat16),
+                         (("float16", "fp16"), torch.float16)):
+        assert all(pipeline_dtype(n, "cpu") == dtype for n in names)
+    with pytest.raises(WorkbenchError, match="unknown dtype 'int8'; choose auto, float32, bfloat16 or float16"):
+        pipeline_dtype("int8", "cpu")
