@@ -25,6 +25,20 @@ def fixtures(n: int = 4096, vae_steps: int = 20) -> tuple[Path, Path]:
     return data, parts
 
 
+def random_sd2_base(captions: list[str]):
+    """SD2-base at full size with seeded random weights (UNet 865.9M, VAE, 23-layer OpenCLIP-H text tower) and
+    a tokenizer fitted on ``captions``: a float32 pipeline on the CPU, for timing (weights do not matter)."""
+    import torch
+
+    from train.components import build_pipeline, build_unet, random_text_encoder, random_vae
+    from train.prepare import fit_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = fit_tokenizer(captions, max_length=77)
+    return build_pipeline(build_unet("sd2-base"), random_vae("sd2-base"), random_text_encoder("sd2-base"), tokenizer,
+                          "epsilon")
+
+
 def machine() -> str:
     import torch
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import OUT, ROOT, fixtures, report
+from _common import OUT, ROOT, fixtures, random_sd2_base, report
 
 PROMPT, NEGATIVE = "two red circles left of a blue square", "green"
 
@@ -193,13 +193,7 @@ def sd2_base_pipeline(device: str, dtype: torch.dtype):
     """SD2-base at full size with random weights: UNet (865.9M), VAE, 23-layer OpenCLIP-H text tower."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    from train.components import build_pipeline, build_unet, random_text_encoder, random_vae
-    from train.prepare import fit_tokenizer
-
-    torch.manual_seed(0)
-    tokenizer = fit_tokenizer([PROMPT, "a photo of an astronaut riding a horse on mars"], max_length=77)
-    pipe = build_pipeline(build_unet("sd2-base"), random_vae("sd2-base"), random_text_encoder("sd2-base"), tokenizer,
-                          "epsilon").to(device=device, dtype=dtype)
+    pipe = random_sd2_base([PROMPT, "a photo of an astronaut riding a horse on mars"]).to(device=device, dtype=dtype)
     for module in (pipe.unet, pipe.vae):
         module.set_attn_processor(AttnProcessor2_0())  # PyTorch SDPA, as `dwb app` sets on a GPU
     return pipe

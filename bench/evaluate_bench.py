@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import OUT, ROOT, fixtures, report
+from _common import OUT, ROOT, fixtures, random_sd2_base, report
 
 
 def tiny_checkpoint(data: Path, parts: Path) -> Path:
@@ -172,15 +172,8 @@ def random_clip_large(folder: Path, tokenizer_folder: Path) -> Path:
 
 def sd2_base_folder(folder: Path) -> Path:
     """SD2-base at full size with random weights, saved as a diffusers folder (fp16 safetensors)."""
-    from train.components import build_pipeline, build_unet, random_text_encoder, random_vae
-    from train.prepare import fit_tokenizer
-
     if not (folder / "model_index.json").is_file():
-        torch.manual_seed(0)
-        tokenizer = fit_tokenizer(["a photo of an astronaut riding a horse on mars", "two red circles above a square"],
-                                  max_length=77)
-        pipe = build_pipeline(build_unet("sd2-base"), random_vae("sd2-base"), random_text_encoder("sd2-base"),
-                              tokenizer, "epsilon")
+        pipe = random_sd2_base(["a photo of an astronaut riding a horse on mars", "two red circles above a square"])
         pipe.to(dtype=torch.float16).save_pretrained(folder, safe_serialization=True)
     return folder
 
@@ -228,8 +221,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch-images", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--images", default="1000,10000")
+    p.add_argument("--steps", type=int, help="sampler steps (default 20; 25 with --gpu)")
+    p.add_argument("--images", help="image counts (default 1000,10000; 1000 with --gpu)")
     p.add_argument("--memory-steps", type=int, default=4, help="sampler steps in the memory runs (speed only)")
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--gpu", action="store_true", help="seconds to score a full-size SD2-base checkpoint")
@@ -238,11 +231,9 @@ def main() -> None:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="with --gpu")
     p.add_argument("--passes", type=int, default=2, help="with --gpu: times the checkpoint is scored in one process")
     args = p.parse_args()
+    args.steps = args.steps or (25 if args.gpu else 20)
+    args.images = args.images or ("1000" if args.gpu else "1000,10000")
     if args.gpu:
-        if args.steps == 20:
-            args.steps = 25
-        if args.images == "1000,10000":
-            args.images = "1000"
         result = {"command": "python bench/evaluate_bench.py " + " ".join(sys.argv[1:]), "scoring": gpu_scoring(args)}
         print(json.dumps(result, indent=2), flush=True)
         report("evaluate_gpu" if args.device == "cuda" else "evaluate_gpu_cpu_check", result)
