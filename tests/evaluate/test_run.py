@@ -86,8 +86,11 @@ def torch_equal(a, b) -> bool:
 
 
 def test_cmmd_on_clip_image_embeddings(checkpoints, shapes_data, inception_weights, tiny_clip, tmp_path):
+    from itertools import islice
+
     from evaluate.clip import ClipScorer
     from evaluate.metrics import cmmd
+    from evaluate.reference import iter_images
 
     cfg = _cfg(tmp_path, shapes_data, inception_weights, clip=str(tiny_clip), cmmd=True, guidance=(1.5, 8.0))
     rows = evaluate_checkpoints(cfg, [checkpoints / "ep0-ba4-rank0.pt"])
@@ -96,23 +99,13 @@ def test_cmmd_on_clip_image_embeddings(checkpoints, shapes_data, inception_weigh
     assert "cmmd" in (tmp_path / "results/results.csv").read_text().splitlines()[0].split(",")
     # the row's value is CMMD between the reference's and the saved samples' embeddings, recomputed here
     extractor = ClipScorer(tiny_clip).image_extractor()
-    ref = extractor(torch.from_numpy(np.stack(list(_images(shapes_data / "eval/32", 16)))).permute(0, 3, 1, 2))
+    ref = extractor(torch.from_numpy(np.stack(list(islice(iter_images(shapes_data / "eval/32", 16), 16)))).permute(0, 3, 1, 2))
     samples = sorted((tmp_path / "results" / rows[1]["samples"] / "images").glob("*.png"))
     fake = extractor(torch.from_numpy(np.stack([np.asarray(Image.open(f).convert("RGB")) for f in samples])).permute(0, 3, 1, 2))
     assert rows[1]["cmmd"] == pytest.approx(cmmd(ref, fake), rel=1e-6)
     with pytest.raises(WorkbenchError, match="--cmmd needs a CLIP model"):
         evaluate_checkpoints(_cfg(tmp_path / "no-clip", shapes_data, inception_weights, cmmd=True),
                              [checkpoints / "ep0-ba4-rank0.pt"])
-
-
-def _images(path, n):
-    from evaluate.reference import iter_images
-
-    for image in iter_images(path, 16):
-        if n == 0:
-            return
-        n -= 1
-        yield image
 
 
 def test_generation_precision_is_chosen_and_recorded(checkpoints, shapes_data, inception_weights, tmp_path):
