@@ -40,9 +40,10 @@ def _summary(rows: list[dict]) -> None:
             clip += f", CMMD {r['cmmd']:.4f}"
         attrs = ""
         if r.get("attr_all_all") is not None:
-            attrs = (f", one object: colour {r.get('attr_single_color', float('nan')):.2f} shape "
-                     f"{r.get('attr_single_shape', float('nan')):.2f} count {r.get('attr_single_count', float('nan')):.2f}"
-                     f", position {r.get('attr_pair_position', float('nan')):.2f}, all right {r['attr_all_all']:.2f}")
+            nan = float("nan")
+            attrs = (f", one group: colour {r.get('attr_single_color', nan):.2f} shape {r.get('attr_single_shape', nan):.2f}"
+                     f" count {r.get('attr_single_count', nan):.2f}, position {r.get('attr_pair_position', nan):.2f},"
+                     f" all right: one object {r.get('attr_object_all', nan):.2f}, every prompt {r['attr_all_all']:.2f}")
         fid = "domain FID" if str(r.get("extractor", "")).startswith("shapes-scorer") else "FID"
         print(f"{r['model']} cfg {r['guidance']:g}: {fid} {r['fid']:.3f}, KID {r['kid_mean']:.5f}{clip}{attrs} "
               f"({r['n_images']} images, {r['seconds_total']:.1f} s)")

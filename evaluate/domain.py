@@ -192,17 +192,25 @@ def check(asked: Scene, seen: Scene) -> dict[str, bool | None]:
 
 
 class AttributeTally:
-    """Running GenEval-style accuracies over images, split by one-group and two-group captions."""
+    """Running GenEval-style accuracies over images, by the kind of caption.
+
+    ``single``: one group ("three red circles"); ``object``: the one-group captions that ask for one
+    shape ("a red circle"), a subset of ``single``; ``pair``: two groups and their relation; ``all``:
+    every caption.
+    """
+
+    KINDS = ("object", "single", "pair")
 
     def __init__(self):
         self.counts: dict[str, list[int]] = {}
 
     def add(self, asked: Scene, verdict: dict[str, bool | None]) -> None:
-        kind = "single" if len(asked.groups) == 1 else "pair"
+        kinds = ["single", "object"] if len(asked.groups) == 1 and asked.groups[0].count == 1 else \
+            ["single"] if len(asked.groups) == 1 else ["pair"]
         for k, v in verdict.items():
             if v is None:
                 continue
-            for key in (f"{kind}_{k}", f"all_{k}"):
+            for key in [f"{kind}_{k}" for kind in kinds] + [f"all_{k}"]:
                 c = self.counts.setdefault(key, [0, 0])
                 c[0] += int(v)
                 c[1] += 1
@@ -214,9 +222,10 @@ class AttributeTally:
             c[1] += n
 
     def summary(self) -> dict[str, float]:
-        """``attr_single_color`` ... ``attr_all_all``: fraction right; ``attr_n_single``, ``attr_n_pair``: images."""
+        """``attr_object_color`` ... ``attr_all_all``: fraction right; ``attr_n_object``, ``attr_n_single``,
+        ``attr_n_pair``: images."""
         out = {f"attr_{k}": round(right / n, 4) for k, (right, n) in sorted(self.counts.items()) if n}
-        for kind in ("single", "pair"):
+        for kind in self.KINDS:
             out[f"attr_n_{kind}"] = self.counts.get(f"{kind}_all", [0, 0])[1]
         return out
 

@@ -69,8 +69,9 @@ def plot_tradeoff(rows: list[dict], out: Path) -> Path:
     return _save(plt, fig, out)
 
 
-ATTRIBUTE_LINES = (("attr_single_color", "colour (one object)"), ("attr_single_shape", "shape (one object)"),
-                   ("attr_single_count", "count (one object)"), ("attr_pair_position", "position (two groups)"),
+ATTRIBUTE_LINES = (("attr_single_color", "colour (one group)"), ("attr_single_shape", "shape (one group)"),
+                   ("attr_single_count", "count (one group)"), ("attr_pair_position", "position (two groups)"),
+                   ("attr_object_all", "every attribute right (one object)"),
                    ("attr_all_all", "every attribute right (all prompts)"))
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 RESULTS = "results.jsonl"
 COLUMNS = ["model", "checkpoint", "step", "guidance", "fid", "kid_mean", "kid_std", "clip_score", "cmmd",
+           "attr_object_color", "attr_object_shape", "attr_object_count", "attr_object_all",
            "attr_single_color", "attr_single_shape", "attr_single_count", "attr_single_all", "attr_pair_color",
            "attr_pair_shape", "attr_pair_count", "attr_pair_position", "attr_pair_all", "attr_all_all",
-           "attr_n_single", "attr_n_pair", "n_images",
+           "attr_n_object", "attr_n_single", "attr_n_pair", "n_images",
            "n_reference", "reference_skipped", "prompts", "steps", "size", "extractor", "resize", "seconds_generate",
            "seconds_metrics", "seconds_total", "seconds_checkpoint", "samples", "status", "error", "file_size", "file_mtime_ns", "time"]
 

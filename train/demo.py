@@ -134,7 +134,8 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
     return report
 
 
-SCORE_KEYS = ("fid", "attr_single_color", "attr_single_shape", "attr_single_count", "attr_pair_position", "attr_all_all")
+SCORE_KEYS = ("fid", "attr_single_color", "attr_single_shape", "attr_single_count", "attr_pair_position", "attr_object_all",
+              "attr_all_all")
 
 
 def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_prompts: int, steps: int, seed: int,
@@ -155,17 +156,22 @@ def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_promp
             rows += ev.score(ckpt, model=f"{phase}/{ckpt.name.split('-rank')[0]}")
     ev.store.export_csv()
     write_report(cfg.out)
-    return [{"model": r["model"], "step": r["step"], "size": r["size"], **{k: r.get(k) for k in SCORE_KEYS}} for r in rows]
+    return [{"model": r["model"], "step": r["step"], "size": r["size"], "n_images": r.get("n_images"),
+             "attr_n_object": r.get("attr_n_object"), **{k: r.get(k) for k in SCORE_KEYS}} for r in rows]
 
 
 def print_scores(scores: list[dict]) -> None:
     """The table of how the model learned its prompts, checkpoint by checkpoint."""
     print(f"\nscores at guidance {GUIDANCE:g} (EMA weights; shapes scorer on held-out prompts):")
+    widths = (10, 7, 6, 6, 8, 10, 10)
     print(f"  {'checkpoint':24s} {'px':>3s} {'domain FID':>10s} {'colour':>7s} {'shape':>6s} {'count':>6s} "
-          f"{'position':>8s} {'all right':>9s}")
+          f"{'position':>8s} {'all right:':>10s} {'all right:':>10s}")
+    print(f"  {'':24s} {'':>3s} {'':>10s} {'':>7s} {'':>6s} {'':>6s} {'':>8s} {'one object':>10s} {'all':>10s}")
     for r in scores:
         vals = [r.get(k) for k in SCORE_KEYS]
         cells = [f"{v:10.2f}" if i == 0 else f"{v:{w}.2f}" if v is not None else f"{'-':>{w}s}"
-                 for i, (v, w) in enumerate(zip(vals, (10, 7, 6, 6, 8, 9)))]
+                 for i, (v, w) in enumerate(zip(vals, widths))]
         print(f"  {r['model']:24s} {r['size']:3d} " + " ".join(cells))
-    print("  (colour, shape, count: one-object prompts; position: two-group prompts; all right: every prompt)")
+    last = scores[-1] if scores else {}
+    print("  (colour, shape, count: one-group prompts; position: two-group prompts; all right: every attribute, on\n"
+          f"   the {last.get('attr_n_object')} one-object prompts such as 'a red circle' and on all {last.get('n_images')} prompts)")

@@ -73,12 +73,16 @@ def test_verdicts_follow_the_caption():
     ok = check(single, Scene("one group", (Group("green", "triangle", 1, "small"),)))  # size is not judged
     assert ok["all"] and ok["position"] is None
     assert not check(single, Scene("one group", (Group("purple", "triangle", 1),)))["color"]
+    group = parse_caption("three blue squares")
     tally = AttributeTally()
     tally.add(single, ok)
     tally.add(asked, swapped)
+    tally.add(group, check(group, Scene("one group", (Group("blue", "square", 2),))))
     s = tally.summary()
-    assert s["attr_single_color"] == 1.0 and s["attr_pair_position"] == 0.0 and s["attr_all_all"] == 0.5
-    assert s["attr_n_single"] == 1 and s["attr_n_pair"] == 1
+    assert s["attr_single_color"] == 1.0 and s["attr_pair_position"] == 0.0 and s["attr_all_all"] == round(1 / 3, 4)
+    # One object ("a large green triangle") is a kind of its own inside the one-group captions.
+    assert s["attr_object_all"] == 1.0 and s["attr_single_all"] == 0.5 and s["attr_single_count"] == 0.5
+    assert s["attr_n_object"] == 1 and s["attr_n_single"] == 2 and s["attr_n_pair"] == 1
 
 
 @pytest.mark.slow
@@ -136,7 +140,7 @@ def test_evaluate_with_the_scorer_reports_attributes(trained, checkpoints, shape
     rows = evaluate_checkpoints(cfg, [checkpoints / "ep0-ba2-rank0.pt", checkpoints / "ep0-ba4-rank0.pt"])
     for r in rows:
         assert r["extractor"].startswith("shapes-scorer-256@") and np.isfinite(r["fid"])
-        assert r["attr_n_single"] + r["attr_n_pair"] == r["n_images"] == 6
+        assert r["attr_n_single"] + r["attr_n_pair"] == r["n_images"] == 6 and r["attr_n_object"] <= r["attr_n_single"]
         for k in ("attr_single_color", "attr_single_count", "attr_pair_position", "attr_all_all"):
             assert 0.0 <= r[k] <= 1.0
     out = tmp_path / "results"
