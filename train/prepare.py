@@ -40,10 +40,31 @@ def fit_tokenizer(captions: list[str], max_length: int = 32):
     bpe.train_from_iterator(captions, trainer)
     with tempfile.TemporaryDirectory() as tmp:
         bpe.model.save(tmp)
+        _canonical_ids(Path(tmp))
         tok = CLIPTokenizer(f"{tmp}/vocab.json", f"{tmp}/merges.txt", model_max_length=max_length,
                             pad_token="<|endoftext|>")
         tok.save_pretrained(f"{tmp}/saved")
         return CLIPTokenizer.from_pretrained(f"{tmp}/saved")  # detached from the temp files' lifetime
+
+
+def _canonical_ids(folder: Path) -> None:
+    """Renumber a saved BPE vocabulary so the same captions always give the same token ids.
+
+    The trainer learns the same merges run after run but numbers the tokens in an order that
+    changes from process to process; the ids pick each token's row of the text encoder's
+    embedding table, so they decide what the model is trained on. Canonical order: the special
+    tokens, the alphabet sorted, then each merge's result in merge order.
+    """
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    merges = [line.split(" ") for line in (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+              if line and not line.startswith("#version")]
+    merged = list(dict.fromkeys(a + b for a, b in merges))
+    alphabet = sorted(set(vocab) - set(SPECIAL) - set(merged))
+    order = SPECIAL + alphabet + [t for t in merged if t not in SPECIAL]
+    if sorted(order) != sorted(vocab):
+        raise RuntimeError("the fitted BPE vocabulary does not match its merges")
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(order)}, ensure_ascii=False),
+                                       encoding="utf-8")
 
 
 def read_bucket(folder: str | Path, resolution: int, limit: int):
