@@ -205,8 +205,10 @@ class AttributeTally:
         self.counts: dict[str, list[int]] = {}
 
     def add(self, asked: Scene, verdict: dict[str, bool | None]) -> None:
-        kinds = ["single", "object"] if len(asked.groups) == 1 and asked.groups[0].count == 1 else \
-            ["single"] if len(asked.groups) == 1 else ["pair"]
+        if len(asked.groups) > 1:
+            kinds = ["pair"]
+        else:
+            kinds = ["single", "object"] if asked.groups[0].count == 1 else ["single"]
         for k, v in verdict.items():
             if v is None:
                 continue
