@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from train.errors import WorkbenchError
+from train.precompute import fingerprint
 
 DEFAULT_CLIP = "openai/clip-vit-large-patch14"
 
@@ -32,18 +33,6 @@ def load_clip(ref: str | Path):
         raise WorkbenchError(f"cannot load CLIP model from {ref}: {first}") from None
 
 
-def weights_fingerprint(model: torch.nn.Module, n: int = 16) -> str:
-    """A short hash of a model's weights (a sample of every tensor), to key cached reference embeddings."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        flat = t.detach().reshape(-1)
-        step = max(1, flat.numel() // 64)
-        h.update(name.encode() + str(tuple(t.shape)).encode() + flat[::step][:64].float().cpu().numpy().tobytes())
-    return h.hexdigest()[:n]
-
-
 class ClipImageExtractor:
     """CLIP image embeddings (unit norm, float64) for CMMD; a ``FeatureExtractor`` like Inception's.
 
@@ -55,7 +44,7 @@ class ClipImageExtractor:
         self.device = torch.device(device)
         self.dim = int(model.config.projection_dim)
         self.name = f"clip-image:{name}"
-        self.weights_hash = weights_fingerprint(model)
+        self.weights_hash = fingerprint(model)
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,7 @@ def fingerprint(module: torch.nn.Module) -> str:
     for name, tensor in sorted(module.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-d tensors too
     return h.hexdigest()[:16]
 
 
