@@ -17,31 +17,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
-from diffusers import (DDIMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                       EulerDiscreteScheduler, HeunDiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
-                       StableDiffusionPipeline, UniPCMultistepScheduler)
+from diffusers import StableDiffusionPipeline
 from PIL import Image, PngImagePlugin
 
 from train.errors import WorkbenchError
+from train.samplers import DEFAULT_SAMPLER, SAMPLERS, make_sampler
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a random one
 
-# Sampler name (as A1111 shows it) -> scheduler built from the pipeline's own scheduler config, so
-# the noise schedule (SD2's scaled-linear betas) and prediction type of the checkpoint carry over.
-SCHEDULERS: dict[str, Callable[[dict], object]] = {
-    "DDIM": lambda cfg: DDIMScheduler.from_config(cfg),
-    "Euler": lambda cfg: EulerDiscreteScheduler.from_config(cfg),
-    "Euler a": lambda cfg: EulerAncestralDiscreteScheduler.from_config(cfg),
-    "Heun": lambda cfg: HeunDiscreteScheduler.from_config(cfg),
-    "LMS": lambda cfg: LMSDiscreteScheduler.from_config(cfg),
-    "DPM++ 2M": lambda cfg: DPMSolverMultistepScheduler.from_config(
-        cfg, algorithm_type="dpmsolver++", solver_order=2, use_karras_sigmas=False),
-    "DPM++ 2M Karras": lambda cfg: DPMSolverMultistepScheduler.from_config(
-        cfg, algorithm_type="dpmsolver++", solver_order=2, use_karras_sigmas=True),
-    "UniPC": lambda cfg: UniPCMultistepScheduler.from_config(cfg),
-    "PNDM": lambda cfg: PNDMScheduler.from_config(cfg, skip_prk_steps=True),
-}
-DEFAULT_SCHEDULER = "DDIM"  # the workbench pipeline's own sampler: DDIM over the SD2 training schedule
+# Samplers by the names A1111 shows, built from the pipeline's own scheduler config (train owns them).
+SCHEDULERS = SAMPLERS
+DEFAULT_SCHEDULER = DEFAULT_SAMPLER  # the workbench pipelines' own sampler
 
 
 @dataclass(frozen=True)
@@ -119,7 +105,7 @@ def make_scheduler(name: str, base_config: dict):
     """A fresh scheduler (schedulers hold per-call state) built from the pipeline's scheduler config."""
     if name not in SCHEDULERS:
         raise WorkbenchError(f"unknown scheduler {name!r}; choose one of: {', '.join(SCHEDULERS)}")
-    return SCHEDULERS[name](base_config)
+    return make_sampler(name, base_config)
 
 
 class Stopped(Exception):

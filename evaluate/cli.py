@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from train.samplers import SAMPLERS
+
 
 def _guidance(value: str) -> tuple[float, ...]:
     try:
@@ -26,8 +28,8 @@ def _config(args):
 
     return EvalConfig(out=args.out, reference=args.reference, inception_weights=args.inception_weights, scorer=args.scorer,
                       prompts=args.prompts, n_prompts=args.n_prompts, n_per_prompt=args.n_per_prompt,
-                      n_reference=args.n_reference, guidance=args.guidance, steps=args.steps, size=args.size,
-                      batch_size=args.batch_size, seed=args.seed, clip=args.clip, cmmd=args.cmmd, ema=args.ema,
+                      n_reference=args.n_reference, guidance=args.guidance, steps=args.steps, scheduler=args.sampler,
+                      size=args.size, batch_size=args.batch_size, seed=args.seed, clip=args.clip, cmmd=args.cmmd, ema=args.ema,
                       kid_subsets=args.kid_subsets, kid_subset_size=args.kid_subset_size, device=args.device,
                       dtype=args.dtype, allow_fewer_reference=args.allow_fewer_reference, cache=args.cache,
                       feature_dim=args.inception_features)
@@ -112,6 +114,9 @@ def _common(p) -> None:
     p.add_argument("--guidance", type=_guidance, default=(1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0),
                    help="guidance scales (default 1.5,2,3,4,5,6,7,8)")
     p.add_argument("--steps", type=_positive, default=25)
+    p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
+                   help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's own, DPM++ 2M for training "
+                        "checkpoints); it names the samples' folder and the results' 'scheduler' column")
     p.add_argument("--size", type=_positive, help="image side (default: the model's native size)")
     p.add_argument("--batch-size", type=_positive, default=16)
     p.add_argument("--seed", type=int, default=0, help="base of the per-image seeds")

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from train.errors import WorkbenchError
+from train.samplers import SAMPLERS, make_sampler, sampler_name
 
 from .domain import AttributeTally, check, decode, parse_caption
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
@@ -37,6 +38,7 @@ class EvalConfig:
     n_reference: int = 1000
     guidance: tuple[float, ...] = DEFAULT_GUIDANCE
     steps: int = 25
+    scheduler: str | None = None  # a sampler name (train.samplers.SAMPLERS); None: the pipeline's own
     size: int | None = None  # default: the pipeline's native size
     batch_size: int = 16  # generation and feature batches; fixed so features do not depend on it
     seed: int = 0
@@ -124,6 +126,8 @@ class Evaluator:
             self.clip = ClipScorer(cfg.clip, device=self.device)
             if cfg.cmmd:
                 self.clip_images = self.clip.image_extractor()
+        if cfg.scheduler is not None and cfg.scheduler not in SAMPLERS:
+            raise WorkbenchError(f"unknown sampler {cfg.scheduler!r}; choose one of: {', '.join(SAMPLERS)}")
         self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference)
         self.store = ResultsStore(cfg.out)
         self._reference: dict[tuple[int, str], object] = {}
@@ -161,6 +165,9 @@ class Evaluator:
         from train.pipeline import load_pipeline
 
         pipe = load_pipeline(checkpoint, ema=cfg.ema, device=self.device, dtype=self.dtype)
+        if cfg.scheduler is not None:
+            pipe.scheduler = make_sampler(cfg.scheduler, pipe.scheduler.config)
+        sampler = sampler_name(pipe.scheduler)
         size = cfg.size or pipe.unet.config.sample_size * pipe.vae_scale_factor
         ref = self.reference(size)
         ref_clip = self.reference(size, self.clip_images) if self.clip_images is not None else None
@@ -193,7 +200,9 @@ class Evaluator:
                     fake_clip.update(self.clip_images(images))
                 t_metric[0] += time.perf_counter() - t
 
-            samples = Path("samples") / re.sub(r"[^A-Za-z0-9_.-]+", "_", model) / f"cfg{guidance:g}"
+            # Another sampler than the pipeline's own gets its own folder, so a sampler sweep keeps every set.
+            leaf = f"cfg{guidance:g}" + (f"-{re.sub(r'[^A-Za-z0-9_.-]+', '_', sampler)}" if cfg.scheduler else "")
+            samples = Path("samples") / re.sub(r"[^A-Za-z0-9_.-]+", "_", model) / leaf
             records = generate_samples(pipe, self.prompts, Path(cfg.out) / samples, checkpoint=checkpoint, model=model,
                                        n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=cfg.steps, size=size,
                                        batch_size=cfg.batch_size, seed=cfg.seed, rank=rank, world=world,
@@ -232,7 +241,8 @@ class Evaluator:
             row = {"model": model, "checkpoint": checkpoint, "step": training_step(checkpoint),
                    "guidance": float(guidance), "fid": fid, "kid_mean": kid_mean, "kid_std": kid_std,
                    "clip_score": clip_score, "cmmd": cmmd_value, "n_images": fake_all.n, "n_reference": ref.stats.n,
-                   "reference_skipped": ref.skipped, "prompts": cfg.prompts, "steps": cfg.steps, "size": size,
+                   "reference_skipped": ref.skipped, "prompts": cfg.prompts, "scheduler": sampler, "steps": cfg.steps,
+                   "size": size,
                    "dtype": str(self.dtype).removeprefix("torch."),
                    "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}", "resize": resize_policy(size),
                    "seconds_generate": round(total_s - t_metric[0], 3), "seconds_metrics": round(t_metric[0], 3),

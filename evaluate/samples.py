@@ -22,6 +22,8 @@ import torch
 from PIL import Image, PngImagePlugin
 from tqdm import tqdm
 
+from train.samplers import sampler_name
+
 from .prompts import Prompt
 
 MANIFEST = "manifest.jsonl"
@@ -101,7 +103,7 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, checkpoint
     out = Path(out)
     size = size or pipe.unet.config.sample_size * pipe.vae_scale_factor
     model = model or model_label(checkpoint)
-    scheduler = type(pipe.scheduler).__name__
+    scheduler = sampler_name(pipe.scheduler)
     batches = plan(prompts, n_per_prompt, batch_size, rank, world)
     records: list[SampleRecord] = []
     bar = tqdm(total=sum(map(len, batches)), desc=f"samples {model} cfg {guidance:g}", unit="img", disable=not progress)

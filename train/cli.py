@@ -153,7 +153,7 @@ def register(sub) -> None:
     p = sub.add_parser("prepare", help="build the tiny architecture's tokenizer, text encoder and VAE from data")
     p.add_argument("data", help="shapes dataset folder (its 32 px bucket is used)")
     p.add_argument("out")
-    p.add_argument("--vae-steps", type=_positive, default=1000)
+    p.add_argument("--vae-steps", type=_positive, default=1200)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_prepare)
 

@@ -146,7 +146,7 @@ def fold_latent_normalization(vae, images: torch.Tensor, batch_size: int = 256) 
     return m.tolist(), s.tolist()
 
 
-def prepare_tiny(data: str | Path, out: str | Path, *, vae_steps: int = 1000, max_images: int = 10000,
+def prepare_tiny(data: str | Path, out: str | Path, *, vae_steps: int = 1200, max_images: int = 10000,
                  seed: int = 0, progress: bool = True) -> dict:
     """Write ``out/{vae,text_encoder,tokenizer}`` and ``out/prepare.json``; returns the report."""
     from .architectures import TINY

@@ -17,7 +17,7 @@ from app.generate import parse_parameters
 
 def call(client, tree, api_name="/generate", **kw):
     args = dict(checkpoint=str(tree.ba4), weights="ema", prompt="two blue squares", negative_prompt="",
-                scheduler="DDIM", steps=6, guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1)
+                scheduler="DPM++ 2M", steps=6, guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1)
     if api_name == "/compare":
         args.pop("checkpoint")
         args.pop("batch_size")
@@ -55,7 +55,7 @@ def test_api_images_equal_load_pipeline_bit_for_bit_and_carry_their_parameters(c
         assert item["caption"] == f"seed {7 + i}"
         p = parse_parameters(chunks["parameters"])
         assert (p["prompt"], p["negative_prompt"], p["Seed"], p["Steps"], p["Sampler"]) == (
-            "two red circles", "blue", str(7 + i), "8", "DDIM")
+            "two red circles", "blue", str(7 + i), "8", "DPM++ 2M")  # the pipeline's own sampler
         assert (p["CFG scale"], p["Size"], p["Model hash"], p["Weights"]) == ("5", "16x16", sha[:10], "EMA")
         assert p["Model"] == "tiny-phase1/ep0-ba4-rank0.pt" and sha in chunks["dwb"]
     assert text == read(gallery[0])[1]["parameters"]

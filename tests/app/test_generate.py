@@ -6,16 +6,17 @@ import pytest
 import torch
 from PIL import Image
 
-from app.generate import (SCHEDULERS, GenerationParams, ImageRecord, Limits, Stopped, generate, make_scheduler,
-                          parse_parameters, save_png, validate)
+from app.generate import (DEFAULT_SCHEDULER, SCHEDULERS, GenerationParams, ImageRecord, Limits, Stopped, generate,
+                          make_scheduler, parse_parameters, save_png, validate)
 from train.errors import WorkbenchError
+from train.samplers import sampler_name
 
 LIMITS = Limits(max_steps=150, max_size=1024, max_batch=8)
 
 
 def params(**kw) -> GenerationParams:
-    base = dict(prompt="two blue squares", negative_prompt="", scheduler="DDIM", steps=4, guidance=5.0, width=16,
-                height=16, seed=3, batch_size=1)
+    base = dict(prompt="two blue squares", negative_prompt="", scheduler=DEFAULT_SCHEDULER, steps=4, guidance=5.0,
+                width=16, height=16, seed=3, batch_size=1)
     return GenerationParams(**{**base, **kw})
 
 
@@ -55,12 +56,14 @@ def test_valid_parameters_are_normalised_and_seed_minus_one_is_drawn():
 
 def test_schedulers_come_from_the_pipeline_config(pipe):
     base = pipe.scheduler.config
-    assert type(pipe.scheduler).__name__ == "DDIMScheduler"  # the workbench's own default sampler
-    ddim = make_scheduler("DDIM", base)
-    assert dict(ddim.config) == dict(base)
+    # The workbench's own default sampler, named as the app names it.
+    assert sampler_name(pipe.scheduler) == DEFAULT_SCHEDULER == "DPM++ 2M"
+    assert dict(make_scheduler(DEFAULT_SCHEDULER, base).config) == dict(base)
+    assert base.timestep_spacing == "leading" and base.steps_offset == 1  # SD2's spacing carries over
     for name in SCHEDULERS:
         s = make_scheduler(name, base)
         assert s.config.prediction_type == base.prediction_type and s.config.beta_end == base.beta_end
+        assert sampler_name(s) == name  # the name written into manifests and PNG text
     assert make_scheduler("DPM++ 2M Karras", base).config.use_karras_sigmas
     assert not make_scheduler("DPM++ 2M", base).config.use_karras_sigmas
     assert type(make_scheduler("Euler a", base)).__name__ == "EulerAncestralDiscreteScheduler"
@@ -75,7 +78,7 @@ def test_every_sampler_runs_and_samplers_differ(pipe):
     assert len({v.tobytes() for v in images.values()}) >= len(SCHEDULERS) - 2  # some may coincide at 3 steps
     again = pixels(generate(pipe, validate(params(scheduler="Euler a", steps=3), LIMITS)))
     assert np.array_equal(again, images["Euler a"])  # ancestral noise comes from the seeded generators too
-    assert type(pipe.scheduler).__name__ == "DDIMScheduler"  # the cached pipeline was left as it was
+    assert sampler_name(pipe.scheduler) == DEFAULT_SCHEDULER  # the cached pipeline was left as it was
 
 
 def test_default_sampler_equals_a_plain_pipeline_call(pipe):
@@ -116,7 +119,7 @@ def test_png_parameters_round_trip(tmp_path):
         text, data = im.text["parameters"], json.loads(im.text["dwb"])
     parsed = parse_parameters(text)
     assert parsed["prompt"] == 'a "red", circle: left\nof a square' and parsed["negative_prompt"] == "blue, green"
-    assert parsed["Seed"] == "102" and parsed["Steps"] == "30" and parsed["Sampler"] == "DDIM"
+    assert parsed["Seed"] == "102" and parsed["Steps"] == "30" and parsed["Sampler"] == "DPM++ 2M"
     assert parsed["CFG scale"] == "7.5" and parsed["Size"] == "24x32" and parsed["Model hash"] == "abababab" + "ab"
     assert parsed["Model"] == "runs/a, b/ep0-ba4-rank0.pt" and parsed["Weights"] == "EMA"
     assert data["seed"] == 102 and data["checkpoint_hash"] == "ab" * 32 and data["width"] == 24

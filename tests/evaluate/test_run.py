@@ -120,6 +120,26 @@ def test_generation_precision_is_chosen_and_recorded(checkpoints, shapes_data, i
         evaluate_checkpoints(_cfg(tmp_path / "bad", shapes_data, inception_weights, dtype="int8"), [ckpt])
 
 
+def test_sampler_is_chosen_recorded_and_kept_apart(checkpoints, shapes_data, inception_weights, tmp_path):
+    ckpt = checkpoints / "ep0-ba4-rank0.pt"
+    out = tmp_path / "results"
+    own = evaluate_checkpoints(_cfg(tmp_path, shapes_data, inception_weights, guidance=(5.0,)), [ckpt])[0]
+    ddim = evaluate_checkpoints(_cfg(tmp_path, shapes_data, inception_weights, guidance=(5.0,), scheduler="DDIM"),
+                                [ckpt])[0]
+    assert own["scheduler"] == "DPM++ 2M" and ddim["scheduler"] == "DDIM"  # the pipeline's own, then the asked one
+    assert own["samples"] != ddim["samples"] and own["fid"] != ddim["fid"]  # both sample sets kept, different images
+    for row in (own, ddim):
+        manifest = [json.loads(line) for line in (out / row["samples"] / "manifest.jsonl").read_text().splitlines()]
+        assert {m["scheduler"] for m in manifest} == {row["scheduler"]}
+        with Image.open(out / row["samples"] / manifest[0]["path"]) as im:
+            assert f"Sampler: {row['scheduler']}," in im.text["parameters"]
+    with open(out / "results.csv") as f:
+        assert [r["scheduler"] for r in csv.DictReader(f)] == ["DPM++ 2M", "DDIM"]
+    assert "<th>scheduler</th>" in (out / "report" / "index.html").read_text()  # a sweep's rows told apart
+    with pytest.raises(WorkbenchError, match="unknown sampler 'Karras 9000'; choose one of: DDIM, Euler"):
+        evaluate_checkpoints(_cfg(tmp_path / "bad", shapes_data, inception_weights, scheduler="Karras 9000"), [ckpt])
+
+
 def test_corrupt_checkpoint_and_missing_weights_are_one_line_errors(shapes_data, inception_weights, tmp_path, capsys):
     from dwb import main
 

@@ -1,0 +1,44 @@
+"""Samplers by the names A1111 shows, each built from a scheduler config (a pipeline's own), so the
+checkpoint's noise schedule (SD2's scaled-linear betas) and prediction type carry over.
+
+Light to import (diffusers loads on first use), so command lines can list the names.
+"""
+from __future__ import annotations
+
+from .errors import WorkbenchError
+
+# name -> (diffusers scheduler class, settings on top of the base config)
+SAMPLERS: dict[str, tuple[str, dict]] = {
+    "DDIM": ("DDIMScheduler", {}),
+    "Euler": ("EulerDiscreteScheduler", {}),
+    "Euler a": ("EulerAncestralDiscreteScheduler", {}),
+    "Heun": ("HeunDiscreteScheduler", {}),
+    "LMS": ("LMSDiscreteScheduler", {}),
+    "DPM++ 2M": ("DPMSolverMultistepScheduler", dict(algorithm_type="dpmsolver++", solver_order=2, use_karras_sigmas=False)),
+    "DPM++ 2M Karras": ("DPMSolverMultistepScheduler", dict(algorithm_type="dpmsolver++", solver_order=2,
+                                                             use_karras_sigmas=True)),
+    "UniPC": ("UniPCMultistepScheduler", {}),
+    "PNDM": ("PNDMScheduler", dict(skip_prk_steps=True)),
+}
+# The pipelines' default: at 20 steps it drew the tiny model's one-object prompts fully right more
+# often than DDIM did on the same checkpoints and seeds (BENCHMARKS.md, "One-object prompts above 0.5").
+DEFAULT_SAMPLER = "DPM++ 2M"
+
+
+def make_sampler(name: str, base_config: dict):
+    """A fresh scheduler (schedulers hold per-call state) of sampler ``name``, from ``base_config``."""
+    if name not in SAMPLERS:
+        raise WorkbenchError(f"unknown sampler {name!r}; choose one of: {', '.join(SAMPLERS)}")
+    import diffusers
+
+    cls, settings = SAMPLERS[name]
+    return getattr(diffusers, cls).from_config(base_config, **settings)
+
+
+def sampler_name(scheduler) -> str:
+    """The SAMPLERS name of a scheduler object (its class name when it matches none of them)."""
+    cls, cfg = type(scheduler).__name__, scheduler.config
+    for name, (want, settings) in SAMPLERS.items():
+        if cls == want and all(cfg.get(k) == v for k, v in settings.items() if k != "skip_prk_steps"):
+            return name
+    return cls
