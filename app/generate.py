@@ -102,9 +102,8 @@ def validate(params: GenerationParams, limits: Limits, *, need_prompt: bool = Tr
 
 
 def make_scheduler(name: str, base_config: dict):
-    """A fresh scheduler (schedulers hold per-call state) built from the pipeline's scheduler config."""
-    if name not in SCHEDULERS:
-        raise WorkbenchError(f"unknown scheduler {name!r}; choose one of: {', '.join(SCHEDULERS)}")
+    """A fresh scheduler (schedulers hold per-call state) built from the pipeline's scheduler config;
+    ``validate`` has checked the name against SCHEDULERS already (make_sampler errors on any other)."""
     return make_sampler(name, base_config)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from train.errors import WorkbenchError
-from train.samplers import SAMPLERS, make_sampler, sampler_name
+from train.samplers import check_sampler, make_sampler, sampler_name
 
 from .domain import AttributeTally, check, decode, parse_caption
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
@@ -62,6 +62,11 @@ def _device(name: str) -> torch.device:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # one GPU per rank under `composer -n N`
         return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     return torch.device(name)
+
+
+def _slug(name: str) -> str:
+    """A folder name from a model label or sampler name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 def training_step(checkpoint: str | Path) -> int:
@@ -126,8 +131,8 @@ class Evaluator:
             self.clip = ClipScorer(cfg.clip, device=self.device)
             if cfg.cmmd:
                 self.clip_images = self.clip.image_extractor()
-        if cfg.scheduler is not None and cfg.scheduler not in SAMPLERS:
-            raise WorkbenchError(f"unknown sampler {cfg.scheduler!r}; choose one of: {', '.join(SAMPLERS)}")
+        if cfg.scheduler is not None:
+            check_sampler(cfg.scheduler)
         self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference)
         self.store = ResultsStore(cfg.out)
         self._reference: dict[tuple[int, str], object] = {}
@@ -201,8 +206,8 @@ class Evaluator:
                 t_metric[0] += time.perf_counter() - t
 
             # Another sampler than the pipeline's own gets its own folder, so a sampler sweep keeps every set.
-            leaf = f"cfg{guidance:g}" + (f"-{re.sub(r'[^A-Za-z0-9_.-]+', '_', sampler)}" if cfg.scheduler else "")
-            samples = Path("samples") / re.sub(r"[^A-Za-z0-9_.-]+", "_", model) / leaf
+            leaf = f"cfg{guidance:g}" + (f"-{_slug(sampler)}" if cfg.scheduler else "")
+            samples = Path("samples") / _slug(model) / leaf
             records = generate_samples(pipe, self.prompts, Path(cfg.out) / samples, checkpoint=checkpoint, model=model,
                                        n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=cfg.steps, size=size,
                                        batch_size=cfg.batch_size, seed=cfg.seed, rank=rank, world=world,

@@ -16,8 +16,8 @@ COLUMNS = ["model", "checkpoint", "step", "guidance", "fid", "kid_mean", "kid_st
            "attr_single_color", "attr_single_shape", "attr_single_count", "attr_single_all", "attr_pair_color",
            "attr_pair_shape", "attr_pair_count", "attr_pair_position", "attr_pair_all", "attr_all_all",
            "attr_n_object", "attr_n_single", "attr_n_pair", "n_images",
-           "n_reference", "reference_skipped", "prompts", "scheduler", "steps", "size", "extractor", "resize", "seconds_generate",
-           "seconds_metrics", "seconds_total", "seconds_checkpoint", "samples", "status", "error", "file_size", "file_mtime_ns", "time"]
+           "n_reference", "reference_skipped", "prompts", "scheduler", "steps", "size", "extractor", "resize",
+           "seconds_generate", "seconds_metrics", "seconds_total", "seconds_checkpoint", "samples", "status", "error", "file_size", "file_mtime_ns", "time"]
 
 
 class ResultsStore:

@@ -25,10 +25,15 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
 DEFAULT_SAMPLER = "DPM++ 2M"
 
 
-def make_sampler(name: str, base_config: dict):
-    """A fresh scheduler (schedulers hold per-call state) of sampler ``name``, from ``base_config``."""
+def check_sampler(name: str) -> None:
+    """A one-line error for a name that is not in SAMPLERS (callers check before any work starts)."""
     if name not in SAMPLERS:
         raise WorkbenchError(f"unknown sampler {name!r}; choose one of: {', '.join(SAMPLERS)}")
+
+
+def make_sampler(name: str, base_config: dict):
+    """A fresh scheduler (schedulers hold per-call state) of sampler ``name``, from ``base_config``."""
+    check_sampler(name)
     import diffusers
 
     cls, settings = SAMPLERS[name]
@@ -39,6 +44,6 @@ def sampler_name(scheduler) -> str:
     """The SAMPLERS name of a scheduler object (its class name when it matches none of them)."""
     cls, cfg = type(scheduler).__name__, scheduler.config
     for name, (want, settings) in SAMPLERS.items():
-        if cls == want and all(cfg.get(k) == v for k, v in settings.items() if k != "skip_prk_steps"):
+        if cls == want and all(cfg.get(k) == v for k, v in settings.items()):
             return name
     return cls
