@@ -5,32 +5,18 @@ made EMA a visible share of a tiny model's step. Here the update is one ``_forea
 tensors. Only floating-point tensors are averaged (integer buffers such as position ids stay as
 they are). State, checkpoints and the swap of EMA weights in for eval and saving are Composer's.
 
-Under FSDP, Composer's EMA gathers the full weights through ``model.module``, which exists on its
-HuggingFaceModel but not on a model whose FSDP units are its children (the UNet here). Every EMA
-step here, and Composer's own EMA code through the hook below, gathers them with FSDP's
-``summon_full_params`` on the whole model instead, which finds each FSDP unit inside it.
+Under FSDP every EMA step here gathers the full weights with ``train.compat.fsdp_full_params``, and
+Composer's own EMA code does too (``train.compat.patch_composer_ema``: it looked for ``model.module``).
 """
 from __future__ import annotations
 
-import contextlib
-
-import composer.algorithms.ema.ema as composer_ema
 import torch
 from composer.algorithms import EMA
 from composer.core import Event
-from composer.utils import misc
 
+from .compat import fsdp_full_params, patch_composer_ema
 
-def full_params(model: torch.nn.Module):
-    """A context in which every FSDP unit inside ``model`` holds its full (unsharded) weights."""
-    if misc.is_model_fsdp(model):
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        return FullyShardedDataParallel.summon_full_params(model)
-    return contextlib.nullcontext()
-
-
-composer_ema.get_model_context_manager = full_params
+patch_composer_ema()
 
 
 @torch.no_grad()
@@ -46,7 +32,7 @@ def fused_ema_update(model: torch.nn.Module, ema_model, smoothing: float) -> Non
 class FusedEMA(EMA):
     def apply(self, event: Event, state, logger) -> None:
         if event in (Event.BATCH_END, Event.EPOCH_END) and self.ema_model is not None:
-            with full_params(state.model):
+            with fsdp_full_params(state.model):
                 fused_ema_update(state.model, self.ema_model, self.smoothing)
             return
         super().apply(event, state, logger)

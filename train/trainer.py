@@ -205,7 +205,7 @@ def build_trainer(cfg: TrainConfig):
     from composer.devices import DeviceCPU, DeviceGPU
 
     from .guard import NonFiniteGuard
-    from .resume import RestoreRNG
+    from .compat import RestoreRNG, align_dataset_epoch
 
     device = resolve_device(cfg)
     check_gpu_features(cfg, device)
@@ -299,6 +299,7 @@ def build_trainer(cfg: TrainConfig):
         python_log_level=None,
     )
     restore_rng.take_over(trainer)
+    align_dataset_epoch(trainer)
     log.info("attention backend: %s, device: %s, precision: %s", attention, device, precision)
     if dist.get_global_rank() == 0:
         import yaml

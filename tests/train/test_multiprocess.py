@@ -17,20 +17,31 @@ def _composer(*args, timeout=600) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_two_process_training_checkpoints_and_resumes(shapes_data, components, tmp_path):
-    folder = tmp_path / "ckpt"
-    over = tiny_overrides(shapes_data, components, folder, save_interval="2ba", autoresume="true", run_name="ddp",
-                          device_train_microbatch_size=2)
-    first = _composer(str(BIN / "dwb"), "train", str(REPO / "configs/tiny-phase1.yaml"), *over, "max_duration=2ba")
-    assert first.returncode == 0, first.stderr[-2000:]
-    second = _composer(str(BIN / "dwb"), "train", str(REPO / "configs/tiny-phase1.yaml"), *over, "max_duration=4ba")
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert "resuming at batch 2" in second.stdout
+def test_two_process_training_resumes_bit_identically_from_an_epochs_last_batch(shapes_data, components, tmp_path):
+    """Two ranks of 24 on 192 samples: 4-batch epochs; resuming from ba4 (an epoch's last batch) ends where an
+    uninterrupted run does, in model, EMA and optimizer state."""
+    from .test_resilience import differing
+
+    def run(folder):
+        over = tiny_overrides(shapes_data, components, folder, save_interval="2ba", autoresume="true", run_name="ddp",
+                              global_train_batch_size=48, device_train_microbatch_size=24, max_duration="6ba",
+                              **{"ema.enabled": "true", "ema.ema_start": "1ba"})
+        return _composer(str(BIN / "dwb"), "train", str(REPO / "configs/tiny-phase1.yaml"), *over)
+
+    whole = run(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    for name in ("ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"):
+        (resumed / name).write_bytes((tmp_path / "whole" / name).read_bytes())
+    again = run(resumed)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming at batch 4" in again.stdout
     from train.checkpoint import read_checkpoint
 
-    ckpt = read_checkpoint(folder / "ep0-ba4-rank0.pt")
-    ts = ckpt["timestamp"]["Timestamp"]
-    assert ts["batch"] == 4 and ts["sample"] == 32  # global batch 8 = 2 ranks x 4
+    ts = read_checkpoint(resumed / "ep1-ba6-rank0.pt")["timestamp"]["Timestamp"]
+    assert ts["batch"] == 6 and ts["sample"] == 288  # global batch 48 = 2 ranks x 24
+    assert differing(resumed / "ep1-ba6-rank0.pt", tmp_path / "whole" / "ep1-ba6-rank0.pt") == []
 
 
 @pytest.mark.slow

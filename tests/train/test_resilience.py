@@ -1,6 +1,8 @@
-"""Failures: SIGKILL mid-epoch then autoresume (bit-identical), corrupt checkpoints, non-finite losses, full disks."""
+"""Failures: resumption from every checkpoint (bit-identical), SIGKILL at several points, corrupt checkpoints,
+non-finite losses, full disks."""
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoint import model_weights, read_checkpoint
+from train.checkpoint import _SAFE, checkpoint_problem, read_checkpoint
 from train.config import load_config
 from train.errors import WorkbenchError
 from train.trainer import build_model, build_trainer, check_save_folder, estimate_checkpoint_bytes, train
@@ -18,59 +20,145 @@ from train.trainer import build_model, build_trainer, check_save_folder, estimat
 from ..conftest import REPO, tiny_overrides
 
 PHASE1 = REPO / "configs/tiny-phase1.yaml"
-# 192 samples at batch 8: an epoch is 24 batches, so every run below stops and resumes mid-epoch.
-RUN = dict(save_interval="4ba", autoresume="true", run_name="resilience", **{"ema.enabled": "true", "ema.ema_start": "2ba"})
-
-
-def _over(shapes_data, components, folder, **extra):
-    return tiny_overrides(shapes_data, components, folder, **{**RUN, **extra})
-
-
-def _same_weights(a: Path, b: Path) -> bool:
-    ca, cb = read_checkpoint(a), read_checkpoint(b)
-    for ema in (False, True):
-        wa, wb = model_weights(ca, ema=ema), model_weights(cb, ema=ema)
-        if wa.keys() != wb.keys() or not all(torch.equal(wa[k], wb[k]) for k in wa):
-            return False
-    return True
+# 32 samples at batch 8: an epoch is 4 batches, so checkpoints every 2 batches fall in the middle of an
+# epoch (ba2, ba6) and on an epoch's last batch (ba4, ba8); every epoch (1ep) they fall on the first batch of
+# the next epoch. EMA starts at batch 3: checkpoints before and after it.
+RUN = dict(autoresume="true", run_name="resilience", max_duration="10ba", **{"ema.enabled": "true", "ema.ema_start": "3ba"})
 
 
 @pytest.fixture(scope="module")
-def reference(shapes_data, components, tmp_path_factory):
-    """An uninterrupted run of 22 batches, checkpointed every 4."""
+def four_batch_epochs(tmp_path_factory) -> Path:
+    from train.shapes import write_shapes_dataset
+
+    out = tmp_path_factory.mktemp("shapes32")
+    write_shapes_dataset(out, 32, seed=4, sizes=(16,), n_eval=0, progress=False)
+    return out
+
+
+def _over(data, components, folder, save_interval="2ba", **extra):
+    return tiny_overrides(data, components, folder, **{**RUN, "save_interval": save_interval, **extra})
+
+
+def _batch(path: Path) -> int:
+    return int(path.name.split("-ba")[1].split("-")[0])
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    return sorted(folder.glob("ep*-ba*-rank0.pt"), key=_batch)
+
+
+def training_state(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor a resumed run carries on with: model weights, the EMA copy, AdamW's moments and steps."""
+    with torch.serialization.safe_globals(_SAFE):
+        state = torch.load(path, map_location="cpu", weights_only=True)["state"]
+    out = {f"model.{k}": v for k, v in state["model"].items()}
+    for name, algorithm in state["algorithms"]:
+        if name == "FusedEMA":
+            out.update({f"ema.{k}": v for k, v in algorithm["ema_model"]["named_parameters_dict"].items()})
+    for i, moments in state["optimizers"]["AdamW"]["state"].items():
+        out.update({f"adamw.{i}.{k}": torch.as_tensor(v) for k, v in moments.items()})
+    return out
+
+
+def differing(a: Path, b: Path) -> list[str]:
+    sa, sb = training_state(a), training_state(b)
+    assert sa.keys() == sb.keys() and any(k.startswith("ema.") for k in sa) and any(k.startswith("adamw.") for k in sa)
+    return [k for k in sa if not torch.equal(sa[k], sb[k])]
+
+
+@pytest.fixture(scope="module")
+def reference(four_batch_epochs, components, tmp_path_factory):
+    """An uninterrupted run of 10 batches, checkpointed every 2."""
     folder = tmp_path_factory.mktemp("reference") / "ckpt"
-    train(load_config(PHASE1, _over(shapes_data, components, folder, max_duration="22ba")))
+    train(load_config(PHASE1, _over(four_batch_epochs, components, folder)))
     return folder
 
 
-@pytest.mark.slow
-def test_sigkill_mid_epoch_then_autoresume_is_bit_identical(reference, shapes_data, components, tmp_path):
-    folder = tmp_path / "ckpt"
-    cmd = [str(Path(sys.executable).parent / "dwb"), "train", str(PHASE1),
-           *_over(shapes_data, components, folder, max_duration="22ba")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.fixture(scope="module")
+def reference_by_epoch(four_batch_epochs, components, tmp_path_factory):
+    """The same run checkpointed every epoch: at the first batch of epochs 1 and 2, and at its end."""
+    folder = tmp_path_factory.mktemp("reference-epochs") / "ckpt"
+    train(load_config(PHASE1, _over(four_batch_epochs, components, folder, save_interval="1ep")))
+    return folder
+
+
+@pytest.mark.parametrize("by_epoch", [False, True], ids=["every-2-batches", "every-epoch"])
+def test_resuming_from_every_checkpoint_is_bit_identical(request, by_epoch, four_batch_epochs, components, tmp_path):
+    """Mid-epoch, an epoch's last batch, the next epoch's first batch, before and after EMA starts."""
+    reference = request.getfixturevalue("reference_by_epoch" if by_epoch else "reference")
+    interval = "1ep" if by_epoch else "2ba"
+    saved = _checkpoints(reference)
+    assert [_batch(p) for p in saved] == ([4, 8, 10] if by_epoch else [2, 4, 6, 8, 10])
+    for i, resume_from in enumerate(saved[:-1]):
+        folder = tmp_path / resume_from.stem / "ckpt"
+        folder.mkdir(parents=True)
+        for earlier in saved[: i + 1]:
+            shutil.copy(earlier, folder / earlier.name)  # what a run killed after this checkpoint left behind
+        trainer = build_trainer(load_config(PHASE1, _over(four_batch_epochs, components, folder, save_interval=interval)))
+        assert int(trainer.state.timestamp.batch) == _batch(resume_from)
+        trainer.fit()
+        trainer.close()
+        assert differing(_checkpoints(folder)[-1], saved[-1]) == [], f"resumed from {resume_from.name}"
+
+
+def _stop_inside_a_write(proc: subprocess.Popen, folder: Path, names: list[str]) -> str | None:
+    """Freeze the run the moment one of ``names`` appears; SIGKILL it there if that file is still being
+    written (the name returned), else let it go on to the next name."""
+    for name in names:
+        path, deadline = folder / name, time.time() + 300
+        while not path.exists():
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
+            time.sleep(0.0005)
+        os.kill(proc.pid, signal.SIGSTOP)
+        if checkpoint_problem(path) is not None:  # a torn zip: the kill lands inside the write
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return name
+        os.kill(proc.pid, signal.SIGCONT)
+    return None
+
+
+def _kill_after(proc: subprocess.Popen, path: Path) -> None:
     deadline = time.time() + 300
-    while not (folder / "ep0-ba8-rank0.pt").exists():
+    while not (path.exists() and checkpoint_problem(path) is None):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
         time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up: maybe in the middle of writing a checkpoint
+    os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    assert not (folder / "ep0-ba22-rank0.pt").exists()
 
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # the same command
+
+@pytest.mark.slow
+def test_sigkill_at_several_points_then_autoresume_is_bit_identical(reference, four_batch_epochs, components, tmp_path):
+    folder = tmp_path / "ckpt"
+    cmd = [str(Path(sys.executable).parent / "dwb"), "train", str(PHASE1), *_over(four_batch_epochs, components, folder)]
+
+    def start():
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    # 1. killed while writing a checkpoint: the torn file is set aside and the run resumes from the one before
+    torn = _stop_inside_a_write(start(), folder, ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt", "ep1-ba6-rank0.pt"])
+    assert torn is not None, "no kill landed inside a checkpoint write"
+    # 2. killed after the checkpoint at an epoch's last batch (ba8 of 4-batch epochs)
+    second = start()
+    _kill_after(second, folder / "ep1-ba8-rank0.pt")
+    resumed_first = second.stdout.read()
+    # 3. the same command runs to the end
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
-    resumed_at = int(again.stdout.split("resuming at batch ")[1].split()[0])
-    assert 4 <= resumed_at < 22 and resumed_at % 4 == 0  # 4 when the kill cut ba8's file short
-    assert _same_weights(folder / "ep0-ba22-rank0.pt", reference / "ep0-ba22-rank0.pt")
+    before_torn = _batch(Path(torn)) - 2
+    if before_torn:
+        assert f"resuming at batch {before_torn}" in resumed_first
+    assert (folder / f"{torn}.corrupt").is_file()
+    assert "resuming at batch 8" in again.stdout
+    assert differing(folder / "ep2-ba10-rank0.pt", reference / "ep2-ba10-rank0.pt") == []
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(reference, shapes_data, components, tmp_path,
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(reference, four_batch_epochs, components, tmp_path,
                                                                   caplog, damage):
     folder = tmp_path / "ckpt"
-    train(load_config(PHASE1, _over(shapes_data, components, folder, max_duration="8ba")))
-    latest = folder / "ep0-ba8-rank0.pt"
+    train(load_config(PHASE1, _over(four_batch_epochs, components, folder, max_duration="8ba")))
+    latest = folder / "ep1-ba8-rank0.pt"
     data = bytearray(latest.read_bytes())
     if damage == "truncate":
         latest.write_bytes(data[: len(data) // 2])
@@ -79,13 +167,13 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(reference, sha
         data[middle:middle + 64] = bytes(64)  # zeroed bytes inside a tensor record
         latest.write_bytes(data)
     with caplog.at_level("WARNING", logger="train.checkpoint"):
-        trainer = build_trainer(load_config(PHASE1, _over(shapes_data, components, folder, max_duration="12ba")))
-    assert int(trainer.state.timestamp.batch) == 4
-    assert "ep0-ba8-rank0.pt is unreadable" in caplog.text
-    assert (folder / "ep0-ba8-rank0.pt.corrupt").is_file()  # kept aside, never deleted
+        trainer = build_trainer(load_config(PHASE1, _over(four_batch_epochs, components, folder)))
+    assert int(trainer.state.timestamp.batch) == 6
+    assert "ep1-ba8-rank0.pt is unreadable" in caplog.text
+    assert (folder / "ep1-ba8-rank0.pt.corrupt").is_file()  # kept aside, never deleted
     trainer.fit()
     trainer.close()
-    assert _same_weights(folder / "ep0-ba12-rank0.pt", reference / "ep0-ba12-rank0.pt")
+    assert differing(folder / "ep2-ba10-rank0.pt", reference / "ep2-ba10-rank0.pt") == []
 
 
 def test_nonfinite_losses_are_skipped_then_abort(shapes_data, components, tmp_path):
@@ -118,7 +206,7 @@ def test_nonfinite_losses_are_skipped_then_abort(shapes_data, components, tmp_pa
 def test_checkpoint_size_estimate_and_full_disk(reference, components, tmp_path):
     cfg = load_config(PHASE1, [f"model.pretrained={components}"])
     estimate = estimate_checkpoint_bytes(build_model(cfg), ema=True)
-    actual = (reference / "ep0-ba8-rank0.pt").stat().st_size
+    actual = (reference / "ep1-ba8-rank0.pt").stat().st_size
     assert 0.8 * actual <= estimate <= 1.25 * actual
     import shutil
 

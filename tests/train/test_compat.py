@@ -1,0 +1,31 @@
+"""The library internals `train.compat` relies on: a version bump fails here first, by name."""
+import inspect
+from importlib.metadata import version
+
+import pytest
+
+from train import compat
+
+
+@pytest.mark.parametrize("package", sorted(compat.WRITTEN_FOR))
+def test_installed_versions_are_the_ones_compat_was_written_for(package):
+    assert version(package) == compat.WRITTEN_FOR[package], (
+        f"{package} is {version(package)}; train/compat.py was written for {compat.WRITTEN_FOR[package]}: re-read each "
+        "entry there against the new version, run the resumption tests, then update WRITTEN_FOR")
+
+
+def test_the_internals_compat_patches_are_where_it_expects_them():
+    from composer import Trainer
+    from composer.algorithms.ema import ema as composer_ema
+    from streaming import StreamingDataset
+
+    import train.ema  # noqa: F401 - applies compat.patch_composer_ema, as training does
+
+    loop = inspect.getsource(Trainer._train_loop)
+    # Composer restores the RNG itself only at an epoch boundary or while spinning a dataloader
+    assert "self.state.timestamp.batch_in_epoch == 0 and self._rng_state is not None" in loop
+    assert "'train' not in self.state.dataset_resumption" in loop
+    # Composer's EMA gathers FSDP weights through this module-level function, which compat replaces
+    assert composer_ema.get_model_context_manager is compat.fsdp_full_params  # train.ema applied the patch
+    # Streaming records the epoch it iterates last, whatever the sample count it is given
+    assert "epoch = self.next_epoch - 1" in inspect.getsource(StreamingDataset.state_dict)

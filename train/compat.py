@@ -1,0 +1,102 @@
+"""Where the workbench relies on a library's private internals: every such place, in one module.
+
+Each entry names the library version it was written for (``WRITTEN_FOR``); `tests/train/test_compat.py`
+fails when an installed version differs, so an upgrade re-reads this file before anything else, and the
+behaviour each entry exists for is tested where it matters (resumption, EMA under FSDP).
+
+**Composer's RNG state on resumption** (``RestoreRNG``). Composer restores a checkpoint's RNG state at
+the start of ``fit`` when the checkpoint was taken at an epoch boundary (``batch_in_epoch`` 0), or while
+it spins a dataloader forward to the resumed batch. A Streaming dataset resumes inside an epoch by
+itself (no spinning), and then Composer never applies the saved state: the resumed run would draw other
+noise, timesteps and caption dropouts. Two cases, told apart by where the checkpoint was taken:
+
+- *inside an epoch*: the uninterrupted run goes on with the iterator it already has; the resumed run
+  first creates one, and creating a ``DataLoader`` iterator draws its base seed from torch's global RNG.
+  The state is applied after the first batch is fetched (``AFTER_DATALOADER``), past that draw.
+- *at an epoch's last batch* (``batch_in_epoch`` equal to the epoch's length; Composer saves at
+  ``BATCH_CHECKPOINT``, before the epoch rolls over): Streaming yields nothing for the rest of that
+  epoch, and the uninterrupted run's next draw is the *next* epoch's iterator seed. Applying the state
+  after the first batch would skip that draw (measured: 1,144 of 1,622 model, EMA and optimizer tensors
+  differed 6 batches later); it is applied at ``EPOCH_START`` of the next epoch, before the iterator.
+  Composer's warning that the (empty) rest of the epoch trained no batches is silenced for that run.
+
+**Streaming's position at an epoch boundary** (``align_dataset_epoch``). A checkpoint taken when an
+epoch ends (``save_interval`` in epochs: Composer saves at ``EPOCH_CHECKPOINT``, after the epoch rolled
+over) asks the dataset for its state with 0 samples seen; Streaming still counts the epoch it just
+finished as its current one and records (that epoch, sample 0), so a resumed run replayed the finished
+epoch's sample order instead of starting the next one (1,144 of 1,622 tensors differed). After loading
+such a checkpoint, the dataset's resume state is moved to Composer's epoch, sample 0.
+
+**Composer's EMA under FSDP** (``fsdp_full_params``). Composer's EMA gathers FSDP weights through
+``model.module``, which the workbench's model does not have (its FSDP units are its children);
+``composer.algorithms.ema.ema.get_model_context_manager`` is replaced by one that gathers them with
+FSDP's ``summon_full_params`` on the whole model. Without FSDP it returns a no-op context, as Composer's does.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+from composer.core import Callback, Event, State
+from composer.loggers import Logger
+from composer.utils import misc, reproducibility
+
+# The versions each entry below was written and tested against.
+WRITTEN_FOR = {"mosaicml": "0.32.1", "mosaicml-streaming": "0.13.0"}
+
+
+class RestoreRNG(Callback):
+    """Apply a checkpoint's RNG state at the point Composer would skip it (see the module docstring)."""
+
+    def __init__(self):
+        self.pending = None
+        self.at = Event.AFTER_DATALOADER
+
+    def take_over(self, trainer) -> None:
+        """Call after the Trainer is built: claim the RNG state Composer would drop (reads ``trainer._rng_state``)."""
+        rng, state = getattr(trainer, "_rng_state", None), trainer.state
+        batch_in_epoch = int(state.timestamp.batch_in_epoch)
+        if rng is None or batch_in_epoch == 0 or "train" not in state.dataset_resumption:
+            return  # nothing to restore, or Composer restores it itself at the start of fit
+        self.pending = rng
+        trainer._rng_state = None
+        epoch_length = state.dataloader_len
+        if epoch_length is not None and batch_in_epoch >= int(epoch_length):
+            self.at = Event.EPOCH_START
+            warnings.filterwarnings("ignore", message="No batches were trained for global rank")
+
+    def run_event(self, event: Event, state: State, logger: Logger) -> None:
+        if event == self.at and self.pending is not None:
+            reproducibility.load_rng_state(self.pending)
+            self.pending = None
+
+
+def align_dataset_epoch(trainer) -> None:
+    """After a checkpoint taken at an epoch boundary, start the dataset at Composer's epoch (see above)."""
+    state = trainer.state
+    epoch = int(state.timestamp.epoch)
+    if int(state.timestamp.batch_in_epoch) != 0 or epoch == 0 or "train" not in state.dataset_resumption:
+        return
+    dataset = getattr(state.train_dataloader, "dataset", None)
+    if not hasattr(dataset, "state_dict"):
+        return
+    saved = dataset.state_dict(0, True)  # the resume state loaded from the checkpoint, as Streaming reads it
+    if saved["epoch"] < epoch:
+        dataset.load_state_dict({**saved, "epoch": epoch, "sample_in_epoch": 0})
+
+
+def fsdp_full_params(model: torch.nn.Module):
+    """A context in which every FSDP unit inside ``model`` holds its full (unsharded) weights."""
+    if misc.is_model_fsdp(model):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel.summon_full_params(model)
+    return contextlib.nullcontext()
+
+
+def patch_composer_ema() -> None:
+    """Composer's EMA code gathers FSDP weights with ``fsdp_full_params`` (idempotent)."""
+    import composer.algorithms.ema.ema as composer_ema
+
+    composer_ema.get_model_context_manager = fsdp_full_params
