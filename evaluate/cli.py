@@ -74,7 +74,8 @@ def cmd_watch(args) -> None:
         ev.store.export_csv()
         write_report(args.out)
 
-    Watcher(args.run_dir, ev.store, score, settle=args.settle).run(interval=args.interval, max_polls=args.max_polls)
+    Watcher(args.run_dir, ev.store, score, ev.record_unreadable, settle=args.settle,
+            retry_unreadable=args.retry_unreadable).run(interval=args.interval, max_polls=args.max_polls)
 
 
 def cmd_train_scorer(args) -> None:
@@ -148,6 +149,8 @@ def register(sub) -> None:
     p.add_argument("--interval", type=float, default=30.0, help="seconds between polls")
     p.add_argument("--settle", type=float, default=10.0, help="seconds a file must stay unchanged before scoring")
     p.add_argument("--max-polls", type=_positive, help="stop after N polls (default: watch forever)")
+    p.add_argument("--retry-unreadable", action="store_true",
+                   help="try again the checkpoints recorded as unreadable (a changed file is always tried again)")
     p.set_defaults(func=cmd_watch)
 
     p = ev_sub.add_parser("train-scorer", help="train the shapes domain scorer (domain FID, attribute accuracy)")

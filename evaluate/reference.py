@@ -40,6 +40,30 @@ def _check(path: Path) -> None:
         raise WorkbenchError(f"reference set not found: {path} (give an MDS folder or an image folder)")
 
 
+def count_images(path: str | Path) -> int:
+    """How many images a reference set holds (an MDS index's sample count, or image files), without reading them."""
+    path = Path(path)
+    _check(path)
+    if _is_mds(path):
+        from train.mds import count_samples
+
+        try:
+            return count_samples(path)
+        except (ValueError, KeyError, TypeError) as e:
+            raise WorkbenchError(f"reference set {path}: unreadable MDS index.json ({type(e).__name__}: {e})") from None
+    return len(_image_files(path))
+
+
+def check_reference_size(path: str | Path, n: int, allow_fewer: bool = False) -> None:
+    """A set smaller than ``n`` stops scoring before any checkpoint is opened (unless ``allow_fewer``)."""
+    have = count_images(path)
+    if have < n and not allow_fewer:
+        raise WorkbenchError(f"reference set {path} has {have} images, fewer than the {n} requested; lower "
+                             f"--n-reference or pass --allow-fewer-reference")
+    if have < 2:
+        raise WorkbenchError(f"reference set {path} has {have} images; FID needs at least 2")
+
+
 def iter_captions(path: str | Path, limit: int | None = None) -> Iterator[str]:
     path = Path(path)
     _check(path)

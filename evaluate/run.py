@@ -12,16 +12,16 @@ from pathlib import Path
 
 import torch
 
-from train.errors import WorkbenchError
+from train.errors import CheckpointError, WorkbenchError
 from train.samplers import check_sampler, make_sampler, sampler_name
 
 from .domain import AttributeTally, check, decode, parse_caption
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
 from .metrics import FeatureStats, cmmd, fid_from_stats, kernel_inception_distance
 from .prompts import Prompt, load_prompts
-from .reference import reference_stats
+from .reference import check_reference_size, reference_stats
 from .samples import generate_samples, model_label, write_category_grids, write_manifest
-from .store import ResultsStore
+from .store import ResultsStore, file_identity
 
 DEFAULT_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
 
@@ -61,7 +61,25 @@ def _device(name: str) -> torch.device:
 
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # one GPU per rank under `composer -n N`
         return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise WorkbenchError(f"unknown device {name!r}; choose auto, cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise WorkbenchError(f"device {name!r} asked for, but no CUDA GPU is visible")
+    return device
+
+
+def check_output_folder(out: str | Path) -> None:
+    """An output folder that cannot be written stops scoring before any checkpoint is opened."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_bytes(b"0")
+        probe.unlink()
+    except OSError as e:
+        raise WorkbenchError(f"cannot write to the output folder {out} ({e.strerror})") from None
 
 
 def _slug(name: str) -> str:
@@ -134,6 +152,8 @@ class Evaluator:
         if cfg.scheduler is not None:
             check_sampler(cfg.scheduler)
         self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference)
+        check_reference_size(cfg.reference, cfg.n_reference, cfg.allow_fewer_reference)
+        check_output_folder(cfg.out)
         self.store = ResultsStore(cfg.out)
         self._reference: dict[tuple[int, str], object] = {}
 
@@ -160,6 +180,16 @@ class Evaluator:
             self._reference[(size, extractor.name)] = ref
         return self._reference[(size, extractor.name)]
 
+    def record_unreadable(self, checkpoint: str | Path, error: Exception) -> None:
+        """A checkpoint that cannot be opened: one row saying why, so a watcher does not try it again
+        (until the file changes, or ``--retry-unreadable``)."""
+        import logging
+
+        logging.getLogger("evaluate").warning("warning: cannot score %s: %s", checkpoint, error)
+        if _dist().get_global_rank() == 0:
+            self.store.append({"checkpoint": str(checkpoint), "status": "unreadable", "error": str(error),
+                               **file_identity(checkpoint), "time": time.time()})
+
     def score(self, checkpoint: str | Path, model: str | None = None) -> list[dict]:
         """Score one checkpoint at every guidance scale; rank 0 appends the rows to the store and returns them."""
         cfg, dist = self.cfg, _dist()
@@ -169,14 +199,13 @@ class Evaluator:
         t0 = time.perf_counter()
         from train.pipeline import load_pipeline
 
-        pipe = load_pipeline(checkpoint, ema=cfg.ema, device=self.device, dtype=self.dtype)
+        pipe = load_pipeline(checkpoint, ema=cfg.ema, device=self.device, dtype=self.dtype)  # CheckpointError: its own
         if cfg.scheduler is not None:
             pipe.scheduler = make_sampler(cfg.scheduler, pipe.scheduler.config)
         sampler = sampler_name(pipe.scheduler)
         size = cfg.size or pipe.unet.config.sample_size * pipe.vae_scale_factor
         ref = self.reference(size)
         ref_clip = self.reference(size, self.clip_images) if self.clip_images is not None else None
-        st = Path(checkpoint).stat() if Path(checkpoint).is_file() else None
         rows = []
         for guidance in cfg.guidance:
             t_start = time.perf_counter()
@@ -252,8 +281,7 @@ class Evaluator:
                    "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}", "resize": resize_policy(size),
                    "seconds_generate": round(total_s - t_metric[0], 3), "seconds_metrics": round(t_metric[0], 3),
                    "seconds_total": round(total_s, 3), "samples": str(samples), "status": "ok",
-                   "file_size": st.st_size if st else None, "file_mtime_ns": st.st_mtime_ns if st else None,
-                   "time": time.time(), **attributes}
+                   **file_identity(checkpoint), "time": time.time(), **attributes}
             rows.append(row)
         if rank == 0:
             for row in rows:  # a checkpoint's rows land together, so a crash never leaves it half-recorded
@@ -271,10 +299,17 @@ def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extract
     if missing:
         raise WorkbenchError(f"checkpoint not found: {missing[0]}")
     ev = Evaluator(cfg, extractor)
-    rows = []
+    rows, unreadable = [], []
     for ckpt in checkpoints:
-        rows += ev.score(ckpt)
+        try:
+            rows += ev.score(ckpt)
+        except CheckpointError as e:  # that checkpoint only: recorded, and the others are scored
+            ev.record_unreadable(ckpt, e)
+            unreadable.append(str(ckpt))
     if _dist().get_global_rank() == 0:
         ev.store.export_csv()
         write_report(cfg.out)
+    if unreadable:
+        raise WorkbenchError(f"{len(unreadable)} of {len(checkpoints)} checkpoints could not be scored (recorded as "
+                             f"unreadable in {ev.store.path}): {', '.join(unreadable)}")
     return rows

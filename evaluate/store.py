@@ -20,6 +20,13 @@ COLUMNS = ["model", "checkpoint", "step", "guidance", "fid", "kid_mean", "kid_st
            "seconds_generate", "seconds_metrics", "seconds_total", "seconds_checkpoint", "samples", "status", "error", "file_size", "file_mtime_ns", "time"]
 
 
+def file_identity(checkpoint: str | Path) -> dict:
+    """``file_size`` and ``file_mtime_ns`` of a checkpoint file (None for a folder): what `watch` compares."""
+    path = Path(checkpoint)
+    st = path.stat() if path.is_file() else None
+    return {"file_size": st.st_size if st else None, "file_mtime_ns": st.st_mtime_ns if st else None}
+
+
 class ResultsStore:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -42,9 +49,12 @@ class ResultsStore:
             f.write(json.dumps(row) + "\n")
             f.flush()
 
-    def done(self) -> set[str]:
-        """Checkpoint paths with a finished record (scored, or refused as unreadable)."""
-        return {r["checkpoint"] for r in self.rows() if r.get("status") in ("ok", "unreadable")}
+    def done(self, retry_unreadable: bool = False) -> set[tuple[str, int | None, int | None]]:
+        """(path, size, mtime) of each checkpoint file with a finished record: scored, or refused as unreadable
+        (those are left out with ``retry_unreadable``). A file replaced since its record is not done."""
+        finished = ("ok",) if retry_unreadable else ("ok", "unreadable")
+        return {(r["checkpoint"], r.get("file_size"), r.get("file_mtime_ns")) for r in self.rows()
+                if r.get("status") in finished}
 
     def export_csv(self, path: str | Path | None = None) -> Path:
         path = Path(path) if path else self.folder / "results.csv"

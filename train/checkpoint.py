@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import WorkbenchError
+from .errors import CheckpointError, WorkbenchError
 from .spec import FORMAT
 
 # Plain data types Composer's checkpoints hold besides tensors (RNG states, timestamps, versions).
@@ -24,17 +24,17 @@ def read_checkpoint(path: str | Path) -> dict:
     """``{'spec', 'model', 'ema_state', 'timestamp'}`` from a workbench Composer checkpoint."""
     path = Path(path)
     if not path.is_file():
-        raise WorkbenchError(f"checkpoint not found: {path}")
+        raise CheckpointError(f"checkpoint not found: {path}")
     try:
         with torch.serialization.safe_globals(_SAFE):
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise WorkbenchError(f"cannot read checkpoint {path}: corrupt or not a PyTorch file ({reason})") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: corrupt or not a PyTorch file ({reason})") from None
     state = ckpt.get("state") if isinstance(ckpt, dict) else None
     spec = (state or {}).get("callbacks", {}).get("ModelSpec", {}).get("spec")
     if not spec or spec.get("format") != FORMAT:
-        raise WorkbenchError(f"{path} is not a diffusion-workbench checkpoint (no model spec inside)")
+        raise CheckpointError(f"{path} is not a diffusion-workbench checkpoint (no model spec inside)")
     ema_state = next((s for name, s in state.get("algorithms", []) if name in ("EMA", "FusedEMA")), None)
     return {"spec": spec, "model": state["model"], "ema_state": ema_state, "timestamp": state.get("timestamp")}
 
@@ -47,7 +47,7 @@ def model_weights(ckpt: dict, ema: bool = False) -> dict[str, torch.Tensor]:
     """The model's state dict with EMA (``ema=True``) or raw training weights."""
     weights = dict(ckpt["model"])
     if ema and not has_ema(ckpt):
-        raise WorkbenchError("this checkpoint has no EMA weights (EMA was off or had not started)")
+        raise CheckpointError("this checkpoint has no EMA weights (EMA was off or had not started)")
     if not has_ema(ckpt):
         return weights
     state = ckpt["ema_state"]

@@ -8,3 +8,11 @@ class WorkbenchError(Exception):
     """
 
     user_facing = True  # `dwb` shows any exception class with this flag as one line
+
+
+class CheckpointError(WorkbenchError):
+    """A problem of one checkpoint itself (truncated, corrupt, of an unknown kind): other checkpoints may be fine.
+
+    Callers that go over many checkpoints (`dwb evaluate watch`) record it against that checkpoint and go on;
+    any other error is a problem of the setup and stops them.
+    """

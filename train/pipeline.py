@@ -10,7 +10,7 @@ from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
 from .checkpoint import model_weights, read_checkpoint
 from .components import build_pipeline
-from .errors import WorkbenchError
+from .errors import CheckpointError, WorkbenchError
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -45,7 +45,7 @@ def _load_module(module: torch.nn.Module, weights: dict, prefix: str, path) -> N
     try:
         module.load_state_dict(sub, strict=True)
     except RuntimeError as e:
-        raise WorkbenchError(f"{path}: the {prefix.rstrip('.')} weights do not match the model spec "
+        raise CheckpointError(f"{path}: the {prefix.rstrip('.')} weights do not match the model spec "
                              f"({str(e).splitlines()[0]})") from None
 
 
@@ -73,16 +73,16 @@ def load_pipeline(path: str | Path, *, ema: bool = False, device: str | torch.de
     path = Path(path)
     if path.is_dir():
         if not (path / "model_index.json").is_file():
-            raise WorkbenchError(f"{path} is not a diffusers pipeline folder (model_index.json missing)")
+            raise CheckpointError(f"{path} is not a diffusers pipeline folder (model_index.json missing)")
         try:
             pipe = StableDiffusionPipeline.from_pretrained(path, safety_checker=None, requires_safety_checker=False)
         except Exception as e:
-            raise WorkbenchError(f"cannot load the pipeline in {path}: {str(e).strip().splitlines()[0]}") from None
+            raise CheckpointError(f"cannot load the pipeline in {path}: {str(e).strip().splitlines()[0]}") from None
         pipe.set_progress_bar_config(disable=True)
     elif path.is_file():
         pipe = pipeline_from_checkpoint(path, ema=ema)
     else:
-        raise WorkbenchError(f"checkpoint not found: {path}")
+        raise CheckpointError(f"checkpoint not found: {path}")
     return pipe.to(device=device, dtype=dtype) if dtype is not None else pipe.to(device)
 
 

@@ -11,7 +11,7 @@ from PIL import Image
 from evaluate.features import InceptionExtractor
 from evaluate.reference import reference_stats
 from evaluate.run import EvalConfig, evaluate_checkpoints
-from evaluate.store import ResultsStore
+from evaluate.store import ResultsStore, file_identity
 from evaluate.watch import Watcher
 from train.checkpoint import read_checkpoint
 from train.errors import WorkbenchError
@@ -166,26 +166,34 @@ def test_watcher_scores_each_checkpoint_once_across_restarts(checkpoints, tmp_pa
     scored = []
 
     def score(path):
-        read_checkpoint(path)  # raises for a whole zip that is no workbench checkpoint
+        read_checkpoint(path)  # raises CheckpointError for a whole zip that is no workbench checkpoint
         scored.append(path.name)
-        store.append({"checkpoint": str(path), "status": "ok"})
+        store.append({"checkpoint": str(path), "status": "ok", **file_identity(path)})
+
+    def record(path, error):
+        store.append({"checkpoint": str(path), "status": "unreadable", "error": str(error), **file_identity(path)})
 
     now = [0.0]
-    watcher = Watcher(run, store, score, settle=5, clock=lambda: now[0])
+    watcher = Watcher(run, store, score, record, settle=5, clock=lambda: now[0])
+    partial_since = now[0]
     assert watcher.poll_once() == []  # first sight: not yet known to be stable
-    now[0] += 6
-    assert [p.name for p in watcher.poll_once()] == ["ep0-ba2-rank0.pt"]  # the half file is not a whole zip
-    partial.write_bytes(full)  # the writer finishes
     now[0] += 1
+    partial.write_bytes(full[: len(full) * 3 // 4])  # the writer goes on
+    now[0] += 5
+    assert [p.name for p in watcher.poll_once()] == ["ep0-ba2-rank0.pt"]  # ba4 changed 5 s ago: not settled
+    partial.write_bytes(full)  # the writer finishes
+    now[0] += 6
     assert watcher.poll_once() == []  # changed since the last look: wait
     now[0] += 6
     assert [p.name for p in watcher.poll_once()] == ["ep0-ba4-rank0.pt"]
+    assert now[0] - partial_since > 5  # the file was seen torn for longer than `settle`, but never settled torn
 
     torch.save({"not": "a checkpoint"}, run / "checkpoints" / "ep0-ba6-rank0.pt")  # whole, but unloadable
-    restarted = Watcher(run, store, score, settle=0)
+    restarted = Watcher(run, store, score, record, settle=0)
     assert restarted.poll_once() == [] and restarted.poll_once() == []
     assert scored == ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"]
     assert [r["status"] for r in store.rows()] == ["ok", "ok", "unreadable"]  # recorded once, not retried
+    assert "no model spec inside" in store.rows()[-1]["error"]
 
 
 def test_cli_watch_scores_a_run_once(checkpoints, shapes_data, inception_weights, tmp_path, capsys):
@@ -203,3 +211,77 @@ def test_cli_watch_scores_a_run_once(checkpoints, shapes_data, inception_weights
     assert sorted(r["step"] for r in rows) == [2, 4]
     assert capsys.readouterr().out.count("scored ") == 2
     assert (tmp_path / "res" / "report" / "tradeoff.png").is_file()
+
+
+def _watch_args(run, out, shapes_data, inception_weights, *extra):
+    return ["evaluate", "watch", str(run), "--out", str(out), "--reference", str(shapes_data / "eval/32"),
+            "--inception-weights", str(inception_weights), "--inception-features", "64", "--prompts", "shapes",
+            "--n-prompts", "3", "--n-reference", "16", "--guidance", "4", "--steps", "2", "--size", "16",
+            "--kid-subset-size", "3", "--kid-subsets", "2", "--device", "cpu", "--settle", "0", "--max-polls", "1",
+            *extra]
+
+
+SETUP_PROBLEMS = {
+    "reference smaller than asked": (["--n-reference", "64"], "has 16 images, fewer than the 64 requested"),
+    "reference missing": (["--reference", "{tmp}/nowhere"], "reference set not found"),
+    "weights missing": (["--inception-weights", "{tmp}/missing.pth"], "weights-inception-2015-12-05-6726825d.pth"),
+    "prompt file missing": (["--prompts", "{tmp}/prompts.csv"], "prompts.csv"),
+    "output folder unwritable": (["--out", "{tmp}/a-file/results"], "cannot write to the output folder"),
+    "device absent": (["--device", "cuda"], "no CUDA GPU is visible"),
+}
+
+
+@pytest.mark.parametrize("problem", list(SETUP_PROBLEMS))
+def test_a_setup_problem_stops_the_watcher_at_start_and_records_nothing(problem, checkpoints, shapes_data,
+                                                                        inception_weights, tmp_path, capsys):
+    from dwb import main
+
+    run, out = tmp_path / "run", tmp_path / "res"
+    shutil.copytree(checkpoints, run / "checkpoints")
+    (tmp_path / "a-file").write_text("not a folder")
+    extra, message = SETUP_PROBLEMS[problem]
+    args = _watch_args(run, out, shapes_data, inception_weights, *(a.format(tmp=tmp_path) for a in extra))
+    assert main(args) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error:") and message in err, err
+    assert not (out / "results.jsonl").exists()  # no checkpoint marked: fixing the setup is all it takes
+    if problem == "reference smaller than asked":
+        assert main(_watch_args(run, out, shapes_data, inception_weights, "--n-reference", "16")) == 0
+        assert sorted(r["step"] for r in ResultsStore(out).rows()) == [2, 4]
+
+
+def test_watch_marks_a_truncated_checkpoint_scores_the_others_and_retries_on_request(checkpoints, shapes_data,
+                                                                                   inception_weights, tmp_path, capsys):
+    from dwb import main
+
+    run, out = tmp_path / "run", tmp_path / "res"
+    (run / "checkpoints").mkdir(parents=True)
+    whole = run / "checkpoints" / "ep0-ba2-rank0.pt"
+    shutil.copy(checkpoints / "ep0-ba2-rank0.pt", whole)
+    full = (checkpoints / "ep0-ba4-rank0.pt").read_bytes()
+    (run / "checkpoints" / "ep0-ba4-rank0.pt").write_bytes(full[: len(full) // 2])  # a run killed mid-write
+    # what an earlier watcher wrote against a whole file when its reference set was too small
+    ResultsStore(out).append({"checkpoint": str(whole), "status": "unreadable", **file_identity(whole),
+                              "error": "reference set has 32 readable images, fewer than the 64 requested"})
+    args = _watch_args(run, out, shapes_data, inception_weights)
+    assert main(args) == 0
+    assert [(r["status"], r.get("step")) for r in ResultsStore(out).rows()] == [("unreadable", None),
+                                                                               ("unreadable", None)]
+    assert "truncated or corrupt" in ResultsStore(out).rows()[-1]["error"]
+    assert main(args) == 0 and len(ResultsStore(out).rows()) == 2  # neither is tried again by itself
+    assert main([*args, "--retry-unreadable"]) == 0
+    rows = ResultsStore(out).rows()[2:]
+    assert [(r["status"], r.get("step")) for r in rows] == [("ok", 2), ("unreadable", None)]  # ba4 is still torn
+    assert capsys.readouterr().out.count("scored ") == 1
+
+
+def test_run_records_an_unreadable_checkpoint_scores_the_others_and_says_so(checkpoints, shapes_data,
+                                                                          inception_weights, tmp_path):
+    torn = tmp_path / "ep0-ba6-rank0.pt"
+    full = (checkpoints / "ep0-ba4-rank0.pt").read_bytes()
+    torn.write_bytes(full[: len(full) // 2])
+    cfg = _cfg(tmp_path, shapes_data, inception_weights, guidance=(4.0,), n_prompts=2)
+    with pytest.raises(WorkbenchError, match=r"1 of 2 checkpoints could not be scored .*ep0-ba6-rank0.pt"):
+        evaluate_checkpoints(cfg, [torn, checkpoints / "ep0-ba2-rank0.pt"])
+    rows = ResultsStore(tmp_path / "results").rows()
+    assert [(r["status"], r.get("step")) for r in rows] == [("unreadable", None), ("ok", 2)]
