@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks and library warnings")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cli.register(sub)
-    for name in ("evaluate", "human_eval", "app"):  # packages that ship a command line register it here
+    for name in ("evaluate", "human_eval", "app", "demo"):  # packages that ship a command line register it here
         try:
             module = __import__(f"{name}.cli", fromlist=["register"])
         except ModuleNotFoundError:

@@ -1,4 +1,4 @@
-"""The training side of `dwb`: data, prepare, train, export, demo."""
+"""The training side of `dwb`: data, prepare, train, export, sample."""
 from __future__ import annotations
 
 import argparse
@@ -101,12 +101,6 @@ def cmd_sample(args) -> None:
     print(f"wrote {out}")
 
 
-def cmd_demo(args) -> None:
-    from .demo import run_demo
-
-    run_demo(Path(args.out), quick=args.quick, seed=args.seed)
-
-
 def register(sub) -> None:
     data = sub.add_parser("data", help="make or convert training data (MDS)")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
@@ -177,9 +171,3 @@ def register(sub) -> None:
     p.add_argument("--guidance", type=float, default=5.0)
     p.add_argument("--ema", action="store_true")
     p.set_defaults(func=cmd_sample)
-
-    p = sub.add_parser("demo", help="every stage on the offline shapes domain, in minutes")
-    p.add_argument("--out", default="demo-output")
-    p.add_argument("--quick", action="store_true", help="the same stages in seconds (for tests)")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_demo)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ..conftest import run_dwb
+from .conftest import run_dwb
 
 
 @pytest.mark.slow
@@ -14,7 +14,8 @@ def test_quick_demo_runs_every_stage(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((out / "demo.json").read_text())
     stages = [s["stage"].split(":")[0] for s in report["stages"]]
-    assert stages == ["data", "prepare", "scorer", "precompute", "train", "train", "export", "grids", "evaluate"]
+    assert stages == ["data", "prepare", "scorer", "precompute", "train", "train", "export", "grids", "evaluate",
+                      "study"]
     assert (out / "latents" / "32" / "precompute.json").is_file()  # the phases trained on stored latents
     assert all(s["seconds"] >= 0 and s["peak_rss_mib"] > 0 for s in report["stages"])
     # one grid per checkpoint of both phases, each a real picture with content

@@ -1,5 +1,6 @@
 """`dwb demo`: every stage on the offline shapes domain: data, tiny parts, precomputed latents, two phases,
-export, grids, and a score for every checkpoint (domain FID and attribute accuracy from the shapes scorer)."""
+export, grids, a score for every checkpoint (domain FID and attribute accuracy from the shapes scorer), and a
+blind A/B study of the first, middle and last checkpoints built from the scoring's own samples."""
 from __future__ import annotations
 
 import json
@@ -51,13 +52,13 @@ def checkpoints(folder: Path) -> list[Path]:
 
 
 def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
-    from .config import load_config
-    from .grid import write_grid
-    from .pipeline import export_pipeline, load_pipeline
-    from .precompute import precompute
-    from .prepare import prepare_tiny
-    from .shapes import write_shapes_dataset
-    from .trainer import train
+    from train.config import load_config
+    from train.grid import write_grid
+    from train.pipeline import export_pipeline, load_pipeline
+    from train.precompute import precompute
+    from train.prepare import prepare_tiny
+    from train.shapes import write_shapes_dataset
+    from train.trainer import train
 
     p = QUICK if quick else FULL
     if out.exists():
@@ -114,10 +115,13 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
     with measured(f"evaluate: every checkpoint (domain FID, attribute accuracy at guidance {GUIDANCE:g})", stages):
         scores = score_checkpoints(out, phase_dirs, resolutions, n_prompts=p["score_prompts"], steps=p["steps"],
                                    seed=seed, progress=not quick)
+    with measured("study: blind A/B pairs of the first, middle and last checkpoints", stages):
+        study = write_study(out, scores)
     total = round(time.perf_counter() - t_start, 1)
     report = {"quick": quick, "seed": seed, "startup_seconds": startup, "total_seconds": total, "stages": stages,
               "final_checkpoint": str(final), "export": str(out / "export"), "grids": [str(g) for g in grids],
-              "scorer": str(out / "scorer.pt"), "scores": scores, "evaluation": str(out / "eval" / "report" / "index.html")}
+              "scorer": str(out / "scorer.pt"), "scores": scores, "evaluation": str(out / "eval" / "report" / "index.html"),
+              "study": study}
     (out / "demo.json").write_text(json.dumps(report, indent=2))
     print()
     for s in stages:
@@ -131,6 +135,8 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
           f"export:      {out / 'export'}  (StableDiffusionPipeline.from_pretrained)\ngrids:       {out / 'grids'}"
           f"  (last: {grids[-1].name})\nscores:      {out / 'eval' / 'report' / 'index.html'}"
           f"\nreport:      {out / 'demo.json'}")
+    print(f"\nstudy:       {study['folder']}  ({study['pairs']} pairs of {', '.join(study['models'])})\n"
+          f"  rate:      dwb human-eval serve {study['folder']}\n  results:   dwb human-eval report {study['folder']}")
     return report
 
 
@@ -157,7 +163,20 @@ def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_promp
     ev.store.export_csv()
     write_report(cfg.out)
     return [{"model": r["model"], "step": r["step"], "size": r["size"], "n_images": r.get("n_images"),
-             "attr_n_object": r.get("attr_n_object"), **{k: r.get(k) for k in SCORE_KEYS}} for r in rows]
+             "attr_n_object": r.get("attr_n_object"), "samples": str(Path(cfg.out) / r["samples"]),
+             **{k: r.get(k) for k in SCORE_KEYS}} for r in rows]
+
+
+def write_study(out: Path, scores: list[dict]) -> dict:
+    """A blind A/B study (`dwb human-eval`) of the first, middle and last scored checkpoints, from the sample
+    manifests their scoring wrote: the same prompts and seeds for each, paired by prompt."""
+    from human_eval.samples import read_manifest
+    from human_eval.study import build_study
+
+    chosen = [scores[0], scores[len(scores) // 2], scores[-1]]
+    samples = [s for row in chosen for s in read_manifest(Path(row["samples"]) / "manifest.jsonl")]
+    study, summary = build_study(samples, out / "study", gold=4, repeats=4, seed=0, progress=False)
+    return {"folder": str(study.folder), "models": [row["model"] for row in chosen], "pairs": summary["pairs"]}
 
 
 def print_scores(scores: list[dict]) -> None:
