@@ -21,7 +21,7 @@ def _at_least(low: int):
 def cmd_app(args) -> None:
     from train.errors import WorkbenchError
 
-    from .checkpoints import resolve_roots
+    from train.checkpoints import resolve_roots
 
     if args.max_size % 8:
         raise WorkbenchError(f"--max-size must be a multiple of 8, got {args.max_size}")
@@ -40,7 +40,7 @@ def cmd_app(args) -> None:
         output.mkdir(parents=True, exist_ok=True)
     service = Service(roots, limits=Limits(max_steps=args.max_steps, max_size=args.max_size, max_batch=args.max_batch),
                       runtime=Runtime.pick(args.device, args.dtype), cache_size=args.cache_size, output=output,
-                      workers=args.concurrency)
+                      workers=args.concurrency, allow_download=args.allow_download)
     found = service.checkpoints()
     print(f"dwb app: {len(found)} checkpoint(s) under {', '.join(str(r) for r in roots)}; "
           f"{service.runtime.device}, {str(service.runtime.dtype).removeprefix('torch.')}", flush=True)
@@ -50,8 +50,9 @@ def cmd_app(args) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("app", help="serve the Gradio app: generate and compare images from checkpoints",
-                       description="A Gradio app on 127.0.0.1 that generates images from the Composer checkpoints "
-                                   "and diffusers folders under --checkpoints (and nothing outside them).",
+                       description="A Gradio app on 127.0.0.1 that generates images from the checkpoints under "
+                                   "--checkpoints (and nothing outside them): Composer files, mosaicml/diffusion "
+                                   "checkpoints, diffusers folders, single files; hub ids from the local cache.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoints", nargs="+", action="extend", metavar="DIR",
                    help="folders whose checkpoints the app lists and may open (default: the current folder)")
@@ -67,4 +68,6 @@ def register(sub) -> None:
     p.add_argument("--max-size", type=_at_least(16), default=1024, help="largest width or height (a multiple of 8)")
     p.add_argument("--max-batch", type=_at_least(1), default=8)
     p.add_argument("--output", metavar="DIR", help="also save every generated PNG under DIR/YYYY-MM-DD/")
+    p.add_argument("--allow-download", action="store_true",
+                   help="let users name hub ids that are not in the local Hugging Face cache (downloads them)")
     p.set_defaults(func=cmd_app)

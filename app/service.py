@@ -24,10 +24,11 @@ from PIL import Image
 
 from train.errors import WorkbenchError
 
+from train.checkpoints import Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint
+from train.generation import ImageRecord, save_png, with_metadata
+
 from .cache import PipelineCache
-from .checkpoints import Checkpoint, CheckpointInfo, checkpoint_hash, describe, discover, resolve_checkpoint, \
-    weights_version
-from .generate import GenerationParams, ImageRecord, Limits, generate, save_png, validate, with_metadata
+from .generate import GenerationParams, Limits, generate, record_of, validate
 
 log = logging.getLogger("app")
 WEIGHTS = ("ema", "raw")
@@ -52,13 +53,10 @@ class Runtime:
 
     @classmethod
     def pick(cls, device: str = "auto", dtype: str = "auto") -> "Runtime":
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise WorkbenchError("--device cuda: no CUDA GPU is visible")
-        from train.pipeline import pipeline_dtype
+        from train.device import pick_device, pipeline_dtype
 
-        return cls(device, pipeline_dtype(dtype, device))
+        chosen = pick_device(device)
+        return cls(str(chosen), pipeline_dtype(dtype, chosen))
 
 
 @dataclass
@@ -72,8 +70,9 @@ class Service:
     """Generation from the checkpoints under ``roots``: what `dwb app`'s events and API call."""
 
     def __init__(self, roots: list[Path], *, limits: Limits = Limits(), runtime: Runtime | None = None,
-                 cache_size: int = 2, output: Path | None = None, workers: int = 1):
+                 cache_size: int = 2, output: Path | None = None, workers: int = 1, allow_download: bool = False):
         self.roots = roots
+        self.allow_download = allow_download  # hub ids: only from the local cache unless the server allows more
         self.limits = limits
         self.runtime = runtime or Runtime.pick()
         self.cache = PipelineCache(cache_size)
@@ -89,7 +88,21 @@ class Service:
         return discover(self.roots)
 
     def open(self, text: str) -> Checkpoint:
-        return resolve_checkpoint(text, self.roots)
+        """A checkpoint under the roots (or a hub id from the cache); errors name it by label, never by the
+        server's absolute paths."""
+        if not isinstance(text, str):
+            raise WorkbenchError(f"a checkpoint is named by one text, got {type(text).__name__}")
+        try:
+            return find_checkpoint(text, roots=self.roots, allow_download=self.allow_download)
+        except WorkbenchError as e:
+            raise WorkbenchError(self.redact(str(e))) from None
+
+    def redact(self, message: str) -> str:
+        """A message with the roots' absolute paths replaced by the names the UI shows under them."""
+        for root in sorted(self.roots, key=lambda r: len(str(r)), reverse=True):
+            message = message.replace(f"{root}/", f"{root.name}/" if len(self.roots) > 1 else "")
+            message = message.replace(str(root), root.name)
+        return message
 
     def info(self, text: str) -> tuple[Checkpoint, CheckpointInfo]:
         ckpt = self.open(text)
@@ -99,19 +112,18 @@ class Service:
         """The pipeline for a checkpoint's EMA or raw weights, from the cache or loaded into it."""
         if weights not in WEIGHTS:
             raise WorkbenchError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
-        ema = weights == "ema" and ckpt.kind == "composer"  # a diffusers folder holds the weights it was exported with
-        key = (str(ckpt.path), ema, *weights_version(ckpt), self.runtime)
+        ema = weights == "ema" and ckpt.kind in ("composer", "mosaicml")  # the other kinds hold one set of weights
+        key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime)
         return self.cache.get(key, lambda: self._load(ckpt, ema))
 
     def _load(self, ckpt: Checkpoint, ema: bool):
-        from train.pipeline import load_pipeline
+        from train.checkpoints import load_pipeline
 
         t0 = time.perf_counter()
         try:
-            pipe = load_pipeline(ckpt.path, ema=ema, device=self.runtime.device, dtype=self.runtime.dtype)
+            pipe = load_pipeline(ckpt, ema=ema, device=self.runtime.device, dtype=self.runtime.dtype)
         except WorkbenchError as e:
-            raise WorkbenchError(f"{ckpt.label}: {e}" if ckpt.label not in str(e) and str(ckpt.path) not in str(e)
-                                 else str(e)) from None
+            raise WorkbenchError(self.redact(f"{ckpt.label}: {str(e).replace(str(ckpt.path), ckpt.label)}")) from None
         except Exception as e:  # noqa: BLE001 - anything else a foreign file can make a loader raise
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             raise WorkbenchError(f"cannot load {ckpt.label}: {type(e).__name__}: {first}") from None
@@ -190,11 +202,11 @@ class Service:
         images, records = [], []
         for k, ckpt in enumerate(ckpts):
             pipe = self.pipeline(ckpt, weights)
-            digest = checkpoint_hash(ckpt)
-            kind = weights if ckpt.kind == "composer" else "exported"
+            digest = content_hash(ckpt)
+            kind = weights if ckpt.kind in ("composer", "mosaicml") else "stored"
             out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total), should_stop=stop.is_set)
             for i, image in enumerate(out):
-                record = ImageRecord.of(params, i, ckpt.label, digest, kind)
+                record = record_of(params, i, ckpt.label, digest, kind)
                 images.append(with_metadata(image, record))
                 records.append(record)
                 self._save(image, record)

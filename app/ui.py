@@ -20,6 +20,8 @@ from .gradio_queue import calm
 from .service import Result, Service
 
 log = logging.getLogger("app")
+KIND_NAMES = {"composer": "Composer checkpoint", "mosaicml": "mosaicml/diffusion checkpoint",
+              "diffusers": "diffusers folder", "single-file": "single-file checkpoint", "hub": "Hugging Face hub model"}
 CONCURRENCY_ID = "generation"  # generate and compare share one concurrency limit
 CSS = "#gallery, #compare-gallery {min-height: 320px}"
 
@@ -43,7 +45,7 @@ def _gallery(result: Result, compare: bool = False) -> tuple[list, str, list[str
     if compare:
         captions = [f"{r.checkpoint} ({r.weights})" for r in result.records]
     else:
-        captions = [r.caption() for r in result.records]
+        captions = [f"seed {r.seed}" for r in result.records]
     return list(zip(result.images, captions)), texts[0] if texts else "", texts
 
 
@@ -51,8 +53,11 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
     """The app's Blocks; queue and launch it (see ``app.cli``)."""
     limits = service.limits
 
-    def choices() -> list[tuple[str, str]]:
-        return [(c.label, str(c.path)) for c in service.checkpoints()]
+    def choices() -> tuple[list[tuple[str, str]], list[str]]:
+        """The dropdown's (label, value) pairs, and the labels newest first. Values are labels: the browser
+        never sees the server's paths."""
+        found = service.checkpoints()
+        return [(c.label, c.label) for c in found], [c.label for c in _newest_first(found)]
 
     def checkpoint_note(text: str | None) -> tuple[str, object, object]:
         """What the chosen checkpoint is, and its training resolution as the default size."""
@@ -62,7 +67,7 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
             ckpt, info = service.info(text)
         except WorkbenchError as e:
             return f"**Cannot use this checkpoint:** {html.escape(str(e))}", gr.update(), gr.update()
-        parts = [f"`{html.escape(ckpt.label)}`", "Composer checkpoint" if info.kind == "composer" else "diffusers folder"]
+        parts = [f"`{html.escape(ckpt.label)}`", KIND_NAMES.get(info.kind, info.kind)]
         if info.architecture:
             parts.append(f"architecture {info.architecture}")
         if info.resolution:
@@ -84,8 +89,7 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
             break
         return min(512, limits.max_size)
 
-    found = choices()
-    by_age = _newest_first([v for _, v in found])
+    found, by_age = choices()
     first = by_age[0] if by_age else None
     size = default_size(by_age)
 
@@ -204,7 +208,7 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
             return texts[evt.index] if isinstance(evt.index, int) and evt.index < len(texts) else ""
 
         def refresh_choices():
-            fresh = choices()
+            fresh = choices()[0]
             return gr.update(choices=fresh), gr.update(choices=fresh)
 
         common = dict(concurrency_limit=concurrency, concurrency_id=CONCURRENCY_ID, preprocess=False)
@@ -226,8 +230,8 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
 
         def on_load(current: str | None):
             """Each page load lists the checkpoints there are now (training may have written more)."""
-            fresh = choices()
-            value = current or next(iter(_newest_first([v for _, v in fresh])), None)
+            fresh, newest = choices()
+            value = current or next(iter(newest), None)
             text, w, h = checkpoint_note(value)
             return gr.update(choices=fresh, value=value), gr.update(choices=fresh), text, w, h
 
@@ -236,15 +240,15 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
     return demo
 
 
-def _newest_first(paths: list[str]) -> list[str]:
+def _newest_first(found: list) -> list:
     """Most recently written first: the newest checkpoint is usually the one a user wants to try."""
-    def mtime(p: str) -> float:
+    def mtime(ckpt) -> float:
         try:
-            return Path(p).stat().st_mtime
-        except OSError:
+            return ckpt.path.stat().st_mtime
+        except (OSError, AttributeError):
             return 0.0
 
-    return sorted(paths, key=mtime, reverse=True)
+    return sorted(found, key=mtime, reverse=True)
 
 
 def _session(request: gr.Request | None) -> str:

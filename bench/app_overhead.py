@@ -170,7 +170,7 @@ def cpu(args) -> None:
     import httpx
     from gradio_client import Client
 
-    from train.pipeline import load_pipeline
+    from train.checkpoints import load_pipeline
 
     ckpt = tiny_checkpoint()
     proc, url = start_app(ckpt.parent)

@@ -68,7 +68,7 @@ def scorer(data: Path) -> Path:
 def batching(ckpt: Path, n: int, batch_size: int, rounds: int, steps: int) -> dict:
     from evaluate.prompts import shapes_prompts
     from evaluate.samples import image_seed
-    from train.pipeline import load_pipeline
+    from train.checkpoints import load_pipeline
 
     pipe = load_pipeline(ckpt)
     pipe.set_progress_bar_config(disable=True)

@@ -46,15 +46,22 @@ def measured(name: str, stages: list):
         stages.append({"stage": name, "seconds": round(time.perf_counter() - t0, 1), "peak_rss_mib": round(peak[0] / 2**20)})
 
 
-def checkpoints(folder: Path) -> list[Path]:
-    """ep*-ba*-rank0.pt in batch order."""
-    return sorted(folder.glob("ep*-ba*-rank0.pt"), key=lambda p: int(p.name.split("-ba")[1].split("-")[0]))
+def checkpoints(folder: Path) -> list:
+    """A phase's checkpoints in training order (``train.checkpoints``)."""
+    from train.checkpoints import list_checkpoints
+
+    return list_checkpoints(folder, kinds=("composer",))
+
+
+def label(phase: str, ckpt) -> str:
+    """How the demo names a checkpoint in its tables, grids and study: its phase and batch count."""
+    return f"{phase}/ba{ckpt.step}"
 
 
 def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
     from train.config import load_config
     from train.grid import write_grid
-    from train.pipeline import export_pipeline, load_pipeline
+    from train.checkpoints import export_pipeline, load_pipeline
     from train.precompute import precompute
     from train.prepare import prepare_tiny
     from train.shapes import write_shapes_dataset
@@ -90,7 +97,7 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
     for phase in ("phase1", "phase2"):
         overrides = common + [f"save_folder={runs / ('tiny-' + phase) / 'checkpoints'}"]
         if phase == "phase2":
-            overrides.append(f"load_path={checkpoints(phase_dirs['phase1'])[-1]}")
+            overrides.append(f"load_path={checkpoints(phase_dirs['phase1'])[-1].path}")
         cfg = load_config(CONFIGS / f"tiny-{phase}.yaml", overrides)
         res = resolutions[phase] = cfg.data.resolution
         if phase == "phase2":
@@ -102,14 +109,14 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
 
     final = checkpoints(phase_dirs["phase2"])[-1]
     with measured("export: last checkpoint -> diffusers folder (EMA)", stages):
-        export_pipeline(final, out / "export", ema=True)
+        export_pipeline(final.path, out / "export", ema=True)
     grids = []
     with measured("grids: one per checkpoint", stages):
         for phase, folder in phase_dirs.items():
             res = resolutions[phase]
             for ckpt in checkpoints(folder):
-                png = out / "grids" / f"{phase}-{ckpt.name.split('-rank')[0]}.png"
-                write_grid(load_pipeline(ckpt, ema=True), png, title=f"{phase} {ckpt.name} (EMA), guidance {GUIDANCE:g}",
+                png = out / "grids" / f"{label(phase, ckpt).replace('/', '-')}.png"
+                write_grid(load_pipeline(ckpt, ema=True), png, title=f"{label(phase, ckpt)} (EMA), guidance {GUIDANCE:g}",
                            guidance=GUIDANCE, steps=p["steps"], size=res)
                 grids.append(png)
     with measured(f"evaluate: every checkpoint (domain FID, attribute accuracy at guidance {GUIDANCE:g})", stages):
@@ -119,7 +126,7 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
         study = write_study(out, scores)
     total = round(time.perf_counter() - t_start, 1)
     report = {"quick": quick, "seed": seed, "startup_seconds": startup, "total_seconds": total, "stages": stages,
-              "final_checkpoint": str(final), "export": str(out / "export"), "grids": [str(g) for g in grids],
+              "final_checkpoint": str(final.path), "export": str(out / "export"), "grids": [str(g) for g in grids],
               "scorer": str(out / "scorer.pt"), "scores": scores, "evaluation": str(out / "eval" / "report" / "index.html"),
               "study": study}
     (out / "demo.json").write_text(json.dumps(report, indent=2))
@@ -159,7 +166,7 @@ def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_promp
     for phase, folder in phase_dirs.items():
         ev.cfg.size = resolutions[phase]
         for ckpt in checkpoints(folder):
-            rows += ev.score(ckpt, model=f"{phase}/{ckpt.name.split('-rank')[0]}")
+            rows += ev.score(ckpt, model=label(phase, ckpt))
     ev.store.export_csv()
     write_report(cfg.out)
     return [{"model": r["model"], "step": r["step"], "size": r["size"], "n_images": r.get("n_images"),

@@ -69,13 +69,13 @@ def cmd_watch(args) -> None:
 
     ev = Evaluator(_config(args))
 
-    def score(path) -> None:
-        _summary(ev.score(path))
+    def score(ckpt) -> None:
+        _summary(ev.score(ckpt))
         ev.store.export_csv()
         write_report(args.out)
 
     Watcher(args.run_dir, ev.store, score, ev.record_unreadable, settle=args.settle,
-            retry_unreadable=args.retry_unreadable).run(interval=args.interval, max_polls=args.max_polls)
+            retry_unreadable=args.retry_unreadable).run_forever(interval=args.interval, max_polls=args.max_polls)
 
 
 def cmd_train_scorer(args) -> None:
@@ -139,12 +139,13 @@ def register(sub) -> None:
     ev_sub = ev.add_subparsers(dest="evaluate_command", required=True, metavar="EVALUATE_COMMAND")
 
     p = ev_sub.add_parser("run", help="score the given checkpoints")
-    p.add_argument("checkpoints", nargs="+", help="Composer .pt files or diffusers folders")
+    p.add_argument("checkpoints", nargs="+", help="checkpoints: Composer .pt files (this project's or mosaicml/diffusion's), "
+                                                  "diffusers folders, .safetensors/.ckpt single files, hub ids, s3:// URIs")
     _common(p)
     p.set_defaults(func=cmd_run)
 
     p = ev_sub.add_parser("watch", help="score each new checkpoint of a run as it appears (once, across restarts)")
-    p.add_argument("run_dir", help="a training run's folder (or its checkpoints/ folder)")
+    p.add_argument("run_dir", help="a training run's folder or s3:// prefix (or its checkpoints/ folder)")
     _common(p)
     p.add_argument("--interval", type=float, default=30.0, help="seconds between polls")
     p.add_argument("--settle", type=float, default=10.0, help="seconds a file must stay unchanged before scoring")

@@ -282,13 +282,13 @@ class ShapesScorer:
 
 def load_split(folder: str | Path, limit: int | None = None, progress: bool = False) -> tuple[torch.Tensor, list[Scene]]:
     """All images of a shapes MDS bucket as (N, 3, S, S) uint8, and their scenes."""
-    from streaming import LocalDataset
+    from train.mds import open_local
     from tqdm import tqdm
 
     folder = Path(folder)
     if not (folder / "index.json").is_file():
         raise WorkbenchError(f"no shapes dataset at {folder} (index.json missing; `dwb data shapes` writes one)")
-    ds = LocalDataset(local=str(folder))
+    ds = open_local(folder)
     n = min(len(ds), limit) if limit else len(ds)
     images, scenes = [], []
     for i in tqdm(range(n), desc=f"reading {folder.name}", unit="img", disable=not progress):

@@ -69,9 +69,9 @@ def iter_captions(path: str | Path, limit: int | None = None) -> Iterator[str]:
     _check(path)
     n = 0
     if _is_mds(path):
-        from streaming import LocalDataset
+        from train.mds import open_local
 
-        ds = LocalDataset(local=str(path))
+        ds = open_local(path)
         for i in range(len(ds)):
             if limit and n >= limit:
                 return
@@ -92,9 +92,9 @@ def iter_images(path: str | Path, size: int, limit: int | None = None) -> Iterat
     path = Path(path)
     _check(path)
     if _is_mds(path):
-        from streaming import LocalDataset
+        from train.mds import open_local
 
-        ds = LocalDataset(local=str(path))
+        ds = open_local(path)
         for i in range(min(len(ds), limit) if limit else len(ds)):
             try:
                 yield prepare_image(ds.get_item(i)["image"], size)

@@ -12,16 +12,19 @@ from pathlib import Path
 
 import torch
 
+from train.checkpoints import Checkpoint, content_hash, find_checkpoint, load_pipeline
+from train.device import pick_device, pipeline_dtype
 from train.errors import CheckpointError, WorkbenchError
-from train.samplers import check_sampler, make_sampler, sampler_name
+from train.generation import Settings, sampler_of
+from train.samplers import check_sampler
 
 from .domain import AttributeTally, check, decode, parse_caption
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
 from .metrics import FeatureStats, cmmd, fid_from_stats, kernel_inception_distance
 from .prompts import Prompt, load_prompts
 from .reference import check_reference_size, reference_stats
-from .samples import generate_samples, model_label, write_category_grids, write_manifest
-from .store import ResultsStore, file_identity
+from .samples import Provenance, generate_samples, write_category_grids, write_manifest
+from .store import ResultsStore, checkpoint_identity
 
 DEFAULT_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
 
@@ -49,25 +52,10 @@ class EvalConfig:
     kid_subset_size: int = 1000
     feature_dim: int = 2048
     device: str = "auto"
-    dtype: str = "auto"  # generation precision (train.pipeline.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
+    dtype: str = "auto"  # generation precision (train.device.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
     allow_fewer_reference: bool = False
     cache: str | None = None  # reference statistics; default OUT/cache
     progress: bool = True
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        import os
-
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # one GPU per rank under `composer -n N`
-        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise WorkbenchError(f"unknown device {name!r}; choose auto, cpu or cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise WorkbenchError(f"device {name!r} asked for, but no CUDA GPU is visible")
-    return device
 
 
 def check_output_folder(out: str | Path) -> None:
@@ -85,12 +73,6 @@ def check_output_folder(out: str | Path) -> None:
 def _slug(name: str) -> str:
     """A folder name from a model label or sampler name."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-
-
-def training_step(checkpoint: str | Path) -> int:
-    """The batch count in a Composer checkpoint's name (``ep3-ba12000-rank0.pt``), else 0."""
-    m = re.search(r"ba(\d+)", Path(checkpoint).name)
-    return int(m.group(1)) if m else 0
 
 
 def _dist():
@@ -123,9 +105,7 @@ class Evaluator:
 
     def __init__(self, cfg: EvalConfig, extractor: FeatureExtractor | None = None):
         self.cfg = cfg
-        self.device = _device(cfg.device)
-        from train.pipeline import pipeline_dtype
-
+        self.device = pick_device(cfg.device)
         self.dtype = pipeline_dtype(cfg.dtype, self.device)  # generation only: features stay float32/float64
         init_distributed(self.device)
         self.scorer = None
@@ -180,29 +160,32 @@ class Evaluator:
             self._reference[(size, extractor.name)] = ref
         return self._reference[(size, extractor.name)]
 
-    def record_unreadable(self, checkpoint: str | Path, error: Exception) -> None:
+    def record_unreadable(self, checkpoint: Checkpoint | str | Path, error: Exception) -> None:
         """A checkpoint that cannot be opened: one row saying why, so a watcher does not try it again
         (until the file changes, or ``--retry-unreadable``)."""
         import logging
 
-        logging.getLogger("evaluate").warning("warning: cannot score %s: %s", checkpoint, error)
+        logging.getLogger("evaluate").warning("warning: cannot score %s: %s", getattr(checkpoint, "ref", checkpoint), error)
         if _dist().get_global_rank() == 0:
-            self.store.append({"checkpoint": str(checkpoint), "status": "unreadable", "error": str(error),
-                               **file_identity(checkpoint), "time": time.time()})
+            ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(str(checkpoint), "unreadable", "",
+                                                                                    Path(checkpoint))
+            self.store.append({"checkpoint": ckpt.ref, "status": "unreadable", "error": str(error),
+                               **checkpoint_identity(ckpt), "time": time.time()})
 
-    def score(self, checkpoint: str | Path, model: str | None = None) -> list[dict]:
-        """Score one checkpoint at every guidance scale; rank 0 appends the rows to the store and returns them."""
+    def score(self, checkpoint: Checkpoint | str | Path, model: str | None = None) -> list[dict]:
+        """Score one checkpoint at every guidance scale; rank 0 appends the rows to the store and returns them.
+
+        A problem of the checkpoint itself is a ``CheckpointError``; anything else is the setup's."""
         cfg, dist = self.cfg, _dist()
         rank, world = dist.get_global_rank(), dist.get_world_size()
-        checkpoint = str(checkpoint)
-        model = model or model_label(checkpoint)
         t0 = time.perf_counter()
-        from train.pipeline import load_pipeline
-
-        pipe = load_pipeline(checkpoint, ema=cfg.ema, device=self.device, dtype=self.dtype)  # CheckpointError: its own
-        if cfg.scheduler is not None:
-            pipe.scheduler = make_sampler(cfg.scheduler, pipe.scheduler.config)
-        sampler = sampler_name(pipe.scheduler)
+        found = checkpoint if isinstance(checkpoint, Checkpoint) and checkpoint.path else find_checkpoint(
+            getattr(checkpoint, "ref", checkpoint))
+        weights = ("ema" if cfg.ema else "raw") if found.kind in ("composer", "mosaicml") else "stored"
+        source = Provenance(found.ref, model or found.label, content_hash(found), weights)
+        pipe = load_pipeline(found, ema=cfg.ema, device=self.device, dtype=self.dtype)
+        sampler = sampler_of(pipe, Settings(sampler=cfg.scheduler))
+        model = source.model
         size = cfg.size or pipe.unet.config.sample_size * pipe.vae_scale_factor
         ref = self.reference(size)
         ref_clip = self.reference(size, self.clip_images) if self.clip_images is not None else None
@@ -237,8 +220,9 @@ class Evaluator:
             # Another sampler than the pipeline's own gets its own folder, so a sampler sweep keeps every set.
             leaf = f"cfg{guidance:g}" + (f"-{_slug(sampler)}" if cfg.scheduler else "")
             samples = Path("samples") / _slug(model) / leaf
-            records = generate_samples(pipe, self.prompts, Path(cfg.out) / samples, checkpoint=checkpoint, model=model,
+            records = generate_samples(pipe, self.prompts, Path(cfg.out) / samples, source=source,
                                        n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=cfg.steps, size=size,
+                                       sampler=cfg.scheduler,
                                        batch_size=cfg.batch_size, seed=cfg.seed, rank=rank, world=world,
                                        progress=cfg.progress and rank == 0, on_batch=on_batch)
             clip_part = (float(self.clip.metric.score), int(self.clip.metric.n_samples)) if self.clip else None
@@ -272,7 +256,8 @@ class Evaluator:
             write_manifest(all_records, Path(cfg.out) / samples)
             write_category_grids(all_records, Path(cfg.out) / samples, title=f"{model} cfg {guidance:g}")
             total_s = time.perf_counter() - t_start
-            row = {"model": model, "checkpoint": checkpoint, "step": training_step(checkpoint),
+            row = {"model": model, "checkpoint": found.ref, "checkpoint_hash": source.checkpoint_hash,
+                   "weights": source.weights, "step": found.step or 0,
                    "guidance": float(guidance), "fid": fid, "kid_mean": kid_mean, "kid_std": kid_std,
                    "clip_score": clip_score, "cmmd": cmmd_value, "n_images": fake_all.n, "n_reference": ref.stats.n,
                    "reference_skipped": ref.skipped, "prompts": cfg.prompts, "scheduler": sampler, "steps": cfg.steps,
@@ -281,7 +266,7 @@ class Evaluator:
                    "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}", "resize": resize_policy(size),
                    "seconds_generate": round(total_s - t_metric[0], 3), "seconds_metrics": round(t_metric[0], 3),
                    "seconds_total": round(total_s, 3), "samples": str(samples), "status": "ok",
-                   **file_identity(checkpoint), "time": time.time(), **attributes}
+                   **checkpoint_identity(found), "time": time.time(), **attributes}
             rows.append(row)
         if rank == 0:
             for row in rows:  # a checkpoint's rows land together, so a crash never leaves it half-recorded
@@ -295,8 +280,10 @@ def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extract
     """`dwb evaluate run`: score each checkpoint, then refresh the CSV and the report."""
     from .report import write_report
 
-    missing = [str(c) for c in checkpoints if not Path(c).exists()]
-    if missing:
+    from train.checkpoints.hub import is_hub_id
+
+    missing = [str(c) for c in checkpoints if not ("://" in str(c) or Path(c).exists() or is_hub_id(str(c)))]
+    if missing:  # a typo is the setup's problem: nothing is scored
         raise WorkbenchError(f"checkpoint not found: {missing[0]}")
     ev = Evaluator(cfg, extractor)
     rows, unreadable = [], []
@@ -305,11 +292,11 @@ def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extract
             rows += ev.score(ckpt)
         except CheckpointError as e:  # that checkpoint only: recorded, and the others are scored
             ev.record_unreadable(ckpt, e)
-            unreadable.append(str(ckpt))
+            unreadable.append(f"{ckpt} ({e})")
     if _dist().get_global_rank() == 0:
         ev.store.export_csv()
         write_report(cfg.out)
     if unreadable:
         raise WorkbenchError(f"{len(unreadable)} of {len(checkpoints)} checkpoints could not be scored (recorded as "
-                             f"unreadable in {ev.store.path}): {', '.join(unreadable)}")
+                             f"unreadable in {ev.store.path}): {'; '.join(unreadable)}")
     return rows

@@ -17,13 +17,15 @@ COLUMNS = ["model", "checkpoint", "step", "guidance", "fid", "kid_mean", "kid_st
            "attr_pair_shape", "attr_pair_count", "attr_pair_position", "attr_pair_all", "attr_all_all",
            "attr_n_object", "attr_n_single", "attr_n_pair", "n_images",
            "n_reference", "reference_skipped", "prompts", "scheduler", "steps", "size", "extractor", "resize",
-           "seconds_generate", "seconds_metrics", "seconds_total", "seconds_checkpoint", "samples", "status", "error", "file_size", "file_mtime_ns", "time"]
+           "seconds_generate", "seconds_metrics", "seconds_total", "seconds_checkpoint", "samples", "status", "error",
+           "checkpoint_hash", "weights", "dtype", "file_size", "file_mtime_ns", "time"]
 
 
-def file_identity(checkpoint: str | Path) -> dict:
-    """``file_size`` and ``file_mtime_ns`` of a checkpoint file (None for a folder): what `watch` compares."""
-    path = Path(checkpoint)
-    st = path.stat() if path.is_file() else None
+def checkpoint_identity(ckpt) -> dict:
+    """``file_size`` and ``file_mtime_ns`` of a local checkpoint file (None for a folder, a hub id, or an s3
+    object, whose reference carries its ETag): what `watch` compares to know a file was replaced."""
+    remote = "://" in str(ckpt.ref)
+    st = ckpt.path.stat() if ckpt.path is not None and ckpt.path.is_file() and not remote else None
     return {"file_size": st.st_size if st else None, "file_mtime_ns": st.st_mtime_ns if st else None}
 
 

@@ -31,6 +31,19 @@ def components(shapes_data, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_run(shapes_data, components, tmp_path_factory) -> Path:
+    """The suite's one short training run: tiny phase 1, 16 px, 4 batches of 8, EMA from the first batch,
+    checkpoints ep0-ba2 and ep0-ba4 in ``<tmp>/tiny-phase1/checkpoints``. Treat it as read-only."""
+    from train.config import load_config
+    from train.trainer import train
+
+    folder = tmp_path_factory.mktemp("tiny-run") / "tiny-phase1" / "checkpoints"
+    train(load_config(REPO / "configs/tiny-phase1.yaml",
+                      tiny_overrides(shapes_data, components, folder, max_duration="4ba", save_interval="2ba")))
+    return folder
+
+
 def tiny_overrides(shapes_data: Path, components: Path, save_folder: Path, res: int = 16, **extra) -> list[str]:
     base = {
         "model.pretrained": components, "data.path": shapes_data / str(res), "data.resolution": res,

@@ -1,6 +1,7 @@
 """train: Composer two-phase SD2 training on MosaicML Streaming data, and the checkpoint format.
 
-``load_pipeline(path)`` is the one way into any checkpoint (a Composer ``.pt`` or a diffusers folder).
+``load_pipeline(ref)`` is the one way into any checkpoint (``train.checkpoints``: Composer files, mosaicml/diffusion
+checkpoints, diffusers folders, single files, hub ids, s3:// URIs).
 """
 from .errors import WorkbenchError
 
@@ -10,7 +11,7 @@ __all__ = ["WorkbenchError", "load_pipeline", "export_pipeline"]
 def __getattr__(name: str):
     # Lazy: importing diffusers and torch takes seconds, and `dwb --help` should not wait for them.
     if name in ("load_pipeline", "export_pipeline"):
-        from . import pipeline
+        from . import checkpoints
 
-        return getattr(pipeline, name)
+        return getattr(checkpoints, name)
     raise AttributeError(f"module 'train' has no attribute {name!r}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .samplers import SAMPLERS
+
 
 def _positive(value: str) -> int:
     n = int(value)
@@ -83,7 +85,7 @@ def cmd_train(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from .pipeline import export_pipeline
+    from .checkpoints import export_pipeline
 
     out = export_pipeline(args.checkpoint, args.out, ema=args.ema)
     print(f"exported {'EMA' if args.ema else 'raw'} weights of {args.checkpoint} to {out} "
@@ -91,13 +93,15 @@ def cmd_export(args) -> None:
 
 
 def cmd_sample(args) -> None:
+    from .checkpoints import content_hash, find_checkpoint, load_pipeline
     from .grid import DEMO_PROMPTS, write_grid
-    from .pipeline import load_pipeline
 
-    pipe = load_pipeline(args.checkpoint, ema=args.ema)
+    ckpt = find_checkpoint(args.checkpoint)
+    pipe = load_pipeline(ckpt, ema=args.ema)
     prompts = args.prompt or DEMO_PROMPTS
     out = write_grid(pipe, args.out, prompts, seeds=range(args.seeds), steps=args.steps, guidance=args.guidance,
-                     title=str(args.checkpoint))
+                     size=args.size, sampler=args.sampler,
+                     title=f"{ckpt.label} ({content_hash(ckpt)}){' EMA' if args.ema else ''}")
     print(f"wrote {out}")
 
 
@@ -156,7 +160,7 @@ def register(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("export", help="Composer checkpoint -> diffusers folder (safetensors)")
+    p = sub.add_parser("export", help="any checkpoint -> diffusers folder (safetensors)")
     p.add_argument("checkpoint")
     p.add_argument("out")
     p.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")
@@ -169,5 +173,8 @@ def register(sub) -> None:
     p.add_argument("--seeds", type=_positive, default=4)
     p.add_argument("--steps", type=_positive, default=25)
     p.add_argument("--guidance", type=float, default=5.0)
+    p.add_argument("--size", type=_positive, help="image side (default: the model's native size)")
+    p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
+                   help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's own)")
     p.add_argument("--ema", action="store_true")
     p.set_defaults(func=cmd_sample)

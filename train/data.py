@@ -11,7 +11,7 @@ from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
 from .errors import WorkbenchError
-from .mds import count_samples
+from .mds import check_safe_columns, count_samples
 
 
 def crop_to_array(img: Image.Image, resolution: int, center_crop: bool = True,
@@ -227,9 +227,12 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -
         common.update(local=data_cfg.path or None, remote=data_cfg.remote)
     try:
         if data_cfg.precomputed:
-            return LatentDataset(with_ids=with_ids, **common)
-        return ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop, with_ids=with_ids,
-                                   **common)
+            dataset = LatentDataset(with_ids=with_ids, **common)
+        else:
+            dataset = ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
+                                          with_ids=with_ids, **common)
+        check_safe_columns(dataset, "config key 'data.path'" if not data_cfg.streams else "config key 'data.streams'")
+        return dataset
     except WorkbenchError:
         raise
     except Exception as e:  # noqa: BLE001 - storage and index errors become one line naming the data

@@ -4,8 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image, ImageDraw
+
+from .generation import Settings, generate_images
 
 DEMO_PROMPTS = [
     "a red circle",
@@ -19,22 +20,14 @@ DEMO_PROMPTS = [
 ]
 
 
-@torch.no_grad()
 def generate(pipe, prompts: list[str], seeds: list[int], *, steps: int = 25, guidance: float = 5.0,
-             size: int | None = None, max_batch: int = 64) -> np.ndarray:
-    """(len(prompts), len(seeds), H, W, 3) uint8; image (i, j) starts from seed ``seeds[j]``'s noise alone.
-
-    One batched pipeline call for the whole grid (a generator per image), up to ``max_batch`` images.
-    """
-    size = size or pipe.unet.config.sample_size * pipe.vae_scale_factor
+             size: int | None = None, sampler: str | None = None, max_batch: int = 64) -> np.ndarray:
+    """(len(prompts), len(seeds), H, W, 3) uint8; image (i, j) from prompt i and seed ``seeds[j]``
+    (``train.generation``), in batched calls of up to ``max_batch`` images."""
+    settings = Settings(steps=steps, guidance=guidance, width=size, height=size, sampler=sampler)
     cells = [(p, s) for p in prompts for s in seeds]
-    out = []
-    for i in range(0, len(cells), max_batch):
-        chunk = cells[i:i + max_batch]
-        gens = [torch.Generator().manual_seed(s) for _, s in chunk]
-        images = pipe([p for p, _ in chunk], num_inference_steps=steps, guidance_scale=guidance, height=size,
-                      width=size, generator=gens, output_type="np").images
-        out.append((images * 255).round().astype(np.uint8))
+    out = [generate_images(pipe, [p for p, _ in chunk], [s for _, s in chunk], settings)
+           for chunk in (cells[i:i + max_batch] for i in range(0, len(cells), max_batch))]
     return np.concatenate(out).reshape(len(prompts), len(seeds), *out[0].shape[1:])
 
 

@@ -40,3 +40,30 @@ def count_samples(folder: str | Path) -> int:
     if not index.is_file():
         raise WorkbenchError(f"no MDS dataset at {folder} (index.json missing)")
     return sum(shard["samples"] for shard in json.loads(index.read_text())["shards"])
+
+
+# Streaming's pickle encoding: decoding a sample of such a column runs whatever the pickle says.
+UNSAFE_ENCODINGS = frozenset({"pkl"})
+
+
+def check_safe_columns(dataset, where: str) -> None:
+    """Refuse, by column, a dataset (``StreamingDataset`` or ``LocalDataset``) whose columns decode with pickle.
+
+    Call it after the dataset is built (its index is read, no sample yet) and before any sample is read.
+    ``StreamingDataset`` refuses them itself while it is built (``allow_unsafe_types`` is never set here);
+    ``LocalDataset`` does not.
+    """
+    for shard in getattr(dataset, "shards", []):
+        for name, encoding in zip(getattr(shard, "column_names", []), getattr(shard, "column_encodings", [])):
+            if encoding in UNSAFE_ENCODINGS:
+                raise WorkbenchError(f"{where}: column '{name}' is stored with pickle ('{encoding}'), which runs code "
+                                     "when read; refused (write it as json, str or bytes)")
+
+
+def open_local(folder: str | Path, where: str | None = None):
+    """A ``LocalDataset`` of an MDS folder, its columns checked (``check_safe_columns``)."""
+    from streaming import LocalDataset
+
+    dataset = LocalDataset(local=str(folder))
+    check_safe_columns(dataset, where or str(folder))
+    return dataset

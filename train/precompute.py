@@ -211,7 +211,7 @@ def precompute(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, token
     from tqdm import tqdm
 
     from .data import crop_to_array, other_phrasing, to_model_range
-    from .mds import count_samples
+    from .mds import check_safe_columns, count_samples
 
     if dtype not in DTYPES:
         raise WorkbenchError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -241,6 +241,7 @@ def precompute(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, token
         except WorkbenchError:
             n = None
         dataset = StreamingDataset(local=local or None, remote=remote, shuffle=False, batch_size=1)
+        check_safe_columns(dataset, f"the source dataset {remote or local}")
         n = len(dataset) if n is None else n
         if n == 0:
             raise WorkbenchError(f"the source dataset {remote or local} is empty")

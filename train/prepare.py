@@ -69,10 +69,10 @@ def _canonical_ids(folder: Path) -> None:
 
 def read_bucket(folder: str | Path, resolution: int, limit: int):
     """Up to ``limit`` (images (N, 3, R, R) in [-1, 1], captions) from an MDS bucket, in order."""
-    from streaming import LocalDataset  # a local folder: no shared-memory registry, so parallel runs never collide
+    from .mds import open_local  # LocalDataset: no shared-memory registry, so parallel runs never collide
 
     n = min(limit, count_samples(folder))
-    ds = LocalDataset(local=str(folder))
+    ds = open_local(folder)
     images, captions = torch.empty(n, 3, resolution, resolution), []
     for i in tqdm(range(n), desc="read images", unit="img", leave=False):
         sample = ds.get_item(i)

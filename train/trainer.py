@@ -103,16 +103,26 @@ def public_config(config: dict) -> dict:
     return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
-def check_load_path(cfg: TrainConfig, spec: dict) -> None:
-    """Refuse a checkpoint of another architecture before Composer tries to load it."""
-    if not cfg.load_path or "://" in cfg.load_path:
-        return
-    from .checkpoint import read_checkpoint
+def checked_load_path(cfg: TrainConfig, spec: dict) -> str | None:
+    """``load_path`` as a local file Composer may unpickle: a remote one is fetched first, then it must read
+    as plain data (``weights_only``) and hold this run's architecture, before Composer touches it."""
+    if not cfg.load_path:
+        return None
+    from .checkpoints.composer import read_checkpoint
 
-    other = read_checkpoint(cfg.load_path)["spec"]
+    local = cfg.load_path
+    if "://" in local:
+        from .checkpoints.remote import fetch
+
+        local = str(fetch(local))
+    try:
+        other = read_checkpoint(local)["spec"]
+    except WorkbenchError as e:
+        raise WorkbenchError(f"config key 'load_path': {e}") from None
     if other["architecture"] != spec["architecture"] or public_config(other["unet"]) != public_config(spec["unet"]):
         raise WorkbenchError(f"config key 'load_path': {cfg.load_path} holds a '{other['architecture']}' model whose "
                              f"UNet differs from this run's '{spec['architecture']}' UNet")
+    return local
 
 
 def estimate_checkpoint_bytes(model: LatentDiffusion, ema: bool) -> int:
@@ -149,21 +159,46 @@ def check_remote_folder(url: str, key: str) -> None:
     check_remote_access(url, key)
 
 
-def resolve_resume(cfg: TrainConfig, save_folder: str) -> bool:
-    """With autoresume and a local save folder: pick the newest readable checkpoint (rank 0), True if one exists."""
+def resolve_resume(cfg: TrainConfig, save_folder: str) -> str | None:
+    """With autoresume: the newest usable checkpoint of the save folder (chosen on rank 0), else None.
+
+    Usable means whole and readable as plain data (``weights_only``): Composer unpickles with
+    ``weights_only=False``, so nothing else reaches it. Locally the others are set aside
+    (``select_resume_checkpoint``); in object storage they are passed over and the newest usable one is
+    fetched into the local cache.
+    """
     from composer.utils import dist
 
-    from .checkpoint import select_resume_checkpoint
-
-    if not cfg.autoresume or "://" in save_folder:
-        return False
+    if not cfg.autoresume:
+        return None
     found = None
     if dist.get_global_rank() == 0:
-        found = select_resume_checkpoint(save_folder)
-    flag = [found is not None]
+        found = _newest_remote(save_folder) if "://" in save_folder else _newest_local(save_folder)
+    box = [found]
     if dist.get_world_size() > 1:
-        dist.broadcast_object_list(flag, src=0)
-    return bool(flag[0])
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _newest_local(save_folder: str) -> str | None:
+    from .checkpoints import select_resume_checkpoint
+
+    found = select_resume_checkpoint(save_folder)
+    return str(found) if found else None
+
+
+def _newest_remote(save_folder: str) -> str | None:
+    from .checkpoints import list_checkpoints
+    from .checkpoints.composer import resume_problem
+    from .checkpoints.remote import fetch
+
+    for remote in reversed(list_checkpoints(save_folder)):
+        local = fetch(remote.ref)
+        problem = resume_problem(local)
+        if problem is None:
+            return str(local)
+        log.warning("warning: checkpoint %s is unusable (%s); resuming from an earlier one", remote.ref, problem)
+    return None
 
 
 def attach_latents(cfg: TrainConfig, model: LatentDiffusion) -> dict | None:
@@ -215,6 +250,8 @@ def build_trainer(cfg: TrainConfig):
     save_folder = cfg.resolved_save_folder()
     if cfg.load_path and "://" in cfg.load_path:
         check_remote_folder(cfg.load_path, "load_path")
+    if cfg.autoresume and "://" in save_folder:
+        check_remote_folder(save_folder, "save_folder")
     from composer.utils import reproducibility
 
     reproducibility.seed_all(cfg.seed)  # the UNet's initial weights follow the run's seed
@@ -222,9 +259,10 @@ def build_trainer(cfg: TrainConfig):
     check_save_folder(save_folder, estimate_checkpoint_bytes(model, cfg.ema.enabled))
     attention = set_attention(model.unet, cfg.model.attention, device)
     spec = make_spec(model, cfg.model.architecture, cfg.data.resolution)
-    check_load_path(cfg, spec)
+    load_path = checked_load_path(cfg, spec)
     attach_latents(cfg, model)
-    resuming = resolve_resume(cfg, save_folder)
+    resume_from = resolve_resume(cfg, save_folder)
+    remote_resume = resume_from is not None and "://" in save_folder
 
     world = dist.get_world_size()
     if cfg.global_train_batch_size % world:
@@ -288,9 +326,11 @@ def build_trainer(cfg: TrainConfig):
         save_interval=cfg.save_interval,
         save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
         save_overwrite=not cfg.autoresume,
-        autoresume=cfg.autoresume,
-        load_path=None if resuming else cfg.load_path,
-        load_weights_only=cfg.load_weights_only,
+        # Composer's own autoresume reads the local save folder's latest link, which points at the file chosen
+        # above; from object storage it would pick its own, so the checked local copy is loaded instead.
+        autoresume=cfg.autoresume and not remote_resume,
+        load_path=resume_from if remote_resume else (None if resume_from else load_path),
+        load_weights_only=False if remote_resume else cfg.load_weights_only,
         device=device,
         precision=precision,
         device_train_microbatch_size=cfg.device_train_microbatch_size,

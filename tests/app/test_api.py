@@ -1,6 +1,5 @@
 """`dwb app` as users start it, called through gradio_client: bit-exact images, PNG parameters, compare,
 bad input, the queue's limit, stopping, and what Gradio's file route will and will not serve."""
-import hashlib
 import time
 
 import httpx
@@ -12,7 +11,8 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError, Status
 from PIL import Image
 
-from app.generate import parse_parameters
+from train.checkpoints import content_hash, find_checkpoint
+from train.generation import parse_parameters
 
 
 def call(client, tree, api_name="/generate", **kw):
@@ -46,7 +46,7 @@ def test_api_images_equal_load_pipeline_bit_for_bit_and_carry_their_parameters(c
                          batch_size=2)
     ref = reference(pipe, [7, 8], prompt="two red circles", negative_prompt="blue", num_inference_steps=8,
                     guidance_scale=5.0, width=16, height=16)
-    sha = hashlib.sha256(tree.ba4.read_bytes()).hexdigest()
+    digest = content_hash(find_checkpoint(tree.ba4))
     assert len(gallery) == 2
     for i, item in enumerate(gallery):
         pixels, chunks, fmt = read(item)
@@ -56,8 +56,8 @@ def test_api_images_equal_load_pipeline_bit_for_bit_and_carry_their_parameters(c
         p = parse_parameters(chunks["parameters"])
         assert (p["prompt"], p["negative_prompt"], p["Seed"], p["Steps"], p["Sampler"]) == (
             "two red circles", "blue", str(7 + i), "8", "DPM++ 2M")  # the pipeline's own sampler
-        assert (p["CFG scale"], p["Size"], p["Model hash"], p["Weights"]) == ("5", "16x16", sha[:10], "EMA")
-        assert p["Model"] == "tiny-phase1/ep0-ba4-rank0.pt" and sha in chunks["dwb"]
+        assert (p["CFG scale"], p["Size"], p["Model hash"], p["Weights"]) == ("5", "16x16", digest, "EMA")
+        assert p["Model"] == "tiny-phase1/ep0-ba4-rank0.pt" and digest in chunks["dwb"]
     assert text == read(gallery[0])[1]["parameters"]
 
     # another sampler and a non-square size: still the image diffusers gives
@@ -74,10 +74,9 @@ def test_diffusers_folder_ema_and_raw_weights(client, tree):
     raw = read(call(client, tree, weights="raw", seed=11)[0][0])[0]
     assert np.array_equal(exported, ema)  # the folder holds ba4's EMA weights
     assert not np.array_equal(raw, ema)
-    unet = tree.export / "unet" / "diffusion_pytorch_model.safetensors"
     p = parse_parameters(chunks["parameters"])
-    assert p["Weights"] == "exported" and p["Model"] == "export-ba4"
-    assert p["Model hash"] == hashlib.sha256(unet.read_bytes()).hexdigest()[:10]
+    assert p["Weights"] == "stored" and p["Model"] == "export-ba4"
+    assert p["Model hash"] == content_hash(find_checkpoint(tree.export))
 
 
 def test_compare_puts_checkpoints_side_by_side_with_one_seed(client, tree):
@@ -86,7 +85,7 @@ def test_compare_puts_checkpoints_side_by_side_with_one_seed(client, tree):
     assert len(gallery) == 3
     for name, label, item in zip(names, ["tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt", "export-ba4"],
                                  gallery):
-        assert item["caption"] == f"{label} ({'exported' if label == 'export-ba4' else 'ema'})"
+        assert item["caption"] == f"{label} ({'stored' if label == 'export-ba4' else 'ema'})"
         alone = call(client, tree, checkpoint=name, seed=5, scheduler="Euler a")[0][0]
         assert np.array_equal(read(item)[0], read(alone)[0])  # each is that checkpoint's own image
         assert parse_parameters(read(item)[1]["parameters"])["Model"] == label
@@ -105,8 +104,10 @@ BAD = {
     "relative escape": (dict(checkpoint="../outside/ep0-ba4-rank0.pt"), "is outside the allowed checkpoint folders"),
     "symlink out of the roots": (dict(checkpoint="LINKED"), "is outside the allowed checkpoint folders"),
     "pipeline linking out": (dict(checkpoint="SNEAKY"), "outside the allowed checkpoint folders"),
-    "corrupt checkpoint": (dict(checkpoint="broken/ep0-ba9-rank0.pt"), "corrupt or not a PyTorch file"),
-    "foreign checkpoint": (dict(checkpoint="foreign/ep0-ba1-rank0.pt"), "is not a diffusion-workbench checkpoint"),
+    "corrupt checkpoint": (dict(checkpoint="broken/ep0-ba9-rank0.pt"),
+                           "cannot read checkpoint broken/ep0-ba9-rank0.pt: corrupt, not a PyTorch file"),
+    "foreign checkpoint": (dict(checkpoint="foreign/ep0-ba1-rank0.pt"),
+                           "foreign/ep0-ba1-rank0.pt is not a Composer checkpoint"),
     "compare with one checkpoint": (dict(api_name="/compare", checkpoints=["export-ba4"]),
                                     "choose two to four checkpoints to compare, got 1"),
 }

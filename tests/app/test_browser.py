@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app.generate import parse_parameters
+from train.generation import parse_parameters
 
 from ..conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, needs_chromium
 

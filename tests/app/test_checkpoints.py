@@ -1,7 +1,7 @@
 """Allowed roots: discovery, refusing paths outside them (symlinks too) before reading a byte, hashes, the LRU cache."""
 import gc
-import hashlib
 import os
+import shutil
 import sys
 import threading
 import weakref
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.cache import PipelineCache
-from app.checkpoints import checkpoint_hash, describe, discover, resolve_checkpoint, resolve_roots
+from train.checkpoints import Checkpoint, content_hash, describe, discover, find_checkpoint, resolve_roots
 from app.generate import GenerationParams
 from app.service import Service
 from train.errors import WorkbenchError
@@ -27,33 +27,36 @@ def _audit(event: str, args) -> None:
 sys.addaudithook(_audit)
 
 
-def test_discovery_lists_checkpoints_and_pipelines_under_the_root(tree):
+def test_discovery_lists_the_checkpoints_and_pipelines_under_the_root(tree):
     found = discover([tree.root])
     labels = [c.label for c in found]
-    assert labels == ["broken/ep0-ba9-rank0.pt", "export-ba4", "foreign/ep0-ba1-rank0.pt", "sneaky-export",
-                      "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"]
-    # the symlink to a checkpoint outside the root is not listed; latest-rank0.pt is not a second entry
+    # broken and foreign files are not checkpoints; the symlink to a checkpoint outside the root is not listed,
+    # and latest-rank0.pt is not a second entry
+    assert labels == ["export-ba4", "sneaky-export", "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"]
     assert all(c.path.is_relative_to(tree.root) for c in found)
-    assert {c.kind for c in found if c.label.startswith("export")} == {"diffusers"}
+    assert [(c.kind, c.step) for c in found] == [("diffusers", None), ("diffusers", None), ("composer", 2),
+                                                 ("composer", 4)]
 
 
 def test_natural_order_and_more_than_one_root(tree, tmp_path):
     other = tmp_path / "more"
     (other / "run").mkdir(parents=True)
     for n in (10, 9, 100):
-        (other / "run" / f"ep0-ba{n}-rank0.pt").write_bytes(b"x")
-    found = discover(resolve_roots([tree.root, other]))
+        shutil.copy(tree.ba2, other / "run" / f"ep0-ba{n}-rank0.pt")
+    roots = resolve_roots([tree.root, other])
+    found = discover(roots)
     mine = [c.label for c in found if c.label.startswith("more/")]
     assert mine == ["more/run/ep0-ba9-rank0.pt", "more/run/ep0-ba10-rank0.pt", "more/run/ep0-ba100-rank0.pt"]
     assert "checkpoints/tiny-phase1/ep0-ba4-rank0.pt" in [c.label for c in found]
+    assert find_checkpoint("more/run/ep0-ba10-rank0.pt", roots=roots).path == other / "run" / "ep0-ba10-rank0.pt"
 
 
 def test_paths_inside_the_root_are_accepted_absolute_or_relative(tree):
     roots = [tree.root]
-    assert resolve_checkpoint(str(tree.ba4), roots).path == tree.ba4
-    assert resolve_checkpoint("tiny-phase1/ep0-ba4-rank0.pt", roots).path == tree.ba4
-    assert resolve_checkpoint("tiny-phase1/latest-rank0.pt", roots).path == tree.ba4  # a link inside the root
-    assert resolve_checkpoint(f"{tree.root}/tiny-phase1/../export-ba4", roots).kind == "diffusers"
+    assert find_checkpoint(str(tree.ba4), roots=roots).path == tree.ba4
+    assert find_checkpoint("tiny-phase1/ep0-ba4-rank0.pt", roots=roots).path == tree.ba4
+    assert find_checkpoint("tiny-phase1/latest-rank0.pt", roots=roots).path == tree.ba4  # a link inside the root
+    assert find_checkpoint(f"{tree.root}/tiny-phase1/../export-ba4", roots=roots).kind == "diffusers"
 
 
 @pytest.mark.parametrize("name, message", [
@@ -87,36 +90,43 @@ def test_paths_outside_the_root_are_refused_without_reading_them(tree, name, mes
     assert len(service.cache) == 0
 
 
-def test_corrupt_and_foreign_checkpoints_are_refused_with_their_name(tree):
+def test_corrupt_and_foreign_checkpoints_are_refused_by_label_without_server_paths(tree):
     service = Service([tree.root], cache_size=1)
     p = GenerationParams("a red circle", steps=2, width=16, height=16)
-    with pytest.raises(WorkbenchError, match="cannot read checkpoint .*ep0-ba9-rank0.pt: corrupt or not a PyTorch file"):
-        service.generate(str(tree.broken), "ema", p)
-    with pytest.raises(WorkbenchError, match="ep0-ba1-rank0.pt is not a diffusion-workbench checkpoint"):
-        service.generate(str(tree.foreign), "raw", p)
+    for text, message in ((str(tree.broken), "broken/ep0-ba9-rank0.pt: corrupt, not a PyTorch file"),
+                          ("foreign/ep0-ba1-rank0.pt", "foreign/ep0-ba1-rank0.pt is not a Composer checkpoint")):
+        with pytest.raises(WorkbenchError, match=message) as raised:
+            service.generate(text, "ema", p)
+        assert str(tree.root) not in str(raised.value)  # the server's folders stay its own
     assert len(service.cache) == 0
 
 
 def test_describe_reads_resolution_and_ema(tree):
-    info = describe(resolve_checkpoint(str(tree.ba4), [tree.root]))
+    info = describe(find_checkpoint(str(tree.ba4), roots=[tree.root]))
     assert (info.kind, info.resolution, info.has_ema, info.architecture) == ("composer", 16, True, "tiny")
-    folder = describe(resolve_checkpoint(str(tree.export), [tree.root]))
+    folder = describe(find_checkpoint(str(tree.export), roots=[tree.root]))
     # a diffusers folder does not record its training resolution: its UNet's sample size (8) x VAE factor (4)
     assert (folder.kind, folder.resolution, folder.has_ema) == ("diffusers", 32, None)
 
 
-def test_checkpoint_hash_is_the_files_sha256_and_follows_rewrites(tree, tmp_path):
-    ckpt = resolve_checkpoint(str(tree.ba2), [tree.root])
-    assert checkpoint_hash(ckpt) == hashlib.sha256(tree.ba2.read_bytes()).hexdigest()
-    folder = resolve_checkpoint(str(tree.export), [tree.root])
-    unet = tree.export / "unet" / "diffusion_pytorch_model.safetensors"
-    assert checkpoint_hash(folder) == hashlib.sha256(unet.read_bytes()).hexdigest()
-    # a rewritten file (new mtime and size) is hashed again, not served from the cache
-    f = tmp_path / "ep0-ba1-rank0.pt"
-    f.write_bytes(b"first")
-    one = checkpoint_hash(resolve_checkpoint(str(f), [tmp_path]))
-    f.write_bytes(b"second version")
-    assert checkpoint_hash(resolve_checkpoint(str(f), [tmp_path])) == hashlib.sha256(b"second version").hexdigest() != one
+def test_content_hash_names_the_content_not_the_file(tree, tmp_path):
+    ba2, ba4 = (find_checkpoint(str(p), roots=[tree.root]) for p in (tree.ba2, tree.ba4))
+    assert content_hash(ba2) != content_hash(ba4) and len(content_hash(ba2)) == 12
+    renamed = tmp_path / "my-favourite.pt"
+    shutil.copy(tree.ba2, renamed)
+    assert content_hash(find_checkpoint(renamed)) == content_hash(ba2)  # the same bytes under another name
+    # a file rewritten with other weights is hashed again, not served from the cache
+    shutil.copy(tree.ba4, renamed)
+    assert content_hash(Checkpoint(str(renamed), "composer", "renamed", renamed)) == content_hash(ba4)
+    folder = find_checkpoint(str(tree.export), roots=[tree.root])
+    copy = tmp_path / "export-copy"
+    shutil.copytree(tree.export, copy)
+    assert content_hash(find_checkpoint(copy)) == content_hash(folder)
+    unet = copy / "unet" / "diffusion_pytorch_model.safetensors"
+    weights = bytearray(unet.read_bytes())
+    weights[-100] ^= 0x01  # one of the UNet's last weights
+    unet.write_bytes(bytes(weights))
+    assert content_hash(find_checkpoint(copy)) != content_hash(folder)
 
 
 def test_pipeline_cache_is_lru_and_frees_evicted_pipelines(tree):

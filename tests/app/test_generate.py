@@ -6,10 +6,11 @@ import pytest
 import torch
 from PIL import Image
 
-from app.generate import (DEFAULT_SCHEDULER, SCHEDULERS, GenerationParams, ImageRecord, Limits, Stopped, generate,
-                          make_scheduler, parse_parameters, save_png, validate)
+from app.generate import (DEFAULT_SCHEDULER, SCHEDULERS, GenerationParams, Limits, Stopped, generate, record_of,
+                          validate)
 from train.errors import WorkbenchError
-from train.samplers import sampler_name
+from train.generation import parse_parameters, save_png
+from train.samplers import make_sampler, sampler_name
 
 LIMITS = Limits(max_steps=150, max_size=1024, max_batch=8)
 
@@ -58,15 +59,15 @@ def test_schedulers_come_from_the_pipeline_config(pipe):
     base = pipe.scheduler.config
     # The workbench's own default sampler, named as the app names it.
     assert sampler_name(pipe.scheduler) == DEFAULT_SCHEDULER == "DPM++ 2M"
-    assert dict(make_scheduler(DEFAULT_SCHEDULER, base).config) == dict(base)
+    assert dict(make_sampler(DEFAULT_SCHEDULER, base).config) == dict(base)
     assert base.timestep_spacing == "leading" and base.steps_offset == 1  # SD2's spacing carries over
     for name in SCHEDULERS:
-        s = make_scheduler(name, base)
+        s = make_sampler(name, base)
         assert s.config.prediction_type == base.prediction_type and s.config.beta_end == base.beta_end
         assert sampler_name(s) == name  # the name written into manifests and PNG text
-    assert make_scheduler("DPM++ 2M Karras", base).config.use_karras_sigmas
-    assert not make_scheduler("DPM++ 2M", base).config.use_karras_sigmas
-    assert type(make_scheduler("Euler a", base)).__name__ == "EulerAncestralDiscreteScheduler"
+    assert make_sampler("DPM++ 2M Karras", base).config.use_karras_sigmas
+    assert not make_sampler("DPM++ 2M", base).config.use_karras_sigmas
+    assert type(make_sampler("Euler a", base)).__name__ == "EulerAncestralDiscreteScheduler"
     assert {"DDIM", "Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "UniPC", "PNDM"} <= set(SCHEDULERS)
 
 
@@ -112,7 +113,7 @@ def test_stop_ends_the_call_after_the_current_step(pipe):
 def test_png_parameters_round_trip(tmp_path):
     p = validate(params(prompt='a "red", circle: left\nof a square', negative_prompt="blue, green", steps=30,
                         guidance=7.5, width=24, height=32, seed=100, batch_size=3), LIMITS)
-    record = ImageRecord.of(p, 2, "runs/a, b/ep0-ba4-rank0.pt", "ab" * 32, "ema")
+    record = record_of(p, 2, "runs/a, b/ep0-ba4-rank0.pt", "ab" * 6, "ema")
     path = tmp_path / "x.png"
     save_png(Image.new("RGB", (24, 32)), path, record)
     with Image.open(path) as im:
@@ -120,6 +121,6 @@ def test_png_parameters_round_trip(tmp_path):
     parsed = parse_parameters(text)
     assert parsed["prompt"] == 'a "red", circle: left\nof a square' and parsed["negative_prompt"] == "blue, green"
     assert parsed["Seed"] == "102" and parsed["Steps"] == "30" and parsed["Sampler"] == "DPM++ 2M"
-    assert parsed["CFG scale"] == "7.5" and parsed["Size"] == "24x32" and parsed["Model hash"] == "abababab" + "ab"
+    assert parsed["CFG scale"] == "7.5" and parsed["Size"] == "24x32" and parsed["Model hash"] == "ab" * 6
     assert parsed["Model"] == "runs/a, b/ep0-ba4-rank0.pt" and parsed["Weights"] == "EMA"
-    assert data["seed"] == 102 and data["checkpoint_hash"] == "ab" * 32 and data["width"] == 24
+    assert data["seed"] == 102 and data["checkpoint_hash"] == "ab" * 6 and data["width"] == 24

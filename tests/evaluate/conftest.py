@@ -47,13 +47,6 @@ def tiny_clip(components, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def checkpoints(shapes_data, components, tmp_path_factory) -> Path:
-    """Two 16 px checkpoints of the tiny phase 1 (ep0-ba2, ep0-ba4), trained in seconds."""
-    from train.config import load_config
-    from train.trainer import train
-
-    folder = tmp_path_factory.mktemp("eval-run") / "checkpoints"
-    cfg = load_config(REPO / "configs/tiny-phase1.yaml",
-                      tiny_overrides(shapes_data, components, folder, max_duration="4ba", save_interval="2ba"))
-    train(cfg)
-    return folder
+def checkpoints(tiny_run) -> Path:
+    """Two 16 px checkpoints of the tiny phase 1 (ep0-ba2, ep0-ba4): the suite's shared run."""
+    return tiny_run

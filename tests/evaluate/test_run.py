@@ -11,9 +11,9 @@ from PIL import Image
 from evaluate.features import InceptionExtractor
 from evaluate.reference import reference_stats
 from evaluate.run import EvalConfig, evaluate_checkpoints
-from evaluate.store import ResultsStore, file_identity
+from evaluate.store import ResultsStore, checkpoint_identity
 from evaluate.watch import Watcher
-from train.checkpoint import read_checkpoint
+from train.checkpoints import find_checkpoint, read_checkpoint
 from train.errors import WorkbenchError
 
 
@@ -165,13 +165,13 @@ def test_watcher_scores_each_checkpoint_once_across_restarts(checkpoints, tmp_pa
     store = ResultsStore(tmp_path / "results")
     scored = []
 
-    def score(path):
-        read_checkpoint(path)  # raises CheckpointError for a whole zip that is no workbench checkpoint
-        scored.append(path.name)
-        store.append({"checkpoint": str(path), "status": "ok", **file_identity(path)})
+    def score(ckpt):
+        read_checkpoint(ckpt.path)  # raises CheckpointError for a whole zip that is no workbench checkpoint
+        scored.append(ckpt.path.name)
+        store.append({"checkpoint": ckpt.ref, "status": "ok", **checkpoint_identity(ckpt)})
 
-    def record(path, error):
-        store.append({"checkpoint": str(path), "status": "unreadable", "error": str(error), **file_identity(path)})
+    def record(ckpt, error):
+        store.append({"checkpoint": ckpt.ref, "status": "unreadable", "error": str(error), **checkpoint_identity(ckpt)})
 
     now = [0.0]
     watcher = Watcher(run, store, score, record, settle=5, clock=lambda: now[0])
@@ -180,12 +180,12 @@ def test_watcher_scores_each_checkpoint_once_across_restarts(checkpoints, tmp_pa
     now[0] += 1
     partial.write_bytes(full[: len(full) * 3 // 4])  # the writer goes on
     now[0] += 5
-    assert [p.name for p in watcher.poll_once()] == ["ep0-ba2-rank0.pt"]  # ba4 changed 5 s ago: not settled
+    assert [c.path.name for c in watcher.poll_once()] == ["ep0-ba2-rank0.pt"]  # ba4 changed 5 s ago: not settled
     partial.write_bytes(full)  # the writer finishes
     now[0] += 6
     assert watcher.poll_once() == []  # changed since the last look: wait
     now[0] += 6
-    assert [p.name for p in watcher.poll_once()] == ["ep0-ba4-rank0.pt"]
+    assert [c.path.name for c in watcher.poll_once()] == ["ep0-ba4-rank0.pt"]
     assert now[0] - partial_since > 5  # the file was seen torn for longer than `settle`, but never settled torn
 
     torch.save({"not": "a checkpoint"}, run / "checkpoints" / "ep0-ba6-rank0.pt")  # whole, but unloadable
@@ -193,7 +193,7 @@ def test_watcher_scores_each_checkpoint_once_across_restarts(checkpoints, tmp_pa
     assert restarted.poll_once() == [] and restarted.poll_once() == []
     assert scored == ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"]
     assert [r["status"] for r in store.rows()] == ["ok", "ok", "unreadable"]  # recorded once, not retried
-    assert "no model spec inside" in store.rows()[-1]["error"]
+    assert "not a Composer checkpoint" in store.rows()[-1]["error"]
 
 
 def test_cli_watch_scores_a_run_once(checkpoints, shapes_data, inception_weights, tmp_path, capsys):
@@ -261,13 +261,14 @@ def test_watch_marks_a_truncated_checkpoint_scores_the_others_and_retries_on_req
     full = (checkpoints / "ep0-ba4-rank0.pt").read_bytes()
     (run / "checkpoints" / "ep0-ba4-rank0.pt").write_bytes(full[: len(full) // 2])  # a run killed mid-write
     # what an earlier watcher wrote against a whole file when its reference set was too small
-    ResultsStore(out).append({"checkpoint": str(whole), "status": "unreadable", **file_identity(whole),
+    ResultsStore(out).append({"checkpoint": str(whole), "status": "unreadable",
+                              **checkpoint_identity(find_checkpoint(whole)),
                               "error": "reference set has 32 readable images, fewer than the 64 requested"})
     args = _watch_args(run, out, shapes_data, inception_weights)
     assert main(args) == 0
     assert [(r["status"], r.get("step")) for r in ResultsStore(out).rows()] == [("unreadable", None),
                                                                                ("unreadable", None)]
-    assert "truncated or corrupt" in ResultsStore(out).rows()[-1]["error"]
+    assert "cannot read checkpoint" in ResultsStore(out).rows()[-1]["error"]
     assert main(args) == 0 and len(ResultsStore(out).rows()) == 2  # neither is tried again by itself
     assert main([*args, "--retry-unreadable"]) == 0
     rows = ResultsStore(out).rows()[2:]

@@ -6,10 +6,10 @@ import pytest
 from PIL import Image
 
 from evaluate.prompts import load_prompts, read_prompt_table, shapes_prompts
-from evaluate.samples import (MANIFEST, generate_samples, image_seed, plan, read_manifest, write_category_grids,
-                              write_manifest)
+from evaluate.samples import (MANIFEST, Provenance, generate_samples, image_seed, plan, read_manifest,
+                              write_category_grids, write_manifest)
 from train.errors import WorkbenchError
-from train.pipeline import load_pipeline
+from train.checkpoints import content_hash, find_checkpoint, load_pipeline
 
 from ..conftest import SHARED
 
@@ -72,13 +72,14 @@ def test_seeds_depend_only_on_prompt_and_image_index():
 
 
 def test_images_identical_at_batch_sizes_1_and_4(checkpoints, tmp_path):
-    ckpt = checkpoints / "ep0-ba4-rank0.pt"
+    ckpt = find_checkpoint(checkpoints / "ep0-ba4-rank0.pt")
     pipe = load_pipeline(ckpt)
+    source = Provenance(ckpt.ref, ckpt.label, content_hash(ckpt), "raw")
     prompts = shapes_prompts(3)
     seen = []
-    one = generate_samples(pipe, prompts, tmp_path / "b1", checkpoint=str(ckpt), n_per_prompt=2, steps=3, size=16,
+    one = generate_samples(pipe, prompts, tmp_path / "b1", source=source, n_per_prompt=2, steps=3, size=16,
                            batch_size=1, progress=False, on_batch=lambda im, caps: seen.append(im.shape))
-    four = generate_samples(pipe, prompts, tmp_path / "b4", checkpoint=str(ckpt), n_per_prompt=2, steps=3, size=16,
+    four = generate_samples(pipe, prompts, tmp_path / "b4", source=source, n_per_prompt=2, steps=3, size=16,
                             batch_size=4, progress=False)
     assert len(one) == len(four) == 6 and seen[0] == (1, 3, 16, 16)
     differ = 0
@@ -89,7 +90,7 @@ def test_images_identical_at_batch_sizes_1_and_4(checkpoints, tmp_path):
         assert np.abs(x - y).max() <= 1  # same noise; batched float kernels may round one level differently
         differ += int((x != y).sum())
     assert differ <= 0.01 * 6 * 16 * 16 * 3
-    again = generate_samples(pipe, prompts, tmp_path / "b4-again", checkpoint=str(ckpt), n_per_prompt=2, steps=3,
+    again = generate_samples(pipe, prompts, tmp_path / "b4-again", source=source, n_per_prompt=2, steps=3,
                              size=16, batch_size=4, progress=False)
     assert all(np.array_equal(np.asarray(Image.open(tmp_path / "b4" / a.path)),
                               np.asarray(Image.open(tmp_path / "b4-again" / b.path))) for a, b in zip(four, again))
@@ -106,7 +107,8 @@ def test_images_identical_at_batch_sizes_1_and_4(checkpoints, tmp_path):
     rows = read_manifest(manifest)
     assert [(r["prompt_index"], r["image_index"]) for r in rows] == [(p, i) for p in range(3) for i in range(2)]
     assert all(MANIFEST_KEYS <= set(r) and (tmp_path / "b4" / r["path"]).is_file() for r in rows)
-    assert rows[0]["model"] == f"{checkpoints.parent.name}/ep0-ba4-rank0" and rows[0]["width"] == 16  # run/stem
+    assert rows[0]["model"] == "tiny-phase1/ep0-ba4-rank0" and rows[0]["width"] == 16  # run/stem
+    assert rows[0]["checkpoint_hash"] == content_hash(ckpt) == meta["checkpoint_hash"]
 
     grids = write_category_grids(four, tmp_path / "b4")
     assert grids and all(g.is_file() for g in grids)

@@ -37,7 +37,7 @@ def test_two_process_training_resumes_bit_identically_from_an_epochs_last_batch(
     again = run(resumed)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming at batch 4" in again.stdout
-    from train.checkpoint import read_checkpoint
+    from train.checkpoints import read_checkpoint
 
     ts = read_checkpoint(resumed / "ep1-ba6-rank0.pt")["timestamp"]["Timestamp"]
     assert ts["batch"] == 6 and ts["sample"] == 288  # global batch 48 = 2 ranks x 24

@@ -3,7 +3,7 @@ import boto3
 import pytest
 import torch
 
-from train.checkpoint import model_weights, read_checkpoint
+from train.checkpoints import model_weights, read_checkpoint
 from train.config import load_config
 from train.errors import WorkbenchError
 from train.trainer import build_trainer, train

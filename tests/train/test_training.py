@@ -5,10 +5,10 @@ import torch
 from composer import Callback
 from diffusers import StableDiffusionPipeline
 
-from train.checkpoint import read_checkpoint
+from train.checkpoints import read_checkpoint
 from train.config import load_config
 from train.errors import WorkbenchError
-from train.pipeline import export_pipeline, load_pipeline
+from train.checkpoints import export_pipeline, load_pipeline
 from train.trainer import build_trainer, train
 
 from ..conftest import REPO, tiny_overrides
@@ -22,11 +22,8 @@ def _unet(state_or_pipe):
 
 
 @pytest.fixture(scope="module")
-def phase1(shapes_data, components, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("phase1") / "ckpt"
-    cfg = load_config(PHASE1, tiny_overrides(shapes_data, components, folder, max_duration="4ba", save_interval="2ba"))
-    train(cfg)
-    return folder
+def phase1(tiny_run):
+    return tiny_run
 
 
 def test_fit_writes_periodic_checkpoints_with_spec_and_ema(phase1):
@@ -81,7 +78,7 @@ def test_load_path_of_another_architecture_is_refused(phase1, shapes_data, compo
 def test_load_path_check_ignores_the_order_of_diffusers_bookkeeping(phase1, shapes_data, components, tmp_path):
     """diffusers' ``_use_default_values`` comes from a set: another process (phase 2 started by hand) lists it
     in another order, and that alone must not refuse phase 1's checkpoint."""
-    from train.trainer import check_load_path
+    from train.trainer import checked_load_path
 
     start = phase1 / "ep0-ba4-rank0.pt"
     spec = read_checkpoint(start)["spec"]
@@ -89,9 +86,9 @@ def test_load_path_check_ignores_the_order_of_diffusers_bookkeeping(phase1, shap
     assert len(unet["_use_default_values"]) > 1
     unet["_use_default_values"] = list(reversed(unet["_use_default_values"]))
     cfg = load_config(PHASE2, tiny_overrides(shapes_data, components, tmp_path / "p2", res=32, load_path=start))
-    check_load_path(cfg, {**spec, "unet": unet})  # no error
+    assert checked_load_path(cfg, {**spec, "unet": unet}) == str(start)  # no error
     with pytest.raises(WorkbenchError, match="UNet differs"):
-        check_load_path(cfg, {**spec, "unet": {**unet, "block_out_channels": [16, 32]}})
+        checked_load_path(cfg, {**spec, "unet": {**unet, "block_out_channels": [16, 32]}})
 
 
 def test_export_round_trip_is_bit_identical(phase1, tmp_path):
@@ -111,12 +108,16 @@ def test_export_round_trip_is_bit_identical(phase1, tmp_path):
 def test_bad_checkpoints_give_one_line_errors(tmp_path):
     corrupt = tmp_path / "ep0-ba9-rank0.pt"
     corrupt.write_bytes(b"not a checkpoint at all")
-    with pytest.raises(WorkbenchError, match="corrupt or not a PyTorch file"):
+    with pytest.raises(WorkbenchError, match="corrupt, not a PyTorch file"):
         load_pipeline(corrupt)
     foreign = tmp_path / "foreign.pt"
     torch.save({"state_dict": {"w": torch.zeros(1)}}, foreign)
-    with pytest.raises(WorkbenchError, match="not a diffusion-workbench checkpoint"):
+    with pytest.raises(WorkbenchError, match="not a Composer checkpoint"):
         load_pipeline(foreign)
+    composer_like = tmp_path / "composer-like.pt"
+    torch.save({"state": {"model": {"w": torch.zeros(1)}}}, composer_like)
+    with pytest.raises(WorkbenchError, match="neither a diffusion-workbench checkpoint .* nor a mosaicml/diffusion one"):
+        load_pipeline(composer_like)
     with pytest.raises(WorkbenchError, match="checkpoint not found"):
         load_pipeline(tmp_path / "missing.pt")
     with pytest.raises(WorkbenchError, match="model_index.json missing"):

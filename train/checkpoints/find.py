@@ -1,0 +1,249 @@
+"""Finding and naming checkpoints: what a reference points at, a run's checkpoints in order, those under roots.
+
+A reference is a local path (a Composer ``.pt`` under any name, a diffusers folder, a single-file
+``.safetensors``/``.ckpt``), a Hugging Face hub id (``org/name[@revision]``), or an ``s3://`` URI of a
+Composer checkpoint. ``find_checkpoint`` tells which, reading as little as it can: a file's kind comes
+from its contents, never from its name. With ``roots`` (the app), a local path is accepted only when it
+resolves (``..`` and symlinks followed) under one of them, and a diffusers folder only when nothing inside
+it links outside them; nothing under a path is read before that check.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import CheckpointError, WorkbenchError
+
+KINDS = ("composer", "mosaicml", "diffusers", "single-file", "hub")
+WEIGHT_SUFFIXES = (".pt", ".safetensors", ".ckpt")
+OTHER_RANKS = re.compile(r"-rank[1-9]\d*\.pt$")  # a sharded checkpoint's other ranks: rank 0's file stands for it
+LATEST = re.compile(r"^latest-rank\d+\.pt")  # Composer's pointer to the newest (a link, or a copy of one)
+SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint found or named, before its weights are read."""
+
+    ref: str  # as given: a path, a hub id, an s3:// URI
+    kind: str  # one of KINDS, or "unreadable" for a file that does not read as any of them
+    label: str  # how people call it: ``<run>/<file stem>``, a folder's name, the hub id, a path under the roots
+    path: Path | None  # the local file or folder (a hub id's snapshot, an s3 object's cached copy)
+    step: int | None = None  # training batches (Composer checkpoints)
+
+
+def run_label(path: Path) -> str:
+    """``<run>/<stem>`` for a file in ``<run>/checkpoints/``, else the file's stem or the folder's name."""
+    if path.is_dir():
+        return path.name
+    if path.parent.name == "checkpoints" and path.parent.parent.name:
+        return f"{path.parent.parent.name}/{path.stem}"
+    return path.stem
+
+
+def _step_in_name(name: str) -> int | None:
+    m = re.search(r"ba(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+_kinds: dict[tuple[str, int, int], tuple[str, int | None]] = {}
+_kinds_lock = threading.Lock()
+
+
+def local_kind(path: Path) -> tuple[str, int | None]:
+    """(kind, training batches) of a local file or folder, cached by (path, size, mtime)."""
+    if path.is_dir():
+        if (path / "model_index.json").is_file():
+            return "diffusers", None
+        raise CheckpointError(f"{path} is a folder but not a diffusers pipeline (model_index.json missing)")
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    with _kinds_lock:
+        if key in _kinds:
+            return _kinds[key]
+    found = _read_kind(path)
+    with _kinds_lock:
+        _kinds[key] = found
+    return found
+
+
+def _read_kind(path: Path) -> tuple[str, int | None]:
+    from .single_file import is_single_file
+
+    if path.suffix in (".safetensors", ".ckpt") and is_single_file(path):
+        return "single-file", None
+    from .composer import read_checkpoint, training_batches
+
+    try:
+        ckpt = read_checkpoint(path)
+    except CheckpointError:
+        return "unreadable", _step_in_name(path.name)
+    return ckpt["kind"], training_batches(ckpt)
+
+
+def list_checkpoints(folder: str | Path, kinds: tuple[str, ...] | None = None) -> list[Checkpoint]:
+    """A run's checkpoints (``RUN`` or ``RUN/checkpoints``, local or ``s3://``) in training order.
+
+    Every ``.pt``/``.safetensors``/``.ckpt`` file counts, whatever its name; links, Composer's
+    ``latest-rank0.pt`` (a copy of the newest, where a copy turned the link into a file) and other ranks'
+    shards are left out. Files that read as no checkpoint are ``unreadable``, ordered by
+    the batch count in their name, if any (so autoresume can set a torn newest file aside).
+    """
+    if str(folder).startswith("s3://"):
+        from .remote import list_remote
+
+        return list_remote(str(folder))
+    folder = Path(folder)
+    if (folder / "checkpoints").is_dir():
+        folder = folder / "checkpoints"
+    if not folder.is_dir():
+        raise WorkbenchError(f"checkpoint folder not found: {folder}")
+    found = []
+    for path in folder.iterdir():
+        if (path.is_symlink() or not path.is_file() or path.suffix not in WEIGHT_SUFFIXES or
+                OTHER_RANKS.search(path.name) or LATEST.match(path.name)):
+            continue
+        kind, step = local_kind(path)
+        if kinds is None or kind in kinds:
+            found.append(Checkpoint(str(path), kind, run_label(path), path, step))
+    return sorted(found, key=lambda c: (c.step if c.step is not None else -1, c.path.stat().st_mtime_ns))
+
+
+def find_checkpoint(ref: str | Path, *, roots: list[Path] | None = None, allow_download: bool | None = None) -> Checkpoint:
+    """What ``ref`` points at; with ``roots``, only local paths under them (and hub ids from the cache)."""
+    raw = str(ref).strip()
+    if not raw or "\x00" in raw:
+        raise WorkbenchError("no checkpoint given" if not raw else f"not a valid checkpoint reference: {raw!r}")
+    if raw.startswith("s3://") or "://" in raw:
+        if roots is not None:
+            raise WorkbenchError(f"not a local path: {raw}")
+        from .remote import find_remote
+
+        return find_remote(raw)
+    from .hub import hub_label, is_hub_id, resolve_hub
+
+    if roots is not None:
+        local = _under_roots(raw, roots)
+        if local is not None:
+            return _local(raw, local, label=label_under(local, roots))
+    elif os.path.lexists(raw):
+        return _local(raw, Path(raw))
+    if is_hub_id(raw):
+        if allow_download is None:
+            allow_download = roots is None and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0")
+        try:
+            return Checkpoint(raw, "hub", hub_label(raw), resolve_hub(raw, allow_download=allow_download))
+        except CheckpointError as e:
+            raise CheckpointError(f"checkpoint not found: {raw} is no local path, and as a hub id: {e}") from None
+    raise CheckpointError(f"checkpoint not found: {raw}")
+
+
+def _local(raw: str, path: Path, label: str | None = None) -> Checkpoint:
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {raw}")
+    kind, step = local_kind(path)
+    if kind == "unreadable":
+        from .composer import read_checkpoint
+
+        read_checkpoint(path)  # raises the reason, in one line
+    return Checkpoint(raw, kind, label or run_label(path), path, step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Roots: the folders a server may open checkpoints from
+
+
+def resolve_roots(folders: list[str | Path]) -> list[Path]:
+    """The allowed roots, resolved; each must be an existing folder."""
+    roots: list[Path] = []
+    for folder in folders:
+        root = Path(folder).expanduser().resolve()
+        if not root.is_dir():
+            raise WorkbenchError(f"checkpoint folder not found: {folder} (give existing folders to --checkpoints)")
+        if root not in roots:
+            roots.append(root)
+    if not roots:
+        raise WorkbenchError("no checkpoint folders given (use --checkpoints DIR)")
+    return roots
+
+
+def _root_of(path: Path, roots: list[Path]) -> Path | None:
+    return next((r for r in roots if path == r or path.is_relative_to(r)), None)
+
+
+def label_under(path: Path, roots: list[Path]) -> str:
+    """A path's name under its root, as the app lists it (prefixed by the root's name when there are several)."""
+    root = _root_of(path, roots)
+    if path == root:
+        return root.name
+    rel = path.relative_to(root).as_posix()
+    return f"{root.name}/{rel}" if len(roots) > 1 else rel
+
+
+def _under_roots(raw: str, roots: list[Path]) -> Path | None:
+    """The resolved local path ``raw`` names under the roots; None when it names nothing local (a hub id?).
+
+    Absolute paths are taken as they are; relative ones are relative to a root (the first one in which the
+    path exists). A path that resolves outside every root is refused.
+    """
+    given = Path(raw)
+    try:
+        candidates = [given] if given.is_absolute() else [root / given for root in roots]
+        if not given.is_absolute() and len(given.parts) > 1:  # a label of several roots: ROOT_NAME/path
+            candidates += [r / Path(*given.parts[1:]) for r in roots if r.name == given.parts[0]]
+        existing = [c for c in candidates if os.path.lexists(c)]
+        if not existing and not given.is_absolute():
+            return None
+        path = (existing or candidates)[0].resolve()
+    except (OSError, RuntimeError, ValueError) as e:
+        raise WorkbenchError(f"invalid checkpoint path {raw}: {e}") from None
+    if _root_of(path, roots) is None:
+        raise WorkbenchError(f"{raw} is outside the allowed checkpoint folders")
+    if path.is_dir():
+        for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+            for name in filenames + dirnames:
+                inside = Path(dirpath, name)
+                if inside.is_symlink() and _root_of(inside.resolve(), roots) is None:
+                    raise WorkbenchError(f"{raw} links to {inside.relative_to(path)} outside the allowed checkpoint "
+                                         "folders")
+    return path
+
+
+def _natural(text: str) -> list:
+    """Sort key that puts ba2 before ba10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
+    """Every checkpoint under the roots: Composer files (any name), single files and diffusers folders.
+
+    Hidden folders are skipped, symlinks are not followed into folders, and a symlinked file is listed
+    only when it resolves under a root and is not another name for a listed file (``latest-rank0.pt``).
+    """
+    found: dict[Path, Checkpoint] = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            here = Path(dirpath)
+            depth = len(here.relative_to(root).parts)
+            if "model_index.json" in filenames:
+                found.setdefault(here, Checkpoint(str(here), "diffusers", label_under(here, roots), here))
+                dirnames[:] = []  # a pipeline's subfolders hold its parts, not more checkpoints
+                continue
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS and depth < max_depth]
+            for name in sorted(filenames):
+                if not name.endswith(WEIGHT_SUFFIXES) or OTHER_RANKS.search(name):
+                    continue
+                path = (here / name).resolve()
+                if path in found or _root_of(path, roots) is None or not path.is_file():
+                    continue
+                kind, step = local_kind(path)
+                if kind != "unreadable":
+                    found[path] = Checkpoint(str(path), kind, label_under(path, roots), path, step)
+    return sorted(found.values(), key=lambda c: _natural(c.label))
+
+
+def with_label(ckpt: Checkpoint, label: str) -> Checkpoint:
+    return replace(ckpt, label=label)

@@ -1,0 +1,135 @@
+"""Opening a found checkpoint: a ready ``StableDiffusionPipeline``, a description without the weights, an export.
+
+Nothing here writes outside a private temporary folder or runs code from the file: Composer files are
+read with ``weights_only=True``, tokenizer files and a folder's ``model_index.json`` are checked before use
+(``tokenizer_files``), diffusers and transformers read ``.bin`` weights with ``weights_only=True`` too, and
+single files go through ``single_file`` (weights-only for ``.ckpt``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError, WorkbenchError
+from .composer import has_ema, model_weights, read_checkpoint
+from .find import Checkpoint, find_checkpoint
+from .tokenizer_files import check_pipeline_folder, tokenizer_from_files
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint is, read without loading its weights into models."""
+
+    kind: str
+    resolution: int | None  # the training resolution (Composer) or the UNet's native size
+    has_ema: bool | None  # None where the file holds one set of weights (diffusers, single file, hub)
+    architecture: str | None = None
+    prediction_type: str | None = None
+
+
+def describe(ckpt: Checkpoint) -> CheckpointInfo:
+    if ckpt.kind in ("composer", "mosaicml"):
+        data = read_checkpoint(ckpt.path)  # memory-mapped: the weights are not read here
+        spec = data["spec"]
+        return CheckpointInfo(ckpt.kind, spec.get("resolution"), has_ema(data), spec.get("architecture"),
+                              spec.get("prediction_type"))
+    if ckpt.kind == "single-file":
+        from .single_file import describe_single_file
+
+        d = describe_single_file(ckpt.path)
+        return CheckpointInfo(ckpt.kind, d.get("resolution"), None, d.get("architecture"), d.get("prediction_type"))
+    try:
+        unet = json.loads((ckpt.path / "unet" / "config.json").read_text())
+        vae = json.loads((ckpt.path / "vae" / "config.json").read_text())
+        scheduler = json.loads((ckpt.path / "scheduler" / "scheduler_config.json").read_text())
+        resolution = int(unet["sample_size"]) * 2 ** (len(vae["block_out_channels"]) - 1)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{ckpt.label}: unreadable unet/vae/scheduler config ({type(e).__name__}: {e})") from None
+    return CheckpointInfo(ckpt.kind, resolution, None, None, scheduler.get("prediction_type", "epsilon"))
+
+
+def _load_module(module: torch.nn.Module, weights: dict, prefix: str, where) -> None:
+    sub = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    try:
+        module.load_state_dict(sub, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{where}: the {prefix.rstrip('.')} weights do not match the model spec "
+                              f"({str(e).splitlines()[0]})") from None
+
+
+def pipeline_from_composer(path: str | Path, ema: bool = False):
+    """A Composer checkpoint (this project's, or mosaicml/diffusion's) rebuilt from its spec and weights."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from ..components import build_pipeline
+
+    ckpt = read_checkpoint(path)
+    spec = ckpt["spec"]
+    weights = model_weights(ckpt, ema=ema)
+    try:
+        unet = UNet2DConditionModel.from_config(spec["unet"])
+        vae = AutoencoderKL.from_config(spec["vae"])
+        text_encoder = CLIPTextModel(CLIPTextConfig.from_dict(spec["text_encoder"]))
+    except Exception as e:  # noqa: BLE001 - a foreign spec's configs
+        raise CheckpointError(f"{path}: its model spec does not build ({type(e).__name__}: {e})") from None
+    for module, prefix in ((unet, "unet."), (vae, "vae."), (text_encoder, "text_encoder.")):
+        _load_module(module, weights, prefix, path)
+    for module in (unet, vae, text_encoder):
+        module.eval()
+    tokenizer = tokenizer_from_files(spec["tokenizer"], where=str(path))
+    return build_pipeline(unet, vae, text_encoder, tokenizer, spec["prediction_type"])
+
+
+def pipeline_from_folder(path: Path, where: str):
+    """A diffusers pipeline folder (a hub snapshot too); ``fp16`` variant files when they are all it has."""
+    from diffusers import StableDiffusionPipeline
+
+    check_pipeline_folder(path, where)
+    variant = None
+    unet_files = {p.name for p in (path / "unet").glob("diffusion_pytorch_model*")}
+    if unet_files and all(".fp16." in name for name in unet_files):
+        variant = "fp16"
+    try:
+        pipe = StableDiffusionPipeline.from_pretrained(path, safety_checker=None, requires_safety_checker=False,
+                                                       variant=variant, torch_dtype=torch.float32,
+                                                       local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - missing parts, unreadable weights
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot load the pipeline in {where}: {first}") from None
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def load_pipeline(ref: str | Path | Checkpoint, *, ema: bool = False, device: str | torch.device = "cpu",
+                  dtype: torch.dtype | None = None, roots: list[Path] | None = None,
+                  allow_download: bool | None = None):
+    """A ready ``StableDiffusionPipeline`` from any checkpoint reference (see ``find_checkpoint``).
+
+    ``ema`` picks a Composer checkpoint's EMA weights (the other kinds hold one set of weights).
+    """
+    ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref, roots=roots, allow_download=allow_download)
+    if ckpt.kind in ("composer", "mosaicml"):
+        pipe = pipeline_from_composer(ckpt.path, ema=ema)
+    elif ckpt.kind in ("diffusers", "hub"):
+        pipe = pipeline_from_folder(ckpt.path, ckpt.label)
+    elif ckpt.kind == "single-file":
+        from .single_file import load_single_file
+
+        pipe = load_single_file(ckpt.path)
+    else:
+        raise CheckpointError(f"{ckpt.label}: not a checkpoint of any kind this workbench opens")
+    return pipe.to(device=device, dtype=dtype) if dtype is not None else pipe.to(device)
+
+
+def export_pipeline(ref: str | Path, out: str | Path, ema: bool = False) -> Path:
+    """`dwb export`: any checkpoint to a diffusers folder (safetensors) any diffusers user loads."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise WorkbenchError(f"export folder {out} is not empty")
+    pipe = load_pipeline(ref, ema=ema)
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

@@ -1,0 +1,119 @@
+"""Composer checkpoints in object storage (``s3://bucket/key``), fetched once into a local cache.
+
+At scale training saves to S3; scoring and sampling read from there. An object is downloaded into
+``$DWB_CACHE`` (default ``~/.cache/diffusion-workbench``) ``/checkpoints/<hash of URI and ETag>/<name>``:
+the same object is never downloaded twice, and a rewritten object (a new ETag) is a new entry. The
+download goes to a temporary name in that folder and is renamed when whole, so a crash never leaves a
+half file where a whole one is expected. Endpoints, credentials and retries are boto3's
+(``S3_ENDPOINT_URL`` for an S3-compatible store, as Composer and Streaming read it).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path, PurePosixPath
+
+from ..errors import CheckpointError, WorkbenchError
+from .find import LATEST, OTHER_RANKS, WEIGHT_SUFFIXES, Checkpoint, _step_in_name
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DWB_CACHE", Path.home() / ".cache" / "diffusion-workbench")) / "checkpoints"
+
+
+def _split(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise WorkbenchError(f"{uri}: only s3:// URIs are read (give a local path, a hub id or s3://bucket/key)")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not bucket:
+        raise WorkbenchError(f"{uri}: no bucket in the URI")
+    return bucket, key
+
+
+def _client():
+    import boto3
+
+    if boto3.session.Session().get_credentials() is None:
+        raise WorkbenchError("reading s3:// needs S3 credentials, and none were found (set AWS_ACCESS_KEY_ID and "
+                             "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; S3_ENDPOINT_URL for an S3-compatible store)")
+    return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+
+
+def _label(key: str) -> str:
+    path = PurePosixPath(key)
+    stem = path.stem
+    if path.parent.name == "checkpoints" and path.parent.parent.name:
+        return f"{path.parent.parent.name}/{stem}"
+    return stem
+
+
+def _remote_error(uri: str, e: Exception) -> WorkbenchError:
+    code = getattr(e, "response", {}).get("Error", {}).get("Code", "") if hasattr(e, "response") else ""
+    if code in ("NoSuchKey", "404", "NoSuchBucket"):
+        return CheckpointError(f"checkpoint not found: {uri}")
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return WorkbenchError(f"cannot read {uri}: {first}")
+
+
+def list_remote(uri: str) -> list[Checkpoint]:
+    """The checkpoints under an ``s3://`` prefix (``RUN`` or ``RUN/checkpoints``), by the step in their names.
+
+    Nothing is downloaded: each comes with its ETag in ``ref`` (``uri#etag``) so a watcher knows a new
+    object from one it has seen.
+    """
+    bucket, prefix = _split(uri.rstrip("/"))
+    s3 = _client()
+    objects = []
+    for base in (f"{prefix}/checkpoints/", f"{prefix}/") if prefix else ("",):
+        try:
+            pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base, Delimiter="/")
+            objects = [o for page in pages for o in page.get("Contents", [])]
+        except Exception as e:  # noqa: BLE001 - botocore's many error types, as one line
+            raise _remote_error(uri, e) from None
+        if objects:
+            break
+    found = []
+    for o in objects:
+        name = PurePosixPath(o["Key"]).name
+        if name.endswith(WEIGHT_SUFFIXES) and not OTHER_RANKS.search(name) and not LATEST.match(name):
+            found.append(Checkpoint(f"s3://{bucket}/{o['Key']}#{o['ETag'].strip(chr(34))}", "composer",
+                                    _label(o["Key"]), None, _step_in_name(name)))
+    return sorted(found, key=lambda c: (c.step if c.step is not None else -1, c.ref))
+
+
+def fetch(uri: str) -> Path:
+    """The local copy of ``s3://bucket/key`` (``#etag`` optional), downloaded once per ETag."""
+    uri, _, etag = uri.partition("#")
+    bucket, key = _split(uri)
+    s3 = _client()
+    if not etag:
+        try:
+            etag = s3.head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
+        except Exception as e:  # noqa: BLE001
+            raise _remote_error(uri, e) from None
+    folder = cache_root() / hashlib.sha256(f"{uri}\n{etag}".encode()).hexdigest()[:24]
+    local = folder / PurePosixPath(key).name
+    if local.is_file():
+        return local
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / (local.name + f".part-{os.getpid()}")
+    try:
+        s3.download_file(bucket, key, str(partial))
+        partial.replace(local)
+    except Exception as e:  # noqa: BLE001
+        partial.unlink(missing_ok=True)
+        raise _remote_error(uri, e) from None
+    return local
+
+
+def find_remote(uri: str) -> Checkpoint:
+    """An ``s3://`` checkpoint, fetched, with its kind and step read from the local copy."""
+    from .find import local_kind
+
+    local = fetch(uri)
+    kind, step = local_kind(local)
+    if kind == "unreadable":
+        from .composer import read_checkpoint
+
+        read_checkpoint(local)  # the reason, in one line
+    return Checkpoint(uri, kind, _label(_split(uri.partition("#")[0])[1]), local, step)

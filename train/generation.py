@@ -1,0 +1,172 @@
+"""One way from prompts and seeds to images, and the one record of how an image was made.
+
+Everything that generates goes through ``generate_images``: the grids (`dwb sample`, the demo), evaluate's
+sample sets and the app. So the same (checkpoint, prompt, seed, settings) gives the same image in each.
+
+**Seeds.** Every image has its own seed, and its starting noise is drawn from
+``torch.Generator("cpu").manual_seed(seed)`` alone: a CPU generator, so a seed means the same noise on any
+device, and one generator per image, so its noise does not depend on what else is in the batch. Callers
+choose the seeds (the app: the typed seed + i; evaluate: one per (prompt, image) from its base seed; the
+grids: one per column). A batch is one pipeline call; an image made in a batch equals the one made alone
+with its seed up to float rounding in batched kernels, and bit for bit with the same batch composition.
+
+**Records.** ``ImageRecord`` is what makes an image again: written into its PNG as AUTOMATIC1111's
+``parameters`` text (which image viewers and A1111's PNG Info read) and as JSON (``dwb``), and read back by
+``parse_parameters`` from ours and A1111's.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+import torch
+from PIL import Image, PngImagePlugin
+
+from .samplers import make_sampler, sampler_name
+
+StepHook = Callable[[int, int], None]  # (steps done, steps in all) after each denoising step
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to sample: the same for every image of one call."""
+
+    steps: int = 25
+    guidance: float = 7.5
+    width: int | None = None  # None: the model's native size
+    height: int | None = None
+    sampler: str | None = None  # a name in train.samplers.SAMPLERS; None: the pipeline's own
+    negative_prompt: str = ""
+
+
+class Stopped(Exception):
+    """``should_stop`` said so; raised from the step callback, so the pipeline call ends there."""
+
+
+def native_size(pipe) -> int:
+    return pipe.unet.config.sample_size * pipe.vae_scale_factor
+
+
+def sampler_of(pipe, settings: Settings) -> str:
+    """The sampler's name a call with these settings uses."""
+    return settings.sampler or sampler_name(pipe.scheduler)
+
+
+@torch.no_grad()
+def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settings, *,
+                    on_step: StepHook | None = None, should_stop: Callable[[], bool] | None = None) -> np.ndarray:
+    """(B, H, W, 3) uint8 images, image i from ``prompts[i]`` and ``seeds[i]``, in one pipeline call.
+
+    The pipeline is never modified: the call runs on a lightweight pipeline sharing its modules with a
+    fresh scheduler, so concurrent calls with different samplers do not interfere.
+    """
+    if len(prompts) != len(seeds):
+        raise ValueError("one seed per prompt")
+    base = pipe.scheduler.config
+    scheduler = make_sampler(settings.sampler, base) if settings.sampler else type(pipe.scheduler).from_config(base)
+    run = type(pipe)(**{**pipe.components, "scheduler": scheduler}, requires_safety_checker=False)
+    run.set_progress_bar_config(disable=True)
+
+    def step_end(p, i: int, t, tensors: dict) -> dict:
+        if should_stop is not None and should_stop():
+            raise Stopped(f"stopped after {i + 1} of {p.num_timesteps} steps")
+        if on_step is not None:
+            on_step(i + 1, p.num_timesteps)
+        return {}
+
+    negative = [settings.negative_prompt] * len(prompts) if settings.negative_prompt else None
+    images = run(list(prompts), negative_prompt=negative, num_inference_steps=settings.steps,
+                 guidance_scale=settings.guidance, width=settings.width or native_size(pipe),
+                 height=settings.height or native_size(pipe),
+                 generator=[torch.Generator("cpu").manual_seed(int(s)) for s in seeds], output_type="np",
+                 callback_on_step_end=step_end).images
+    return (images * 255).round().astype(np.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# PNG parameters: A1111's "parameters" text chunk, plus the same as JSON
+
+
+@dataclass
+class ImageRecord:
+    """Everything needed to make one image again."""
+
+    prompt: str
+    negative_prompt: str
+    sampler: str
+    steps: int
+    guidance: float
+    width: int
+    height: int
+    seed: int  # this image's own seed
+    checkpoint: str  # the checkpoint's label
+    checkpoint_hash: str  # train.checkpoints.content_hash
+    weights: str  # "ema" or "raw" (a Composer checkpoint), "stored" (the one set a file holds)
+    software: str = field(default="diffusion-workbench")
+
+    @classmethod
+    def of(cls, settings: Settings, prompt: str, seed: int, size: tuple[int, int], sampler: str, checkpoint: str,
+           checkpoint_hash: str, weights: str) -> "ImageRecord":
+        return cls(prompt, settings.negative_prompt, sampler, settings.steps, float(settings.guidance), size[0],
+                   size[1], int(seed), checkpoint, checkpoint_hash, weights)
+
+    def parameters(self) -> str:
+        """The text A1111 writes (and its PNG Info tab reads): prompt, negative prompt, settings line."""
+        lines = [self.prompt]
+        if self.negative_prompt:
+            lines.append(f"Negative prompt: {self.negative_prompt}")
+        weights = {"ema": "EMA", "raw": "raw"}.get(self.weights, self.weights)
+        settings = [("Steps", self.steps), ("Sampler", self.sampler), ("CFG scale", f"{self.guidance:g}"),
+                    ("Seed", self.seed), ("Size", f"{self.width}x{self.height}"),
+                    ("Model hash", self.checkpoint_hash), ("Model", _quote(self.checkpoint)),
+                    ("Weights", weights), ("Version", self.software)]
+        lines.append(", ".join(f"{k}: {v}" for k, v in settings))
+        return "\n".join(lines)
+
+    def pnginfo(self, extra: dict | None = None) -> dict[str, str]:
+        """Text chunks: ``parameters`` (A1111) and ``dwb`` (the record as JSON, plus ``extra`` fields)."""
+        return {"parameters": self.parameters(), "dwb": json.dumps({**asdict(self), **(extra or {})}, sort_keys=True)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ImageRecord":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value) if re.search(r'[,:"\n]', value) else value
+
+
+def with_metadata(image: Image.Image, record: ImageRecord) -> Image.Image:
+    """The image with its record in ``image.info``; PNG writers (ours and Gradio's) keep text chunks."""
+    image.info.update(record.pnginfo())
+    return image
+
+
+def save_png(image: Image.Image, path, record: ImageRecord, extra: dict | None = None) -> None:
+    info = PngImagePlugin.PngInfo()
+    for key, value in record.pnginfo(extra).items():
+        info.add_text(key, value)
+    image.save(path, format="PNG", pnginfo=info)
+
+
+def parse_parameters(text: str) -> dict[str, str]:
+    """A1111 ``parameters`` text back to a dict: prompt, negative prompt and each ``Key: value``."""
+    lines = text.split("\n")
+    settings = lines[-1]
+    out: dict[str, str] = {}
+    body = lines[:-1]
+    negative = [i for i, line in enumerate(body) if line.startswith("Negative prompt: ")]
+    if negative:
+        out["prompt"] = "\n".join(body[:negative[0]])
+        out["negative_prompt"] = "\n".join(body[negative[0]:]).removeprefix("Negative prompt: ")
+    else:
+        out["prompt"] = "\n".join(body)
+        out["negative_prompt"] = ""
+    for m in re.finditer(r'\s*([\w ]+):\s*("(?:\\.|[^\\"])*"|[^,]*)(?:,|$)', settings):
+        key, value = m.group(1).strip(), m.group(2).strip()
+        out[key] = json.loads(value) if value.startswith('"') else value
+    return out
