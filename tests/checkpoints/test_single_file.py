@@ -199,3 +199,25 @@ def test_the_shipped_2x_base_config_is_the_sd2_base_architecture(tmp_path):
         {k: SD2_BASE["text_encoder"][k] for k in ("vocab_size", "hidden_size", "intermediate_size",
                                                   "num_hidden_layers", "num_attention_heads",
                                                   "max_position_embeddings", "hidden_act")}
+
+
+def test_a_sidecar_of_the_other_family_is_one_line(single_files, tmp_path):
+    path = tmp_path / "model.safetensors"
+    shutil.copy(single_files["sd2"][0], path)
+    shutil.copy(single_files["sd1"][0].with_suffix(".yaml"), path.with_suffix(".yaml"))
+    with pytest.raises(CheckpointError) as excinfo:
+        load_single_file(path)
+    assert "FrozenCLIPEmbedder text tower but model.safetensors holds FrozenOpenCLIPEmbedder" in _one_line(excinfo)
+
+
+def test_a_text_tower_of_another_vocabulary_is_one_line(single_files, tmp_path):
+    from safetensors.torch import load_file
+
+    weights = load_file(str(single_files["sd2"][0]))
+    weights["cond_stage_model.model.token_embedding.weight"] = torch.zeros(1000, 64)
+    path = tmp_path / "model.safetensors"
+    save_file(weights, str(path))
+    shutil.copy(single_files["sd2"][0].with_suffix(".yaml"), path.with_suffix(".yaml"))
+    with pytest.raises(CheckpointError) as excinfo:
+        load_single_file(path)
+    assert "1000 token embeddings" in _one_line(excinfo) and str(path) in str(excinfo.value)

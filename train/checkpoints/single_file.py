@@ -21,12 +21,16 @@ import re
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import yaml
 
 from ..errors import CheckpointError
-from .clip_bpe import END, write_clip_tokenizer
+from .clip_bpe import END, VOCAB_SIZE, write_clip_tokenizer
+
+if TYPE_CHECKING:
+    from diffusers import StableDiffusionPipeline
 
 SUFFIXES = (".safetensors", ".ckpt")
 UNET, VAE, TEXT = "model.diffusion_model.", "first_stage_model.", "cond_stage_model."
@@ -35,8 +39,8 @@ SD2_TEXT = "cond_stage_model.model."  # OpenCLIP
 CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = {"sd1": CONFIGS / "sd1.yaml", "sd2": CONFIGS / "sd2-base.yaml"}  # 2.x without a sidecar: base
 # The text towers differ in more than sizes: activation, what pads a prompt, which layer conditions.
-TEXT_TOWER = {"sd1": {"hidden_act": "quick_gelu", "pad_token": END},
-              "sd2": {"hidden_act": "gelu", "pad_token": "!"}}
+TEXT_TOWER = {"sd1": {"hidden_act": "quick_gelu", "pad_token": END, "embedder": "FrozenCLIPEmbedder"},
+              "sd2": {"hidden_act": "gelu", "pad_token": "!", "embedder": "FrozenOpenCLIPEmbedder"}}
 # The SD noise schedule (DDPM, scaled-linear betas): the one the workbench's samplers are built on.
 SD_SCHEDULE = {"linear_start": 0.00085, "linear_end": 0.012, "timesteps": 1000}
 
@@ -107,6 +111,10 @@ def _original_config(path: Path, family: str) -> tuple[dict, Path]:
     except (yaml.YAMLError, TypeError, KeyError, OSError) as e:
         raise CheckpointError(f"{source} is not an original Stable Diffusion config (model.params: "
                               f"{type(e).__name__} {_first_line(e)})") from None
+    embedder = str(params["cond_stage_config"]["target"]).rsplit(".", 1)[-1]
+    if embedder != TEXT_TOWER[family]["embedder"]:
+        raise CheckpointError(f"{source} describes a {embedder} text tower but {path.name} holds "
+                              f"{TEXT_TOWER[family]['embedder']}'s weights (SD {family[-1]}.x)")
     schedule = {k: params.get(k, v) for k, v in SD_SCHEDULE.items()}
     if schedule != SD_SCHEDULE:
         raise CheckpointError(f"{source}: noise schedule {schedule} is not Stable Diffusion's {SD_SCHEDULE}")
@@ -182,6 +190,9 @@ def text_tower_config(shapes: dict, family: str, config: dict) -> dict:
         layer = (config["model"]["params"]["cond_stage_config"].get("params") or {}).get("layer", "last")
         layers = _count(shapes, SD2_TEXT + "transformer.resblocks.") - (layer == "penultimate")
         mlp = shapes[SD2_TEXT + "transformer.resblocks.0.mlp.c_fc.weight"][0]
+    if vocab != VOCAB_SIZE:
+        raise CheckpointError(f"the text tower has {vocab} token embeddings; the CLIP vocabulary of SD 1.x/2.x "
+                              f"has {VOCAB_SIZE}")
     return {"vocab_size": vocab, "hidden_size": width, "intermediate_size": mlp, "num_hidden_layers": layers,
             "num_attention_heads": max(1, width // 64), "max_position_embeddings": positions,
             "projection_dim": width, "hidden_act": TEXT_TOWER[family]["hidden_act"]}
@@ -243,7 +254,7 @@ def _quiet_diffusers():
             diffusers_logging.enable_progress_bar()
 
 
-def load_single_file(path: Path):
+def load_single_file(path: Path) -> StableDiffusionPipeline:
     """A ``StableDiffusionPipeline`` (float32, CPU, no safety checker) from a single-file checkpoint.
 
     Sampler: the workbench's default over the SD noise schedule (``train.components.inference_scheduler``).
@@ -262,6 +273,8 @@ def load_single_file(path: Path):
             pipe = StableDiffusionPipeline.from_single_file(
                 str(path), config=folder, local_files_only=True, torch_dtype=torch.float32, scheduler=scheduler,
                 safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     except Exception as e:
         raise CheckpointError(f"cannot load {path} as a single-file {about['architecture']} checkpoint "
                               f"(config {config_name}): {_first_line(e)}") from None
