@@ -6,13 +6,16 @@
   it (``models--org--name/blobs/<hash>``, ``snapshots/<commit>/...`` symlinks, ``refs/<branch>``);
 - ``original_layout.write_single_file``: the same weights as one original-layout file.
 
-Other test areas import these functions; ``conftest.py`` here builds them once per session.
+``write_reference_folder``, ``write_single_files`` and ``write_hub_cache`` build the whole set in a
+folder; ``conftest.py`` here makes them session fixtures, and other test areas can do the same.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -92,3 +95,59 @@ def write_hub_snapshot(cache: Path, repo: str, folder: Path, commit: str, refs: 
 
 def commit_hash(label: str) -> str:
     return hashlib.sha1(label.encode()).hexdigest()
+
+
+HUB_REPO = "dwb-test/tiny-sd2"
+
+
+@dataclass
+class HubCache:
+    cache: Path  # what HF_HUB_CACHE points at
+    repo: str
+    main: str  # commit of refs/main: the reference pipeline
+    other: str  # commit of refs/v2: the same pipeline with another UNet
+    main_snapshot: Path
+    other_snapshot: Path
+
+
+def write_reference_folder(out: Path) -> Path:
+    """The reduced SD 2.x pipeline (v prediction) as a diffusers folder: what every kind is compared to."""
+    reduced_pipeline("sd2", "v_prediction", seed=0).save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def write_single_files(out: Path, reference: Path) -> dict[str, tuple[Path, Path]]:
+    """``{name: (single file, the same weights as a diffusers folder)}``: sd2 as .safetensors and .ckpt
+    (the reference folder's weights, v prediction) and sd1 as .safetensors (epsilon), each with its
+    sidecar original config."""
+    from diffusers import StableDiffusionPipeline
+
+    from .original_layout import write_single_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    sd2 = StableDiffusionPipeline.from_pretrained(reference, safety_checker=None)
+    sd1 = reduced_pipeline("sd1", "epsilon", seed=1)
+    sd1.save_pretrained(out / "sd1-folder", safe_serialization=True)
+    return {
+        "sd2": (write_single_file(sd2, out / "sd2.safetensors", "sd2", prediction_type="v_prediction"), reference),
+        "sd2-ckpt": (write_single_file(sd2, out / "sd2.ckpt", "sd2", prediction_type="v_prediction"), reference),
+        "sd1": (write_single_file(sd1, out / "sd1.safetensors", "sd1", prediction_type="epsilon"), out / "sd1-folder"),
+    }
+
+
+def write_hub_cache(out: Path, reference: Path) -> HubCache:
+    """A Hugging Face cache ``out/hub`` holding HUB_REPO at two revisions: main (the reference folder) and
+    branch v2 (another UNet)."""
+    from diffusers import UNet2DConditionModel
+
+    cache = out / "hub"
+    main, other = commit_hash("main"), commit_hash("v2")
+    main_snapshot = write_hub_snapshot(cache, HUB_REPO, reference, main, refs=("main",))
+    v2 = out / "v2-pipeline"
+    shutil.copytree(reference, v2)
+    unet = UNet2DConditionModel.from_pretrained(reference, subfolder="unet")
+    for p in unet.parameters():
+        p.data.mul_(1.5)
+    unet.save_pretrained(v2 / "unet")
+    other_snapshot = write_hub_snapshot(cache, HUB_REPO, v2, other, refs=("v2",))
+    return HubCache(cache, HUB_REPO, main, other, main_snapshot, other_snapshot)

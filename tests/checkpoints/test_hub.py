@@ -2,13 +2,10 @@
 huggingface_hub lays it out (by branch, tag or commit), and a missing id offline in one line."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from train.checkpoints.hub import hub_label, is_hub_id, pipeline_files, resolve_hub
 from train.errors import CheckpointError
-
-from .fixtures import generate
 
 
 @pytest.fixture
@@ -65,18 +62,21 @@ def test_hf_home_is_respected(hub_cache, monkeypatch):
     assert resolve_hub(hub_cache.repo, allow_download=False) == hub_cache.main_snapshot
 
 
-def test_the_snapshot_is_the_pipeline_with_the_real_tokenizer(offline_cache, sd2_folder):
-    from diffusers import StableDiffusionPipeline
+def test_each_revision_is_its_snapshot_with_the_real_tokenizer(offline_cache, sd2_folder):
+    """Through the cache's symlinks: main holds the reference pipeline's weights, branch v2 another UNet.
+    (test_offline.py opens main as a pipeline and compares its image.)"""
+    from transformers import CLIPTokenizer
 
-    main = StableDiffusionPipeline.from_pretrained(resolve_hub(offline_cache.repo, allow_download=False),
-                                                   safety_checker=None)
-    v2 = StableDiffusionPipeline.from_pretrained(resolve_hub(f"{offline_cache.repo}@v2", allow_download=False),
-                                                 safety_checker=None)
-    folder = StableDiffusionPipeline.from_pretrained(sd2_folder, safety_checker=None)
-    assert main.tokenizer("a photo of a cat").input_ids == [49406, 320, 1125, 539, 320, 2368, 49407]
-    image = generate(main)
-    np.testing.assert_array_equal(image, generate(folder))
-    assert not np.array_equal(image, generate(v2))  # the branch is another revision, not main again
+    weights = "unet/diffusion_pytorch_model.safetensors"
+    main = resolve_hub(offline_cache.repo, allow_download=False)
+    v2 = resolve_hub(f"{offline_cache.repo}@v2", allow_download=False)
+    assert (main / weights).is_symlink() and (main / weights).read_bytes() == (sd2_folder / weights).read_bytes()
+    assert (v2 / weights).read_bytes() != (sd2_folder / weights).read_bytes()
+    vae = "vae/diffusion_pytorch_model.safetensors"
+    assert (v2 / vae).resolve() == (main / vae).resolve()  # an unchanged file is one blob for both revisions
+    tokenizer = CLIPTokenizer.from_pretrained(main / "tokenizer")
+    assert tokenizer("a photo of a cat").input_ids == [49406, 320, 1125, 539, 320, 2368, 49407]
+    assert len(tokenizer) == 49408 and tokenizer.pad_token == "!"
 
 
 @pytest.mark.parametrize("suffix", ["", "@v3"])

@@ -63,10 +63,24 @@ def folder_image():
     return image
 
 
+@pytest.fixture(scope="module")
+def loaded(single_files):
+    """``load_single_file`` of each single file, once per module."""
+    pipes = {}
+
+    def load(name):
+        if name not in pipes:
+            pipes[name] = load_single_file(single_files[name][0])
+        return pipes[name]
+
+    return load
+
+
 @pytest.mark.parametrize("name", ["sd2", "sd2-ckpt", "sd1"])
-def test_single_file_gives_the_image_of_the_same_weights_as_a_diffusers_folder(single_files, folder_image, name):
+def test_single_file_gives_the_image_of_the_same_weights_as_a_diffusers_folder(single_files, loaded, folder_image,
+                                                                               name):
     path, folder = single_files[name]
-    single = load_single_file(path)
+    single = loaded(name)
     assert single.safety_checker is None and single.unet.dtype == torch.float32
     assert single.scheduler.config.prediction_type == describe_single_file(path)["prediction_type"]
     image = generate(single)
@@ -74,9 +88,9 @@ def test_single_file_gives_the_image_of_the_same_weights_as_a_diffusers_folder(s
     np.testing.assert_array_equal(image, folder_image(folder, single.scheduler))
 
 
-def test_the_tokenizer_is_clip_bpe_with_the_family_padding(single_files):
+def test_the_tokenizer_is_clip_bpe_with_the_family_padding(loaded):
     for name, pad_id in (("sd2", 0), ("sd1", 49407)):  # SD 2.x pads with "!", SD 1.x with the end token
-        tokenizer = load_single_file(single_files[name][0]).tokenizer
+        tokenizer = loaded(name).tokenizer
         ids = tokenizer("a photo of a cat", padding="max_length", max_length=10).input_ids
         assert ids == [49406, 320, 1125, 539, 320, 2368, 49407] + [pad_id] * 3
         assert len(tokenizer) == 49408
