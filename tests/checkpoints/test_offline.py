@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from ..conftest import REPO
 
@@ -39,6 +40,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch, diffusers and transformers: 17 s of CPU, 31 s on a busy machine
 def test_single_file_and_hub_id_open_offline_in_a_fresh_process(single_files, hub_cache, tmp_path):
     home = tmp_path / "hf-home"
     home.mkdir()
