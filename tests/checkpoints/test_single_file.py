@@ -76,6 +76,16 @@ def loaded(single_files):
     return load
 
 
+def test_the_released_2x_v_config_as_sidecar_reads_768_px_v_prediction(single_files, tmp_path):
+    from train.checkpoints.single_file import CONFIGS
+
+    path = tmp_path / "sd21.safetensors"
+    shutil.copy(single_files["sd2"][0], path)
+    shutil.copy(CONFIGS / "sd2-v.yaml", path.with_suffix(".yaml"))  # says 64 latents, as the released one does
+    about = describe_single_file(path)
+    assert (about["architecture"], about["resolution"], about["prediction_type"]) == ("sd2-v", 768, "v_prediction")
+
+
 @pytest.mark.parametrize("name", ["sd2", "sd2-ckpt", "sd1"])
 def test_single_file_gives_the_image_of_the_same_weights_as_a_diffusers_folder(single_files, loaded, folder_image,
                                                                                name):
