@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from train.checkpoints import Checkpoint, list_checkpoints
-from train.checkpoints.composer import read_checkpoint
+from train.checkpoints.find import raise_reason
 from train.errors import CheckpointError, WorkbenchError
 
 from .store import ResultsStore, checkpoint_identity
@@ -69,7 +69,7 @@ class Watcher:
                 continue
             try:
                 if ckpt.kind == "unreadable":  # settled yet not a checkpoint: torn by a killed run, or damaged
-                    read_checkpoint(ckpt.path)  # raises the reason
+                    raise_reason(ckpt.path)
                 self.score(ckpt)
             except CheckpointError as e:  # that checkpoint only: record it and go on with the others
                 self.record_unreadable(ckpt, e)

@@ -15,6 +15,7 @@ from train.errors import CheckpointError, WorkbenchError
 from train.generation import Settings, generate_images
 
 from ..conftest import REPO, tiny_overrides, upload_folder
+from ..evaluate.conftest import inception_weights  # noqa: F401 - a fixture
 
 PROMPT = "two red circles left of a blue square"
 SETTINGS = Settings(steps=4, guidance=4.0, width=16, height=16, sampler="DPM++ 2M")
@@ -256,3 +257,128 @@ def test_a_pickle_column_in_an_mds_dataset_is_refused_by_name(components, tmp_pa
     with pytest.raises(WorkbenchError, match="column 'caption' is stored with pickle \\('pkl'\\), which runs code"):
         next(iter_images(data, 16))
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# mosaicml/diffusion's Composer checkpoints, and the outside kinds through every command
+
+
+def _mosaicml_parts():
+    """A reduced SD2-shaped model as mosaicml/diffusion builds one: diffusers parts, SD2's conventions
+    (64-channel heads, 32 norm groups, OpenCLIP's GELU, the VAE's 0.18215), the CLIP vocabulary."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(3)
+    unet = UNet2DConditionModel(sample_size=8, block_out_channels=(64, 128), layers_per_block=1, cross_attention_dim=64,
+                                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), attention_head_dim=[1, 2],
+                                use_linear_projection=True)
+    vae = AutoencoderKL(block_out_channels=(32, 64, 64), layers_per_block=1, latent_channels=4, sample_size=32,
+                        down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+                        scaling_factor=0.18215)
+    text_encoder = CLIPTextModel(CLIPTextConfig(vocab_size=49408, hidden_size=64, intermediate_size=128,
+                                                num_hidden_layers=2, num_attention_heads=1, max_position_embeddings=77,
+                                                hidden_act="gelu"))
+    with torch.no_grad():
+        for module in (unet, vae, text_encoder):
+            for p in module.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+    return unet, vae, text_encoder
+
+
+@pytest.fixture(scope="module")
+def mosaicml_checkpoint(tmp_path_factory):
+    """A checkpoint written by Composer's Trainer around a ComposerModel whose parts are its ``unet``, ``vae`` and
+    ``text_encoder`` attributes, as mosaicml/diffusion's StableDiffusion (no spec, no tokenizer inside)."""
+    from composer import Trainer
+    from composer.models import ComposerModel
+
+    class StableDiffusion(ComposerModel):
+        def __init__(self, unet, vae, text_encoder):
+            super().__init__()
+            self.unet, self.vae, self.text_encoder = unet, vae, text_encoder
+
+        def forward(self, batch):
+            return self.unet.conv_in(batch)
+
+        def loss(self, outputs, batch):
+            return outputs.mean()
+
+    parts = _mosaicml_parts()
+    out = tmp_path_factory.mktemp("mosaicml") / "ep0-ba1-rank0.pt"
+    trainer = Trainer(model=StableDiffusion(*parts), max_duration="1ba", device="cpu", progress_bar=False,
+                      log_to_console=False)
+    trainer.save_checkpoint(str(out))
+    trainer.close()
+    return out, parts
+
+
+def test_a_mosaicml_diffusion_checkpoint_opens_with_its_architecture_from_the_weights(mosaicml_checkpoint):
+    from diffusers import StableDiffusionPipeline
+    from transformers import CLIPTokenizer
+
+    from train.checkpoints import describe
+    from train.checkpoints.architecture import sd2_tokenizer_files
+    from train.components import inference_scheduler
+
+    path, (unet, vae, text_encoder) = mosaicml_checkpoint
+    found = find_checkpoint(path)
+    assert found.kind == "mosaicml"
+    info = describe(found)
+    assert (info.architecture, info.prediction_type, info.has_ema) == ("inferred", "epsilon", False)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in sd2_tokenizer_files().items():
+            (Path(tmp) / name).write_text(text)
+        tokenizer = CLIPTokenizer.from_pretrained(tmp)
+    reference = StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+                                        scheduler=inference_scheduler("epsilon"), safety_checker=None,
+                                        feature_extractor=None, requires_safety_checker=False)
+    settings = Settings(steps=3, guidance=3.0, width=32, height=32, sampler="DDIM")
+    ours = generate_images(load_pipeline(found), [PROMPT], [2], settings)
+    assert np.array_equal(ours, generate_images(reference, [PROMPT], [2], settings))
+    assert ours.std() > 1  # a picture, not a constant
+
+
+def test_hub_ids_and_single_files_open_in_sample_evaluate_and_the_app(hub_cache, single_files, shapes_data,
+                                                                      inception_weights, tmp_path, monkeypatch):
+    from PIL import Image
+
+    from app.generate import GenerationParams
+    from app.service import Service
+
+    from ..conftest import run_dwb
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache.cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    single, same_weights = single_files["sd2"]
+    reference = generate_images(load_pipeline(same_weights), [PROMPT], [9], Settings(steps=3, guidance=3.0))
+    for ref in (hub_cache.repo, str(single)):
+        found = find_checkpoint(ref)
+        assert found.label == (hub_cache.repo if ref == hub_cache.repo else "sd2")
+        assert np.array_equal(generate_images(load_pipeline(found), [PROMPT], [9], Settings(steps=3, guidance=3.0)),
+                              reference)
+        grid = run_dwb("sample", ref, str(tmp_path / "grid.png"), "--prompt", PROMPT, "--seeds", "1", "--steps", "2")
+        assert grid.returncode == 0, grid.stderr
+        assert Image.open(tmp_path / "grid.png").size[0] > 96
+    run = run_dwb("evaluate", "run", hub_cache.repo, str(single), "--out", str(tmp_path / "ev"), "--reference",
+                  str(shapes_data / "eval/32"), "--inception-weights", str(inception_weights), "--inception-features",
+                  "64", "--prompts", "shapes", "--n-prompts", "2", "--n-reference", "16", "--guidance", "3",
+                  "--steps", "2", "--kid-subset-size", "2", "--kid-subsets", "2", "--device", "cpu")
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(line) for line in (tmp_path / "ev" / "results.jsonl").read_text().splitlines()]
+    assert [r["model"] for r in rows] == [hub_cache.repo, "sd2"] and all(len(r["checkpoint_hash"]) == 12 for r in rows)
+    roots = [single.parent]
+    app = Service(roots, cache_size=1)
+    assert {c.label for c in app.checkpoints()} >= {"sd2.safetensors", "sd2.ckpt", "sd1.safetensors"}
+    made = app.generate("sd2.safetensors", "ema", GenerationParams(PROMPT, scheduler="DPM++ 2M", steps=3, guidance=3.0,
+                                                                   width=32, height=32, seed=9))
+    assert np.array_equal(np.asarray(made.images[0]), reference[0])
+    assert np.array_equal(np.asarray(app.generate(hub_cache.repo, "ema", GenerationParams(
+        PROMPT, scheduler="DPM++ 2M", steps=3, guidance=3.0, width=32, height=32, seed=9)).images[0]), reference[0])
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(WorkbenchError, match="not in the"):
+        app.open(hub_cache.repo)

@@ -99,12 +99,24 @@ def spec_from_weights(weights: dict, where: str, prediction_type: str = "epsilon
             text = text_encoder_config_from_shapes(shapes["text_encoder"])
     except (KeyError, StopIteration, IndexError) as e:
         raise CheckpointError(f"{where}: cannot tell its architecture from the weights (no {e})") from None
-    from .clip_bpe import CLIP_VOCAB_SIZE, sd_tokenizer_files
+    from .clip_bpe import VOCAB_SIZE
 
-    if text["vocab_size"] != CLIP_VOCAB_SIZE:
+    if text["vocab_size"] != VOCAB_SIZE:
         raise CheckpointError(f"{where}: its text encoder has {text['vocab_size']} tokens, not the CLIP tokenizer's "
-                              f"{CLIP_VOCAB_SIZE}; the checkpoint does not say which tokenizer it was trained with")
+                              f"{VOCAB_SIZE}; the checkpoint does not say which tokenizer it was trained with")
     resolution = unet["sample_size"] * 2 ** (len(vae["block_out_channels"]) - 1)
     return {"format": FORMAT, "architecture": name or "inferred", "prediction_type": prediction_type,
             "resolution": resolution, "unet": _plain(unet), "vae": _plain(vae), "text_encoder": _plain(text),
-            "tokenizer": sd_tokenizer_files("sd2")}
+            "tokenizer": sd2_tokenizer_files()}
+
+
+def sd2_tokenizer_files() -> dict[str, str]:
+    """SD2's tokenizer (OpenAI's CLIP BPE, padded with "!"), built from the vocabulary shipped in the package."""
+    import tempfile
+    from pathlib import Path
+
+    from .clip_bpe import write_clip_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="dwb-tokenizer-") as tmp:
+        write_clip_tokenizer(tmp, pad_token="!")
+        return {p.name: p.read_text() for p in Path(tmp).iterdir() if p.is_file()}

@@ -146,10 +146,19 @@ def _local(raw: str, path: Path, label: str | None = None) -> Checkpoint:
         raise CheckpointError(f"checkpoint not found: {raw}")
     kind, step = local_kind(path)
     if kind == "unreadable":
-        from .composer import read_checkpoint
-
-        read_checkpoint(path)  # raises the reason, in one line
+        raise_reason(path)
     return Checkpoint(raw, kind, label or run_label(path), path, step)
+
+
+def raise_reason(path: Path) -> None:
+    """Why a file is no checkpoint, in one line: as a single file (by its suffix), else as a Composer file."""
+    if path.suffix in (".safetensors", ".ckpt"):
+        from .single_file import describe_single_file
+
+        describe_single_file(path)
+    from .composer import read_checkpoint
+
+    read_checkpoint(path)
 
 
 # ---------------------------------------------------------------------------------------------

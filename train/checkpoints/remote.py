@@ -113,7 +113,7 @@ def find_remote(uri: str) -> Checkpoint:
     local = fetch(uri)
     kind, step = local_kind(local)
     if kind == "unreadable":
-        from .composer import read_checkpoint
+        from .find import raise_reason
 
-        read_checkpoint(local)  # the reason, in one line
+        raise_reason(local)
     return Checkpoint(uri, kind, _label(_split(uri.partition("#")[0])[1]), local, step)
