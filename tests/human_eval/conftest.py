@@ -33,14 +33,17 @@ def model_secrets(name: str) -> dict:
 
 
 def write_samples(folder: Path, name: str, prompts: list[tuple[str, str]], images_per_prompt: int = 1,
-                  size: int = 32, seed: int = 0, absolute: bool = False) -> Path:
-    """A manifest.jsonl with one PNG per prompt and image index; returns the manifest's path."""
+                  size: int = 32, seed: int = 0, absolute: bool = False, first_index: int = 0) -> Path:
+    """A manifest.jsonl with one PNG per prompt and image index; returns the manifest's path.
+
+    `prompts` are rows `first_index`, `first_index` + 1, ... of a prompt list (their prompt_index).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "samples").mkdir(exist_ok=True)
     ids = model_secrets(name)
     rng = np.random.default_rng(seed)
     lines = []
-    for i, (prompt, category) in enumerate(prompts):
+    for i, (prompt, category) in enumerate(prompts, start=first_index):
         for k in range(images_per_prompt):
             pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
             info = PngImagePlugin.PngInfo()
@@ -58,11 +61,35 @@ def write_samples(folder: Path, name: str, prompts: list[tuple[str, str]], image
     return manifest
 
 
+def photo_like(rng: np.random.Generator, size: int) -> np.ndarray:
+    """(size, size, 3) uint8: smooth light, a few hard-edged objects and film grain of random strength.
+
+    Like generated images, these differ in how much detail (and so how many PNG bytes) they hold.
+    """
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    light = rng.uniform(0, 255, (3, 3))
+    pixels = light[:, 0] + np.multiply.outer(xx, light[:, 1] - light[:, 0]) + np.multiply.outer(yy, light[:, 2] - 128) / 2
+    for _ in range(rng.integers(1, 6)):
+        cx, cy, r = rng.uniform(0, 1, 3) * (1, 1, 0.4)
+        inside = (xx - cx) ** 2 + (yy - cy) ** 2 < r * r
+        pixels[inside] = rng.uniform(0, 255, 3)
+    pixels += rng.normal(0, rng.uniform(0, 24), pixels.shape)
+    return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
 def drawbench(n: int | None = None) -> list[tuple[str, str]]:
     from human_eval.samples import read_prompts_csv
 
     prompts = read_prompts_csv(DRAWBENCH)
     return prompts if n is None else prompts[:n]
+
+
+def start_rater(client: httpx.Client, label: str | None = None) -> str:
+    """Start a new rater as the page does; the client then sends the rater's key with every request."""
+    r = client.post("/api/session", json={"rater": label})
+    assert r.status_code == 200, r.text
+    client.headers["X-Rater-Key"] = r.json()["key"]
+    return r.json()["rater"]
 
 
 def free_port() -> int:

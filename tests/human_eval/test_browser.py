@@ -116,7 +116,8 @@ def test_rater_rates_with_mouse_and_keyboard(markup_study):
     assert not problems, problems
     assert len({pair for pair, *_ in done}) == 4
     with sqlite3.connect(markup_study / "votes.sqlite") as conn:
-        rows = conn.execute("SELECT pair_id, question, answer, choice, client_ms FROM votes WHERE rater_id='alice'").fetchall()
+        rows = conn.execute("SELECT pair_id, question, answer, choice, client_ms FROM votes "
+                            "WHERE rater_id IN (SELECT id FROM raters WHERE label='alice')").fetchall()
     assert len(rows) == 8
     stored = {(pair, q): (answer, choice, ms) for pair, q, answer, choice, ms in rows}
     for pair_id, question, answer, model in done:

@@ -49,7 +49,7 @@ def rated_study(tmp_path_factory) -> tuple[Path, dict]:
                     a, b = study.models_of(pair)
                     choice = "a" if rng.random() < 1 / (1 + np.exp(strength[b] - strength[a])) else "b"
                 answer = "none" if choice == "none" else ("A" if (choice == "a") != swapped else "B")
-                assert store.vote(rater, pair_id, q, answer, rng.randint(300, 5000)) == ("recorded", None)
+                assert store.vote(rater, pair_id, q, answer, rng.randint(300, 5000)) == ("recorded", choice)
     votes = store.all_votes()
     store.close()
     return root / "study", {"votes": votes}
