@@ -42,6 +42,17 @@ def _fraction(value: str) -> float:
     return x
 
 
+def _covariates(value: str) -> tuple[str, ...]:
+    from .style_control import COVARIATES
+
+    names = COVARIATES if value == "all" else tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in COVARIATES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown covariate {', '.join(unknown) or value!r} "
+                                          f"(choose from {', '.join(COVARIATES)}, or all)")
+    return names
+
+
 def _labelled(value: str) -> tuple[str | None, Path]:
     """`PATH` or `LABEL=PATH`; a path that exists as given wins over splitting at '='."""
     if "=" in value and not Path(value).exists():
@@ -182,10 +193,12 @@ def cmd_report(args) -> None:
     votes = store.all_votes()
     if not votes:
         raise HumanEvalError(f"no votes yet in {store.url}")
+    labels = store.labels()
     results = analyze(study, votes, exclude_failing=args.exclude_failing_raters, gold_threshold=args.gold_threshold,
                       n_boot=args.bootstrap, seed=args.seed, target_width=args.target_width or study.target_width,
-                      progress=True)
-    paths = write_report(study, votes, results, args.out or study.folder / "report", interval=args.interval)
+                      covariates=args.covariates, labels=labels, progress=True)
+    paths = write_report(study, votes, results, args.out or study.folder / "report", interval=args.interval,
+                         labels=labels)
     print(summary(results, args.interval))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 
@@ -243,6 +256,9 @@ def register(sub) -> None:
     p.add_argument("--target-width", type=_fraction,
                    help="the planner's and the stopping rule's interval width, e.g. 0.1 for +-5 points "
                         "(default: the study's, set by create)")
+    p.add_argument("--covariates", type=_covariates, default=(), metavar="NAMES",
+                   help="also fit Bradley-Terry controlling for image brightness, saturation, file_bytes, pixels "
+                        "(comma-separated, or all)")
     p.add_argument("--interval", choices=("two_way", "bootstrap_prompt", "bootstrap_rater", "wilson"), default="two_way",
                    help="the chart's error bars (default: clustered by prompt and rater)")
     p.set_defaults(func=cmd_report)

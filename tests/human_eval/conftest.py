@@ -29,7 +29,7 @@ DWB = Path(sys.executable).parent / "dwb"
 def model_secrets(name: str) -> dict:
     """The identifying strings of one synthetic model; none may appear in a rater-facing byte."""
     return {"model": f"{name}-modelname-7f3c", "checkpoint": f"/ckpts/{name}-secretckpt-91ab/ep3-ba800k-rank0.pt",
-            "scheduler": f"{name}SecretSchedulerXq"}
+            "scheduler": f"{name}SecretSchedulerXq", "checkpoint_hash": f"c0ffee{name.encode().hex()[:10]}"}
 
 
 def write_samples(folder: Path, name: str, prompts: list[tuple[str, str]], images_per_prompt: int = 1,
@@ -55,7 +55,8 @@ def write_samples(folder: Path, name: str, prompts: list[tuple[str, str]], image
             lines.append({"prompt": prompt, "prompt_index": i, "category": category, "image_index": k, "seed": 1000 + k,
                           "checkpoint": ids["checkpoint"], "model": ids["model"], "guidance": 7.5,
                           "scheduler": ids["scheduler"], "steps": 50, "width": size, "height": size,
-                          "path": str(path) if absolute else f"samples/{path.name}", "clip_score": 0.31})
+                          "path": str(path) if absolute else f"samples/{path.name}", "checkpoint_hash": ids["checkpoint_hash"],
+                          "clip_score": round(float(pixels.mean()) / 255, 4)})
     manifest = folder / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return manifest
