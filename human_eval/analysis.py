@@ -159,6 +159,19 @@ def style_control(votes: list[dict], study: Study, names: tuple[str, ...]) -> di
                              for j, n in enumerate(kept)]}
 
 
+def rater_table(votes: list[dict], gold: dict, consistency: dict, excluded: set[str], labels: dict[str, str]) -> list[dict]:
+    """One row per rater: label, votes, median response time, gold pass rate, self-consistency, excluded."""
+    gold_rate = {r["rater"]: r["pass_rate"] for r in gold["raters"]}
+    consistent = {r["rater"]: r["rate"] for r in consistency["raters"]}
+    per_rater: dict[str, list[dict]] = defaultdict(list)
+    for v in votes:
+        per_rater[v["rater_id"]].append(v)
+    return [{"rater": r, "label": labels.get(r, r), "votes": len(vs),
+             "median_response_ms": median([v["client_ms"] for v in vs if v.get("client_ms") is not None] or [math.nan]),
+             "gold_pass_rate": gold_rate.get(r, math.nan), "self_consistency": consistent.get(r, math.nan),
+             "excluded": r in excluded} for r, vs in sorted(per_rater.items())]
+
+
 def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, gold_threshold: float = 0.8,
             n_boot: int = 2000, seed: int = 0, target_width: float = 0.1, covariates: tuple[str, ...] = (),
             labels: dict[str, str] | None = None, progress: bool = False) -> dict:
@@ -205,15 +218,7 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
                         "units_rated_twice_or_more": sum(len(u) >= 2 for u in units.values())}
 
     consistency = self_consistency(kept, study)
-    gold_rate = {r["rater"]: r["pass_rate"] for r in gold["raters"]}
-    consistent = {r["rater"]: r["rate"] for r in consistency["raters"]}
-    per_rater: dict[str, list[dict]] = defaultdict(list)
-    for v in votes:
-        per_rater[v["rater_id"]].append(v)
-    raters = [{"rater": r, "label": (labels or {}).get(r, r), "votes": len(vs),
-               "median_response_ms": median([v["client_ms"] for v in vs if v.get("client_ms") is not None] or [math.nan]),
-               "gold_pass_rate": gold_rate.get(r, math.nan), "self_consistency": consistent.get(r, math.nan),
-               "excluded": r in excluded} for r, vs in sorted(per_rater.items())]
+    raters = rater_table(votes, gold, consistency, excluded, labels or {})
 
     controlled = {q: style_control([v for v in main if v["question"] == q], study, covariates)
                   for q in study.question_ids} if covariates else {}
@@ -224,7 +229,7 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
         "questions": {q.id: q.text for q in study.questions},
         "settings": {"exclude_failing_raters": exclude_failing, "gold_threshold": gold_threshold, "bootstrap": n_boot,
                      "seed": seed, "target_width": target_width, "covariates": list(covariates), "z": Z95},
-        "counts": {"votes": len(votes), "main_votes": len(main), "raters": len(per_rater),
+        "counts": {"votes": len(votes), "main_votes": len(main), "raters": len(raters),
                    "excluded_raters": sorted(excluded)},
         "comparisons": comparisons, "bradley_terry": bt, "style_control": {q: r for q, r in controlled.items() if r},
         "stopping": stopping(main, study, comparisons, target_width), "agreement": agreement, "gold": gold,
