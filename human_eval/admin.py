@@ -17,10 +17,10 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from .analysis import analyze
 from .report import results_csv, stopping_lines, summary, votes_csv, votes_json
 
 COOKIE = "dwb_admin"
+MIN_TOKEN = 16  # characters; shorter tokens (an empty token file opened the pages to anyone) are refused
 REFRESH_S = 30.0  # the dashboard's results are at most this old (the page reloads itself as often)
 
 
@@ -102,6 +102,7 @@ def add_admin_routes(app: FastAPI, service, token: str) -> None:
 
         The analysis takes the same CPU as the raters' requests; a dashboard left open must not slow them.
         """
+        from .analysis import analyze  # numpy, scipy: not needed to start serving
         with lock:
             last = cache.get(exclude)
             if last is None or (time.monotonic() - last["at"] > REFRESH_S

@@ -87,11 +87,11 @@ def cmd_create(args) -> None:
 
 
 def _checked_token(token: str, source: str) -> str:
-    from .server import MIN_ADMIN_TOKEN
+    from .admin import MIN_TOKEN
 
-    if len(token) < MIN_ADMIN_TOKEN:
+    if len(token) < MIN_TOKEN:
         raise HumanEvalError(f"the admin token from {source} is too short: {len(token)} characters, it needs at least "
-                             f"{MIN_ADMIN_TOKEN} characters (a shorter one can be guessed)")
+                             f"{MIN_TOKEN} characters (a shorter one can be guessed)")
     return token
 
 
@@ -137,19 +137,21 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def cmd_serve(args) -> None:
+    from .study import load_study
+
+    study = load_study(args.study)
+    token = _admin_token(args, study.folder)  # before the database is touched: a bad token changes nothing
+
     import uvicorn
 
     from .server import create_app
     from .store import Store, database_url
-    from .study import load_study
 
-    study = load_study(args.study)
     missing = [f for f in study.image_files().values() if not f.is_file()]
     if missing:
         raise HumanEvalError(f"{len(missing)} study images are missing, e.g. {missing[0]} (copy the whole study folder)")
     url = database_url(args.db or study.folder / "votes.sqlite")
     store = Store(url, study.id)
-    token = _admin_token(args, study.folder)
     app = create_app(study, store, token, per_rater=args.per_rater, new_raters_per_minute=args.new_raters_per_minute)
     sock = _listen(args.host, args.port)
     port = sock.getsockname()[1]

@@ -39,7 +39,6 @@ from .store import Impression, Store
 from .study import Study
 
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
-MIN_ADMIN_TOKEN = 16  # characters
 NEW_RATERS_PER_MINUTE = 60  # per client address
 ALLOCATION_REFRESH_S = 30.0  # adaptive allocation re-reads the store's counts (other instances' votes) this often
 BAD_ID = "rater: use 1-64 letters, digits, '.', '_', '@' or '-'"
@@ -235,8 +234,10 @@ class RatingService:
 def create_app(study: Study, store: Store, admin_token: str, per_rater: int | None = None,
                new_raters_per_minute: int = NEW_RATERS_PER_MINUTE) -> Guard:
     """The ASGI app for one study: rater routes, admin routes, security headers and body limits."""
-    if len(admin_token) < MIN_ADMIN_TOKEN:
-        raise HumanEvalError(f"the admin token must have at least {MIN_ADMIN_TOKEN} characters")
+    from .admin import MIN_TOKEN, add_admin_routes
+
+    if len(admin_token) < MIN_TOKEN:
+        raise HumanEvalError(f"the admin token must have at least {MIN_TOKEN} characters")
     service = RatingService(study, store, per_rater, new_raters_per_minute)
     app = FastAPI(title="human-eval", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
@@ -287,8 +288,6 @@ def create_app(study: Study, store: Store, admin_token: str, per_rater: int | No
         if data is None:
             raise HTTPException(404, "not found")
         return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=86400, immutable"})
-
-    from .admin import add_admin_routes
 
     add_admin_routes(app, service, admin_token)
     return Guard(app)

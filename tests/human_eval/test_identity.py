@@ -194,3 +194,18 @@ def test_a_new_admin_token_file_is_private_and_long(two_model_study, tmp_path):
 
     with pytest.raises(HumanEvalError, match="at least 16"):
         create_app(load_study(two_model_study), None, "")
+
+
+def test_a_store_from_before_rater_labels_gains_the_column(tmp_path):
+    import sqlite3
+
+    from human_eval.store import Store, database_url
+
+    path = tmp_path / "votes.sqlite"
+    with sqlite3.connect(path) as conn:  # the raters table as earlier versions created it
+        conn.execute("CREATE TABLE raters (id VARCHAR(64) PRIMARY KEY, created_at FLOAT NOT NULL, user_agent VARCHAR(256))")
+        conn.execute("INSERT INTO raters VALUES ('ann', 0, '')")
+    store = Store(database_url(path), "study-1")
+    assert store.labels() == {"ann": "ann"} and store.add_rater("r-000000000001", "bob")
+    assert store.labels() == {"ann": "ann", "r-000000000001": "bob"} and store.label_of("r-000000000001") == "bob"
+    store.close()
