@@ -173,6 +173,8 @@ def cmd_links(args) -> None:
     study = load_study(args.study)
     ids = list(args.raters)
     if args.from_file:
+        if not Path(args.from_file).is_file():
+            raise HumanEvalError(f"rater id file not found: {args.from_file}")
         ids += [line.strip() for line in Path(args.from_file).read_text().splitlines() if line.strip()]
     if not ids:
         raise HumanEvalError("no rater ids: pass them as arguments or with --from-file")
