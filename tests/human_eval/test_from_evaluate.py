@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from human_eval.samples import prompt_set_id
 from human_eval.study import load_study
 
 from ..conftest import run_dwb
@@ -55,6 +56,16 @@ def test_evaluate_manifests_with_a_repeated_prompt_become_a_study_that_takes_vot
             image = study.images[token]
             original = source[image.model, study.prompts[pair.prompt].index]
             assert np.array_equal(pixels(study_dir / image.file), pixels(original))
+
+    # a folder named <prompt_index>_<image_index>.png with the same prompt CSV pairs with evaluate's manifest
+    folder = tmp_path / "folder-model"
+    folder.mkdir()
+    for row in lines[1]:
+        Image.open(manifests[1].parent / row["path"]).save(folder / f"{row['prompt_index']}_{row['image_index']}.png")
+    assert lines[0][0]["prompt_set"] == prompt_set_id(PROMPTS)
+    r = run_dwb("human-eval", "create", str(tmp_path / "mixed"), "--samples", str(manifests[0]), "--folder", str(folder),
+                "--prompts", str(prompt_file))
+    assert r.returncode == 0 and "2 models, 5 prompts, 5 pairs" in r.stdout, r.stdout + r.stderr
 
     with Server(study_dir) as server, httpx.Client(base_url=server.url) as c:
         rater = start_rater(c, "first-rater")

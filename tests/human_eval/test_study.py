@@ -134,6 +134,25 @@ def test_folder_and_prompt_csv(tmp_path):
     assert len(study.pairs) == 4
 
 
+def test_a_repeated_csv_row_is_its_own_prompt(tmp_path):
+    csv_file = tmp_path / "prompts.csv"
+    csv_file.write_text("prompt,category\ntwo blue circles,a\none red square,a\ntwo blue circles,b\n")
+    for model, seed in (("x", 1), ("y", 2)):
+        (tmp_path / model).mkdir()
+        rng = np.random.default_rng(seed)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / model / f"{i}_0.png")
+    samples = read_folder(tmp_path / "x", csv_file) + read_folder(tmp_path / "y", csv_file)
+    study, summary = build_study(samples, tmp_path / "study", progress=False)
+    assert summary["pairs"] == 3 and [(p.index, p.text, p.category) for p in study.prompts] == [
+        (0, "two blue circles", "a"), (1, "one red square", "a"), (2, "two blue circles", "b")]
+    for pair in study.pairs:  # the image of row 2 is paired with row 2's, not row 0's
+        index = study.prompts[pair.prompt].index
+        for token in (pair.a, pair.b):
+            model = study.images[token].model
+            assert np.array_equal(pixels(study.folder / study.images[token].file), pixels(tmp_path / model / f"{index}_0.png"))
+
+
 def test_manifest_details(tmp_path):
     manifest = write_samples(tmp_path / "m", "m", drawbench(2), 1, absolute=True)
     rows = [json.loads(line) for line in manifest.read_text().splitlines()]
