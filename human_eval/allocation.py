@@ -19,7 +19,7 @@ import math
 import threading
 from collections import Counter, defaultdict
 
-from .stats import Z95, decisive_votes_needed, wilson_interval
+from .stats import Z95, decisive_votes_needed
 
 ModelPair = tuple[str, str]
 
@@ -30,12 +30,16 @@ def _half_width(p: float, n: float, z: float = Z95) -> float:
 
 
 def settled(wins_a: int, decisive: int, target_width: float, deff: float = 1.0) -> bool:
-    """The stopping rule for one comparison: its interval excludes 50% or is narrower than the target."""
+    """The stopping rule for one comparison: its interval excludes 50% or is narrower than the target.
+
+    The interval is Wilson's (stats.wilson_interval, before clipping to [0, 1]) widened by sqrt(deff).
+    """
     if decisive == 0:
         return False
-    lo, hi = wilson_interval(wins_a, decisive)
-    centre, half = (lo + hi) / 2, (hi - lo) / 2 * math.sqrt(max(deff, 1.0))
-    return centre - half > 0.5 or centre + half < 0.5 or 2 * half < target_width
+    p = wins_a / decisive
+    centre = (p + Z95 * Z95 / (2 * decisive)) / (1 + Z95 * Z95 / decisive)
+    half = _half_width(p, decisive) * math.sqrt(max(deff, 1.0))
+    return abs(centre - 0.5) > half or 2 * half < target_width
 
 
 def priority(wins_a: float, decisive: float, target_width: float, pending: float = 0.0) -> float:
@@ -142,6 +146,7 @@ class Allocator:
         self.model_pair_of, self.questions, self.target_width = model_pair_of, questions, target_width
         self.counts: dict[tuple[ModelPair, str], list[int]] = defaultdict(lambda: [0, 0, 0])  # wins_a, decisive, ties
         self.pending: Counter = Counter()  # model pair -> votes shown but not given yet
+        self._keys = [(pair, q) for pair in dict.fromkeys(model_pair_of.values()) for q in questions]
         self._lock = threading.Lock()
 
     def load(self, rows: list[tuple[str, str, str, int]]) -> None:
@@ -193,7 +198,5 @@ class Allocator:
         return best
 
     def all_settled(self) -> bool:
-        pairs = set(self.model_pair_of.values())
         with self._lock:
-            return all(settled(*self.counts.get((p, q), (0, 0, 0))[:2], self.target_width)
-                       for p in pairs for q in self.questions)
+            return all(settled(*self.counts.get(key, (0, 0, 0))[:2], self.target_width) for key in self._keys)

@@ -3,16 +3,15 @@ import io
 import json
 import struct
 
-import httpx
 import numpy as np
 import pytest
 from PIL import Image
 
-from human_eval.images import clean_image, png_chunk_types
+from human_eval.images import ImageCache, clean_image, png_chunk_types
 from human_eval.samples import read_manifest
 from human_eval.study import build_study, load_study
 
-from .conftest import Server, drawbench, photo_like
+from .conftest import drawbench, photo_like
 
 
 def ihdr(data: bytes) -> tuple[int, int, int, int, int, int, int]:
@@ -79,11 +78,11 @@ def test_served_images_have_one_mode_and_encoder_whatever_the_model(tmp_path):
         samples += read_manifest(write_mode_samples(tmp_path / name, name, prompts, mode, seed=len(samples)))
     build_study(samples, tmp_path / "study", progress=False)
     study = load_study(tmp_path / "study")
+    served = ImageCache(study.image_files())  # what /img/{token} answers (test_server crawls it over HTTP)
     headers = {}
-    with Server(tmp_path / "study") as server, httpx.Client(base_url=server.url) as c:
-        for token, image in study.images.items():
-            data = c.get(f"/img/{token}").content
-            headers.setdefault(image.model, set()).add((ihdr(data)[2:], tuple(png_chunk_types(data)[:2])))
+    for token, image in study.images.items():
+        data = served.get(token)
+        headers.setdefault(image.model, set()).add((ihdr(data)[2:], tuple(png_chunk_types(data)[:2])))
     assert len(headers) == 3
     assert set.union(*headers.values()) == {((8, 2, 0, 0, 0), (b"IHDR", b"IDAT"))}, headers
 

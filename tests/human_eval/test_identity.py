@@ -118,7 +118,7 @@ def test_new_raters_are_rate_limited_per_address(two_model_study):
     assert len(labels) == before
 
 
-def test_rater_links_open_the_raters_session(two_model_study):
+def test_rater_links_open_the_raters_session(server, two_model_study):
     study = load_study(two_model_study)
     r = run_dwb("human-eval", "links", str(two_model_study), "worker-17", "worker-18",
                 "--base-url", "https://rate.example.org")
@@ -129,7 +129,7 @@ def test_rater_links_open_the_raters_session(two_model_study):
     assert rater == "worker-17" and url.startswith("https://rate.example.org/?rater=worker-17&key=")
     key = url.split("key=")[1]
     assert key == study.rater_key("worker-17") and key != study.rater_key("worker-18")
-    with Server(two_model_study) as s, httpx.Client(base_url=s.url) as c:
+    with httpx.Client(base_url=server.url) as c:
         first = session(c, "worker-17", key)
         assert first == {"rater": "worker-17", "label": "worker-17", "key": key, "resumed": False}
         p = c.get("/api/next", params={"rater": "worker-17"}, headers={KEY: key}).json()
