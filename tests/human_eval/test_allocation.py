@@ -84,6 +84,14 @@ def test_the_planner_predicts_the_votes_it_takes(runs):
     assert predicted["per_model_pair"]["A vs B"] > 5 * predicted["per_model_pair"]["A vs C"]  # close pairs cost most
 
 
+def test_the_stopping_rule_reads_wilson_intervals():
+    for n in range(1, 400, 7):
+        for k in range(0, n + 1, max(1, n // 23)):
+            lo, hi = wilson_interval(k, n)
+            for width in (0.05, 0.1, 0.2):
+                assert settled(k, n, width) == (lo > 0.5 or hi < 0.5 or hi - lo < width), (k, n, width)
+
+
 def test_stopping_rule_and_its_replay():
     assert not settled(0, 0, 0.1)
     assert settled(27, 30, 0.1)  # [74.4, 96.5]: clear of 50% long before it is narrow
