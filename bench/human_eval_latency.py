@@ -13,7 +13,12 @@ measuring side takes little of the CPU the server needs. Two runs, each with a f
              on this machine; latency here is mostly queueing behind the other 49.
 
 Latency is measured per request, from writing the request to reading the last byte of the answer.
+Each rater starts a session and sends its server-issued key with every request, as the page does.
+After each run the votes in the store are compared with the votes sent: every one, once, as sent.
+
 Run: .venv/bin/python bench/human_eval_latency.py [--raters 50 --votes 40 --think 0.5]
+     .venv/bin/python bench/human_eval_latency.py --smoke   (a small study in a temporary folder, 5 raters
+     x 6 votes: checks that it runs end to end and that the store holds exactly the votes sent)
 """
 from __future__ import annotations
 
@@ -23,8 +28,10 @@ import json
 import os
 import random
 import socket
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,20 +41,21 @@ from _common import OUT, ROOT, report
 
 DRAWBENCH = ROOT.parent / "shared" / "data" / "prompts" / "drawbench.csv"
 STUDY = OUT / "human-eval" / "study"
+ADMIN_TOKEN = "bench-admin-token-0123"  # the server refuses tokens under 16 characters
 
 
-def build_study() -> Path:
-    """Three models' manifests of 200 DrawBench prompts (smooth 128 px images), then `dwb human-eval create`."""
+def build_study(study: Path = STUDY, n_prompts: int = 200, size: int = 128) -> Path:
+    """Three models' manifests of DrawBench prompts (smooth images), then `dwb human-eval create`."""
     from PIL import Image
 
     from human_eval.samples import read_prompts_csv
 
-    if (STUDY / "study.json").is_file():
-        return STUDY
-    prompts = read_prompts_csv(DRAWBENCH)
-    root = STUDY.parent
+    if (study / "study.json").is_file():
+        return study
+    prompts = read_prompts_csv(DRAWBENCH)[:n_prompts]
+    root = study.parent
     args = []
-    yy, xx = np.mgrid[0:128, 0:128] / 127.0
+    yy, xx = np.mgrid[0:size, 0:size] / (size - 1.0)
     for m, name in enumerate(("model-a", "model-b", "model-c")):
         folder = root / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -55,16 +63,17 @@ def build_study() -> Path:
         lines = []
         for i, (prompt, category) in enumerate(prompts):
             c = rng.random((3, 3))
-            pixels = np.stack([c[k, 0] * xx + c[k, 1] * yy + c[k, 2] * xx * yy for k in range(3)], -1)  # (128, 128, 3)
+            pixels = np.stack([c[k, 0] * xx + c[k, 1] * yy + c[k, 2] * xx * yy for k in range(3)], -1)  # (size, size, 3)
             Image.fromarray((255 * pixels / pixels.max()).astype(np.uint8)).save(folder / f"{i:03d}_0.png")
             lines.append(json.dumps({"prompt": prompt, "prompt_index": i, "category": category, "image_index": 0,
                                      "seed": 0, "checkpoint": f"/ckpt/{name}.pt", "model": name, "guidance": 7.5,
-                                     "scheduler": "ddim", "steps": 50, "width": 128, "height": 128,
+                                     "scheduler": "ddim", "steps": 50, "width": size, "height": size,
                                      "path": f"{i:03d}_0.png"}))
         (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
         args += ["--samples", str(folder / "manifest.jsonl")]
-    subprocess.run([str(Path(sys.executable).parent / "dwb"), "human-eval", "create", str(STUDY), *args], check=True)
-    return STUDY
+    subprocess.run([str(Path(sys.executable).parent / "dwb"), "human-eval", "create", str(study), *args], check=True,
+                   stdout=subprocess.DEVNULL)
+    return study
 
 
 class Connection:
@@ -77,9 +86,9 @@ class Connection:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    async def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes, float]:
+    async def request(self, method: str, path: str, body: dict | None = None, key: str | None = None) -> tuple[int, bytes, float]:
         data = json.dumps(body).encode() if body is not None else b""
-        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + (f"X-Rater-Key: {key}\r\n" if key else "")
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
         t0 = time.perf_counter()
@@ -94,12 +103,14 @@ class Connection:
         self.writer.close()
 
 
-async def rater(port: int, name: str, votes: int, think: float, images: bool, times: dict, rng: random.Random) -> None:
+async def rater(port: int, label: str, votes: int, think: float, images: bool, times: dict, rng: random.Random,
+                sent_votes: dict) -> None:
     conn = Connection(port)
     await conn.open()
+    key = None
 
     async def timed(kind: str, method: str, path: str, body: dict | None = None) -> bytes:
-        status, payload, ms = await conn.request(method, path, body)
+        status, payload, ms = await conn.request(method, path, body, key)
         if status != 200:
             raise RuntimeError(f"{kind}: {status} {payload[:200]!r}")
         times[kind].append(ms)
@@ -111,7 +122,8 @@ async def rater(port: int, name: str, votes: int, think: float, images: bool, ti
 
     if think:
         await asyncio.sleep(rng.uniform(0, 2 * think))  # raters arrive over a second or so, not in one instant
-    await timed("session", "POST", "/api/session", {"rater": name})
+    session = json.loads(await timed("session", "POST", "/api/session", {"rater": label}))
+    name, key = session["rater"], session["key"]
     sent = 0
     while sent < votes:
         pair = json.loads(await timed("next", "GET", f"/api/next?rater={name}"))
@@ -122,8 +134,10 @@ async def rater(port: int, name: str, votes: int, think: float, images: bool, ti
                 await timed("image", "GET", url)
         for q in pair["questions"]:
             await pause()
+            answer = rng.choice(("A", "B", "none"))
             await timed("vote", "POST", "/api/vote", {"rater": name, "pair": pair["pair"], "question": q["id"],
-                                                      "answer": rng.choice(("A", "B", "none")), "response_ms": 1000})
+                                                      "answer": answer, "response_ms": 1000})
+            sent_votes[name, pair["pair"], q["id"]] = answer
             sent += 1
     conn.close()
 
@@ -140,7 +154,7 @@ def run(study: Path, raters: int, votes: int, think: float, images: bool, seed: 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([str(Path(sys.executable).parent / "dwb"), "human-eval", "serve", str(study), "--port",
-                               str(port), "--admin-token", "bench"], stdout=subprocess.DEVNULL)
+                               str(port), "--admin-token", ADMIN_TOKEN], stdout=subprocess.DEVNULL)
     try:
         for _ in range(200):
             try:
@@ -149,17 +163,19 @@ def run(study: Path, raters: int, votes: int, think: float, images: bool, seed: 
             except OSError:
                 time.sleep(0.05)
         times: dict[str, list[float]] = {"session": [], "next": [], "image": [], "vote": []}
+        sent_votes: dict[tuple[str, str, str], str] = {}
         cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
 
         async def main() -> None:
-            await asyncio.gather(*(rater(port, f"bench{i:03d}", votes, think, images, times, random.Random(seed + i))
-                                   for i in range(raters)))
+            await asyncio.gather(*(rater(port, f"bench{i:03d}", votes, think, images, times, random.Random(seed + i),
+                                         sent_votes) for i in range(raters)))
 
         asyncio.run(main())
         wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
     finally:
         server.terminate()
         server.wait(10)
+    check_stored(study, sent_votes, raters * votes)
     requests = sum(len(v) for v in times.values())
     out = {"raters": raters, "votes_per_rater": votes, "think_s": think, "wall_s": round(wall, 2),
            "votes": len(times["vote"]), "votes_per_s": round(len(times["vote"]) / wall, 1),
@@ -170,6 +186,14 @@ def run(study: Path, raters: int, votes: int, think: float, images: bool, seed: 
                                  "max": round(max(ms), 2), "n": len(ms)}
     out["_times"] = times
     return out
+
+
+def check_stored(study: Path, sent: dict, expected: int) -> None:
+    """The store holds exactly the votes sent: each once, with the answer sent."""
+    with sqlite3.connect(study / "votes.sqlite") as conn:
+        stored = conn.execute("SELECT rater_id, pair_id, question, answer FROM votes").fetchall()
+    if len(sent) != expected or len(stored) != len(sent) or {(r, p, q): a for r, p, q, a in stored} != sent:
+        raise SystemExit(f"check failed: {expected} votes meant, {len(sent)} sent, {len(stored)} stored")
 
 
 def plot(results: dict, path: Path) -> None:
@@ -201,7 +225,15 @@ def main() -> None:
     parser.add_argument("--votes", type=int, default=40, help="votes per rater (2 per pair)")
     parser.add_argument("--think", type=float, default=0.5, help="mean think time of the paced run, seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="a small study, 5 raters x 6 votes: checks only")
     args = parser.parse_args()
+    if args.smoke:
+        with tempfile.TemporaryDirectory() as tmp:
+            study = build_study(Path(tmp) / "study", n_prompts=10, size=16)
+            for name, think, images in (("paced", 0.02, True), ("saturated", 0.0, False)):
+                r = run(study, 5, 6, think, images, args.seed)
+                print(f"smoke {name}: {r['votes']} votes sent and stored, {r['requests_per_s']} requests/s")
+        return
     study = build_study()
     results = {"paced": run(study, args.raters, args.votes, args.think, True, args.seed),
                "saturated": run(study, args.raters, args.votes, 0.0, False, args.seed)}

@@ -10,6 +10,7 @@ to the rounding of batched float kernels (rarely one 8-bit level on a pixel).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -131,11 +132,23 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Pr
     return records
 
 
+def prompt_set_id(texts: list[str]) -> str:
+    """The identity of a prompt list: SHA-256 of its texts in order as a JSON array, first 16 hex digits.
+
+    Written into every manifest line as ``prompt_set``: with ``prompt_index`` it names a prompt, so
+    `human_eval` pairs two checkpoints' images of a caption that appears twice in a list correctly
+    (human_eval.samples computes the same value for a prompt CSV).
+    """
+    return hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:16]
+
+
 def write_manifest(records: list[SampleRecord], out: str | Path) -> Path:
     path = Path(out) / MANIFEST
     records = sorted(records, key=lambda r: (r.prompt_index, r.image_index))
+    texts = {r.prompt_index: r.prompt for r in records}  # every prompt of the set has images in a run
+    prompt_set = prompt_set_id([texts[i] for i in sorted(texts)])
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(asdict(r)) + "\n" for r in records))
+    tmp.write_text("".join(json.dumps({**asdict(r), "prompt_set": prompt_set}) + "\n" for r in records))
     tmp.replace(path)
     return path
 

@@ -17,10 +17,10 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from .analysis import analyze
-from .report import results_csv, summary, votes_csv, votes_json
+from .report import results_csv, stopping_lines, summary, votes_csv, votes_json
 
 COOKIE = "dwb_admin"
+MIN_TOKEN = 16  # characters; shorter tokens (an empty token file opened the pages to anyone) are refused
 REFRESH_S = 30.0  # the dashboard's results are at most this old (the page reloads itself as often)
 
 
@@ -53,6 +53,7 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
         "Downloads: <a href='/admin/votes.csv'>votes.csv</a> <a href='/admin/votes.json'>votes.json</a> "
         "<a href='/admin/results.csv'>results.csv</a> "
         "<a href='/admin/results.json'>results.json</a></p>",
+        f"<p id='stopping'>{escape(' '.join(stopping_lines(results)))}</p>",
         f"<img class='chart' alt='preference chart' src='/admin/chart.png{'?exclude=1' if exclude else ''}'>",
         "<h2>Preference (share of decisive votes for model a)</h2>",
         _table(["question", "model a", "model b", "votes", "a wins", "b wins", "ties", "rate a", "Wilson 95%",
@@ -73,8 +74,8 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
              for r in sorted(rows, key=lambda r: r["rank"])])]
     parts += ["<h2>Agreement, checks and planning</h2>", f"<pre>{escape(summary(results))}</pre>",
               "<h2>Raters</h2>", _table(
-                  ["rater", "votes", "median response (ms)", "gold pass rate", "self-consistency", "excluded"],
-                  [[r["rater"], r["votes"], r["median_response_ms"] if r["median_response_ms"] is not None else "n/a",
+                  ["rater", "label", "votes", "median response (ms)", "gold pass rate", "self-consistency", "excluded"],
+                  [[r["rater"], r.get("label", r["rater"]), r["votes"], r["median_response_ms"] if r["median_response_ms"] is not None else "n/a",
                     _fmt(r["gold_pass_rate"]), _fmt(r["self_consistency"]), "yes" if r["excluded"] else ""]
                    for r in results["raters"]]),
               "</body></html>"]
@@ -101,14 +102,17 @@ def add_admin_routes(app: FastAPI, service, token: str) -> None:
 
         The analysis takes the same CPU as the raters' requests; a dashboard left open must not slow them.
         """
+        from .analysis import analyze  # numpy, scipy: not needed to start serving
         with lock:
             last = cache.get(exclude)
             if last is None or (time.monotonic() - last["at"] > REFRESH_S
                                 and last["last_vote"] != service.store.last_vote_id()):
                 last_vote = service.store.last_vote_id()
                 votes = service.store.all_votes()
+                results = analyze(service.study, votes, exclude_failing=exclude, n_boot=1000,
+                                  target_width=service.study.target_width, labels=service.store.labels())
                 cache[exclude] = last = {"at": time.monotonic(), "last_vote": last_vote, "votes": votes,
-                                         "results": analyze(service.study, votes, exclude_failing=exclude, n_boot=1000)}
+                                         "results": results}
             return last
 
     @app.get("/admin", response_class=HTMLResponse)
@@ -142,14 +146,16 @@ def add_admin_routes(app: FastAPI, service, token: str) -> None:
     async def votes_table(request: Request) -> Response:
         require(request)
         votes = await run_in_threadpool(service.store.all_votes)
-        return Response(votes_csv(service.study, votes), media_type="text/csv",
+        labels = await run_in_threadpool(service.store.labels)
+        return Response(votes_csv(service.study, votes, labels), media_type="text/csv",
                         headers={"Content-Disposition": "attachment; filename=votes.csv"})
 
     @app.get("/admin/votes.json")
     async def votes_list(request: Request) -> Response:
         require(request)
         votes = await run_in_threadpool(service.store.all_votes)
-        return Response(votes_json(service.study, votes), media_type="application/json")
+        labels = await run_in_threadpool(service.store.labels)
+        return Response(votes_json(service.study, votes, labels), media_type="application/json")
 
     @app.get("/admin/chart.png")
     async def chart(request: Request, exclude: int = 0) -> Response:

@@ -2,7 +2,9 @@
 
 Only main pairs count towards preference rates, Bradley-Terry scores and agreement; gold pairs measure
 raters' attention and repeated pairs their self-consistency. Raters who fail the gold check can be
-left out of everything else (`exclude_failing=True`).
+left out of everything else (`exclude_failing=True`). The stopping rule and the votes it is predicted
+to take come from `human_eval.allocation`; strengths with and without image covariates from
+`human_eval.style_control`.
 """
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ import numpy as np
 from tqdm import tqdm
 
 from .agreement import krippendorff_alpha_nominal
+from .allocation import stopping_point, votes_to_settle
 from .bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
 from .stats import (Z95, bootstrap_rate, decisive_votes_needed, percentile_interval, sign_test, two_way_interval,
                     wilson_interval)
 from .study import Study
+from .style_control import bradley_terry_with_covariates, covariate_differences, interval
 
 NO_CATEGORY = "(none)"
 
@@ -121,9 +125,61 @@ def bradley_terry(votes: list[dict], study: Study, n_boot: int, rng: np.random.G
             for i, m in enumerate(study.models)]
 
 
+def stopping(main: list[dict], study: Study, comparisons: list[dict], target_width: float) -> dict:
+    """When the stopping rule first held (replaying main votes in order), what is open, and the votes predicted."""
+    deff = {(c["question"], c["model_a"], c["model_b"]): c["plan"]["design_effect"] for c in comparisons
+            if not math.isnan(c["plan"]["design_effect"])}
+    model_pair_of = {p.id: study.models_of(p) for p in study.pairs if p.kind == "main"}
+    result = stopping_point(main, model_pair_of, study.question_ids, target_width, deff)
+    predicted = votes_to_settle([{**c, "design_effect": deff.get((c["question"], c["model_a"], c["model_b"]))}
+                                 for c in comparisons], target_width)
+    return {"allocation": study.allocation, **result, "predicted_votes": predicted}
+
+
+def style_control(votes: list[dict], study: Study, names: tuple[str, ...]) -> dict:
+    """Model scores with and without the image covariates `names`, from one question's decisive main votes."""
+    decisive = [v for v in votes if v["choice"] != "none"]
+    pairs = [study.by_id[v["pair_id"]] for v in decisive]
+    if not decisive or any(not study.images[t].covariates for p in pairs for t in (p.a, p.b)):
+        return {}
+    index = {m: i for i, m in enumerate(study.models)}
+    a = np.array([index[study.images[p.a].model] for p in pairs])
+    b = np.array([index[study.images[p.b].model] for p in pairs])
+    diffs, kept = covariate_differences([study.images[p.a].covariates for p in pairs],
+                                        [study.images[p.b].covariates for p in pairs], names)
+    fit = bradley_terry_with_covariates(a, b, np.array([v["choice"] == "a" for v in decisive]), diffs, len(study.models))
+    plain, controlled = fit["plain"], fit["controlled"]
+    return {"votes": len(decisive), "covariates": kept, "constant": [n for n in names if n not in kept],
+            "models": [{"model": m, "score": plain["scores"][i], "interval": interval(plain["scores"][i], plain["se"][i]),
+                        "score_controlled": controlled["scores"][i],
+                        "interval_controlled": interval(controlled["scores"][i], controlled["se"][i])}
+                       for i, m in enumerate(study.models)],
+            "coefficients": [{"covariate": n, "coef": controlled["coef"][j],
+                              "interval": interval(controlled["coef"][j], controlled["coef_se"][j])}
+                             for j, n in enumerate(kept)]}
+
+
+def rater_table(votes: list[dict], gold: dict, consistency: dict, excluded: set[str], labels: dict[str, str]) -> list[dict]:
+    """One row per rater: label, votes, median response time, gold pass rate, self-consistency, excluded."""
+    gold_rate = {r["rater"]: r["pass_rate"] for r in gold["raters"]}
+    consistent = {r["rater"]: r["rate"] for r in consistency["raters"]}
+    per_rater: dict[str, list[dict]] = defaultdict(list)
+    for v in votes:
+        per_rater[v["rater_id"]].append(v)
+    return [{"rater": r, "label": labels.get(r, r), "votes": len(vs),
+             "median_response_ms": median([v["client_ms"] for v in vs if v.get("client_ms") is not None] or [math.nan]),
+             "gold_pass_rate": gold_rate.get(r, math.nan), "self_consistency": consistent.get(r, math.nan),
+             "excluded": r in excluded} for r, vs in sorted(per_rater.items())]
+
+
 def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, gold_threshold: float = 0.8,
-            n_boot: int = 2000, seed: int = 0, target_width: float = 0.1, progress: bool = False) -> dict:
-    """Every result for one study's votes (see the module doc); JSON-ready (nan as None)."""
+            n_boot: int = 2000, seed: int = 0, target_width: float = 0.1, covariates: tuple[str, ...] = (),
+            labels: dict[str, str] | None = None, progress: bool = False) -> dict:
+    """Every result for one study's votes (see the module doc); JSON-ready (nan as None).
+
+    covariates: image covariates to control for in a second Bradley-Terry fit (style_control.COVARIATES);
+    labels: rater id -> label, shown beside each rater.
+    """
     rng = np.random.default_rng(seed)
     votes = [v for v in votes if v["pair_id"] in study.by_id]
     gold = gold_checks(votes, study, gold_threshold)
@@ -162,23 +218,20 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
                         "units_rated_twice_or_more": sum(len(u) >= 2 for u in units.values())}
 
     consistency = self_consistency(kept, study)
-    gold_rate = {r["rater"]: r["pass_rate"] for r in gold["raters"]}
-    consistent = {r["rater"]: r["rate"] for r in consistency["raters"]}
-    per_rater: dict[str, list[dict]] = defaultdict(list)
-    for v in votes:
-        per_rater[v["rater_id"]].append(v)
-    raters = [{"rater": r, "votes": len(vs),
-               "median_response_ms": median([v["client_ms"] for v in vs if v.get("client_ms") is not None] or [math.nan]),
-               "gold_pass_rate": gold_rate.get(r, math.nan), "self_consistency": consistent.get(r, math.nan),
-               "excluded": r in excluded} for r, vs in sorted(per_rater.items())]
+    raters = rater_table(votes, gold, consistency, excluded, labels or {})
 
+    controlled = {q: style_control([v for v in main if v["question"] == q], study, covariates)
+                  for q in study.question_ids} if covariates else {}
     return _clean({
         "study": study.id, "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "models": study.models,
+        "model_info": {m: {k: study.model_info.get(m, {}).get(k, "") for k in ("checkpoint", "checkpoint_hash")}
+                       for m in study.models},
         "questions": {q.id: q.text for q in study.questions},
         "settings": {"exclude_failing_raters": exclude_failing, "gold_threshold": gold_threshold, "bootstrap": n_boot,
-                     "seed": seed, "target_width": target_width, "z": Z95},
-        "counts": {"votes": len(votes), "main_votes": len(main), "raters": len(per_rater),
+                     "seed": seed, "target_width": target_width, "covariates": list(covariates), "z": Z95},
+        "counts": {"votes": len(votes), "main_votes": len(main), "raters": len(raters),
                    "excluded_raters": sorted(excluded)},
-        "comparisons": comparisons, "bradley_terry": bt, "agreement": agreement, "gold": gold,
+        "comparisons": comparisons, "bradley_terry": bt, "style_control": {q: r for q, r in controlled.items() if r},
+        "stopping": stopping(main, study, comparisons, target_width), "agreement": agreement, "gold": gold,
         "consistency": consistency, "raters": raters,
     })

@@ -42,6 +42,17 @@ def _fraction(value: str) -> float:
     return x
 
 
+def _covariates(value: str) -> tuple[str, ...]:
+    from .style_control import COVARIATES
+
+    names = COVARIATES if value == "all" else tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in COVARIATES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown covariate {', '.join(unknown) or value!r} "
+                                          f"(choose from {', '.join(COVARIATES)}, or all)")
+    return names
+
+
 def _labelled(value: str) -> tuple[str | None, Path]:
     """`PATH` or `LABEL=PATH`; a path that exists as given wins over splitting at '='."""
     if "=" in value and not Path(value).exists():
@@ -64,7 +75,8 @@ def cmd_create(args) -> None:
     for label, path in map(_labelled, args.folder or []):
         samples += read_folder(path, args.prompts, model=label)
     study, summary = build_study(samples, args.study, gold=args.gold, repeats=args.repeats, per_rater=args.per_rater,
-                                 images_per_prompt=args.images_per_prompt, seed=args.seed)
+                                 images_per_prompt=args.images_per_prompt, seed=args.seed, allocation=args.allocation,
+                                 target_width=args.target_width)
     per_pair = ", ".join(f"{k}: {v}" for k, v in summary["pairs_per_model_pair"].items())
     print(f"study {study.folder}: {len(summary['models'])} models, {summary['prompts']} prompts, {summary['pairs']} pairs "
           f"({per_pair}), {summary['gold']} gold, {summary['repeats']} repeated; {summary['images_written']} images")
@@ -74,16 +86,40 @@ def cmd_create(args) -> None:
     print(f"next: dwb human-eval serve {study.folder}")
 
 
-def _admin_token(args, study_dir: Path) -> str:
-    token = args.admin_token or os.environ.get(TOKEN_ENV)
-    if token:
-        return token
-    path = study_dir / "admin_token"
-    if not path.is_file():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def _checked_token(token: str, source: str) -> str:
+    from .admin import MIN_TOKEN
+
+    if len(token) < MIN_TOKEN:
+        raise HumanEvalError(f"the admin token from {source} is too short: {len(token)} characters, it needs at least "
+                             f"{MIN_TOKEN} characters (a shorter one can be guessed)")
+    return token
+
+
+def _write_token_file(path: Path) -> None:
+    """A new random token in `path`, mode 0600, appearing whole or not at all (another instance may race us)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
         with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(24))
-    return path.read_text().strip()
+            f.write(secrets.token_urlsafe(24) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)  # fails if the file exists: the first instance's token wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _admin_token(args, study_dir: Path) -> str:
+    if args.admin_token is not None:
+        return _checked_token(args.admin_token, "--admin-token")
+    if os.environ.get(TOKEN_ENV):
+        return _checked_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}")
+    path = study_dir / "admin_token"
+    if not path.exists():
+        _write_token_file(path)
+    return _checked_token(path.read_text().strip(), f"{path} (delete it to get a new one)")
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -101,20 +137,22 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def cmd_serve(args) -> None:
+    from .study import load_study
+
+    study = load_study(args.study)
+    token = _admin_token(args, study.folder)  # before the database is touched: a bad token changes nothing
+
     import uvicorn
 
     from .server import create_app
     from .store import Store, database_url
-    from .study import load_study
 
-    study = load_study(args.study)
     missing = [f for f in study.image_files().values() if not f.is_file()]
     if missing:
         raise HumanEvalError(f"{len(missing)} study images are missing, e.g. {missing[0]} (copy the whole study folder)")
     url = database_url(args.db or study.folder / "votes.sqlite")
     store = Store(url, study.id)
-    token = _admin_token(args, study.folder)
-    app = create_app(study, store, token, per_rater=args.per_rater)
+    app = create_app(study, store, token, per_rater=args.per_rater, new_raters_per_minute=args.new_raters_per_minute)
     sock = _listen(args.host, args.port)
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
@@ -124,6 +162,28 @@ def cmd_serve(args) -> None:
     config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False, lifespan="off",
                             timeout_keep_alive=30, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def cmd_links(args) -> None:
+    from urllib.parse import urlencode
+
+    from .raters import valid_rater_id
+    from .study import load_study
+
+    study = load_study(args.study)
+    ids = list(args.raters)
+    if args.from_file:
+        if not Path(args.from_file).is_file():
+            raise HumanEvalError(f"rater id file not found: {args.from_file}")
+        ids += [line.strip() for line in Path(args.from_file).read_text().splitlines() if line.strip()]
+    if not ids:
+        raise HumanEvalError("no rater ids: pass them as arguments or with --from-file")
+    for rater in ids:
+        if not valid_rater_id(rater):
+            raise HumanEvalError(f"rater id {rater!r}: use 1-64 letters, digits, '.', '_', '@' or '-'")
+    print("rater,url")
+    for rater in ids:
+        print(f"{rater},{args.base_url.rstrip('/')}/?{urlencode({'rater': rater, 'key': study.rater_key(rater)})}")
 
 
 def cmd_report(args) -> None:
@@ -137,9 +197,12 @@ def cmd_report(args) -> None:
     votes = store.all_votes()
     if not votes:
         raise HumanEvalError(f"no votes yet in {store.url}")
+    labels = store.labels()
     results = analyze(study, votes, exclude_failing=args.exclude_failing_raters, gold_threshold=args.gold_threshold,
-                      n_boot=args.bootstrap, seed=args.seed, target_width=args.target_width, progress=True)
-    paths = write_report(study, votes, results, args.out or study.folder / "report", interval=args.interval)
+                      n_boot=args.bootstrap, seed=args.seed, target_width=args.target_width or study.target_width,
+                      covariates=args.covariates, labels=labels, progress=True)
+    paths = write_report(study, votes, results, args.out or study.folder / "report", interval=args.interval,
+                         labels=labels)
     print(summary(results, args.interval))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 
@@ -160,6 +223,11 @@ def register(sub) -> None:
     p.add_argument("--per-rater", type=_positive, help="the most pairs one rater is given (default: all)")
     p.add_argument("--images-per-prompt", type=_positive, help="use only image_index 0..K-1 of each prompt")
     p.add_argument("--seed", type=int, default=0, help="for choosing gold and repeated pairs")
+    p.add_argument("--allocation", choices=("uniform", "adaptive"), default="uniform",
+                   help="adaptive: each showing goes to the model pair whose interval is widest for its distance "
+                        "from 50%% (default: uniform)")
+    p.add_argument("--target-width", type=_fraction, default=0.1,
+                   help="the stopping rule's interval width, e.g. 0.1 for +-5 points (default)")
     p.set_defaults(func=cmd_create)
 
     p = he_sub.add_parser("serve", help="serve a study to raters (FastAPI under uvicorn)")
@@ -170,7 +238,16 @@ def register(sub) -> None:
                                 "postgresql+psycopg://... lets several instances share one store")
     p.add_argument("--admin-token", help=f"the dashboard's token (default: ${TOKEN_ENV}, else STUDY/admin_token)")
     p.add_argument("--per-rater", type=_positive, help="override the study's cap on pairs per rater")
+    p.add_argument("--new-raters-per-minute", type=_count, default=60,
+                   help="new raters one client address may start a minute (default 60; 0: no limit)")
     p.set_defaults(func=cmd_serve)
+
+    p = he_sub.add_parser("links", help="per-rater links (id and key) for raters you know in advance")
+    p.add_argument("study")
+    p.add_argument("raters", nargs="*", help="rater ids, e.g. crowd worker ids")
+    p.add_argument("--from-file", metavar="FILE", help="more rater ids, one a line")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="where the study is served")
+    p.set_defaults(func=cmd_links)
 
     p = he_sub.add_parser("report", help="preference rates, intervals, Bradley-Terry, agreement; CSV, JSON and PNG")
     p.add_argument("study")
@@ -180,8 +257,12 @@ def register(sub) -> None:
     p.add_argument("--gold-threshold", type=_fraction, default=0.8, help="gold pass rate a rater needs (default 0.8)")
     p.add_argument("--bootstrap", type=_positive, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--target-width", type=_fraction, default=0.1,
-                   help="the planner's interval width, e.g. 0.1 for +-5 points (default)")
+    p.add_argument("--target-width", type=_fraction,
+                   help="the planner's and the stopping rule's interval width, e.g. 0.1 for +-5 points "
+                        "(default: the study's, set by create)")
+    p.add_argument("--covariates", type=_covariates, default=(), metavar="NAMES",
+                   help="also fit Bradley-Terry controlling for image brightness, saturation, file_bytes, pixels "
+                        "(comma-separated, or all)")
     p.add_argument("--interval", choices=("two_way", "bootstrap_prompt", "bootstrap_rater", "wilson"), default="two_way",
                    help="the chart's error bars (default: clustered by prompt and rater)")
     p.set_defaults(func=cmd_report)

@@ -1,8 +1,13 @@
-"""Rater-facing image bytes: pixels only, never metadata.
+"""Rater-facing image bytes: pixels only, never metadata, and one encoding whatever the source.
 
 Generators write their settings (model, checkpoint, sampler, seed) into PNG text chunks and EXIF, which
 a rater could read with any image viewer. A study therefore stores every image re-encoded from its
 pixels, and the server passes those bytes through `strip_png_metadata` again before serving them.
+
+The encoding itself must not tell models apart either: one model's images saved as RGBA (PNG colour
+type 6) and another's as RGB (type 2) are told apart by a byte of the header. Every image becomes 8-bit
+RGB (`rgb8`) and is written by one encoder with fixed settings, so two sources with the same pixels give
+the same bytes. Gold decoys are made as large, as PNG files, as the real image they stand against.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+BACKDROP = (221, 221, 221)  # the rating page's image background (#ddd): what transparent pixels showed on
+COMPRESS_LEVEL = 6
 PIXEL_CHUNKS = frozenset({b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"})  # what a decoder needs to show the pixels
 
 
@@ -54,36 +61,75 @@ def png_chunk_types(data: bytes) -> list[bytes]:
     return kinds
 
 
-def _pixels_only(image: Image.Image) -> Image.Image:
-    """A new image holding the same pixels and nothing else (no info, EXIF, ICC profile)."""
+def rgb8(image: Image.Image) -> Image.Image:
+    """A new 8-bit RGB image of the same pixels and nothing else (no info, EXIF, ICC profile).
+
+    16-bit values are scaled to 8 bits (v / 257, rounded); transparency is composited over `BACKDROP`,
+    as the page showed it; palette, grey, CMYK and YCbCr images are converted to RGB.
+    """
     image.load()
-    if image.mode not in ("RGB", "RGBA", "L", "LA"):
-        image = image.convert("RGBA" if "A" in image.getbands() or "transparency" in image.info else "RGB")
-    return Image.frombytes(image.mode, image.size, image.tobytes())
+    if image.mode.startswith("I") or image.mode == "F":  # I;16 from 16-bit PNGs, I and F from other tools
+        scale = 257.0 if image.mode != "F" else 1.0
+        grey = np.clip(np.round(np.asarray(image, dtype=np.float64) / scale), 0, 255).astype(np.uint8)
+        image = Image.fromarray(grey)
+    if "A" in image.getbands() or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (*BACKDROP, 255)), rgba)
+    rgb = image.convert("RGB")
+    return Image.frombytes("RGB", rgb.size, rgb.tobytes())
 
 
 def encode_png(image: Image.Image) -> bytes:
+    """8-bit RGB PNG bytes of the image's pixels, always with the same encoder settings."""
     buf = io.BytesIO()
-    _pixels_only(image).save(buf, format="PNG", compress_level=6)
+    rgb8(image).save(buf, format="PNG", compress_level=COMPRESS_LEVEL, optimize=False)
     return strip_png_metadata(buf.getvalue())
 
 
 def clean_image(path: str | Path) -> bytes:
-    """The image at `path` (PNG, JPEG, WebP) as PNG bytes with its pixels only; lossless for the pixels."""
+    """The image at `path` (PNG, JPEG, WebP, any mode) as 8-bit RGB PNG bytes with its pixels only."""
     with Image.open(path) as image:
         return encode_png(image)
 
 
-def degrade(path: str | Path, seed: int) -> bytes:
-    """A clearly worse copy of an image for gold (attention-check) pairs: coarse pixels, blur and noise."""
+def degrade(path: str | Path, seed: int, target_bytes: int) -> bytes:
+    """A clearly worse copy of an image for gold (attention-check) pairs, about `target_bytes` as a PNG.
+
+    The image is made coarse (1/16 of its size) and blurred, then given Gaussian noise whose strength is
+    searched so that the PNG has about the target size. Noise is what makes a PNG large, and decoys with
+    a fixed amount of it were 1.8-2.8x larger than ordinary images, which gave them away to anyone
+    comparing file sizes.
+    """
     with Image.open(path) as image:
-        image = _pixels_only(image).convert("RGB")
+        image = rgb8(image)
     w, h = image.size
     small = image.resize((max(1, w // 16), max(1, h // 16)), Image.Resampling.BILINEAR)
     image = small.resize((w, h), Image.Resampling.NEAREST).filter(ImageFilter.GaussianBlur(radius=max(1, w // 64)))
-    pixels = np.asarray(image, dtype=np.float32)  # (H, W, 3)
-    noise = np.random.default_rng(seed).normal(0.0, 40.0, pixels.shape)
-    return encode_png(Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8)))
+    base = np.asarray(image, dtype=np.float32)  # (H, W, 3)
+    noise = np.random.default_rng(seed).normal(0.0, 1.0, base.shape).astype(np.float32)  # (H, W, 3)
+
+    def encoded(t: float) -> bytes:  # noise sigma from 0.05 to 64 levels on a log scale: sizes grow smoothly
+        pixels = np.round(base + 0.05 * 1280.0 ** t * noise)
+        return encode_png(Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)))
+
+    lo, hi, best = 0.0, 1.0, b""
+    for _ in range(14):  # the PNG grows with the noise (up to sigma 64, before clipping flattens it): bisect
+        mid = (lo + hi) / 2
+        data = encoded(mid)
+        if not best or abs(len(data) - target_bytes) < abs(len(best) - target_bytes):
+            best = data
+        lo, hi = (mid, hi) if len(data) < target_bytes else (lo, mid)
+    return best
+
+
+def covariates(data: bytes) -> dict[str, float]:
+    """What a rater may prefer besides the model: mean brightness and saturation (0-1), file size, pixels."""
+    with Image.open(io.BytesIO(data)) as image:
+        hsv = np.asarray(image.convert("HSV"), dtype=np.float64) / 255  # (H, W, 3)
+        luma = np.asarray(image.convert("L"), dtype=np.float64) / 255  # (H, W)
+        w, h = image.size
+    return {"brightness": float(luma.mean()), "saturation": float(hsv[..., 1].mean()),
+            "file_bytes": float(len(data)), "pixels": float(w * h)}
 
 
 class ImageCache:

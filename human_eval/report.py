@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .study import Study
 
-VOTE_COLUMNS = ("vote_id", "created_at", "rater", "pair", "kind", "question", "answer", "left_model", "right_model",
+VOTE_COLUMNS = ("vote_id", "created_at", "rater", "rater_label", "pair", "kind", "question", "answer", "left_model", "right_model",
                 "choice", "preferred_model", "model_a", "model_b", "prompt_index", "prompt", "category", "image_index",
                 "client_ms", "server_ms")
 SHORT = {"two_way": "by prompt and rater", "bootstrap_prompt": "by prompt", "bootstrap_rater": "by rater",
@@ -23,8 +23,12 @@ RESULT_COLUMNS = ("question", "model_a", "model_b", "category", "votes", "wins_a
                   "bootstrap_rater_hi", "two_way_lo", "two_way_hi", "tie_rate", "sign_test_p")
 
 
-def vote_rows(study: Study, votes: list[dict]) -> list[dict]:
-    """Every vote with the models behind it, one dict per vote (admin-side: these name the models)."""
+def vote_rows(study: Study, votes: list[dict], labels: dict[str, str] | None = None) -> list[dict]:
+    """Every vote with the models behind it, one dict per vote (admin-side: these name the models).
+
+    labels: rater id -> what the rater typed or the crowd platform's worker id (Store.labels).
+    """
+    labels = labels or {}
     rows = []
     for v in votes:
         pair = study.by_id.get(v["pair_id"])
@@ -33,23 +37,24 @@ def vote_rows(study: Study, votes: list[dict]) -> list[dict]:
         ma, mb = study.models_of(pair)
         left, right = (mb, ma) if v["swapped"] else (ma, mb)
         prompt = study.prompts[pair.prompt]
-        values = (v["id"], time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(v["created_at"])) + "Z", v["rater_id"], pair.id,
+        values = (v["id"], time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(v["created_at"])) + "Z", v["rater_id"],
+                  labels.get(v["rater_id"], v["rater_id"]), pair.id,
                   pair.kind, v["question"], v["answer"], left, right, v["choice"], {"a": ma, "b": mb}.get(v["choice"], ""),
                   ma, mb, pair.prompt, prompt.text, prompt.category, pair.image_index, v["client_ms"], v["server_ms"])
         rows.append(dict(zip(VOTE_COLUMNS, values)))
     return rows
 
 
-def votes_csv(study: Study, votes: list[dict]) -> str:
+def votes_csv(study: Study, votes: list[dict], labels: dict[str, str] | None = None) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, VOTE_COLUMNS)
     writer.writeheader()
-    writer.writerows(vote_rows(study, votes))
+    writer.writerows(vote_rows(study, votes, labels))
     return buf.getvalue()
 
 
-def votes_json(study: Study, votes: list[dict]) -> str:
-    return json.dumps(vote_rows(study, votes), indent=1)
+def votes_json(study: Study, votes: list[dict], labels: dict[str, str] | None = None) -> str:
+    return json.dumps(vote_rows(study, votes, labels), indent=1)
 
 
 def results_csv(results: dict) -> str:
@@ -106,10 +111,38 @@ def summary(results: dict, interval: str = "two_way") -> str:
         lines.append(f"planner ({c['question']}, {c['model_a']} vs {c['model_b']}): a {p['target_width']:.2f}-wide interval needs {p['decisive_needed_worst_case']} decisive "
                      f"votes at 50% ({p['decisive_needed_at_observed']} at the observed rate"
                      + (f"; about {p['votes_needed']} votes with ties and clustering" if p["votes_needed"] else "") + ")")
-    return "\n".join(lines)
+    return "\n".join(lines + style_lines(results) + stopping_lines(results))
 
 
-def write_report(study: Study, votes: list[dict], results: dict, out: str | Path, interval: str = "two_way") -> dict[str, Path]:
+def style_lines(results: dict) -> list[str]:
+    """Bradley-Terry scores without and with the image covariates, per question."""
+    lines = []
+    for q, r in results.get("style_control", {}).items():
+        scores = ", ".join(f"{m['model']} {m['score']:+.2f} -> {m['score_controlled']:+.2f}" for m in r["models"])
+        coefs = ", ".join(f"{c['covariate']} {c['coef']:+.2f} [{c['interval'][0]:+.2f}, {c['interval'][1]:+.2f}]"
+                          for c in r["coefficients"])
+        lines.append(f"{q:>10}  controlling for {', '.join(r['covariates']) or 'nothing (all constant)'}: {scores}"
+                     + (f"; per SD of difference: {coefs}" if coefs else ""))
+    return lines
+
+
+def stopping_lines(results: dict) -> list[str]:
+    """Whether every comparison is settled (its interval clear of 50% or narrower than the target), and when."""
+    s = results.get("stopping")
+    if not s:
+        return []
+    predicted = s["predicted_votes"]
+    forecast = (f"the planner predicts about {predicted['adaptive']} main votes with adaptive allocation, "
+                f"{predicted['uniform']} with uniform" if predicted["adaptive"] is not None else
+                "the planner cannot predict it yet (a comparison sits at exactly 50%)")
+    state = (f"met after {s['met_at_votes']} of {s['main_votes']} main votes" if s["met_at_votes"] is not None
+             else f"not met after {s['main_votes']} main votes; open: {', '.join(s['open'])}")
+    return [f"stopping rule (every interval clear of 50% or under {s['target_width']:.2f} wide; allocation "
+            f"{s['allocation']}): {state}; {forecast}"]
+
+
+def write_report(study: Study, votes: list[dict], results: dict, out: str | Path, interval: str = "two_way",
+                 labels: dict[str, str] | None = None) -> dict[str, Path]:
     """results.json, results.csv, votes.csv, votes.json and preference.png in `out`; returns their paths."""
     from .chart import plot_preferences
 
@@ -118,7 +151,7 @@ def write_report(study: Study, votes: list[dict], results: dict, out: str | Path
     paths = {name: out / name for name in ("results.json", "results.csv", "votes.csv", "votes.json", "preference.png")}
     paths["results.json"].write_text(json.dumps(results, indent=1))
     paths["results.csv"].write_text(results_csv(results))
-    paths["votes.csv"].write_text(votes_csv(study, votes))
-    paths["votes.json"].write_text(votes_json(study, votes))
+    paths["votes.csv"].write_text(votes_csv(study, votes, labels))
+    paths["votes.json"].write_text(votes_json(study, votes, labels))
     plot_preferences(results, paths["preference.png"], interval)
     return paths

@@ -4,20 +4,28 @@ Both readers return the same thing, a list of `Sample`, so a study can mix them.
 
 *Manifest* (JSONL, one object per image, written by `dwb evaluate`): ``prompt``, ``image_index`` and
 ``path`` (relative to the manifest's folder, or absolute) are required, plus ``model`` or
-``checkpoint`` (the model's label defaults to the checkpoint's file stem). ``prompt_index``,
-``category``, ``seed``, ``guidance``, ``scheduler``, ``steps``, ``width`` and ``height`` are kept when
-present; any other key is ignored.
+``checkpoint`` (the model's label defaults to the checkpoint's file stem). ``prompt_set``,
+``prompt_index``, ``category``, ``seed``, ``guidance``, ``scheduler``, ``steps``, ``width``, ``height``,
+``checkpoint_hash`` and the per-image metrics ``clip_score`` and ``attr_all`` are kept when present; any
+other key is ignored.
+
+*Prompt identity*: a prompt is its place in a prompt list, not its text. Two images show the same
+prompt when they carry the same ``prompt_set`` (a hash of the list, `prompt_set_id`) and the same
+``prompt_index``; a caption that appears twice in a list is two prompts. Without ``prompt_index`` the
+caption text is all there is to go by.
 
 *Folder*: one folder of images per model plus a CSV of prompts. The CSV has a header with a ``prompt``
 column and optionally a ``category`` column (DrawBench's ``prompt,category`` and PartiPrompts'
 ``Prompt,Category`` both work). Images are named ``<prompt_index>_<image_index>.<ext>``, where
 ``prompt_index`` is the 0-based data row of the CSV and ``image_index`` numbers the images of one prompt
 (``0_0.png``, ``0_1.png``, ``17_0.jpg``; leading zeros allowed); ``.png``, ``.jpg``, ``.jpeg`` and
-``.webp`` are read, other files are ignored. The model's label is the folder's name.
+``.webp`` are read, other files are ignored. The model's label is the folder's name. The CSV's rows are
+the prompts' identity: its ``prompt_set`` is `prompt_set_id` of the CSV's prompt column.
 """
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -28,6 +36,16 @@ from .errors import HumanEvalError
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 FOLDER_NAME = re.compile(r"^(\d+)_(\d+)$")
 SETTINGS = ("guidance", "scheduler", "steps", "width", "height")
+METRICS = ("clip_score", "attr_all")  # per-image automated scores, kept for joining with human results
+
+
+def prompt_set_id(texts: list[str]) -> str:
+    """The identity of a prompt list: SHA-256 of its texts in order as a JSON array, first 16 hex digits.
+
+    `evaluate` writes the same value into every manifest line (``prompt_set``), so a folder of images made
+    from a prompt CSV pairs with evaluate's samples of that CSV.
+    """
+    return hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -44,17 +62,63 @@ class Sample:
     checkpoint: str = ""
     source: str = ""  # the manifest or folder it came from (admin-side only)
     settings: dict = field(default_factory=dict, compare=False)  # guidance, scheduler, steps, width, height
+    prompt_set: str = ""
+    checkpoint_hash: str = ""
+    metrics: dict = field(default_factory=dict, compare=False)  # clip_score, attr_all where the manifest has them
 
     @property
-    def key(self) -> tuple[str, int]:
+    def prompt_id(self) -> tuple[str, int | None, str]:
+        """Which prompt: (prompt set, prompt index), or the caption alone where there is no prompt index."""
+        return (self.prompt_set, self.prompt_index, "" if self.prompt_index is not None else self.prompt)
+
+    @property
+    def key(self) -> tuple[tuple[str, int | None, str], int]:
         """What pairs two models' images: the same prompt and the same per-prompt image number."""
-        return (self.prompt, self.image_index)
+        return (self.prompt_id, self.image_index)
+
+    def describe(self) -> str:
+        """The prompt for messages: its index and text."""
+        return f"prompt {self.prompt_index} ({self.prompt!r})" if self.prompt_index is not None else repr(self.prompt)
 
 
 def _int(value, what: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise HumanEvalError(f"{where}: '{what}' must be an integer, got {value!r}")
     return value
+
+
+def _optional_int(row: dict, key: str, where: str) -> int | None:
+    return _int(row[key], key, where) if row.get(key) is not None else None
+
+
+def _sample_of_line(row, where: str, manifest: Path, model: str | None) -> Sample:
+    """One manifest line as a Sample, or a one-line error naming the line and the key."""
+    if not isinstance(row, dict):
+        raise HumanEvalError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for key in ("prompt", "image_index", "path"):
+        if key not in row:
+            raise HumanEvalError(f"{where}: missing key '{key}'")
+    prompt = row["prompt"]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise HumanEvalError(f"{where}: 'prompt' must be a non-empty string")
+    if not isinstance(row.get("prompt_set") or "", str):
+        raise HumanEvalError(f"{where}: 'prompt_set' must be a string")
+    checkpoint = str(row.get("checkpoint") or "")
+    label = model or row.get("model") or (Path(checkpoint).stem if checkpoint else "")
+    if not isinstance(label, str) or not label:
+        raise HumanEvalError(f"{where}: needs 'model' or 'checkpoint' to tell which model made the image")
+    image_path = Path(str(row["path"]))
+    image_path = image_path if image_path.is_absolute() else manifest.parent / image_path
+    if not image_path.is_file():
+        raise HumanEvalError(f"{where}: image not found: {image_path}")
+    metrics = {k: float(row[k]) for k in METRICS
+               if isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)}
+    return Sample(
+        model=label, prompt=prompt.strip(), image_index=_int(row["image_index"], "image_index", where), path=image_path,
+        prompt_index=_optional_int(row, "prompt_index", where), category=str(row.get("category") or ""),
+        seed=_optional_int(row, "seed", where), checkpoint=checkpoint, source=str(manifest),
+        settings={k: row[k] for k in SETTINGS if k in row}, prompt_set=row.get("prompt_set") or "",
+        checkpoint_hash=str(row.get("checkpoint_hash") or ""), metrics=metrics)
 
 
 def read_manifest(path: str | Path, model: str | None = None) -> list[Sample]:
@@ -72,34 +136,12 @@ def read_manifest(path: str | Path, model: str | None = None) -> list[Sample]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise HumanEvalError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise HumanEvalError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            for key in ("prompt", "image_index", "path"):
-                if key not in row:
-                    raise HumanEvalError(f"{where}: missing key '{key}'")
-            prompt = row["prompt"]
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise HumanEvalError(f"{where}: 'prompt' must be a non-empty string")
-            checkpoint = str(row.get("checkpoint") or "")
-            label = model or row.get("model") or (Path(checkpoint).stem if checkpoint else "")
-            if not isinstance(label, str) or not label:
-                raise HumanEvalError(f"{where}: needs 'model' or 'checkpoint' to tell which model made the image")
-            image_path = Path(str(row["path"]))
-            image_path = image_path if image_path.is_absolute() else path.parent / image_path
-            if not image_path.is_file():
-                raise HumanEvalError(f"{where}: image not found: {image_path}")
-            sample = Sample(
-                model=label, prompt=prompt.strip(), image_index=_int(row["image_index"], "image_index", where),
-                path=image_path,
-                prompt_index=_int(row["prompt_index"], "prompt_index", where) if row.get("prompt_index") is not None else None,
-                category=str(row.get("category") or ""),
-                seed=_int(row["seed"], "seed", where) if row.get("seed") is not None else None,
-                checkpoint=checkpoint, source=str(path), settings={k: row[k] for k in SETTINGS if k in row},
-            )
-            if (sample.model, *sample.key) in seen:
-                raise HumanEvalError(f"{where}: a second image of model '{label}' for the same prompt and image_index "
-                                     f"{sample.image_index}")
-            seen.add((sample.model, *sample.key))
+            sample = _sample_of_line(row, where, path, model)
+            if (sample.model, sample.key) in seen:
+                hint = "" if sample.prompt_index is not None else " (a 'prompt_index' per line tells repeated captions apart)"
+                raise HumanEvalError(f"{where}: a second image of model '{sample.model}' for {sample.describe()} and "
+                                     f"image_index {sample.image_index}{hint}")
+            seen.add((sample.model, sample.key))
             samples.append(sample)
     if not samples:
         raise HumanEvalError(f"manifest is empty: {path}")
@@ -132,6 +174,7 @@ def read_folder(folder: str | Path, prompts_csv: str | Path, model: str | None =
     if not folder.is_dir():
         raise HumanEvalError(f"image folder not found: {folder}")
     prompts = read_prompts_csv(prompts_csv)
+    prompt_set = prompt_set_id([text for text, _ in prompts])
     label = model or folder.resolve().name
     samples, seen = [], {}
     for image in sorted(folder.iterdir()):
@@ -147,7 +190,7 @@ def read_folder(folder: str | Path, prompts_csv: str | Path, model: str | None =
         seen[prompt_index, image_index] = image
         prompt, category = prompts[prompt_index]
         samples.append(Sample(model=label, prompt=prompt, image_index=image_index, path=image,
-                              prompt_index=prompt_index, category=category, source=str(folder)))
+                              prompt_index=prompt_index, category=category, source=str(folder), prompt_set=prompt_set))
     if not samples:
         raise HumanEvalError(f"no images named <prompt_index>_<image_index>.png/.jpg/.webp in {folder}")
     return samples

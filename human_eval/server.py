@@ -4,19 +4,24 @@ Rater-facing routes (nothing in them names a model, a checkpoint or a manifest f
 
     GET  /                 the rating page (static HTML; the prompt is set with textContent, never parsed)
     GET  /static/{name}    its script and style sheet
-    POST /api/session      {"rater": id or null} -> the rater's id (a random one when none is given)
+    POST /api/session      {"rater": typed id or null} -> a new rater {"rater", "label", "key", "resumed"};
+                           {"rater": id, "key": key} -> that rater again (a returning browser, a rater link)
     GET  /api/next         ?rater=ID -> the rater's next pair (or the unfinished one), or {"done": true}
     POST /api/vote         {"rater", "pair", "question", "answer": "A"|"B"|"none", "response_ms"}
     GET  /img/{token}      an image by opaque token: PNG pixels only, no metadata
 
-Each rater walks the pairs in their own random order (`Study.order_for`); which side image *a* appears
-on is drawn per impression and stored with it, so resuming shows the same sides again. Admin routes
-(token-protected) are in `human_eval.admin`.
+`next` and `vote` need the rater's key in the ``X-Rater-Key`` header (`human_eval.raters`); without it
+they answer 401 whether or not the id exists. Each rater walks the pairs in their own random order
+(`Study.order_for`), or, with adaptive allocation, the next pair of the model pair that needs votes
+most (`human_eval.allocation`); which side image *a* appears on is drawn per impression and stored
+with it, so resuming shows the same sides again. Admin routes (token-protected) are in `human_eval.admin`.
 """
 from __future__ import annotations
 
 import re
 import secrets
+import threading
+import time
 from functools import lru_cache
 from importlib import resources
 from typing import Literal
@@ -26,12 +31,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from .allocation import Allocator
+from .errors import HumanEvalError
 from .images import ImageCache
+from .raters import KEY_HEADER, NewRaterLimit, key_matches, new_rater_id, valid_rater_id
 from .store import Impression, Store
 from .study import Study
 
-RATER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+NEW_RATERS_PER_MINUTE = 60  # per client address
+ALLOCATION_REFRESH_S = 30.0  # adaptive allocation re-reads the store's counts (other instances' votes) this often
+BAD_ID = "rater: use 1-64 letters, digits, '.', '_', '@' or '-'"
+NO_KEY = "this rater's key is missing or wrong (start a session on the rating page, or use your rater link)"
 MAX_BODY = 4096  # bytes; a vote is about 150
 SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
@@ -45,7 +56,8 @@ STATIC = {"rate.js": "text/javascript; charset=utf-8", "rate.css": "text/css; ch
 
 class SessionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    rater: str | None = Field(None, max_length=64)
+    rater: str | None = Field(None, max_length=80)  # typed ids are trimmed to at most 64
+    key: str | None = Field(None, max_length=64)
 
 
 class VoteIn(BaseModel):
@@ -97,7 +109,8 @@ async def _plain(send, status: int, body: bytes) -> None:
 class RatingService:
     """The study, its vote store and its images, shared by every request."""
 
-    def __init__(self, study: Study, store: Store, per_rater: int | None = None):
+    def __init__(self, study: Study, store: Store, per_rater: int | None = None,
+                 new_raters_per_minute: int = NEW_RATERS_PER_MINUTE):
         self.study, self.store = study, store
         self.images = ImageCache(study.image_files())
         cap = per_rater or study.per_rater or len(study.pairs)
@@ -105,16 +118,55 @@ class RatingService:
         self.n_questions = len(study.questions)
         self.order_for = lru_cache(maxsize=4096)(study.order_for)
         self.known_raters: set[str] = set()
+        self.new_raters = NewRaterLimit(new_raters_per_minute)
+        self.allocator: Allocator | None = None
+        if study.allocation == "adaptive":
+            main = {p.id: study.models_of(p) for p in study.pairs if p.kind == "main"}
+            self.allocator = Allocator(main, study.question_ids, study.target_width)
+            self.allocator.load(store.vote_counts())
+        self._loaded_at = time.monotonic()
+        self._refresh = threading.Lock()
 
-    def require_rater(self, rater: str) -> None:
-        if rater in self.known_raters:
-            return
-        if not RATER_ID.match(rater) or not self.store.has_rater(rater):
-            raise HTTPException(404, "unknown rater (start a session first)")
+    # who is asking
+
+    def authenticate(self, rater: str, key: str | None) -> None:
+        """401 unless `key` is the rater's key; the same answer for ids that exist and ids that do not."""
+        if not valid_rater_id(rater):
+            raise HTTPException(422, BAD_ID)
+        if not key_matches(self.study.secret, rater, key):
+            raise HTTPException(401, NO_KEY)
+        if rater not in self.known_raters:
+            if not self.store.has_rater(rater):
+                raise HTTPException(404, "start a session first")
+            self.known_raters.add(rater)
+
+    def start_session(self, body: SessionIn, address: str, user_agent: str) -> dict:
+        """A returning rater with their key, or a new rater labelled with what was typed (never an existing one)."""
+        if body.key is not None:
+            rater = body.rater or ""
+            if not valid_rater_id(rater):
+                raise HTTPException(422, BAD_ID)
+            if not key_matches(self.study.secret, rater, body.key):
+                raise HTTPException(403, "this rater link is not valid (ask for a new one)")
+            created = self.store.add_rater(rater, rater, user_agent)
+            self.known_raters.add(rater)
+            return {"rater": rater, "label": self.store.label_of(rater), "key": body.key, "resumed": not created}
+        label = (body.rater or "").strip()
+        if label and not valid_rater_id(label):
+            raise HTTPException(422, BAD_ID)
+        wait = self.new_raters.take(address)
+        if wait:
+            raise HTTPException(429, "too many new raters from this address; please try again in a minute",
+                                headers={"Retry-After": str(int(wait))})
+        rater = new_rater_id()
+        while not self.store.add_rater(rater, label or rater, user_agent):  # 48 random bits: a clash is a formality
+            rater = new_rater_id()
         self.known_raters.add(rater)
+        return {"rater": rater, "label": label or rater, "key": self.study.rater_key(rater), "resumed": False}
+
+    # what they see
 
     def next_pair(self, rater: str) -> dict:
-        self.require_rater(rater)
         shown = self.store.impressions_of(rater)
         unfinished = [imp for imp in shown if len(imp.answers) < self.n_questions]
         completed = len(shown) - len(unfinished)
@@ -123,10 +175,35 @@ class RatingService:
         elif len(shown) >= self.cap:
             return {"done": True, "progress": {"completed": completed, "total": self.cap}}
         else:
-            seen = {imp.pair for imp in shown}
-            pair = next(p for p in self.order_for(rater) if p not in seen)
+            pair = self.next_unseen(rater, {imp.pair for imp in shown})
             imp = self.store.show(rater, pair, swapped=secrets.randbelow(2) == 1)
+            if self.allocator is not None:
+                self.allocator.shown(pair)
         return self.view(imp, completed)
+
+    def next_unseen(self, rater: str, seen: set[str]) -> str:
+        """The rater's next pair in their own order; with adaptive allocation a main pair goes to the model
+        pair that needs votes most (its first pair in this rater's order), checks keep their place."""
+        unseen = (p for p in self.order_for(rater) if p not in seen)
+        first = next(unseen)
+        if self.allocator is None or self.study.by_id[first].kind != "main":
+            return first
+        self.refresh_allocation()
+        options: dict[tuple[str, str], str] = {self.study.models_of(self.study.by_id[first]): first}
+        for pair_id in unseen:
+            pair = self.study.by_id[pair_id]
+            if pair.kind == "main":
+                options.setdefault(self.study.models_of(pair), pair_id)
+        return options[self.allocator.choose(list(options))]
+
+    def refresh_allocation(self) -> None:
+        """Re-read vote counts from the store now and then: other instances on the same database take votes too."""
+        if time.monotonic() - self._loaded_at > ALLOCATION_REFRESH_S and self._refresh.acquire(blocking=False):
+            try:
+                self._loaded_at = time.monotonic()
+                self.allocator.load(self.store.vote_counts())
+            finally:
+                self._refresh.release()
 
     def view(self, imp: Impression, completed: int) -> dict:
         """What the rater sees of one impression: the prompt and two opaque image URLs, left then right."""
@@ -140,22 +217,28 @@ class RatingService:
         }
 
     def vote(self, v: VoteIn) -> dict:
-        self.require_rater(v.rater)
         if v.pair not in self.study.by_id:
             raise HTTPException(404, "unknown pair")
         if v.question not in self.study.question_ids:
             raise HTTPException(422, f"unknown question (expected one of: {', '.join(self.study.question_ids)})")
-        outcome, first = self.store.vote(v.rater, v.pair, v.question, v.answer, v.response_ms)
+        outcome, detail = self.store.vote(v.rater, v.pair, v.question, v.answer, v.response_ms)
         if outcome == "not_shown":
             raise HTTPException(409, "this pair was not shown to this rater")
         if outcome == "conflict":
-            raise HTTPException(409, f"already answered with {first}; votes cannot be changed")
+            raise HTTPException(409, f"already answered with {detail}; votes cannot be changed")
+        if outcome == "recorded" and self.allocator is not None:
+            self.allocator.record(v.pair, v.question, detail)
         return {"recorded": outcome == "recorded"}
 
 
-def create_app(study: Study, store: Store, admin_token: str, per_rater: int | None = None) -> Guard:
+def create_app(study: Study, store: Store, admin_token: str, per_rater: int | None = None,
+               new_raters_per_minute: int = NEW_RATERS_PER_MINUTE) -> Guard:
     """The ASGI app for one study: rater routes, admin routes, security headers and body limits."""
-    service = RatingService(study, store, per_rater)
+    from .admin import MIN_TOKEN, add_admin_routes
+
+    if len(admin_token) < MIN_TOKEN:
+        raise HumanEvalError(f"the admin token must have at least {MIN_TOKEN} characters")
+    service = RatingService(study, store, per_rater, new_raters_per_minute)
     app = FastAPI(title="human-eval", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     page = resources.files("human_eval").joinpath("static", "rate.html").read_bytes()
@@ -186,19 +269,17 @@ def create_app(study: Study, store: Store, admin_token: str, per_rater: int | No
 
     @app.post("/api/session")
     def session(body: SessionIn, request: Request) -> dict:
-        rater = body.rater.strip() if body.rater and body.rater.strip() else f"r-{secrets.token_hex(6)}"
-        if not RATER_ID.match(rater):
-            raise HTTPException(422, "rater: use 1-64 letters, digits, '.', '_', '@' or '-'")
-        created = service.store.add_rater(rater, request.headers.get("user-agent", ""))
-        service.known_raters.add(rater)
-        return {"rater": rater, "resumed": not created}
+        address = request.client.host if request.client else ""
+        return service.start_session(body, address, request.headers.get("user-agent", ""))
 
     @app.get("/api/next")
-    def next_pair(rater: str = Query(max_length=64)) -> dict:
+    def next_pair(request: Request, rater: str = Query(max_length=64)) -> dict:
+        service.authenticate(rater, request.headers.get(KEY_HEADER))
         return service.next_pair(rater)
 
     @app.post("/api/vote")
-    def vote(body: VoteIn) -> dict:
+    def vote(body: VoteIn, request: Request) -> dict:
+        service.authenticate(body.rater, request.headers.get(KEY_HEADER))
         return service.vote(body)
 
     @app.get("/img/{token}")
@@ -207,8 +288,6 @@ def create_app(study: Study, store: Store, admin_token: str, per_rater: int | No
         if data is None:
             raise HTTPException(404, "not found")
         return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=86400, immutable"})
-
-    from .admin import add_admin_routes
 
     add_admin_routes(app, service, admin_token)
     return Guard(app)

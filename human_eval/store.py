@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import (DDL, Boolean, Column, Float, Integer, MetaData, String, Table, UniqueConstraint, create_engine,
-                        event, func, select)
+                        event, func, inspect, select, text)
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -32,6 +32,7 @@ raters = Table(
     Column("id", String(64), primary_key=True),
     Column("created_at", Float, nullable=False),
     Column("user_agent", String(256)),
+    Column("label", String(64)),  # what the rater typed, or the crowd platform's worker id
 )
 
 impressions = Table(
@@ -117,6 +118,7 @@ class Store:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         try:
             metadata.create_all(self.engine)
+            self._add_label_column()
             self._claim(study_id)
         except OperationalError as e:
             raise HumanEvalError(f"cannot open database {url}: {e.orig}") from None
@@ -133,16 +135,23 @@ class Store:
         if found is not None and found != study_id:
             raise HumanEvalError(f"database {self.url} holds the votes of another study ({found}, not {study_id})")
 
+    def _add_label_column(self) -> None:
+        """Stores made before raters had labels gain the column (a no-op on current ones)."""
+        if "label" not in {c["name"] for c in inspect(self.engine).get_columns("raters")}:
+            with self.engine.begin() as conn:
+                conn.execute(text("ALTER TABLE raters ADD COLUMN label VARCHAR(64)"))
+
     def close(self) -> None:
         self.engine.dispose()
 
     # raters
 
-    def add_rater(self, rater: str, user_agent: str = "") -> bool:
+    def add_rater(self, rater: str, label: str | None = None, user_agent: str = "") -> bool:
         """Register a rater; False when the id already exists (the rater resumes)."""
         try:
             with self._write, self.engine.begin() as conn:
-                conn.execute(raters.insert().values(id=rater, created_at=time.time(), user_agent=user_agent[:256]))
+                conn.execute(raters.insert().values(id=rater, created_at=time.time(), user_agent=user_agent[:256],
+                                                    label=label or rater))
             return True
         except IntegrityError:
             return False
@@ -150,6 +159,10 @@ class Store:
     def has_rater(self, rater: str) -> bool:
         with self.engine.connect() as conn:
             return conn.execute(select(raters.c.id).where(raters.c.id == rater)).first() is not None
+
+    def label_of(self, rater: str) -> str:
+        with self.engine.connect() as conn:
+            return conn.execute(select(raters.c.label).where(raters.c.id == rater)).scalar() or rater
 
     # impressions
 
@@ -189,8 +202,8 @@ class Store:
     # votes
 
     def vote(self, rater: str, pair: str, question: str, answer: str, client_ms: int | None) -> tuple[str, str | None]:
-        """Append one vote: ("recorded", None), ("duplicate", None) for the same answer again,
-        ("conflict", first answer) for a different one, or ("not_shown", None)."""
+        """Append one vote: ("recorded", the image chosen: a, b or none), ("duplicate", None) for the same
+        answer again, ("conflict", first answer) for a different one, or ("not_shown", None)."""
         imp = self.impression(rater, pair)
         if imp is None:
             return "not_shown", None
@@ -201,7 +214,7 @@ class Store:
                 conn.execute(votes.insert().values(
                     rater_id=rater, pair_id=pair, question=question, answer=answer, choice=choice, swapped=imp.swapped,
                     client_ms=client_ms, server_ms=int(round((now - imp.shown_at) * 1000)), created_at=now))
-            return "recorded", None
+            return "recorded", choice
         except IntegrityError:
             with self.engine.connect() as conn:
                 first = conn.execute(select(votes.c.answer).where(
@@ -212,6 +225,18 @@ class Store:
         """Every vote, oldest first, as plain dicts."""
         with self.engine.connect() as conn:
             return [dict(row._mapping) for row in conn.execute(select(votes).order_by(votes.c.id))]
+
+    def labels(self) -> dict[str, str]:
+        """Every rater's label (the id itself where none was stored)."""
+        with self.engine.connect() as conn:
+            return {r: label or r for r, label in conn.execute(select(raters.c.id, raters.c.label))}
+
+    def vote_counts(self) -> list[tuple[str, str, str, int]]:
+        """(pair, question, choice, votes) for every combination that has votes."""
+        query = select(votes.c.pair_id, votes.c.question, votes.c.choice, func.count()).group_by(
+            votes.c.pair_id, votes.c.question, votes.c.choice)
+        with self.engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(query)]
 
     def counts(self) -> dict[str, int]:
         with self.engine.connect() as conn:

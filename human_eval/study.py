@@ -4,11 +4,12 @@
     STUDY/images/*.png    every image re-encoded from its pixels (no metadata), named by content hash
     STUDY/votes.sqlite    the default vote store, created by `dwb human-eval serve`
 
-Pairs are matched by prompt and per-prompt image number (the seed index): for every two models and
-every (prompt, image_index) both have, one pair. Image *a* is always the earlier model of the two; the
-server randomizes which side a rater sees it on. Gold pairs put an image against a degraded image of
-another prompt (the known answer is *a* for both questions); repeated pairs show a main pair again
-under new tokens, to measure each rater's self-consistency.
+Pairs are matched by prompt identity (the prompt set and prompt index, `Sample.prompt_id`) and
+per-prompt image number (the seed index): for every two models and every (prompt, image_index) both
+have, one pair. Image *a* is always the earlier model of the two; the server randomizes which side a
+rater sees it on. Gold pairs put an image against a degraded image of another prompt, about as large a
+file as the real one (the known answer is *a* for both questions); repeated pairs show a main pair
+again under new tokens, to measure each rater's self-consistency.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import math
 import os
 import random
 import secrets
@@ -26,11 +28,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .errors import HumanEvalError
-from .images import clean_image, degrade
+from .images import clean_image, covariates, degrade
+from .raters import rater_key
 from .samples import Sample
 
 FORMAT = 1
 GOLD_MODEL = "(gold decoy)"  # the label of degraded images in gold pairs; never shown to raters
+ALLOCATIONS = ("uniform", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ ANSWERS = ("A", "B", "none")  # as displayed: the left image, the right image, n
 class Prompt:
     text: str
     category: str = ""
+    index: int | None = None  # its prompt_index in its prompt set
+    prompt_set: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,8 @@ class StudyImage:
     file: str  # relative to the study folder
     seed: int | None = None
     source: str = ""  # the original file (admin-side only)
+    covariates: dict = field(default_factory=dict)  # brightness, saturation, file_bytes, pixels (images.covariates)
+    metrics: dict = field(default_factory=dict)  # clip_score, attr_all from the manifest line, where given
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,8 @@ class Study:
     questions: tuple[Question, ...] = QUESTIONS
     per_rater: int | None = None
     model_info: dict[str, dict] = field(default_factory=dict)
+    allocation: str = "uniform"  # uniform | adaptive (human_eval.allocation)
+    target_width: float = 0.1  # the stopping rule's interval width
     by_id: dict[str, Pair] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +115,10 @@ class Study:
         random.Random(int.from_bytes(digest[:8], "big")).shuffle(order)
         return order
 
+    def rater_key(self, rater: str) -> str:
+        """The key that lets a browser or a link act as `rater` (human_eval.raters)."""
+        return rater_key(self.secret, rater)
+
     def image_files(self) -> dict[str, Path]:
         return {token: self.folder / image.file for token, image in self.images.items()}
 
@@ -112,7 +126,8 @@ class Study:
         data = {
             "format": FORMAT, "id": self.id, "secret": self.secret, "created": self.created,
             "questions": [asdict(q) for q in self.questions], "per_rater": self.per_rater,
-            "models": self.models, "model_info": self.model_info,
+            "models": self.models, "model_info": self.model_info, "allocation": self.allocation,
+            "target_width": self.target_width,
             "prompts": [asdict(p) for p in self.prompts],
             "images": {token: asdict(image) for token, image in self.images.items()},
             "pairs": [asdict(p) for p in self.pairs],
@@ -141,6 +156,7 @@ def load_study(folder: str | Path) -> Study:
         images={token: StudyImage(**image) for token, image in data["images"].items()},
         pairs=[Pair(**p) for p in data["pairs"]], questions=tuple(Question(**q) for q in data["questions"]),
         per_rater=data.get("per_rater"), model_info=data.get("model_info", {}),
+        allocation=data.get("allocation", "uniform"), target_width=data.get("target_width", 0.1),
     )
 
 
@@ -148,40 +164,153 @@ def _token(nbytes: int) -> str:
     return secrets.token_urlsafe(nbytes)
 
 
-def _prompts_of(samples: list[Sample]) -> tuple[list[Prompt], dict[str, int]]:
-    """Unique prompts in prompt_index order (then first appearance), each with the first category given."""
-    first: dict[str, tuple[float, int]] = {}
-    category: dict[str, str] = {}
+def _by_model(samples: list[Sample]) -> dict[str, dict[tuple, Sample]]:
+    """Each model's samples by pairing key; a second image for the same key is refused."""
+    by_model: dict[str, dict[tuple, Sample]] = {}
+    for s in samples:
+        mine = by_model.setdefault(s.model, {})
+        if s.key in mine:
+            raise HumanEvalError(f"two images of model '{s.model}' for {s.describe()}, image {s.image_index} "
+                                 f"({mine[s.key].source} and {s.source}); give each sample set its own label")
+        mine[s.key] = s
+    return by_model
+
+
+def _prompts_of(samples: list[Sample]) -> tuple[list[Prompt], dict[tuple, int]]:
+    """One Prompt per prompt identity in prompt_index order (then first appearance); texts must agree."""
+    first: dict[tuple, tuple[float, int]] = {}
+    seen: dict[tuple, Sample] = {}
+    category: dict[tuple, str] = {}
     for n, s in enumerate(samples):
+        pid = s.prompt_id
+        if pid in seen and seen[pid].prompt != s.prompt:
+            raise HumanEvalError(f"prompt {s.prompt_index} of prompt set {s.prompt_set or '(unnamed)'} reads "
+                                 f"{seen[pid].prompt!r} in {seen[pid].source} but {s.prompt!r} in {s.source}: "
+                                 "these sample sets were not made from the same prompts")
+        seen.setdefault(pid, s)
         rank = (s.prompt_index if s.prompt_index is not None else float("inf"), n)
-        first[s.prompt] = min(first.get(s.prompt, rank), rank)
-        if s.category and not category.get(s.prompt):
-            category[s.prompt] = s.category
-    texts = sorted(first, key=first.__getitem__)
-    return [Prompt(t, category.get(t, "")) for t in texts], {t: i for i, t in enumerate(texts)}
+        first[pid] = min(first.get(pid, rank), rank)
+        if s.category and not category.get(pid):
+            category[pid] = s.category
+    ids = sorted(first, key=first.__getitem__)
+    prompts = [Prompt(seen[p].prompt, category.get(p, ""), seen[p].prompt_index, seen[p].prompt_set) for p in ids]
+    return prompts, {p: i for i, p in enumerate(ids)}
+
+
+def _no_common_prompt(ma: str, mb: str, by_model: dict[str, dict[tuple, Sample]]) -> HumanEvalError:
+    sets = [{s.prompt_set or "(none)" for s in by_model[m].values()} for m in (ma, mb)]
+    why = f" (prompt sets {', '.join(sorted(sets[0]))} and {', '.join(sorted(sets[1]))})" if sets[0] != sets[1] else ""
+    return HumanEvalError(f"models '{ma}' and '{mb}' have no prompt and image_index in common{why}")
 
 
 def _model_info(samples: list[Sample]) -> dict:
     s = samples[0]
-    return {"checkpoint": s.checkpoint, "source": s.source, "images": len(samples), **s.settings}
+    hashes = sorted({x.checkpoint_hash for x in samples if x.checkpoint_hash})
+    return {"checkpoint": s.checkpoint, "checkpoint_hash": ",".join(hashes), "source": s.source, "images": len(samples),
+            **s.settings}
+
+
+class _Images:
+    """The study's image tokens and what each is made from: a sample's file, or a gold decoy of one."""
+
+    def __init__(self):
+        self.images: dict[str, StudyImage] = {}
+        self.sources: dict[str, tuple] = {}  # token -> ("clean", path) | ("decoy", path, seed, real path, size ratio)
+
+    def add(self, sample: Sample, model: str | None = None, decoy: tuple | None = None) -> str:
+        token = _token(16)
+        self.images[token] = StudyImage(model=model or sample.model, file="", seed=sample.seed, source=str(sample.path),
+                                        metrics=dict(sample.metrics) if decoy is None else {})
+        self.sources[token] = ("clean", sample.path) if decoy is None else ("decoy", sample.path, *decoy)
+        return token
+
+    def write(self, folder: Path, progress: bool) -> int:
+        """Encode every image into `folder/images` (real ones first: decoys take their size); returns the files."""
+        (folder / "images").mkdir(parents=True, exist_ok=True)
+        clean: dict[Path, bytes] = {}
+        written: dict[tuple, tuple[str, dict]] = {}
+        order = sorted(self.sources, key=lambda t: self.sources[t][0] != "clean")
+        for token in tqdm(order, desc="images", unit="img", disable=None if progress else True):
+            src = self.sources[token]
+            if src not in written:
+                try:
+                    if src[0] == "clean":
+                        data = clean[src[1]] = clean.get(src[1]) or clean_image(src[1])
+                    else:
+                        real = clean.get(src[3]) or clean_image(src[3])
+                        data = degrade(src[1], src[2], target_bytes=round(len(real) * src[4]))
+                except (OSError, ValueError) as e:
+                    raise HumanEvalError(f"cannot read image {src[1]}: {e}") from None
+                name = f"images/{hashlib.sha256(data).hexdigest()[:24]}.png"
+                (folder / name).write_bytes(data)
+                written[src] = (name, covariates(data))
+            image = self.images[token]
+            name, cov = written[src]
+            self.images[token] = StudyImage(model=image.model, file=name, seed=image.seed, source=image.source,
+                                            covariates=cov, metrics=image.metrics)
+        return len({name for name, _ in written.values()})
+
+
+def _main_pairs(models: list[str], by_model: dict, prompt_index: dict, images: _Images) -> tuple[list[Pair], dict]:
+    pairs, counts = [], {}
+    for ma, mb in itertools.combinations(models, 2):
+        common = sorted(set(by_model[ma]) & set(by_model[mb]), key=lambda k: (prompt_index[k[0]], k[1]))
+        if not common:
+            raise _no_common_prompt(ma, mb, by_model)
+        counts[f"{ma} vs {mb}"] = len(common)
+        for key in common:
+            pairs.append(Pair(id=_token(12), prompt=prompt_index[key[0]], image_index=key[1],
+                              a=images.add(by_model[ma][key]), b=images.add(by_model[mb][key])))
+    return pairs, counts
+
+
+def _repeat_pairs(main: list[Pair], n: int, by_model: dict, keys: dict[str, tuple], images: _Images,
+                  rng: random.Random) -> list[Pair]:
+    if n > len(main):
+        raise HumanEvalError(f"--repeats {n} is more than the {len(main)} pairs")
+    pairs = []
+    for original in rng.sample(main, n):
+        ma, mb = (images.images[t].model for t in (original.a, original.b))
+        key = keys[original.id]
+        pairs.append(Pair(id=_token(12), prompt=original.prompt, image_index=original.image_index,
+                          a=images.add(by_model[ma][key]), b=images.add(by_model[mb][key]), kind="repeat",
+                          repeat_of=original.id))
+    return pairs
+
+
+def _gold_pairs(main: list[Pair], n: int, by_model: dict, keys: dict[str, tuple], images: _Images,
+                rng: random.Random, seed: int) -> list[Pair]:
+    """Real images against degraded images of another prompt, half the decoys a little larger, half smaller."""
+    sides = [(-1) ** k for k in range(n)]
+    rng.shuffle(sides)
+    pairs = []
+    for k in range(n):
+        original = rng.choice(main)
+        model = rng.choice([images.images[original.a].model, images.images[original.b].model])
+        good = by_model[model][keys[original.id]]
+        others = [s for s in by_model[model].values() if s.prompt_id != good.prompt_id]
+        unlike = [s for s in others if s.category != good.category] or others
+        if not unlike:
+            raise HumanEvalError(f"gold pairs need images of model '{model}' for a second prompt")
+        ratio = math.exp(sides[k] * rng.uniform(0.03, 0.15))  # the decoy's file size against the real image's
+        decoy = images.add(rng.choice(unlike), GOLD_MODEL, decoy=(seed * 100003 + k, good.path, ratio))
+        pairs.append(Pair(id=_token(12), prompt=original.prompt, image_index=original.image_index, a=images.add(good),
+                          b=decoy, kind="gold", gold="a"))
+    return pairs
 
 
 def build_study(samples: list[Sample], folder: str | Path, *, gold: int = 0, repeats: int = 0,
                 per_rater: int | None = None, images_per_prompt: int | None = None, seed: int = 0,
-                progress: bool = True) -> tuple[Study, dict]:
+                allocation: str = "uniform", target_width: float = 0.1, progress: bool = True) -> tuple[Study, dict]:
     """Write a study folder from samples of two or more models; returns the study and a summary."""
     folder = Path(folder)
     if (folder / "study.json").exists():
         raise HumanEvalError(f"{folder} already holds a study; choose a new folder (its votes refer to these pairs)")
+    if allocation not in ALLOCATIONS:
+        raise HumanEvalError(f"allocation must be one of {', '.join(ALLOCATIONS)}, got {allocation!r}")
     if images_per_prompt is not None:
         samples = [s for s in samples if s.image_index < images_per_prompt]
-    by_model: dict[str, dict[tuple[str, int], Sample]] = {}
-    for s in samples:
-        by_model.setdefault(s.model, {})
-        if s.key in by_model[s.model]:
-            raise HumanEvalError(f"two images of model '{s.model}' for prompt {s.prompt!r}, image {s.image_index} "
-                                 f"({by_model[s.model][s.key].source} and {s.source}); give each sample set its own label")
-        by_model[s.model][s.key] = s
+    by_model = _by_model(samples)
     models = list(by_model)
     if len(models) < 2:
         raise HumanEvalError(f"a study compares two or more models, the samples name {len(models)}: "
@@ -189,77 +318,26 @@ def build_study(samples: list[Sample], folder: str | Path, *, gold: int = 0, rep
     if GOLD_MODEL in models:
         raise HumanEvalError(f"'{GOLD_MODEL}' is reserved for gold pairs; rename that model")
     prompts, prompt_index = _prompts_of(samples)
+    if gold and len(prompts) < 2:
+        raise HumanEvalError("gold pairs need at least two prompts (the decoy shows another prompt)")
     rng = random.Random(seed)
-
-    images: dict[str, StudyImage] = {}
-    sources: dict[str, Path | tuple[Path, int]] = {}  # token -> what to write (a file, or (file, seed) to degrade)
-
-    def add_image(sample: Sample, model: str | None = None, degraded_seed: int | None = None) -> str:
-        token = _token(16)
-        images[token] = StudyImage(model=model or sample.model, file="", seed=sample.seed, source=str(sample.path))
-        sources[token] = (sample.path, degraded_seed) if degraded_seed is not None else sample.path
-        return token
-
-    pairs: list[Pair] = []
-    counts: dict[str, int] = {}
-    for ma, mb in itertools.combinations(models, 2):
-        common = sorted(set(by_model[ma]) & set(by_model[mb]), key=lambda k: (prompt_index[k[0]], k[1]))
-        if not common:
-            raise HumanEvalError(f"models '{ma}' and '{mb}' have no prompt and image_index in common")
-        counts[f"{ma} vs {mb}"] = len(common)
-        for key in common:
-            pairs.append(Pair(id=_token(12), prompt=prompt_index[key[0]], image_index=key[1],
-                              a=add_image(by_model[ma][key]), b=add_image(by_model[mb][key])))
-    unmatched = {m: sum(1 for k in by_model[m] if all(k not in by_model[o] for o in models if o != m)) for m in models}
-
-    main = list(pairs)
-    if repeats:
-        if repeats > len(main):
-            raise HumanEvalError(f"--repeats {repeats} is more than the {len(main)} pairs")
-        for original in rng.sample(main, repeats):
-            sa, sb = by_model[images[original.a].model], by_model[images[original.b].model]
-            key = (prompts[original.prompt].text, original.image_index)
-            pairs.append(Pair(id=_token(12), prompt=original.prompt, image_index=original.image_index,
-                              a=add_image(sa[key]), b=add_image(sb[key]), kind="repeat", repeat_of=original.id))
+    images = _Images()
+    main, counts = _main_pairs(models, by_model, prompt_index, images)
+    ids = {i: pid for pid, i in prompt_index.items()}
+    keys = {p.id: (ids[p.prompt], p.image_index) for p in main}
+    pairs = main + _repeat_pairs(main, repeats, by_model, keys, images, rng) if repeats else list(main)
     if gold:
-        if len(prompts) < 2:
-            raise HumanEvalError("gold pairs need at least two prompts (the decoy shows another prompt)")
-        for n in range(gold):
-            original = rng.choice(main)
-            model = rng.choice([images[original.a].model, images[original.b].model])
-            key = (prompts[original.prompt].text, original.image_index)
-            good = by_model[model][key]
-            others = [s for s in by_model[model].values() if s.prompt != good.prompt]
-            unlike = [s for s in others if s.category != good.category] or others
-            if not unlike:
-                raise HumanEvalError(f"gold pairs need images of model '{model}' for a second prompt")
-            decoy = rng.choice(unlike)
-            pairs.append(Pair(id=_token(12), prompt=original.prompt, image_index=original.image_index,
-                              a=add_image(good), b=add_image(decoy, GOLD_MODEL, degraded_seed=seed * 100003 + n),
-                              kind="gold", gold="a"))
+        pairs += _gold_pairs(main, gold, by_model, keys, images, rng, seed)
     rng.shuffle(pairs)
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "images").mkdir(exist_ok=True)
-    written: dict[object, str] = {}
-    for token, src in tqdm(sources.items(), desc="images", unit="img", disable=None if progress else True):
-        if src not in written:
-            try:
-                data = degrade(*src) if isinstance(src, tuple) else clean_image(src)
-            except (OSError, ValueError) as e:
-                raise HumanEvalError(f"cannot read image {src[0] if isinstance(src, tuple) else src}: {e}") from None
-            name = f"images/{hashlib.sha256(data).hexdigest()[:24]}.png"
-            (folder / name).write_bytes(data)
-            written[src] = name
-        image = images[token]
-        images[token] = StudyImage(model=image.model, file=written[src], seed=image.seed, source=image.source)
-
+    unmatched = {m: sum(1 for k in by_model[m] if all(k not in by_model[o] for o in models if o != m)) for m in models}
+    files = images.write(folder, progress)
     study = Study(
         folder=folder, id=_token(12), secret=secrets.token_hex(32), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        models=models, prompts=prompts, images=images, pairs=pairs, per_rater=per_rater,
-        model_info={m: _model_info(list(by_model[m].values())) for m in models},
+        models=models, prompts=prompts, images=images.images, pairs=pairs, per_rater=per_rater,
+        model_info={m: _model_info(list(by_model[m].values())) for m in models}, allocation=allocation,
+        target_width=target_width,
     )
     study.save()
     summary = {"models": models, "prompts": len(prompts), "pairs": len(main), "pairs_per_model_pair": counts,
-               "gold": gold, "repeats": repeats, "unmatched_images": unmatched, "images_written": len(set(written.values()))}
+               "gold": gold, "repeats": repeats, "unmatched_images": unmatched, "images_written": files}
     return study, summary

@@ -5,7 +5,10 @@
   const $ = (id) => document.getElementById(id);
   const KEYS = { ArrowLeft: "A", a: "A", A: "A", ArrowRight: "B", b: "B", B: "B", ArrowDown: "none", n: "none", N: "none" };
   const LABELS = [["A", "Image A"], ["none", "No preference"], ["B", "Image B"]];
-  const state = { rater: null, pair: null, answered: {}, active: null, activeSince: 0, busy: false };
+  // The server's key for this rater goes with every request; it is kept in this browser only, so the
+  // same rater id typed elsewhere starts a new rater instead of continuing this one.
+  const state = { rater: null, key: null, pair: null, answered: {}, active: null, activeSince: 0, busy: false };
+  const STORED = "dwb-rater-session";
 
   function show(section) {
     for (const id of ["start", "rate", "done"]) $(id).hidden = id !== section;
@@ -17,7 +20,7 @@
   }
 
   async function api(method, url, body) {
-    const init = { method, headers: {} };
+    const init = { method, headers: state.key ? { "X-Rater-Key": state.key } : {} };
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
@@ -119,13 +122,28 @@
     }
   }
 
-  async function start(id) {
+  function stored() {
+    try { return JSON.parse(localStorage.getItem(STORED)) || {}; } catch (_) { return {}; }
+  }
+
+  // A link's key, or this browser's own session for the id typed; otherwise a new rater with that label.
+  function sessionRequest(id, linkKey) {
+    if (linkKey) return { rater: id, key: linkKey };
+    const mine = stored();
+    if (id && mine.key && (id === mine.label || id === mine.rater)) return { rater: mine.rater, key: mine.key };
+    return { rater: id || null };
+  }
+
+  async function start(id, linkKey) {
     setError("");
     try {
-      const s = await api("POST", "/api/session", { rater: id || null });
+      state.key = null;
+      const s = await api("POST", "/api/session", sessionRequest(id, linkKey));
       state.rater = s.rater;
-      localStorage.setItem("dwb-rater", s.rater);
-      $("whoami").textContent = `Rater ID: ${s.rater} (use it to continue later)`;
+      state.key = s.key;
+      localStorage.setItem(STORED, JSON.stringify({ rater: s.rater, label: s.label, key: s.key }));
+      if (linkKey) history.replaceState(null, "", `/?rater=${encodeURIComponent(s.rater)}`);
+      $("whoami").textContent = `Rater ID: ${s.label} (this browser continues where you left off)`;
       await next();
     } catch (e) {
       show("start");
@@ -147,11 +165,11 @@
     start($("rater-input").value.trim());
   });
 
-  const fromUrl = new URLSearchParams(location.search).get("rater");
-  if (fromUrl) {
-    start(fromUrl);
+  const params = new URLSearchParams(location.search);
+  if (params.get("rater")) {
+    start(params.get("rater"), params.get("key"));
   } else {
-    $("rater-input").value = localStorage.getItem("dwb-rater") || "";
+    $("rater-input").value = stored().label || "";
     show("start");
   }
 })();

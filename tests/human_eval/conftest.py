@@ -29,18 +29,21 @@ DWB = Path(sys.executable).parent / "dwb"
 def model_secrets(name: str) -> dict:
     """The identifying strings of one synthetic model; none may appear in a rater-facing byte."""
     return {"model": f"{name}-modelname-7f3c", "checkpoint": f"/ckpts/{name}-secretckpt-91ab/ep3-ba800k-rank0.pt",
-            "scheduler": f"{name}SecretSchedulerXq"}
+            "scheduler": f"{name}SecretSchedulerXq", "checkpoint_hash": f"c0ffee{name.encode().hex()[:10]}"}
 
 
 def write_samples(folder: Path, name: str, prompts: list[tuple[str, str]], images_per_prompt: int = 1,
-                  size: int = 32, seed: int = 0, absolute: bool = False) -> Path:
-    """A manifest.jsonl with one PNG per prompt and image index; returns the manifest's path."""
+                  size: int = 32, seed: int = 0, absolute: bool = False, first_index: int = 0) -> Path:
+    """A manifest.jsonl with one PNG per prompt and image index; returns the manifest's path.
+
+    `prompts` are rows `first_index`, `first_index` + 1, ... of a prompt list (their prompt_index).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "samples").mkdir(exist_ok=True)
     ids = model_secrets(name)
     rng = np.random.default_rng(seed)
     lines = []
-    for i, (prompt, category) in enumerate(prompts):
+    for i, (prompt, category) in enumerate(prompts, start=first_index):
         for k in range(images_per_prompt):
             pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
             info = PngImagePlugin.PngInfo()
@@ -52,10 +55,27 @@ def write_samples(folder: Path, name: str, prompts: list[tuple[str, str]], image
             lines.append({"prompt": prompt, "prompt_index": i, "category": category, "image_index": k, "seed": 1000 + k,
                           "checkpoint": ids["checkpoint"], "model": ids["model"], "guidance": 7.5,
                           "scheduler": ids["scheduler"], "steps": 50, "width": size, "height": size,
-                          "path": str(path) if absolute else f"samples/{path.name}", "clip_score": 0.31})
+                          "path": str(path) if absolute else f"samples/{path.name}", "checkpoint_hash": ids["checkpoint_hash"],
+                          "clip_score": round(float(pixels.mean()) / 255, 4)})
     manifest = folder / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return manifest
+
+
+def photo_like(rng: np.random.Generator, size: int) -> np.ndarray:
+    """(size, size, 3) uint8: smooth light, a few hard-edged objects and film grain of random strength.
+
+    Like generated images, these differ in how much detail (and so how many PNG bytes) they hold.
+    """
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    light = rng.uniform(0, 255, (3, 3))
+    pixels = light[:, 0] + np.multiply.outer(xx, light[:, 1] - light[:, 0]) + np.multiply.outer(yy, light[:, 2] - 128) / 2
+    for _ in range(rng.integers(1, 6)):
+        cx, cy, r = rng.uniform(0, 1, 3) * (1, 1, 0.4)
+        inside = (xx - cx) ** 2 + (yy - cy) ** 2 < r * r
+        pixels[inside] = rng.uniform(0, 255, 3)
+    pixels += rng.normal(0, rng.uniform(0, 24), pixels.shape)
+    return np.clip(pixels, 0, 255).astype(np.uint8)
 
 
 def drawbench(n: int | None = None) -> list[tuple[str, str]]:
@@ -63,6 +83,14 @@ def drawbench(n: int | None = None) -> list[tuple[str, str]]:
 
     prompts = read_prompts_csv(DRAWBENCH)
     return prompts if n is None else prompts[:n]
+
+
+def start_rater(client: httpx.Client, label: str | None = None) -> str:
+    """Start a new rater as the page does; the client then sends the rater's key with every request."""
+    r = client.post("/api/session", json={"rater": label})
+    assert r.status_code == 200, r.text
+    client.headers["X-Rater-Key"] = r.json()["key"]
+    return r.json()["rater"]
 
 
 def free_port() -> int:

@@ -111,13 +111,28 @@ def test_rater_rates_with_mouse_and_keyboard(markup_study):
         record(s, "alignment", "B")
         page.wait_for_selector("#done:not([hidden])")
         assert page.evaluate("window.pwned") is None
+
+        # another browser typing "alice" is a new rater, not alice; alice's link is alice in any browser
+        other = browser.new_context().new_page()
+        other.goto(server.url)
+        other.fill("#rater-input", "alice")
+        other.click("#start-button")
+        other.wait_for_selector("#rate:not([hidden])")
+        assert other.inner_text("#progress-text") == "Pair 1 of 4"
+        with sqlite3.connect(markup_study / "votes.sqlite") as conn:
+            (alice,) = conn.execute("SELECT id FROM raters WHERE label='alice' ORDER BY created_at LIMIT 1").fetchone()
+        link = browser.new_context().new_page()
+        link.goto(f"{server.url}/?rater={alice}&key={study.rater_key(alice)}")
+        link.wait_for_selector("#done:not([hidden])")  # alice has rated every pair
+        assert "key=" not in link.url  # the key leaves the address bar once used
         browser.close()
 
     assert not problems, problems
     assert len({pair for pair, *_ in done}) == 4
     with sqlite3.connect(markup_study / "votes.sqlite") as conn:
-        rows = conn.execute("SELECT pair_id, question, answer, choice, client_ms FROM votes WHERE rater_id='alice'").fetchall()
-    assert len(rows) == 8
+        rows = conn.execute("SELECT pair_id, question, answer, choice, client_ms FROM votes "
+                            "WHERE rater_id IN (SELECT id FROM raters WHERE label='alice')").fetchall()
+    assert len(rows) == 8  # the second "alice" voted nothing
     stored = {(pair, q): (answer, choice, ms) for pair, q, answer, choice, ms in rows}
     for pair_id, question, answer, model in done:
         got_answer, choice, ms = stored[(pair_id, question)]

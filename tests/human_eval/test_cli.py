@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from ..conftest import run_dwb
-from .conftest import DRAWBENCH, Server, drawbench, free_port, model_secrets, write_samples
+from .conftest import DRAWBENCH, Server, drawbench, free_port, model_secrets, start_rater, write_samples
 
 
 def one_line_error(r, needle: str) -> None:
@@ -93,10 +93,11 @@ def test_two_instances_share_one_store(two_model_study):
     """Several server instances on one database: a rater can move between them mid-pair."""
     with Server(two_model_study) as one, Server(two_model_study) as two:
         with httpx.Client(base_url=one.url) as c1, httpx.Client(base_url=two.url) as c2:
-            c1.post("/api/session", json={"rater": "traveller"})
-            p = c2.get("/api/next", params={"rater": "traveller"}).json()
-            c2.post("/api/vote", json={"rater": "traveller", "pair": p["pair"], "question": "quality", "answer": "B"})
-            again = c1.get("/api/next", params={"rater": "traveller"}).json()
+            traveller = start_rater(c1, "traveller")
+            c2.headers["X-Rater-Key"] = c1.headers["X-Rater-Key"]  # one browser, two instances behind a balancer
+            p = c2.get("/api/next", params={"rater": traveller}).json()
+            c2.post("/api/vote", json={"rater": traveller, "pair": p["pair"], "question": "quality", "answer": "B"})
+            again = c1.get("/api/next", params={"rater": traveller}).json()
             assert (again["pair"], again["images"], again["answered"]) == (p["pair"], p["images"], {"quality": "B"})
-            r = c1.post("/api/vote", json={"rater": "traveller", "pair": p["pair"], "question": "quality", "answer": "A"})
+            r = c1.post("/api/vote", json={"rater": traveller, "pair": p["pair"], "question": "quality", "answer": "A"})
             assert r.status_code == 409

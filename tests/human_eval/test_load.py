@@ -50,8 +50,9 @@ def test_concurrent_raters_and_a_restart_lose_and_double_nothing(load_study_dir)
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:  # one connection per rater, like a browser
             await rate(client, f"load{i:02d}")
 
-    async def rate(client: httpx.AsyncClient, rid: str) -> None:
-        await call(client, "POST", "/api/session", json={"rater": rid})
+    async def rate(client: httpx.AsyncClient, label: str) -> None:
+        s = (await call(client, "POST", "/api/session", json={"rater": label})).json()
+        rid, client.headers["X-Rater-Key"] = s["rater"], s["key"]  # the rater's key goes with every request
         while True:
             p = (await call(client, "GET", "/api/next", params={"rater": rid})).json()
             if p["done"]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import Server, free_port
+from .conftest import Server, free_port, start_rater
 
 
 def _pg_bin() -> Path | None:
@@ -48,8 +48,9 @@ def postgres_url():
 def test_two_instances_on_postgres_share_votes_and_report(two_model_study, postgres_url, tmp_path):
     with Server(two_model_study, "--db", postgres_url) as one, Server(two_model_study, "--db", postgres_url) as two:
         with httpx.Client(base_url=one.url) as c1, httpx.Client(base_url=two.url) as c2:
-            for rater in ("r1", "r2", "r3"):
-                c1.post("/api/session", json={"rater": rater})
+            for label in ("r1", "r2", "r3"):
+                rater = start_rater(c1, label)
+                c2.headers["X-Rater-Key"] = c1.headers["X-Rater-Key"]
                 for step in range(4):  # alternate instances mid-study
                     client = c1 if step % 2 else c2
                     p = client.get("/api/next", params={"rater": rater}).json()

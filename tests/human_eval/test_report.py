@@ -13,10 +13,11 @@ from human_eval.analysis import analyze
 from human_eval.samples import read_manifest
 from human_eval.stats import sign_test, wilson_interval
 from human_eval.store import Store, database_url
-from human_eval.study import build_study, load_study
+from human_eval.study import GOLD_MODEL, build_study, load_study
+from human_eval.style_control import COVARIATES
 
 from ..conftest import run_dwb
-from .conftest import drawbench, write_samples
+from .conftest import drawbench, model_secrets, write_samples
 
 STRENGTH = {"alpha": 0.9, "beta": 0.3, "gamma": -0.6}  # Bradley-Terry log-strengths of the simulated raters
 
@@ -49,7 +50,7 @@ def rated_study(tmp_path_factory) -> tuple[Path, dict]:
                     a, b = study.models_of(pair)
                     choice = "a" if rng.random() < 1 / (1 + np.exp(strength[b] - strength[a])) else "b"
                 answer = "none" if choice == "none" else ("A" if (choice == "a") != swapped else "B")
-                assert store.vote(rater, pair_id, q, answer, rng.randint(300, 5000)) == ("recorded", None)
+                assert store.vote(rater, pair_id, q, answer, rng.randint(300, 5000)) == ("recorded", choice)
     votes = store.all_votes()
     store.close()
     return root / "study", {"votes": votes}
@@ -64,10 +65,25 @@ def rows_as_json(rows: list[dict]) -> list[dict]:
 def test_report_writes_results_exports_and_chart(rated_study, tmp_path):
     folder, data = rated_study
     study = load_study(folder)
-    r = run_dwb("human-eval", "report", str(folder), "--out", str(tmp_path / "out"), "--bootstrap", "300")
+    r = run_dwb("human-eval", "report", str(folder), "--out", str(tmp_path / "out"), "--bootstrap", "300",
+                "--covariates", "all")
     assert r.returncode == 0, r.stderr
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     votes = data["votes"]
+    # for joining with automated metrics: each model's checkpoint hash, each image's manifest metrics
+    assert {m: i["checkpoint_hash"] for m, i in results["model_info"].items()} == {
+        model_secrets(name)["model"]: model_secrets(name)["checkpoint_hash"] for name in STRENGTH}
+    assert all(isinstance(image.metrics["clip_score"], float) for image in study.images.values()
+               if image.model != GOLD_MODEL)
+    stop = results["stopping"]
+    assert stop["main_votes"] == results["counts"]["main_votes"] and stop["allocation"] == "uniform"
+    assert stop["predicted_votes"]["adaptive"] <= stop["predicted_votes"]["uniform"]
+    assert "stopping rule" in r.stdout
+    for q, control in results["style_control"].items():
+        assert control["covariates"][:2] == ["brightness", "saturation"] and "pixels" in control["constant"]  # all 8x8
+        assert sorted(control["covariates"] + control["constant"]) == sorted(COVARIATES)
+        assert [m["model"] for m in control["models"]] == study.models
+        assert len(control["coefficients"]) == len(control["covariates"])
 
     # the numbers, recomputed from the raw votes
     main = [v for v in votes if study.by_id[v["pair_id"]].kind == "main"]
@@ -99,6 +115,7 @@ def test_report_writes_results_exports_and_chart(rated_study, tmp_path):
     with open(tmp_path / "out" / "votes.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(votes)
+    assert {row["rater_label"] for row in rows} == {row["rater"] for row in rows}  # stored without labels: the id
     for row in rows:
         expected = {"a": row["model_a"], "b": row["model_b"], "none": ""}[row["choice"]]
         assert row["preferred_model"] == expected

@@ -10,7 +10,7 @@ import pytest
 from human_eval.images import PIXEL_CHUNKS, png_chunk_types
 from human_eval.study import load_study
 
-from .conftest import Server, model_secrets
+from .conftest import Server, model_secrets, start_rater
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +22,6 @@ def server(two_model_study):
 def db_rows(study, sql: str, *args) -> list[tuple]:
     with sqlite3.connect(f"file:{study / 'votes.sqlite'}?mode=ro", uri=True) as conn:
         return conn.execute(sql, args).fetchall()
-
-
-def start(client: httpx.Client, rater: str | None) -> str:
-    r = client.post("/api/session", json={"rater": rater})
-    assert r.status_code == 200, r.text
-    return r.json()["rater"]
 
 
 def raw(port: int, request: bytes) -> tuple[int, bytes]:
@@ -43,31 +37,33 @@ def raw(port: int, request: bytes) -> tuple[int, bytes]:
 def test_rater_resumes_where_they_left_off_and_stops_at_the_cap(server, two_model_study):
     study = load_study(two_model_study)
     with httpx.Client(base_url=server.url) as c:
-        assert start(c, "ann") == "ann"
-        first = c.get("/api/next", params={"rater": "ann"}).json()
+        ann = start_rater(c, "ann")
+        first = c.get("/api/next", params={"rater": ann}).json()
         assert first["done"] is False and first["progress"] == {"completed": 0, "total": 6}
         assert [q["id"] for q in first["questions"]] == ["quality", "alignment"]
-        assert c.post("/api/vote", json={"rater": "ann", "pair": first["pair"], "question": "quality", "answer": "A",
+        assert c.post("/api/vote", json={"rater": ann, "pair": first["pair"], "question": "quality", "answer": "A",
                                          "response_ms": 900}).json() == {"recorded": True}
-        again = c.get("/api/next", params={"rater": "ann"}).json()  # a reload shows the same pair, same sides
+        again = c.get("/api/next", params={"rater": ann}).json()  # a reload shows the same pair, same sides
         assert (again["pair"], again["images"], again["answered"]) == (first["pair"], first["images"], {"quality": "A"})
-        assert c.post("/api/session", json={"rater": "ann"}).json() == {"rater": "ann", "resumed": True}
-        c.post("/api/vote", json={"rater": "ann", "pair": first["pair"], "question": "alignment", "answer": "none"})
+        key = c.headers["X-Rater-Key"]
+        assert c.post("/api/session", json={"rater": ann, "key": key}).json() == {"rater": ann, "label": "ann",
+                                                                                  "key": key, "resumed": True}
+        c.post("/api/vote", json={"rater": ann, "pair": first["pair"], "question": "alignment", "answer": "none"})
         seen = [first["pair"]]
         for n in range(1, 7):
-            p = c.get("/api/next", params={"rater": "ann"}).json()
+            p = c.get("/api/next", params={"rater": ann}).json()
             assert p["progress"]["completed"] == n
             if p["done"]:
                 break
             assert p["pair"] not in seen
             seen.append(p["pair"])
             for q in ("quality", "alignment"):
-                assert c.post("/api/vote", json={"rater": "ann", "pair": p["pair"], "question": q, "answer": "B"}).status_code == 200
+                assert c.post("/api/vote", json={"rater": ann, "pair": p["pair"], "question": q, "answer": "B"}).status_code == 200
         assert p == {"done": True, "progress": {"completed": 6, "total": 6}}
-        assert seen == study.order_for("ann")[:6]  # the rater's own random order
-        random_id = start(c, None)
-        assert re.fullmatch(r"r-[0-9a-f]{12}", random_id) and random_id != start(c, None)
-    rows = db_rows(two_model_study, "SELECT question, answer, client_ms FROM votes WHERE rater_id='ann' ORDER BY id")
+        assert seen == study.order_for(ann)[:6]  # the rater's own random order
+        random_id = start_rater(c)
+        assert re.fullmatch(r"r-[0-9a-f]{12}", random_id) and random_id != start_rater(c)
+    rows = db_rows(two_model_study, "SELECT question, answer, client_ms FROM votes WHERE rater_id=? ORDER BY id", ann)
     assert len(rows) == 12 and rows[0] == ("quality", "A", 900) and rows[1][:2] == ("alignment", "none")
 
 
@@ -76,7 +72,7 @@ def test_sides_are_random_per_impression_and_logged(server, two_model_study):
     firsts, sides = Counter(), Counter()
     with httpx.Client(base_url=server.url) as c:
         for i in range(24):
-            rater = start(c, f"side{i}")
+            rater = start_rater(c, f"side{i}")
             p = c.get("/api/next", params={"rater": rater}).json()
             pair = study.by_id[p["pair"]]
             left, right = (u.removeprefix("/img/") for u in p["images"])
@@ -98,10 +94,10 @@ def test_sides_are_random_per_impression_and_logged(server, two_model_study):
 def test_bad_input_and_abuse_get_4xx_and_store_nothing(server, two_model_study):
     study = load_study(two_model_study)
     with httpx.Client(base_url=server.url) as c:
-        start(c, "mallory")
-        p = c.get("/api/next", params={"rater": "mallory"}).json()
+        mallory = start_rater(c, "mallory")
+        p = c.get("/api/next", params={"rater": mallory}).json()
         other = next(q.id for q in study.pairs if q.id != p["pair"])
-        vote = {"rater": "mallory", "pair": p["pair"], "question": "quality", "answer": "A"}
+        vote = {"rater": mallory, "pair": p["pair"], "question": "quality", "answer": "A"}
         before = db_rows(two_model_study, "SELECT count(*) FROM votes")[0][0]
 
         def status(method, url, **kw) -> int:
@@ -109,9 +105,9 @@ def test_bad_input_and_abuse_get_4xx_and_store_nothing(server, two_model_study):
             assert "Traceback" not in r.text
             return r.status_code
 
-        assert status("GET", "/api/next", params={"rater": "nobody"}) == 404
+        assert status("GET", "/api/next", params={"rater": "nobody"}) == 401  # mallory's key is not nobody's
         assert status("GET", "/api/next") == 422
-        assert status("POST", "/api/vote", json={**vote, "rater": "nobody"}) == 404
+        assert status("POST", "/api/vote", json={**vote, "rater": "nobody"}) == 401
         assert status("POST", "/api/vote", json={**vote, "pair": "no-such-pair"}) == 404
         assert status("POST", "/api/vote", json={**vote, "pair": other}) == 409  # never shown to this rater
         assert status("POST", "/api/vote", json={**vote, "answer": "C"}) == 422
@@ -129,7 +125,7 @@ def test_bad_input_and_abuse_get_4xx_and_store_nothing(server, two_model_study):
         assert c.post("/api/vote", json=vote).json() == {"recorded": False}  # a re-send is idempotent
         r = c.post("/api/vote", json={**vote, "answer": "B"})  # a replay with another answer
         assert r.status_code == 409 and "cannot be changed" in r.json()["detail"]
-        rows = db_rows(two_model_study, "SELECT answer FROM votes WHERE rater_id='mallory'")
+        rows = db_rows(two_model_study, "SELECT answer FROM votes WHERE rater_id=?", mallory)
         assert rows == [("A",)]
 
         token = next(iter(study.images))
@@ -196,7 +192,7 @@ def test_no_model_identifier_in_any_rater_facing_byte(two_model_study, tmp_path)
     needles |= {info_["source"] for info_ in study.model_info.values()} | {img.source for img in study.images.values()}
     needles |= {img.file for img in study.images.values()} | {study.secret, str(study.folder)}
     allowed_keys = {"done", "pair", "prompt", "images", "questions", "id", "text", "answered", "progress", "completed",
-                    "total", "rater", "resumed", "recorded", "detail", "ok"}
+                    "total", "rater", "label", "key", "resumed", "recorded", "detail", "ok"}
     bodies: list[tuple[str, bytes]] = []
 
     def keep(r: httpx.Response) -> httpx.Response:
@@ -216,11 +212,13 @@ def test_no_model_identifier_in_any_rater_facing_byte(two_model_study, tmp_path)
     with Server(two_model_study) as server, httpx.Client(base_url=server.url) as c:
         for path in ("/", "/static/rate.js", "/static/rate.css", "/healthz", "/static/missing.js", "/img/unknowntoken1"):
             keep(c.get(path))
-        keep(c.post("/api/session", json={"rater": "crawler"}))
+        s = keep(c.post("/api/session", json={"rater": "crawler"})).json()
+        crawler, c.headers["X-Rater-Key"] = s["rater"], s["key"]
+        keep(c.post("/api/session", json={"rater": crawler, "key": s["key"]}))  # a returning rater's answer too
         keep(c.get("/api/next", params={"rater": "nobody"}))
         images = set()
         while True:
-            p = keep(c.get("/api/next", params={"rater": "crawler"})).json()
+            p = keep(c.get("/api/next", params={"rater": crawler})).json()
             if p["done"]:
                 break
             for url in p["images"]:
@@ -230,8 +228,8 @@ def test_no_model_identifier_in_any_rater_facing_byte(two_model_study, tmp_path)
                     assert r.headers["content-type"] == "image/png"
                     assert set(png_chunk_types(r.content)) <= PIXEL_CHUNKS
             for q in p["questions"]:
-                keep(c.post("/api/vote", json={"rater": "crawler", "pair": p["pair"], "question": q["id"], "answer": "A"}))
-            keep(c.post("/api/vote", json={"rater": "crawler", "pair": p["pair"], "question": "quality", "answer": "B"}))
+                keep(c.post("/api/vote", json={"rater": crawler, "pair": p["pair"], "question": q["id"], "answer": "A"}))
+            keep(c.post("/api/vote", json={"rater": crawler, "pair": p["pair"], "question": "quality", "answer": "B"}))
         assert len(images) == len(study.images)  # every image was served and checked
     assert len(bodies) > 3 * len(study.pairs)
     for url, body in bodies:

@@ -24,18 +24,18 @@ def pixels(path_or_bytes) -> np.ndarray:
 def test_pairs_are_matched_by_prompt_and_image_index(tmp_path):
     prompts = drawbench(6)
     a = read_manifest(write_samples(tmp_path / "a", "a", prompts, 2, seed=1))
-    b = read_manifest(write_samples(tmp_path / "b", "b", prompts[1:], 3, seed=2))  # lacks prompt 0, has image 2
+    b = read_manifest(write_samples(tmp_path / "b", "b", prompts[1:], 3, seed=2, first_index=1))  # no prompt 0, image 2
     study, summary = build_study(a + b, tmp_path / "study", progress=False)
     assert study.models == [model_secrets("a")["model"], model_secrets("b")["model"]]
     assert summary["pairs"] == len(study.pairs) == 5 * 2
     assert summary["unmatched_images"] == {study.models[0]: 2, study.models[1]: 5}
-    source = {(s.model, s.key): s for s in a + b}
+    source = {(s.model, s.prompt_index, s.image_index): s for s in a + b}
     for pair in study.pairs:
-        prompt = study.prompts[pair.prompt].text
-        assert prompt != prompts[0][0] and pair.image_index in (0, 1)
+        prompt = study.prompts[pair.prompt]
+        assert prompt.text != prompts[0][0] and prompt.text == prompts[prompt.index][0] and pair.image_index in (0, 1)
         assert study.models_of(pair) == tuple(study.models)
         for token, model in ((pair.a, study.models[0]), (pair.b, study.models[1])):
-            original = source[(model, (prompt, pair.image_index))]
+            original = source[(model, prompt.index, pair.image_index)]
             assert np.array_equal(pixels(study.folder / study.images[token].file), pixels(original.path))
     assert {p.text: p.category for p in study.prompts} == dict(prompts[1:]) | {prompts[0][0]: prompts[0][1]}
 
@@ -134,6 +134,25 @@ def test_folder_and_prompt_csv(tmp_path):
     assert len(study.pairs) == 4
 
 
+def test_a_repeated_csv_row_is_its_own_prompt(tmp_path):
+    csv_file = tmp_path / "prompts.csv"
+    csv_file.write_text("prompt,category\ntwo blue circles,a\none red square,a\ntwo blue circles,b\n")
+    for model, seed in (("x", 1), ("y", 2)):
+        (tmp_path / model).mkdir()
+        rng = np.random.default_rng(seed)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / model / f"{i}_0.png")
+    samples = read_folder(tmp_path / "x", csv_file) + read_folder(tmp_path / "y", csv_file)
+    study, summary = build_study(samples, tmp_path / "study", progress=False)
+    assert summary["pairs"] == 3 and [(p.index, p.text, p.category) for p in study.prompts] == [
+        (0, "two blue circles", "a"), (1, "one red square", "a"), (2, "two blue circles", "b")]
+    for pair in study.pairs:  # the image of row 2 is paired with row 2's, not row 0's
+        index = study.prompts[pair.prompt].index
+        for token in (pair.a, pair.b):
+            model = study.images[token].model
+            assert np.array_equal(pixels(study.folder / study.images[token].file), pixels(tmp_path / model / f"{index}_0.png"))
+
+
 def test_manifest_details(tmp_path):
     manifest = write_samples(tmp_path / "m", "m", drawbench(2), 1, absolute=True)
     rows = [json.loads(line) for line in manifest.read_text().splitlines()]
@@ -181,9 +200,12 @@ def test_bad_studies_are_refused(tmp_path):
         build_study(a, tmp_path / "s1", progress=False)
     with pytest.raises(HumanEvalError, match="two images of model"):
         build_study(a + a, tmp_path / "s2", progress=False)
-    other = read_manifest(write_samples(tmp_path / "c", "c", drawbench(6)[3:], 1))
+    other = read_manifest(write_samples(tmp_path / "c", "c", drawbench(6)[3:], 1, first_index=3))
     with pytest.raises(HumanEvalError, match="no prompt and image_index in common"):
         build_study(a + other, tmp_path / "s3", progress=False)
+    shifted = read_manifest(write_samples(tmp_path / "d", "d", drawbench(6)[3:], 1))  # other texts at indices 0-2
+    with pytest.raises(HumanEvalError, match="prompt 0 of prompt set .* reads 'A red colored car.' .* but"):
+        build_study(a + shifted, tmp_path / "s3", progress=False)
     b = read_manifest(write_samples(tmp_path / "b", "b", prompts, 1))
     build_study(a + b, tmp_path / "s4", progress=False)
     with pytest.raises(HumanEvalError, match="already holds a study"):

@@ -1,0 +1,211 @@
+"""Who may vote as whom: server-issued rater keys, no id probing, rate-limited new raters, admin tokens.
+
+Each test tries an attack on a real `dwb human-eval serve` process the way an outsider would.
+"""
+import os
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from human_eval.study import load_study
+
+from ..conftest import REPO, run_dwb
+from .conftest import DWB, Server, free_port
+
+KEY = "X-Rater-Key"
+
+
+@pytest.fixture(scope="module")
+def server(two_model_study):
+    with Server(two_model_study, "--per-rater", "6") as s:
+        yield s
+
+
+def session(client: httpx.Client, rater: str | None = None, key: str | None = None) -> dict:
+    r = client.post("/api/session", json={"rater": rater, "key": key} if key else {"rater": rater})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def vote(client: httpx.Client, s: dict, pair: str, question: str, answer: str, key: str | None = None) -> httpx.Response:
+    return client.post("/api/vote", json={"rater": s["rater"], "pair": pair, "question": question, "answer": answer},
+                       headers={KEY: key if key is not None else s["key"]})
+
+
+def votes_of(study: Path, rater: str) -> list[tuple]:
+    import sqlite3
+
+    with sqlite3.connect(f"file:{study / 'votes.sqlite'}?mode=ro", uri=True) as conn:
+        return conn.execute("SELECT pair_id, question, answer FROM votes WHERE rater_id=? ORDER BY id", (rater,)).fetchall()
+
+
+def test_typing_another_raters_id_gives_a_new_rater_not_theirs(server, two_model_study):
+    with httpx.Client(base_url=server.url) as bob_browser, httpx.Client(base_url=server.url) as mallory:
+        bob = session(bob_browser, "bob")
+        assert bob["label"] == "bob" and bob["resumed"] is False
+        p = bob_browser.get("/api/next", params={"rater": bob["rater"]}, headers={KEY: bob["key"]}).json()
+        assert vote(bob_browser, bob, p["pair"], "quality", "A").json() == {"recorded": True}
+
+        fake = session(mallory, "bob")  # the same typed id from another browser
+        assert fake["rater"] != bob["rater"] and fake["resumed"] is False and fake["key"] != bob["key"]
+        assert fake["label"] == "bob"
+        fake_by_id = session(mallory, bob["rater"])  # typing bob's server id does not help either
+        assert fake_by_id["rater"] not in (bob["rater"], fake["rater"]) and fake_by_id["resumed"] is False
+
+        # without bob's key, nothing of bob's is readable or writable
+        for key in (None, "", fake["key"], bob["key"][:-1] + ("A" if bob["key"][-1] != "A" else "B")):
+            headers = {} if key is None else {KEY: key}
+            r = mallory.get("/api/next", params={"rater": bob["rater"]}, headers=headers)
+            assert r.status_code == 401 and p["pair"] not in r.text
+            r = mallory.post("/api/vote", json={"rater": bob["rater"], "pair": p["pair"], "question": "alignment",
+                                                "answer": "B"}, headers=headers)
+            assert r.status_code == 401
+        r = mallory.post("/api/session", json={"rater": bob["rater"], "key": fake["key"]})
+        assert r.status_code == 403  # a key that is not bob's does not open bob's session
+
+        # bob, with his key, continues where he left off
+        again = session(bob_browser, bob["rater"], bob["key"])
+        assert again == {**bob, "resumed": True}
+        resumed = bob_browser.get("/api/next", params={"rater": bob["rater"]}, headers={KEY: bob["key"]}).json()
+        assert (resumed["pair"], resumed["images"], resumed["answered"]) == (p["pair"], p["images"], {"quality": "A"})
+    assert votes_of(two_model_study, bob["rater"]) == [(p["pair"], "quality", "A")]
+
+
+def test_session_does_not_tell_whether_an_id_exists(server):
+    with httpx.Client(base_url=server.url) as c:
+        carol = session(c, "carol")
+    with httpx.Client(base_url=server.url) as prober:
+        answers = [session(prober, name) for name in ("carol", "nobody-here-1", carol["rater"], "r-000000000000")]
+        for a in answers:
+            assert set(a) == {"rater", "label", "key", "resumed"} and a["resumed"] is False
+        assert len({a["rater"] for a in answers} | {carol["rater"]}) == 5  # always a new rater
+        # the rater routes answer an unknown and a known id alike without the key
+        known = prober.get("/api/next", params={"rater": carol["rater"]})
+        unknown = prober.get("/api/next", params={"rater": "r-123456789abc"})
+        assert known.status_code == unknown.status_code == 401 and known.json() == unknown.json()
+
+
+def test_rater_ids_with_a_newline_or_other_control_characters_are_refused(server):
+    with httpx.Client(base_url=server.url) as c:
+        s = session(c, "nina")
+        for bad in (s["rater"] + "\n", s["rater"] + "\r\n", "nina\n"):
+            r = c.get("/api/next", params={"rater": bad}, headers={KEY: s["key"]})
+            assert r.status_code == 422, (bad, r.status_code)
+        r = c.post("/api/session", json={"rater": "eve\n", "key": "x" * 22})
+        assert r.status_code == 422
+        assert session(c, " nina ")["label"] == "nina"  # spaces typed around an id are trimmed
+    from human_eval.raters import valid_rater_id
+
+    assert valid_rater_id("bob") and not valid_rater_id("bob\n") and not valid_rater_id("bob\r")
+
+
+def test_new_raters_are_rate_limited_per_address(two_model_study):
+    with Server(two_model_study, "--new-raters-per-minute", "5") as s, httpx.Client(base_url=s.url) as c:
+        made = [session(c, f"burst{i}") for i in range(5)]
+        r = c.post("/api/session", json={"rater": "burst5"})
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert session(c, made[0]["rater"], made[0]["key"])["resumed"] is True  # returning raters are not limited
+        before = len(made)
+    import sqlite3
+
+    with sqlite3.connect(two_model_study / "votes.sqlite") as conn:
+        labels = [row[0] for row in conn.execute("SELECT label FROM raters WHERE label LIKE 'burst%'")]
+    assert len(labels) == before
+
+
+def test_rater_links_open_the_raters_session(server, two_model_study):
+    study = load_study(two_model_study)
+    r = run_dwb("human-eval", "links", str(two_model_study), "worker-17", "worker-18",
+                "--base-url", "https://rate.example.org")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "rater,url" and len(lines) == 3
+    rater, url = lines[1].split(",")
+    assert rater == "worker-17" and url.startswith("https://rate.example.org/?rater=worker-17&key=")
+    key = url.split("key=")[1]
+    assert key == study.rater_key("worker-17") and key != study.rater_key("worker-18")
+    with httpx.Client(base_url=server.url) as c:
+        first = session(c, "worker-17", key)
+        assert first == {"rater": "worker-17", "label": "worker-17", "key": key, "resumed": False}
+        p = c.get("/api/next", params={"rater": "worker-17"}, headers={KEY: key}).json()
+        assert vote(c, first, p["pair"], "quality", "B").json() == {"recorded": True}
+        assert session(c, "worker-17", key)["resumed"] is True
+    bad = run_dwb("human-eval", "links", str(two_model_study), "bad\nid")
+    assert bad.returncode == 1 and "rater id" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def start_serving(study: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen([str(DWB), "human-eval", "serve", str(study), "--port", str(port), *args], cwd=REPO,
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, port
+
+
+def outcome(proc: subprocess.Popen, port: int, timeout: float = 30) -> str:
+    """'exited: <stderr>' when the server refused to start, else what /admin/votes.json gives without a token."""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return "exited: " + proc.stderr.read().strip()
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/admin/votes.json", timeout=1)
+                return f"served {r.status_code}"
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        return "timeout"
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+
+
+@pytest.mark.parametrize("source", ["file", "option", "environment"])
+def test_short_or_empty_admin_tokens_are_refused(two_model_study, tmp_path, source):
+    study = tmp_path / "study"
+    shutil.copytree(two_model_study, study, ignore=shutil.ignore_patterns("votes.sqlite*", "admin_token"))
+    args, env = [], {"DWB_HUMAN_EVAL_TOKEN": ""}
+    if source == "file":
+        (study / "admin_token").write_text("")  # an empty token file used to open the admin pages to anyone
+    elif source == "option":
+        args = ["--admin-token", "short-token-15c"]
+    else:
+        env = {"DWB_HUMAN_EVAL_TOKEN": "x" * 15}
+    got = outcome(*start_serving(study, *args, env=env))
+    assert got.startswith("exited: error: ") and "at least 16 characters" in got, got
+    assert len(got.splitlines()) == 1 and "Traceback" not in got
+
+
+def test_a_new_admin_token_file_is_private_and_long(two_model_study, tmp_path):
+    study = tmp_path / "study"
+    shutil.copytree(two_model_study, study, ignore=shutil.ignore_patterns("votes.sqlite*", "admin_token"))
+    proc, port = start_serving(study, env={"DWB_HUMAN_EVAL_TOKEN": ""})
+    assert outcome(proc, port) == "served 401"
+    path = study / "admin_token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(path.read_text().strip()) >= 32
+    assert not [p for p in study.iterdir() if p.name.startswith("admin_token") and p != path]  # no temporary left
+    from human_eval import HumanEvalError
+    from human_eval.server import create_app
+
+    with pytest.raises(HumanEvalError, match="at least 16"):
+        create_app(load_study(two_model_study), None, "")
+
+
+def test_a_store_from_before_rater_labels_gains_the_column(tmp_path):
+    import sqlite3
+
+    from human_eval.store import Store, database_url
+
+    path = tmp_path / "votes.sqlite"
+    with sqlite3.connect(path) as conn:  # the raters table as earlier versions created it
+        conn.execute("CREATE TABLE raters (id VARCHAR(64) PRIMARY KEY, created_at FLOAT NOT NULL, user_agent VARCHAR(256))")
+        conn.execute("INSERT INTO raters VALUES ('ann', 0, '')")
+    store = Store(database_url(path), "study-1")
+    assert store.labels() == {"ann": "ann"} and store.add_rater("r-000000000001", "bob")
+    assert store.labels() == {"ann": "ann", "r-000000000001": "bob"} and store.label_of("r-000000000001") == "bob"
+    store.close()
