@@ -37,3 +37,17 @@ def test_quick_demo_runs_every_stage(tmp_path):
         assert np.isfinite(s["fid"]) and 0.0 <= s["attr_all_all"] <= 1.0 and 0.0 <= s["attr_single_color"] <= 1.0
     assert (out / "eval" / "report" / "attributes_vs_step.png").is_file()
     assert "all right" in r.stdout and "scores:" in r.stdout
+    # ... and ends with a blind study of its first, middle and last checkpoints, from its own manifests
+    study = report["study"]
+    assert study["models"] == ["phase1/ba2", "phase2/ba2", "phase2/ba4"] and study["pairs"] > 0
+    assert f"dwb human-eval serve {study['folder']}" in r.stdout and f"dwb human-eval report {study['folder']}" in r.stdout
+    import httpx
+
+    from .human_eval.conftest import Server, start_rater
+
+    with Server(out / "study") as server, httpx.Client(base_url=server.url) as c:
+        rater = start_rater(c, "demo-rater")
+        shown = c.get("/api/next", params={"rater": rater}).json()
+        assert shown["prompt"]
+        vote = c.post("/api/vote", json={"rater": rater, "pair": shown["pair"], "question": "quality", "answer": "A"})
+        assert vote.json() == {"recorded": True}
