@@ -13,10 +13,10 @@ from pathlib import Path
 
 import gradio as gr
 
+from train.compat import calm_gradio_queue
 from train.errors import WorkbenchError
 
 from .generate import DEFAULT_SCHEDULER, MAX_SEED, SCHEDULERS, GenerationParams, Stopped
-from .gradio_queue import calm
 from .service import Result, Service
 
 log = logging.getLogger("app")
@@ -261,10 +261,10 @@ def launch(demo: gr.Blocks, *, host: str, port: int, queue_size: int, concurrenc
 
     Gradio serves only its own cache of returned images: no ``allowed_paths``, so neither the
     checkpoint folders nor any other file is reachable through its file route. The queue does not
-    poll (``gradio_queue.calm``): its wake-ups slowed the generations running in this process.
+    poll (``train.compat.calm_gradio_queue``): its wake-ups slowed the generations running in this process.
     """
     demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
-    calm(demo)
+    calm_gradio_queue(demo)
     return demo.launch(server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
                        footer_links=["api", "settings"], show_error=True, css=CSS, allowed_paths=[],
                        favicon_path=None, pwa=False, mcp_server=False, ssr_mode=False, enable_monitoring=False)

@@ -132,38 +132,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_streaming_shared_memory():
-    """Free the shared memory of the Streaming datasets a test module made, when the module ends.
+    """Each test module's Streaming shared memory is freed when the module ends (``train.compat``)."""
+    from train.compat import release_streaming_shared_memory
 
-    Streaming keeps every dataset's shared-memory blocks (about a dozen file descriptors each) open
-    until the process exits (an atexit handler holds them). One training process makes a handful; a
-    test session makes hundreds and would run out of file descriptors.
-    """
-    import atexit
-
-    from streaming.base.shared import memory
-
-    created = []
-    original = memory.SharedMemory.__init__
-
-    def tracking_init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        created.append(self)
-
-    memory.SharedMemory.__init__ = tracking_init
-    yield
-    memory.SharedMemory.__init__ = original
-    for shm in created:
-        atexit.unregister(shm.cleanup)
-        for block in (*shm.created_shms, *shm.opened_shms):
-            try:
-                block.close()
-            except (BufferError, OSError):
-                continue  # still referenced; freed at exit as before
-            if block in shm.created_shms:
-                try:
-                    block.unlink()
-                except (FileNotFoundError, OSError):
-                    pass
+    with release_streaming_shared_memory():
+        yield
 
 
 # Browser tests: Debian's chromium driven by Playwright's Python package (executable_path).

@@ -27,6 +27,20 @@ finished as its current one and records (that epoch, sample 0), so a resumed run
 epoch's sample order instead of starting the next one (1,144 of 1,622 tensors differed). After loading
 such a checkpoint, the dataset's resume state is moved to Composer's epoch, sample 0.
 
+**Gradio's request queue** (``calm_gradio_queue``). Gradio's queue looks for an event to start every
+millisecond and for progress to send every 10 ms, on the event loop of the process that runs the pipeline.
+Each wake-up takes the GIL (and, on a small CPU, a core) from the denoising thread. Measured on 2 cores: with a
+1 kHz asyncio loop in the process the same pipeline call took 7-25% longer, and a request to the app made
+~1,400-2,000 context switches instead of ~180. The queue's intervals are set to 5 ms (new events) and 100 ms
+(progress, like tqdm's ``mininterval``), and the pandas summary it rebuilds after every event for its
+monitoring dashboard (2-9 ms holding the GIL, growing with the history), which `dwb app` does not serve, is
+skipped.
+
+**Streaming's shared memory in one process** (``release_streaming_shared_memory``, for test sessions).
+Streaming keeps every dataset's shared-memory blocks (about a dozen file descriptors each) open until the
+process exits; a training process makes a handful, a test session hundreds, and would run out of file
+descriptors. The context records the blocks made inside it and frees them at its end.
+
 **Composer's EMA under FSDP** (``fsdp_full_params``). Composer's EMA gathers FSDP weights through
 ``model.module``, which the workbench's model does not have (its FSDP units are its children);
 ``composer.algorithms.ema.ema.get_model_context_manager`` is replaced by one that gathers them with
@@ -43,7 +57,9 @@ from composer.loggers import Logger
 from composer.utils import misc, reproducibility
 
 # The versions each entry below was written and tested against.
-WRITTEN_FOR = {"mosaicml": "0.32.1", "mosaicml-streaming": "0.13.0"}
+WRITTEN_FOR = {"mosaicml": "0.32.1", "mosaicml-streaming": "0.13.0", "gradio": "6.17.3"}
+GRADIO_EVENT_POLL_S = 0.005
+GRADIO_PROGRESS_INTERVAL_S = 0.1
 
 
 class RestoreRNG(Callback):
@@ -100,3 +116,51 @@ def patch_composer_ema() -> None:
     import composer.algorithms.ema.ema as composer_ema
 
     composer_ema.get_model_context_manager = fsdp_full_params
+
+
+def calm_gradio_queue(demo) -> None:
+    """After ``demo.queue(...)`` and before ``demo.launch(..., enable_monitoring=False)`` (see above)."""
+    import logging
+
+    queue = demo._queue
+    for name, value in (("sleep_when_free", GRADIO_EVENT_POLL_S),
+                        ("progress_update_sleep_when_free", GRADIO_PROGRESS_INTERVAL_S)):
+        if not hasattr(queue, name):
+            raise RuntimeError(f"gradio's queue has no {name}: re-read train/compat.py against this gradio")
+        setattr(queue, name, value)
+    if hasattr(queue, "compute_analytics_summary") and hasattr(queue, "cached_event_analytics_summary"):
+        queue.compute_analytics_summary = lambda event_analytics: queue.cached_event_analytics_summary
+    else:
+        logging.getLogger("app").warning("gradio's queue has no analytics summary to skip")
+
+
+@contextlib.contextmanager
+def release_streaming_shared_memory():
+    """Free the shared memory of the Streaming datasets made inside the context, when it ends (see above)."""
+    import atexit
+
+    from streaming.base.shared import memory
+
+    created, original = [], memory.SharedMemory.__init__
+
+    def tracking_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        created.append(self)
+
+    memory.SharedMemory.__init__ = tracking_init
+    try:
+        yield
+    finally:
+        memory.SharedMemory.__init__ = original
+        for shm in created:
+            atexit.unregister(shm.cleanup)
+            for block in (*shm.created_shms, *shm.opened_shms):
+                try:
+                    block.close()
+                except (BufferError, OSError):
+                    continue  # still referenced; freed at exit as before
+                if block in shm.created_shms:
+                    try:
+                        block.unlink()
+                    except (FileNotFoundError, OSError):
+                        pass

@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -55,18 +54,21 @@ def random_vae(architecture: str) -> AutoencoderKL:
     return AutoencoderKL(**ARCHITECTURES[architecture]["vae"])
 
 
-def _is_local(ref: str) -> bool:
-    return os.path.isabs(ref) or ref.startswith(".") or os.path.exists(ref) or ref.count("/") != 1
+def pretrained_folder(ref: str) -> Path:
+    """The local folder of ``model.pretrained``: a folder as given, or a hub id's snapshot (``train.checkpoints.hub``:
+    from the local cache, downloaded when online and ``HF_HUB_OFFLINE`` is not set)."""
+    from .checkpoints.hub import hub_offline, is_hub_id, resolve_hub
+
+    return resolve_hub(ref, allow_download=not hub_offline()) if is_hub_id(ref) else Path(ref)
 
 
 def _load_part(cls, ref: str, subfolder: str, what: str):
-    if _is_local(ref):
-        folder = Path(ref) / subfolder
-        if not folder.is_dir():
-            hint = " (run `dwb prepare` to build the tiny components)" if not Path(ref).exists() else ""
-            raise WorkbenchError(f"pretrained {what} not found: {folder} does not exist{hint}")
+    folder = pretrained_folder(ref) / subfolder
+    if not folder.is_dir():
+        hint = " (run `dwb prepare` to build the tiny components)" if not Path(ref).exists() else ""
+        raise WorkbenchError(f"pretrained {what} not found: {folder} does not exist{hint}")
     try:
-        return cls.from_pretrained(ref, subfolder=subfolder)
+        return cls.from_pretrained(folder, local_files_only=True)
     except WorkbenchError:
         raise
     except Exception as e:  # hub unreachable, missing file, unreadable weights

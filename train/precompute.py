@@ -219,7 +219,9 @@ def precompute(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, token
         raise WorkbenchError("--batch-size and --chunk-size must be positive")
     jobs = _sources(src, resolutions, cache)
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        from .device import pick_device
+
+        device = pick_device("auto").type
     world, rank = dist.get_world_size(), dist.get_global_rank()
     if world > 1 and not dist.is_initialized():
         from composer.devices import DeviceCPU, DeviceGPU

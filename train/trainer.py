@@ -23,11 +23,14 @@ log = logging.getLogger(__name__)
 
 
 def resolve_device(cfg: TrainConfig) -> str:
-    if cfg.device == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    if cfg.device == "gpu" and not torch.cuda.is_available():
-        raise WorkbenchError("config key 'device' is 'gpu' but no CUDA GPU is visible")
-    return cfg.device
+    """Composer's name ("gpu" or "cpu") for config key 'device' (``train.device.pick_device``'s rule)."""
+    from .device import pick_device
+
+    try:
+        chosen = pick_device({"gpu": "cuda"}.get(cfg.device, cfg.device))
+    except WorkbenchError as e:
+        raise WorkbenchError(f"config key 'device': {e}") from None
+    return "gpu" if chosen.type == "cuda" else "cpu"
 
 
 def resolve_precision(cfg: TrainConfig, device: str) -> str:

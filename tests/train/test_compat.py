@@ -29,3 +29,32 @@ def test_the_internals_compat_patches_are_where_it_expects_them():
     assert composer_ema.get_model_context_manager is compat.fsdp_full_params  # train.ema applied the patch
     # Streaming records the epoch it iterates last, whatever the sample count it is given
     assert "epoch = self.next_epoch - 1" in inspect.getsource(StreamingDataset.state_dict)
+
+
+def test_gradio_queue_settings_exist_where_compat_sets_them():
+    import gradio as gr
+
+    with gr.Blocks() as demo:
+        gr.Markdown("x")
+    demo.queue()
+    compat.calm_gradio_queue(demo)
+    queue = demo._queue
+    assert queue.sleep_when_free == compat.GRADIO_EVENT_POLL_S
+    assert queue.progress_update_sleep_when_free == compat.GRADIO_PROGRESS_INTERVAL_S
+    assert queue.compute_analytics_summary(None) is queue.cached_event_analytics_summary
+
+
+def test_streaming_shared_memory_made_inside_the_context_is_freed(tmp_path):
+    from pathlib import Path
+
+    from streaming import StreamingDataset
+
+    from train.shapes import write_shapes_dataset
+
+    write_shapes_dataset(tmp_path / "d", 8, seed=0, sizes=(16,), n_eval=0, progress=False)
+    before = set(Path("/dev/shm").iterdir())
+    with compat.release_streaming_shared_memory():
+        dataset = StreamingDataset(local=str(tmp_path / "d" / "16"), batch_size=1)
+        assert set(Path("/dev/shm").iterdir()) - before  # Streaming made its blocks
+    del dataset
+    assert not set(Path("/dev/shm").iterdir()) - before  # and they are gone

@@ -123,7 +123,7 @@ def find_checkpoint(ref: str | Path, *, roots: list[Path] | None = None, allow_d
         from .remote import find_remote
 
         return find_remote(raw)
-    from .hub import hub_label, is_hub_id, resolve_hub
+    from .hub import hub_label, hub_offline, is_hub_id, resolve_hub
 
     if roots is not None:
         local = _under_roots(raw, roots)
@@ -133,7 +133,7 @@ def find_checkpoint(ref: str | Path, *, roots: list[Path] | None = None, allow_d
         return _local(raw, Path(raw))
     if is_hub_id(raw):
         if allow_download is None:
-            allow_download = roots is None and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0")
+            allow_download = roots is None and not hub_offline()
         try:
             return Checkpoint(raw, "hub", hub_label(raw), resolve_hub(raw, allow_download=allow_download))
         except CheckpointError as e:
