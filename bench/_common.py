@@ -36,7 +36,7 @@ def parse_args(ap: argparse.ArgumentParser, smoke: dict) -> argparse.Namespace:
     """``ap``'s options plus --smoke and --out. With --smoke, ``smoke`` replaces ``ap``'s defaults (an option
     given on the command line still wins), the data is small, and the folder is a new temporary one."""
     ap.add_argument("--smoke", action="store_true",
-                    help="run for seconds on the tiny model and small data: checks that the script runs end to end "
+                    help="a short run on the tiny model and small data: checks that the script runs end to end "
                          "and that its equality checks hold (its figures mean nothing); exit status 1 if not")
     ap.add_argument("--out", type=Path, help="folder for the data, checkpoints and results it builds (default "
                                              "bench/out; with --smoke a temporary folder, removed at exit)")

@@ -14,8 +14,8 @@ import pytest
 from .conftest import REPO
 
 SCRIPTS = sorted(p.name for p in (REPO / "bench").glob("*.py") if not p.name.startswith("_"))
-# Two at a time: most of a smoke run is one process importing torch, diffusers and Composer on one core,
-# so on 2 cores two runs side by side take about half the time of one after the other.
+# Two at a time: a smoke run keeps one core busy (one after the other, the seven took 185 s of CPU in
+# 192 s), most of it importing torch, diffusers and Composer, so two side by side use both of 2 cores.
 SIDE_BY_SIDE = 2
 
 
@@ -39,7 +39,7 @@ def test_every_benchmark_is_found():
     assert "_common.py" not in SCRIPTS
 
 
-@pytest.mark.slow  # all scripts' runs take a minute or more together (the first test waits for them)
+@pytest.mark.slow  # the first waits for every script's run: 3.5 to 5 minutes on 2 cores shared with other work
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_smoke_run(script, smoke_runs):
     run = smoke_runs[script]
