@@ -1,5 +1,5 @@
 # The two set-up-and-run commands of the README.
-.PHONY: setup demo test test-fast bench
+.PHONY: setup demo test test-fast bench bench-smoke
 
 setup:
 	bash scripts/setup.sh
@@ -14,6 +14,17 @@ test: setup
 test-fast: setup
 	.venv/bin/python -m pytest -q -m "not slow"
 
+# Every benchmark's CPU figures, one after the other, each into bench/out/NAME.json (BENCHMARKS.md has the
+# commands). GPU figures: `--gpu` (app_overhead, evaluate_bench), train_throughput without --reduced.
 bench: setup
 	.venv/bin/python bench/composer_overhead.py
 	.venv/bin/python bench/streaming_throughput.py
+	.venv/bin/python bench/precompute_speedup.py
+	.venv/bin/python bench/train_throughput.py --reduced
+	.venv/bin/python bench/human_eval_latency.py
+	.venv/bin/python bench/app_overhead.py
+	.venv/bin/python bench/evaluate_bench.py
+
+# Every benchmark for seconds on the tiny model (--smoke): it runs, and its own equality checks hold.
+bench-smoke: setup
+	.venv/bin/python -m pytest tests/test_bench.py -q

@@ -7,8 +7,9 @@ CPU (default), tiny checkpoint trained here at 32 px:
   (`/gradio_api/call/generate`, what any language uses; one keep-alive client for all requests) and
   with gradio_client (which adds its own polling: it sleeps 50 ms whenever no message is waiting).
   This process makes the same call on the pipeline `train.load_pipeline` gives (same prompt, seed,
-  sampler, steps, guidance, size, PIL output). The three alternate, request by request, and must
-  return the same pixels. Figure: the median of the per-round ratios (target <= 1.05).
+  sampler, steps, guidance, size, PIL output; each named here, none left to a default). The three
+  alternate, request by request, and must return the same pixels. Figure: the median of the
+  per-round ratios (target <= 1.05).
   Measured at the tiny model's own 32 px (a request costs a few hundred ms, so the fixed per-request
   cost shows most) and at 128 px (a cost per image closer to real use).
 - cache: the app's first open of a checkpoint (load and hash) vs the second, cached (target <= 10%).
@@ -19,6 +20,7 @@ call, eager and (with `--compile`) with the UNet compiled. Target on one H200: <
 
 CPU: python bench/app_overhead.py [--rounds 12]
 GPU: python bench/app_overhead.py --gpu [--compile]
+Smoke: python bench/app_overhead.py --smoke (CPU, 2 steps, 1 round: the script runs and the images are equal)
 """
 from __future__ import annotations
 
@@ -36,44 +38,44 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import OUT, ROOT, fixtures, random_sd2_base, report
+from _common import ROOT, RUN, parse_args, random_sd2_base, report, tiny_checkpoint
 
 PROMPT, NEGATIVE = "two red circles left of a blue square", "green"
+# Named for both paths, never left to a default: the bare call once relied on the pipeline's default
+# sampler, which changed (DDIM to DPM++ 2M) while the app call still asked for DDIM.
+SAMPLER, GUIDANCE = "DDIM", 7.5
 
 
-def tiny_checkpoint() -> Path:
-    """A tiny 32 px Composer checkpoint (2 batches: its quality does not matter for timing)."""
-    from train.config import load_config
-    from train.trainer import train
+def with_sampler(pipe):
+    """``pipe`` with SAMPLER as its scheduler, as a diffusers user sets one once before calling it."""
+    from train.samplers import make_sampler
 
-    folder = OUT / "app-ckpt"
-    ckpt = folder / "ep0-ba2-rank0.pt"
-    if not ckpt.is_file():
-        data, parts = fixtures()
-        train(load_config(ROOT / "configs/tiny-phase1.yaml", [
-            f"model.pretrained={parts}", f"data.path={data / '32'}", "data.resolution=32", f"save_folder={folder}",
-            "max_duration=2ba", "save_interval=2ba", "global_train_batch_size=16", "device_train_microbatch_size=16",
-            "progress_bar=false", "loggers=[]", "scheduler.t_warmup=1ba"]))
-    return ckpt
+    pipe.scheduler = make_sampler(SAMPLER, pipe.scheduler.config)
+    return pipe
 
 
 def start_app(root: Path) -> tuple[subprocess.Popen, str]:
+    """`dwb app` on a free port of 127.0.0.1, started (it takes seconds to be ready: see ``wait_ready``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(OUT / "app_overhead_server.log", "w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "dwb"), "app", "--checkpoints", str(root), "--port",
-                             str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
-    url = f"http://127.0.0.1:{port}"
+    with open(RUN.out / "app_overhead_server.log", "w") as log:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "dwb"), "app", "--checkpoints", str(root), "--port",
+                                 str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(proc: subprocess.Popen, url: str) -> None:
     import httpx
 
     for _ in range(1200):
         if proc.poll() is not None:
-            raise SystemExit(f"dwb app exited: see {log.name}")
+            log = RUN.out / "app_overhead_server.log"
+            raise SystemExit(f"dwb app exited ({log}):\n" + log.read_text()[-2000:])
         try:
             if httpx.get(f"{url}/gradio_api/info", timeout=2).status_code == 200:
-                return proc, url
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
@@ -81,10 +83,10 @@ def start_app(root: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("dwb app did not start")
 
 
-def bare_call(pipe, seed: int, steps: int, size: int, scheduler=None):
-    """What a diffusers user writes: one pipeline call (the workbench pipeline's default DDIM)."""
+def bare_call(pipe, seed: int, steps: int, size: int):
+    """What a diffusers user writes: one call of a pipeline set to SAMPLER (``with_sampler``)."""
     gen = torch.Generator().manual_seed(seed)
-    return pipe(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=steps, guidance_scale=7.5, width=size,
+    return pipe(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=steps, guidance_scale=GUIDANCE, width=size,
                 height=size, generator=gen, output_type="pil").images[0]
 
 
@@ -120,7 +122,7 @@ def overhead(client, http, url: str, pipe, ckpt: Path, size: int, steps: int, ro
     times: dict[str, list[float]] = {"bare": [], "http": [], "gradio_client": []}
     for r in range(rounds + 1):  # round 0 warms every path (first load, first call)
         seed = 1000 + r
-        data = [str(ckpt), "ema", PROMPT, NEGATIVE, "DDIM", steps, 7.5, size, size, seed, 1]
+        data = [str(ckpt), "ema", PROMPT, NEGATIVE, SAMPLER, steps, GUIDANCE, size, size, seed, 1]
         calls = {"bare": lambda: np.asarray(bare_call(pipe, seed, steps, size)),
                  "http": lambda: http_call(http, url, data),
                  "gradio_client": lambda: client.predict(*data, api_name="/generate")[0][0]["image"]}
@@ -140,14 +142,15 @@ def overhead(client, http, url: str, pipe, ckpt: Path, size: int, steps: int, ro
                 times[name].append(dt)
     med = {k: statistics.median(v) for k, v in times.items()}
     paired = {k: statistics.median(a / b for a, b in zip(times[k], times["bare"])) for k in ("http", "gradio_client")}
-    return {"size": size, "steps": steps, "requests_each": rounds, "identical_images": True,
+    return {"size": size, "sampler": SAMPLER, "steps": steps, "guidance": GUIDANCE, "requests_each": rounds,
+            "identical_images": True,
             **{f"{k}_median_s": round(v, 4) for k, v in med.items()},
             "ratio_http": round(paired["http"], 3), "ratio_gradio_client": round(paired["gradio_client"], 3),
             "extra_ms_http": round(1e3 * (med["http"] - med["bare"])),
             "extra_ms_gradio_client": round(1e3 * (med["gradio_client"] - med["bare"]))}
 
 
-def cache_figure(ckpt: Path, repeats: int = 5) -> dict:
+def cache_figure(ckpt: Path, repeats: int) -> dict:
     from app import checkpoints
     from app.service import Service
 
@@ -175,10 +178,11 @@ def cpu(args) -> None:
     ckpt = tiny_checkpoint()
     proc, url = start_app(ckpt.parent)
     try:
+        pipe = with_sampler(load_pipeline(ckpt, ema=True))  # while the app starts
+        wait_ready(proc, url)
         # ssl_verify=False: gradio_client opens a new httpx client for each call, stream and download,
         # and with verification each loads the CA bundle, though http://127.0.0.1 has no TLS to verify.
-        client = Client(url, verbose=False, download_files=str(OUT / "app-downloads"), ssl_verify=False)
-        pipe = load_pipeline(ckpt, ema=True)
+        client = Client(url, verbose=False, download_files=str(RUN.out / "app-downloads"), ssl_verify=False)
         with httpx.Client(timeout=600) as http:
             runs = [overhead(client, http, url, pipe, ckpt, size, args.steps, args.rounds) for size in (32, 128)]
     finally:
@@ -186,14 +190,16 @@ def cpu(args) -> None:
         proc.wait(30)
     report("app_overhead", {
         "command": f"python bench/app_overhead.py --rounds {args.rounds} --steps {args.steps}",
-        "checkpoint": "tiny, 32 px", "overhead": runs, "overhead_target": "<= 1.05", "cache": cache_figure(ckpt)})
+        "checkpoint": "tiny, 32 px", "overhead": runs, "overhead_target": "<= 1.05",
+        "cache": cache_figure(ckpt, args.cache_repeats)})
 
 
 def sd2_base_pipeline(device: str, dtype: torch.dtype):
     """SD2-base at full size with random weights: UNet (865.9M), VAE, 23-layer OpenCLIP-H text tower."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    pipe = random_sd2_base([PROMPT, "a photo of an astronaut riding a horse on mars"]).to(device=device, dtype=dtype)
+    pipe = with_sampler(random_sd2_base([PROMPT, "a photo of an astronaut riding a horse on mars"]))
+    pipe.to(device=device, dtype=dtype)
     for module in (pipe.unet, pipe.vae):
         module.set_attn_processor(AttnProcessor2_0())  # PyTorch SDPA, as `dwb app` sets on a GPU
     return pipe
@@ -206,7 +212,7 @@ def gpu(args) -> None:
         raise SystemExit("--gpu: no CUDA GPU is visible (use --device cpu --size 64 --steps 2 to check the script)")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     pipe = sd2_base_pipeline(args.device, dtype)
-    params = validate(GenerationParams(PROMPT, NEGATIVE, "DDIM", args.steps, 7.5, args.size, args.size, 0, 1),
+    params = validate(GenerationParams(PROMPT, NEGATIVE, SAMPLER, args.steps, GUIDANCE, args.size, args.size, 0, 1),
                       Limits(max_size=max(1024, args.size)))
 
     def sync():
@@ -238,7 +244,8 @@ def gpu(args) -> None:
     report("app_latency_gpu" if args.device == "cuda" else "app_latency_cpu_check", {
         "command": f"python bench/app_overhead.py --gpu --device {args.device} --size {args.size} --steps {args.steps} "
                    f"--dtype {args.dtype} --rounds {args.rounds}" + (" --compile" if args.compile else ""),
-        "device": name, "model": "sd2-base, random weights", "size": args.size, "steps": args.steps, "batch": 1,
+        "device": name, "model": "sd2-base, random weights", "size": args.size, "sampler": SAMPLER,
+        "steps": args.steps, "guidance": GUIDANCE, "batch": 1,
         "dtype": args.dtype, "attention": "SDPA", "rounds": args.rounds, **out, "target": "<= 0.6 s per image (H200)",
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device == "cuda" else None})
 
@@ -252,7 +259,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="with --gpu: cuda, or cpu to check the script at a small size")
     ap.add_argument("--size", type=int, default=512, help="with --gpu: image size")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="with --gpu")
-    args = ap.parse_args()
+    ap.add_argument("--cache-repeats", type=int, default=5, help="first and second opens timed for the cache figure")
+    args = parse_args(ap, smoke=dict(rounds=1, steps=2, cache_repeats=1))
+    if args.smoke and args.gpu:
+        ap.error("--smoke checks the CPU path; --gpu is not part of it")
     from diffusers.utils import logging as diffusers_logging
 
     diffusers_logging.set_verbosity_error()  # dtype-cast notices, as `dwb` silences them

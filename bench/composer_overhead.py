@@ -1,9 +1,11 @@
 """Composer overhead: the tiny training step through `dwb train`'s Composer path vs a bare PyTorch loop.
 
 Both run the same math on the same model, data loader and batch: VAE + text encoding, noise, UNet
-forward/backward, gradient clipping, AdamW, warm-up lr schedule and an EMA update. They alternate
+forward/backward, gradient clipping, AdamW, warm-up then constant lr and an EMA update (the lr schedule
+is named in the config overrides, so the Composer side cannot drift to another one). They alternate
 (A B A B ...) in one process so machine noise hits both; the figure is the median step time.
 Target: ratio <= 1.15.   Run: .venv/bin/python bench/composer_overhead.py [--steps 60 --rounds 3]
+Smoke: .venv/bin/python bench/composer_overhead.py --smoke (7 steps of 8 images, 1 round, small data)
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import time
 
 import torch
 
-from _common import ROOT, fit_batch_end_times, fixtures, report
+from _common import ROOT, RUN, fit_batch_end_times, fixtures, parse_args, report
+
+WARM = 5  # first steps include one-off costs (allocations, worker start) in both paths: not timed
 
 
 def composer_steps(cfg, steps: int) -> list[float]:
@@ -57,7 +61,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--resolution", type=int, default=32)
     ap.add_argument("--num-workers", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--batch", type=int, default=64, help="images per step (the tiny configs' batch)")
+    args = parse_args(ap, smoke=dict(steps=WARM + 2, rounds=1, batch=8))
 
     from train.config import load_config
 
@@ -65,16 +70,17 @@ def main() -> None:
     res = args.resolution
     cfg = load_config(ROOT / "configs/tiny-phase2.yaml", [
         f"model.pretrained={parts}", f"data.path={data / str(res)}", f"data.resolution={res}", "load_path=null",
-        f"save_folder={ROOT / 'bench/out/overhead-ckpt'}", "save_interval=100000ba", "progress_bar=false", "loggers=[]",
-        "max_duration=100000ba", f"data.num_workers={args.num_workers}"])
-    warm = 5  # first steps include one-off costs (allocations, worker start) in both paths
+        f"save_folder={RUN.out / 'overhead-ckpt'}", "save_interval=100000ba", "progress_bar=false", "loggers=[]",
+        "max_duration=100000ba", f"data.num_workers={args.num_workers}", "scheduler.name=constant_with_warmup",
+        f"global_train_batch_size={args.batch}", f"device_train_microbatch_size={args.batch}"])
     comp, bare = [], []
     for _ in range(args.rounds):
-        comp += composer_steps(cfg, args.steps)[warm:]
-        bare += bare_steps(cfg, args.steps)[warm:]
+        comp += composer_steps(cfg, args.steps)[WARM:]
+        bare += bare_steps(cfg, args.steps)[WARM:]
     c, b = statistics.median(comp), statistics.median(bare)
     report("composer_overhead", {
-        "command": f"python bench/composer_overhead.py --steps {args.steps} --rounds {args.rounds} --resolution {res} --num-workers {args.num_workers}",
+        "command": f"python bench/composer_overhead.py --steps {args.steps} --rounds {args.rounds} --resolution {res} "
+                   f"--num-workers {args.num_workers} --batch {args.batch}",
         "batch": cfg.global_train_batch_size, "resolution": res, "steps_timed_each": len(comp),
         "composer_median_step_ms": round(1e3 * c, 1), "bare_median_step_ms": round(1e3 * b, 1),
         "composer_mean_step_ms": round(1e3 * statistics.mean(comp), 1), "bare_mean_step_ms": round(1e3 * statistics.mean(bare), 1),

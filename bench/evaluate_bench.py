@@ -22,9 +22,12 @@ folder is scored twice in that process (``--passes``): the first row includes th
 statistics (1k images), the second is the steady state of a run that scores checkpoints as they land. Weights are random, so
 the figures are times, not quality.
 
+The sampler (DDIM), guidance, steps and sizes are named on every path, never left to a default.
+
 CPU: python bench/evaluate_bench.py [--rounds 3] [--images 1000,10000] [--skip-memory]
 GPU: python bench/evaluate_bench.py --gpu [--images 1000] [--steps 25] [--size 512] [--passes 2]
      (--gpu --device cpu --images 8 --size 64 --steps 2 checks the script on a CPU)
+Smoke: python bench/evaluate_bench.py --smoke (CPU: 4 images batched, one `dwb evaluate run` of 8 images, 1-2 steps)
 """
 from __future__ import annotations
 
@@ -39,27 +42,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import OUT, ROOT, fixtures, random_sd2_base, report
+from _common import ROOT, RUN, fixtures, parse_args, random_sd2_base, report, tiny_checkpoint
 
-
-def tiny_checkpoint(data: Path, parts: Path) -> Path:
-    from train.config import load_config
-    from train.trainer import train
-
-    folder = OUT / "eval-ckpt"
-    ckpt = folder / "ep0-ba2-rank0.pt"
-    if not ckpt.is_file():
-        cfg = load_config(ROOT / "configs/tiny-phase2.yaml", [
-            f"model.pretrained={parts}", f"data.path={data / '32'}", f"save_folder={folder}", "max_duration=2ba",
-            "save_interval=2ba", "progress_bar=false", "loggers=[]", "load_path=null"])
-        train(cfg)
-    return ckpt
+# Named on every path: a default (the pipelines' sampler is DPM++ 2M now) is not this benchmark's setting.
+SAMPLER, GUIDANCE_CPU, GUIDANCE_GPU = "DDIM", 5.0, 7.5
 
 
 def scorer(data: Path) -> Path:
     from evaluate.domain import train_scorer
 
-    path = OUT / "eval-scorer.pt"
+    path = RUN.out / "eval-scorer.pt"
     if not path.is_file():
         train_scorer(data, path, epochs=1, progress=False)  # accuracy does not matter here
     return path
@@ -69,8 +61,10 @@ def batching(ckpt: Path, n: int, batch_size: int, rounds: int, steps: int) -> di
     from evaluate.prompts import shapes_prompts
     from evaluate.samples import image_seed
     from train.checkpoints import load_pipeline
+    from train.samplers import make_sampler
 
     pipe = load_pipeline(ckpt)
+    pipe.scheduler = make_sampler(SAMPLER, pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
     prompts = shapes_prompts(n)
 
@@ -79,7 +73,7 @@ def batching(ckpt: Path, n: int, batch_size: int, rounds: int, steps: int) -> di
         for s in range(0, n, bs):
             chunk = prompts[s:s + bs]
             gens = [torch.Generator().manual_seed(image_seed(p.index, 0)) for p in chunk]
-            out.append(pipe([p.text for p in chunk], num_inference_steps=steps, guidance_scale=5.0, height=32,
+            out.append(pipe([p.text for p in chunk], num_inference_steps=steps, guidance_scale=GUIDANCE_CPU, height=32,
                             width=32, generator=gens, output_type="np").images)
         return time.perf_counter() - t0, np.concatenate(out)
 
@@ -96,7 +90,8 @@ def batching(ckpt: Path, n: int, batch_size: int, rounds: int, steps: int) -> di
                 last = images
     diff = np.abs(ref * 255 - last * 255).max()
     one, many = n / statistics.median(single), n / statistics.median(batched)
-    return {"images": n, "steps": steps, "batch_size": batch_size, "rounds": rounds,
+    return {"images": n, "sampler": SAMPLER, "steps": steps, "guidance": GUIDANCE_CPU, "batch_size": batch_size,
+            "rounds": rounds,
             "images_per_s_one_at_a_time": round(one, 2), "images_per_s_batched": round(many, 2),
             "speedup": round(many / one, 2), "max_abs_difference_8bit": round(float(diff), 3)}
 
@@ -115,24 +110,27 @@ def child_peak(args: list[str], log: Path) -> tuple[int, float]:
     return usage.ru_maxrss * 1024, time.perf_counter() - t0  # ru_maxrss is in KiB on Linux
 
 
-def memory(ckpt: Path, data: Path, scorer_path: Path, sizes: list[int], steps: int) -> dict:
+def memory(ckpt: Path, data: Path, scorer_path: Path, sizes: list[int], steps: int, n_reference: int) -> dict:
     out = {}
     for n in sorted(sizes):
-        folder = OUT / f"eval-memory-{n}"
+        folder = RUN.out / f"eval-memory-{n}"
         if folder.exists():
             import shutil
 
             shutil.rmtree(folder)
         peak, secs = child_peak(["evaluate", "run", str(ckpt), "--out", str(folder), "--reference",
                                  str(data / "32"), "--scorer", str(scorer_path), "--prompts", "shapes",
-                                 "--n-prompts", str(n), "--n-reference", "1000", "--guidance", "5", "--steps",
-                                 str(steps), "--batch-size", "64", "--kid-subset-size", "1000"], OUT / f"eval-memory-{n}.log")
+                                 "--n-prompts", str(n), "--n-reference", str(n_reference), "--size", "32",
+                                 "--guidance", str(GUIDANCE_CPU), "--sampler", SAMPLER, "--steps", str(steps),
+                                 "--batch-size", "64", "--kid-subset-size", "1000"], RUN.out / f"eval-memory-{n}.log")
         rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
-        assert rows[-1]["n_images"] == n
+        if rows[-1]["n_images"] != n:
+            raise SystemExit(f"`dwb evaluate run` scored {rows[-1]['n_images']} images, not {n}")
         out[n] = {"peak_rss_mib": round(peak / 2**20, 1), "seconds": round(secs, 1),
                   "images_per_s": round(n / rows[-1]["seconds_total"], 1)}
     lo, hi = min(sizes), max(sizes)
-    return {"runs": out, "ratio_peak_rss": round(out[hi]["peak_rss_mib"] / out[lo]["peak_rss_mib"], 3)}
+    return {"sampler": SAMPLER, "steps": steps, "guidance": GUIDANCE_CPU, "n_reference": n_reference, "runs": out,
+            "ratio_peak_rss": round(out[hi]["peak_rss_mib"] / out[lo]["peak_rss_mib"], 3)}
 
 
 def random_inception(path: Path) -> Path:
@@ -187,14 +185,14 @@ def gpu_scoring(args) -> dict:
                          "the script on a CPU)")
     n, size = int(args.images.split(",")[0]), args.size
     t0 = time.perf_counter()
-    pipe_dir = sd2_base_folder(OUT / "sd2-base-random")
-    ref = OUT / f"reference-{size}-{n}"
+    pipe_dir = sd2_base_folder(RUN.out / "sd2-base-random")
+    ref = RUN.out / f"reference-{size}-{n}"
     if not (ref / str(size) / "index.json").is_file():
         write_shapes_dataset(ref, n, seed=0, sizes=(size,), n_eval=0, progress=False)
-    weights = random_inception(OUT / "inception-random" / "weights-inception-2015-12-05-6726825d.pth")
-    clip = random_clip_large(OUT / "clip-vit-l14-random", pipe_dir / "tokenizer")
+    weights = random_inception(RUN.out / "inception-random" / "weights-inception-2015-12-05-6726825d.pth")
+    clip = random_clip_large(RUN.out / "clip-vit-l14-random", pipe_dir / "tokenizer")
     setup_s = time.perf_counter() - t0
-    folder = OUT / f"eval-gpu-{args.device}"
+    folder = RUN.out / f"eval-gpu-{args.device}"
     if folder.exists():
         import shutil
 
@@ -202,14 +200,15 @@ def gpu_scoring(args) -> dict:
     peak, secs = child_peak(["evaluate", "run", *[str(pipe_dir)] * args.passes, "--out", str(folder), "--reference",
                              str(ref / str(size)), "--inception-weights", str(weights), "--clip", str(clip),
                              "--prompts", "reference", "--n-prompts", str(n), "--n-reference", str(n),
-                             "--guidance", "7.5", "--steps", str(args.steps), "--size", str(size), "--batch-size",
-                             str(args.batch_size), "--device", args.device, "--dtype", args.dtype,
-                             "--kid-subset-size", str(min(1000, n))], OUT / f"eval-gpu-{args.device}.log")
+                             "--guidance", str(GUIDANCE_GPU), "--sampler", SAMPLER, "--steps", str(args.steps),
+                             "--size", str(size), "--batch-size", str(args.batch_size), "--device", args.device,
+                             "--dtype", args.dtype, "--kid-subset-size", str(min(1000, n))],
+                            RUN.out / f"eval-gpu-{args.device}.log")
     rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
     keys = ("n_images", "seconds_checkpoint", "seconds_generate", "seconds_metrics")
     return {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-            "model": "sd2-base, random weights", "images": n, "size": size, "steps": args.steps, "guidance": 7.5,
-            "sampler": "DDIM", "dtype": args.dtype, "batch_size": args.batch_size, "setup_seconds": round(setup_s, 1),
+            "model": "sd2-base, random weights", "images": n, "size": size, "steps": args.steps,
+            "guidance": GUIDANCE_GPU, "sampler": SAMPLER, "dtype": args.dtype, "batch_size": args.batch_size, "setup_seconds": round(setup_s, 1),
             "first_checkpoint": {k: rows[0][k] for k in keys},
             **({"next_checkpoint": {k: rows[-1][k] for k in keys}} if len(rows) > 1 else {}),
             "images_per_s": round(rows[-1]["n_images"] / rows[-1]["seconds_checkpoint"], 2),
@@ -224,13 +223,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, help="sampler steps (default 20; 25 with --gpu)")
     p.add_argument("--images", help="image counts (default 1000,10000; 1000 with --gpu)")
     p.add_argument("--memory-steps", type=int, default=4, help="sampler steps in the memory runs (speed only)")
+    p.add_argument("--n-reference", type=int, default=1000, help="reference images in the memory runs")
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--gpu", action="store_true", help="seconds to score a full-size SD2-base checkpoint")
     p.add_argument("--device", default="cuda", help="with --gpu: cuda, or cpu to check the script at a small size")
     p.add_argument("--size", type=int, default=512, help="with --gpu: image side")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="with --gpu")
     p.add_argument("--passes", type=int, default=2, help="with --gpu: times the checkpoint is scored in one process")
-    args = p.parse_args()
+    args = parse_args(p, smoke=dict(rounds=1, batch_images=4, batch_size=4, steps=2, images="8", memory_steps=1,
+                                    n_reference=64))
+    if args.smoke and args.gpu:
+        p.error("--smoke checks the CPU path; --gpu is not part of it")
     args.steps = args.steps or (25 if args.gpu else 20)
     args.images = args.images or ("1000" if args.gpu else "1000,10000")
     if args.gpu:
@@ -238,14 +241,14 @@ def main() -> None:
         print(json.dumps(result, indent=2), flush=True)
         report("evaluate_gpu" if args.device == "cuda" else "evaluate_gpu_cpu_check", result)
         return
-    data, parts = fixtures()
-    ckpt = tiny_checkpoint(data, parts)
+    data, _ = fixtures()
+    ckpt = tiny_checkpoint()
     result = {"command": "python bench/evaluate_bench.py " + " ".join(sys.argv[1:]),
               "batching": batching(ckpt, args.batch_images, args.batch_size, args.rounds, args.steps)}
     print(json.dumps(result["batching"], indent=2), flush=True)
     if not args.skip_memory:
         sizes = [int(x) for x in args.images.split(",")]
-        result["memory"] = memory(ckpt, data, scorer(data), sizes, args.memory_steps)
+        result["memory"] = memory(ckpt, data, scorer(data), sizes, args.memory_steps, args.n_reference)
     report("evaluate", result)
 
 

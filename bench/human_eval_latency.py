@@ -1,6 +1,6 @@
 """human_eval: serving latency and vote throughput at 50 concurrent raters (target: p99 under 50 ms).
 
-A study of 3 models x 200 DrawBench prompts (600 pairs, 128 px images) is served by `dwb human-eval
+A study of 3 models x 200 DrawBench prompts (600 model pairs, 128 px images) is served by `dwb human-eval
 serve` (uvicorn, SQLite in WAL mode) in its own process on 127.0.0.1; this process plays the raters,
 each on its own keep-alive connection, like a browser tab, with a minimal HTTP/1.1 client so that the
 measuring side takes little of the CPU the server needs. Two runs, each with a fresh vote store:
@@ -17,14 +17,15 @@ Each rater starts a session and sends its server-issued key with every request, 
 After each run the votes in the store are compared with the votes sent: every one, once, as sent.
 
 Run: .venv/bin/python bench/human_eval_latency.py [--raters 50 --votes 40 --think 0.5]
-     .venv/bin/python bench/human_eval_latency.py --smoke   (a small study in a temporary folder, 5 raters
-     x 6 votes: checks that it runs end to end and that the store holds exactly the votes sent)
+Smoke: .venv/bin/python bench/human_eval_latency.py --smoke (12 prompts, 3 raters x 4 votes; every answer 200)
+DrawBench's CSV is read from ../shared beside the checkout, or from $DWB_SHARED.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import socket
@@ -37,26 +38,28 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import OUT, ROOT, report
+from _common import ROOT, RUN, parse_args, report
 
-DRAWBENCH = ROOT.parent / "shared" / "data" / "prompts" / "drawbench.csv"
-STUDY = OUT / "human-eval" / "study"
+DRAWBENCH = Path(os.environ.get("DWB_SHARED", ROOT.parent / "shared")) / "data" / "prompts" / "drawbench.csv"
+MODELS = ("model-a", "model-b", "model-c")
 ADMIN_TOKEN = "bench-admin-token-0123"  # the server refuses tokens under 16 characters
 
 
-def build_study(study: Path = STUDY, n_prompts: int = 200, size: int = 128) -> Path:
-    """Three models' manifests of DrawBench prompts (smooth images), then `dwb human-eval create`."""
+def build_study(n_prompts: int) -> Path:
+    """Three models' manifests of the first ``n_prompts`` DrawBench prompts (smooth 128 px images), then
+    `dwb human-eval create`."""
     from PIL import Image
 
     from human_eval.samples import read_prompts_csv
 
+    root = RUN.out / f"human-eval-{n_prompts}"
+    study = root / "study"
     if (study / "study.json").is_file():
         return study
     prompts = read_prompts_csv(DRAWBENCH)[:n_prompts]
-    root = study.parent
     args = []
-    yy, xx = np.mgrid[0:size, 0:size] / (size - 1.0)
-    for m, name in enumerate(("model-a", "model-b", "model-c")):
+    yy, xx = np.mgrid[0:128, 0:128] / 127.0
+    for m, name in enumerate(MODELS):
         folder = root / name
         folder.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(m)
@@ -147,6 +150,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def wait_listening(server: subprocess.Popen, port: int, limit_s: float = 120.0) -> None:
+    """Until the server accepts connections (its start-up imports take seconds, more on a busy machine)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"dwb human-eval serve exited with status {server.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"dwb human-eval serve did not listen on port {port} within {limit_s:.0f} s")
+
+
 def run(study: Path, raters: int, votes: int, think: float, images: bool, seed: int) -> dict:
     for f in study.glob("votes.sqlite*"):
         f.unlink()
@@ -156,12 +173,7 @@ def run(study: Path, raters: int, votes: int, think: float, images: bool, seed: 
     server = subprocess.Popen([str(Path(sys.executable).parent / "dwb"), "human-eval", "serve", str(study), "--port",
                                str(port), "--admin-token", ADMIN_TOKEN], stdout=subprocess.DEVNULL)
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_listening(server, port)
         times: dict[str, list[float]] = {"session": [], "next": [], "image": [], "vote": []}
         sent_votes: dict[tuple[str, str, str], str] = {}
         cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
@@ -225,23 +237,18 @@ def main() -> None:
     parser.add_argument("--votes", type=int, default=40, help="votes per rater (2 per pair)")
     parser.add_argument("--think", type=float, default=0.5, help="mean think time of the paced run, seconds")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="a small study, 5 raters x 6 votes: checks only")
-    args = parser.parse_args()
-    if args.smoke:
-        with tempfile.TemporaryDirectory() as tmp:
-            study = build_study(Path(tmp) / "study", n_prompts=10, size=16)
-            for name, think, images in (("paced", 0.02, True), ("saturated", 0.0, False)):
-                r = run(study, 5, 6, think, images, args.seed)
-                print(f"smoke {name}: {r['votes']} votes sent and stored, {r['requests_per_s']} requests/s")
-        return
-    study = build_study()
+    parser.add_argument("--prompts", type=int, default=200, help="DrawBench prompts in the study (3 model pairs each)")
+    args = parse_args(parser, smoke=dict(prompts=12, raters=3, votes=4, think=0.05))
+    study = build_study(args.prompts)
     results = {"paced": run(study, args.raters, args.votes, args.think, True, args.seed),
                "saturated": run(study, args.raters, args.votes, 0.0, False, args.seed)}
-    plot(results, OUT / "human_eval_latency.png")
+    plot(results, RUN.out / "human_eval_latency.png")
     for r in results.values():
         del r["_times"]
     report("human_eval_latency", {"target": "p99 < 50 ms for fetching a pair and submitting a vote, 50 raters",
-                                  "pairs": 600, "plot": str(OUT / "human_eval_latency.png"), **results})
+                                  "prompts": args.prompts,
+                                  "model_pairs": math.comb(len(MODELS), 2) * args.prompts,
+                                  "plot": str(RUN.out / "human_eval_latency.png"), **results})
 
 
 if __name__ == "__main__":

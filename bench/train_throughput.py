@@ -2,7 +2,8 @@
 
 Both train the same UNet architecture (random init) on the same precomputed-latent MDS dataset
 (random latents and text states of the right shapes, written once under bench/out), with AdamW,
-the same precision and attention backend:
+epsilon prediction, gradient clipping at 1.0, no EMA, the same precision and attention backend (each
+named in the config overrides, not left to the config file):
 
 - workbench: `train.trainer.build_trainer` (Composer Trainer, Streaming loader, non-finite guard,
   gradient clipping, SpeedMonitor), exactly what `dwb train` runs;
@@ -15,6 +16,7 @@ dense bf16 peak. Targets on one H200: >= 600 images/s at 256², >= 150 at 512².
 
 GPU:  python bench/train_throughput.py                  (sd2-base, 256 and 512, bf16, SDPA)
 CPU:  python bench/train_throughput.py --reduced        (tiny architecture; proves the script only)
+Smoke: python bench/train_throughput.py --smoke         (--reduced at 16 px, 2 timed steps, 1 round)
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import OUT, ROOT, fit_batch_end_times, report
+from _common import ROOT, RUN, fit_batch_end_times, parse_args, report
 
 TFLOP_PER_IMAGE = {256: 0.54, 512: 2.41}  # SD2-base UNet, forward + backward, per image
 PEAK_TFLOPS = {"H200": 989.5, "H100": 989.5, "A100": 312.0}  # dense bf16
@@ -152,7 +154,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2048)
     ap.add_argument("--num-workers", type=int, default=4)
     ap.add_argument("--attention", default="sdpa")
-    args = ap.parse_args()
+    args = parse_args(ap, smoke=dict(reduced=True, resolutions=[16], steps=2, warmup=1, rounds=1))
 
     from train.config import load_config
 
@@ -163,16 +165,17 @@ def main() -> None:
     resolutions = args.resolutions or ([16, 32] if args.reduced else [256, 512])
     batches = args.batch or ([16] * len(resolutions) if args.reduced else [64 if r <= 256 else 32 for r in resolutions])
     workers = 0 if args.reduced else args.num_workers
-    parts = OUT / f"throughput-parts-{arch}"
+    parts = RUN.out / f"throughput-parts-{arch}"
     results = []
     for res, batch in zip(resolutions, batches):
-        data = make_latents(arch, res, args.samples if not args.reduced else 256, parts, OUT / "throughput-data")
+        data = make_latents(arch, res, args.samples if not args.reduced else 256, parts, RUN.out / "throughput-data")
         cfg = load_config(ROOT / "configs/sd2-base-phase1.yaml", [
             f"model.architecture={arch}", f"model.pretrained={parts}", f"data.path={data}", "data.precomputed=true",
             f"data.resolution={res}", f"data.num_workers={workers}", f"global_train_batch_size={batch}",
             f"device_train_microbatch_size={batch}", f"model.attention={args.attention}", "fsdp=false",
+            "model.prediction_type=epsilon", "grad_clip_norm=1.0", "ema.enabled=false",
             "low_precision_norms=" + ("true" if gpu else "false"), "precision=" + ("amp_bf16" if gpu else "fp32"),
-            f"save_folder={OUT / 'throughput-ckpt'}", "save_interval=1000000ba", "progress_bar=false", "loggers=[]",
+            f"save_folder={RUN.out / 'throughput-ckpt'}", "save_interval=1000000ba", "progress_bar=false", "loggers=[]",
             "autoresume=false", "load_path=null", "scheduler.t_warmup=1ba"])
         wb, pl = [], []
         for _ in range(args.rounds):  # alternate, so drift on the machine hits both
