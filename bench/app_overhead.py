@@ -151,18 +151,19 @@ def overhead(client, http, url: str, pipe, ckpt: Path, size: int, steps: int, ro
 
 
 def cache_figure(ckpt: Path, repeats: int) -> dict:
-    from app import checkpoints
     from app.service import Service
+    from train.checkpoints import content_hash, find, hashing
 
     firsts, seconds = [], []
     for _ in range(repeats):
-        checkpoints._hashes.clear()
+        hashing._cache.clear()
+        find._kinds.clear()
         service = Service([ckpt.parent], cache_size=2)
         for times in (firsts, seconds):
             t0 = time.perf_counter()
             c = service.open(str(ckpt))
             service.pipeline(c, "ema")
-            checkpoints.checkpoint_hash(c)
+            content_hash(c)
             times.append(time.perf_counter() - t0)
     f, s = statistics.median(firsts), statistics.median(seconds)
     return {"first_open_median_s": round(f, 4), "second_open_median_s": round(s, 6), "ratio": round(s / f, 5),

@@ -89,6 +89,7 @@ def main() -> None:
     refs = {"composer (tiny)": str(tiny_checkpoint())} if RUN.smoke else full_size_checkpoints()
     results = {}
     for kind, ref in refs.items():
+        time_door(ref)  # imports (diffusers' single-file code, Composer's) are not the door's per-checkpoint cost
         doors, opens = [], []
         for _ in range(args.rounds):  # side by side, alternating
             doors.append(time_door(ref))

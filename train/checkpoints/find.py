@@ -75,10 +75,10 @@ def _read_kind(path: Path) -> tuple[str, int | None]:
 
     if path.suffix in (".safetensors", ".ckpt") and is_single_file(path):
         return "single-file", None
-    from .composer import read_checkpoint, training_batches
+    from .composer import read_summary, training_batches
 
     try:
-        ckpt = read_checkpoint(path)
+        ckpt = read_summary(path)
     except CheckpointError:
         return "unreadable", _step_in_name(path.name)
     return ckpt["kind"], training_batches(ckpt)

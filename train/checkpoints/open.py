@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, WorkbenchError
-from .composer import has_ema, model_weights, read_checkpoint
+from .composer import has_ema, model_weights, read_checkpoint, read_summary
 from .find import Checkpoint, find_checkpoint
 from .tokenizer_files import check_pipeline_folder, tokenizer_from_files
 
@@ -32,7 +32,7 @@ class CheckpointInfo:
 
 def describe(ckpt: Checkpoint) -> CheckpointInfo:
     if ckpt.kind in ("composer", "mosaicml"):
-        data = read_checkpoint(ckpt.path)  # memory-mapped: the weights are not read here
+        data = read_summary(ckpt.path)  # the pickle alone: no weights are read
         spec = data["spec"]
         return CheckpointInfo(ckpt.kind, spec.get("resolution"), has_ema(data), spec.get("architecture"),
                               spec.get("prediction_type"))
