@@ -62,7 +62,7 @@ def make_latents(arch: str, res: int, n: int, parts: Path, folder: Path) -> Path
     from streaming import MDSWriter
 
     from train.architectures import ARCHITECTURES
-    from train.precompute import FORMAT, META, columns, encode_array, fingerprint
+    from train.latents import FORMAT, META, columns, encode_array, fingerprint
 
     out = folder / f"{arch}-{res}"
     if (out / META).is_file():

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from train.errors import WorkbenchError
-from train.precompute import fingerprint
+from train.latents import fingerprint
 
 DEFAULT_CLIP = "openai/clip-vit-large-patch14"
 

@@ -169,7 +169,7 @@ def check_remote_access(url: str, key: str) -> None:
 
 
 def _check_local(path: str, key: str, precomputed: bool) -> None:
-    from .precompute import META
+    from .latents import META
 
     p = Path(path)
     if not (p / "index.json").is_file():
@@ -185,7 +185,7 @@ def _check_local(path: str, key: str, precomputed: bool) -> None:
 
 def latent_meta(data_cfg) -> dict:
     """The precompute metadata every stream of a latent dataset shares (refused if they differ)."""
-    from .precompute import read_meta
+    from .latents import read_meta
 
     metas = []
     for i, s in enumerate(stream_list(data_cfg)):

@@ -209,7 +209,7 @@ def attach_latents(cfg: TrainConfig, model: LatentDiffusion) -> dict | None:
     if not cfg.data.precomputed:
         return None
     from .data import latent_meta
-    from .precompute import check_compatible, decode_array
+    from .latents import check_compatible, decode_array
 
     meta = latent_meta(cfg.data)
     check_compatible(meta, vae=model.vae, text_encoder=model.text_encoder, resolution=cfg.data.resolution,
@@ -230,33 +230,77 @@ def make_scheduler(cfg: TrainConfig):
     return ConstantWithWarmupScheduler(t_warmup=sc.t_warmup)
 
 
-def build_trainer(cfg: TrainConfig):
-    from composer import Trainer
+def make_algorithms(cfg: TrainConfig) -> list:
+    """The guard against non-finite steps, gradient clipping, EMA and low-precision norms, as configured."""
     from composer.algorithms import GradientClipping, LowPrecisionGroupNorm, LowPrecisionLayerNorm
-    from composer.callbacks import LRMonitor, SpeedMonitor
-    from composer.loggers import FileLogger
-    from composer.utils import dist
 
-    from .data import build_dataloader
     from .ema import FusedEMA
-
-    from composer.devices import DeviceCPU, DeviceGPU
-
     from .guard import NonFiniteGuard
-    from .compat import RestoreRNG, align_dataset_epoch
+
+    algorithms = [NonFiniteGuard(cfg.max_consecutive_nonfinite)]  # before clipping, at the same event
+    if cfg.grad_clip_norm is not None:
+        algorithms.append(GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip_norm))
+    if cfg.ema.enabled:
+        algorithms.append(FusedEMA(half_life=None, smoothing=cfg.ema.smoothing, ema_start=cfg.ema.ema_start,
+                                   update_interval=cfg.ema.update_interval))
+    if cfg.low_precision_norms:
+        algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
+    return algorithms
+
+
+def make_loggers(cfg: TrainConfig, run_dir: Path) -> list:
+    """Composer loggers by name (config key 'loggers'): file, tensorboard, wandb."""
+    loggers = []
+    for name in cfg.loggers:
+        if name == "file":
+            from composer.loggers import FileLogger
+
+            run_dir.mkdir(parents=True, exist_ok=True)
+            loggers.append(FileLogger(filename=str(run_dir / "log-rank{rank}.txt"), flush_interval=50))
+        elif name == "tensorboard":
+            from composer.loggers import TensorboardLogger
+
+            try:
+                loggers.append(TensorboardLogger(log_dir=str(run_dir / "tensorboard"), flush_interval=50))
+            except Exception as e:  # noqa: BLE001 - tensorboard missing or broken
+                raise WorkbenchError(f"config key 'loggers': tensorboard is not usable ({e}); pip install tensorboard") from None
+        elif name == "wandb":
+            from composer.loggers import WandBLogger
+
+            loggers.append(WandBLogger(project=os.environ.get("WANDB_PROJECT", "diffusion-workbench"), name=cfg.run_name))
+    return loggers
+
+
+def start_processes(cfg: TrainConfig) -> tuple[str, str]:
+    """(device, precision) for Composer; joins the process group `composer -n N` set up (gloo on CPU, NCCL on GPU)."""
+    from composer.devices import DeviceCPU, DeviceGPU
+    from composer.utils import dist
 
     device = resolve_device(cfg)
     check_gpu_features(cfg, device)
     precision = resolve_precision(cfg, device)
     if dist.get_world_size() > 1 and not dist.is_initialized():
-        dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())  # gloo on CPU, NCCL on GPU
-    save_folder = cfg.resolved_save_folder()
-    if cfg.load_path and "://" in cfg.load_path:
-        check_remote_folder(cfg.load_path, "load_path")
-    if cfg.autoresume and "://" in save_folder:
-        check_remote_folder(save_folder, "save_folder")
-    from composer.utils import reproducibility
+        dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())
+    if cfg.global_train_batch_size % dist.get_world_size():
+        raise WorkbenchError(f"config key 'global_train_batch_size' ({cfg.global_train_batch_size}) must divide by "
+                             f"the number of processes ({dist.get_world_size()})")
+    return device, precision
 
+
+def build_trainer(cfg: TrainConfig):
+    """Composer's Trainer for one phase: every check that can fail runs before it is built."""
+    from composer import Trainer
+    from composer.callbacks import LRMonitor, SpeedMonitor
+    from composer.utils import dist, reproducibility
+
+    from .compat import RestoreRNG, align_dataset_epoch
+    from .data import build_dataloader
+
+    device, precision = start_processes(cfg)
+    save_folder = cfg.resolved_save_folder()
+    for key, url, needed in (("load_path", cfg.load_path, True), ("save_folder", save_folder, cfg.autoresume)):
+        if needed and url and "://" in url:
+            check_remote_folder(url, key)
     reproducibility.seed_all(cfg.seed)  # the UNet's initial weights follow the run's seed
     model = build_model(cfg)
     check_save_folder(save_folder, estimate_checkpoint_bytes(model, cfg.ema.enabled))
@@ -266,90 +310,48 @@ def build_trainer(cfg: TrainConfig):
     attach_latents(cfg, model)
     resume_from = resolve_resume(cfg, save_folder)
     remote_resume = resume_from is not None and "://" in save_folder
-
-    world = dist.get_world_size()
-    if cfg.global_train_batch_size % world:
-        raise WorkbenchError(f"config key 'global_train_batch_size' ({cfg.global_train_batch_size}) must divide by "
-                             f"the number of processes ({world})")
-    dataloader = build_dataloader(cfg.data, model.tokenizer, cfg.global_train_batch_size // world, cfg.seed,
-                                  other_phrasings=cfg.model.other_phrasing > 0)
-
-    o = cfg.optimizer
-    optimizer = torch.optim.AdamW(model.unet.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                  weight_decay=o.weight_decay)
-    algorithms = [NonFiniteGuard(cfg.max_consecutive_nonfinite)]  # before clipping, at the same event
-    if cfg.grad_clip_norm is not None:
-        algorithms.append(GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip_norm))
-    if cfg.ema.enabled:
-        algorithms.append(FusedEMA(half_life=None, smoothing=cfg.ema.smoothing, ema_start=cfg.ema.ema_start,
-                              update_interval=cfg.ema.update_interval))
-    if cfg.low_precision_norms:
-        algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
-
     run_dir = Path(save_folder).parent if "://" not in save_folder else Path("runs") / cfg.run_name
-    loggers = []
-    for name in cfg.loggers:
-        if name == "file":
-            run_dir.mkdir(parents=True, exist_ok=True)
-            loggers.append(FileLogger(filename=str(run_dir / "log-rank{rank}.txt"), flush_interval=50))
-        elif name == "tensorboard":
-            from composer.loggers import TensorboardLogger
-
-            try:
-                loggers.append(TensorboardLogger(log_dir=str(run_dir / "tensorboard"), flush_interval=50))
-            except Exception as e:
-                raise WorkbenchError(f"config key 'loggers': tensorboard is not usable ({e}); pip install tensorboard") from None
-        elif name == "wandb":
-            from composer.loggers import WandBLogger
-
-            loggers.append(WandBLogger(project=os.environ.get("WANDB_PROJECT", "diffusion-workbench"), name=cfg.run_name))
-
     restore_rng = RestoreRNG()
-    parallelism = None
-    if cfg.fsdp:
-        parallelism = {"fsdp": {"sharding_strategy": "SHARD_GRAD_OP", "mixed_precision": "PURE"}}
-
     trainer = Trainer(
         model=model,
-        train_dataloader=dataloader,
+        train_dataloader=build_dataloader(cfg.data, model.tokenizer, cfg.global_train_batch_size // dist.get_world_size(),
+                                          cfg.seed, other_phrasings=cfg.model.other_phrasing > 0),
         max_duration=cfg.max_duration,
-        optimizers=optimizer,
-        schedulers=make_scheduler(cfg),
-        step_schedulers_every_batch=True,
-        algorithms=algorithms,
+        optimizers=torch.optim.AdamW(model.unet.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas),
+                                     eps=cfg.optimizer.eps, weight_decay=cfg.optimizer.weight_decay),
+        schedulers=make_scheduler(cfg), step_schedulers_every_batch=True,
+        algorithms=make_algorithms(cfg),
         callbacks=[SpeedMonitor(window_size=20), LRMonitor(), ModelSpec(spec), restore_rng],
-        loggers=loggers,
-        run_name=cfg.run_name,
-        progress_bar=cfg.progress_bar,
-        log_to_console=False,
-        console_log_interval=cfg.log_interval,
-        save_folder=save_folder,
-        save_filename="ep{epoch}-ba{batch}-rank{rank}.pt",
-        save_latest_filename="latest-rank{rank}.pt",
-        save_interval=cfg.save_interval,
-        save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
-        save_overwrite=not cfg.autoresume,
+        loggers=make_loggers(cfg, run_dir), run_name=cfg.run_name, progress_bar=cfg.progress_bar,
+        log_to_console=False, console_log_interval=cfg.log_interval,
+        save_folder=save_folder, save_filename="ep{epoch}-ba{batch}-rank{rank}.pt",
+        save_latest_filename="latest-rank{rank}.pt", save_interval=cfg.save_interval,
+        save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep, save_overwrite=not cfg.autoresume,
         # Composer's own autoresume reads the local save folder's latest link, which points at the file chosen
         # above; from object storage it would pick its own, so the checked local copy is loaded instead.
         autoresume=cfg.autoresume and not remote_resume,
         load_path=resume_from if remote_resume else (None if resume_from else load_path),
         load_weights_only=False if remote_resume else cfg.load_weights_only,
-        device=device,
-        precision=precision,
-        device_train_microbatch_size=cfg.device_train_microbatch_size,
-        parallelism_config=parallelism,
-        seed=cfg.seed,
-        python_log_level=None,
+        device=device, precision=precision, device_train_microbatch_size=cfg.device_train_microbatch_size,
+        parallelism_config={"fsdp": {"sharding_strategy": "SHARD_GRAD_OP", "mixed_precision": "PURE"}} if cfg.fsdp else None,
+        seed=cfg.seed, python_log_level=None,
     )
     restore_rng.take_over(trainer)
     align_dataset_epoch(trainer)
     log.info("attention backend: %s, device: %s, precision: %s", attention, device, precision)
+    write_run_config(cfg, run_dir)
+    return trainer
+
+
+def write_run_config(cfg: TrainConfig, run_dir: Path) -> None:
+    """The run's whole config beside its checkpoints (rank 0), so a run says how it was made."""
+    from composer.utils import dist
+
     if dist.get_global_rank() == 0:
         import yaml
 
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    return trainer
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def train(cfg: TrainConfig) -> Path:

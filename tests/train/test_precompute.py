@@ -11,7 +11,8 @@ from train.components import load_frozen_parts
 from train.config import DataConfig, load_config
 from train.data import build_dataloader, crop_to_array, latent_meta, other_phrasing, to_model_range
 from train.errors import WorkbenchError
-from train.precompute import META, decode_array, fingerprint, precompute
+from train.latents import META, decode_array, fingerprint
+from train.precompute import precompute
 from train.trainer import attach_latents, build_model, train
 
 from ..conftest import REPO, run_dwb, tiny_overrides
