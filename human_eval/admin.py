@@ -82,91 +82,98 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
     return "".join(parts)
 
 
-def add_admin_routes(app: FastAPI, service, token: str) -> None:
-    """Mount /admin, /admin/results.json, /admin/results.csv, /admin/votes.csv, /admin/votes.json, /admin/chart.png."""
-    expected = token.encode()
-    cache: dict[bool, dict] = {}
-    lock = threading.Lock()
+class AdminGate:
+    """The dashboard's token: a bearer header or the cookie ``/admin?token=`` sets, compared in constant time."""
 
-    def authorized(request: Request) -> bool:
+    def __init__(self, token: str):
+        self.token, self.expected = token, token.encode()
+
+    def require(self, request: Request) -> None:
         supplied = request.headers.get("authorization", "")
         supplied = supplied[7:] if supplied.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
-        return hmac.compare_digest(supplied.encode(), expected)
-
-    def require(request: Request) -> None:
-        if not authorized(request):
+        if not hmac.compare_digest(supplied.encode(), self.expected):
             raise HTTPException(401, "admin token required", headers={"WWW-Authenticate": "Bearer"})
 
-    def results(exclude: bool) -> dict:
-        """Analysis of the votes, recomputed when votes arrived, at most every `REFRESH_S` seconds.
+    def login(self, supplied: str) -> Response:
+        """``/admin?token=...``: the cookie set, and the token taken out of the address bar."""
+        if not hmac.compare_digest(supplied.encode(), self.expected):
+            raise HTTPException(401, "wrong admin token")
+        response = RedirectResponse("/admin", status_code=303)
+        response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict", path="/admin")
+        return response
 
-        The analysis takes the same CPU as the raters' requests; a dashboard left open must not slow them.
-        """
+
+class AnalysisCache:
+    """Analysis of the votes, recomputed when votes arrived, at most every ``REFRESH_S`` seconds: it takes the
+    same CPU as the raters' requests, and a dashboard left open must not slow them."""
+
+    def __init__(self, service):
+        self.service, self.cache, self.lock = service, {}, threading.Lock()
+
+    def get(self, exclude: bool) -> dict:
         from .analysis import analyze  # numpy, scipy: not needed to start serving
-        with lock:
-            last = cache.get(exclude)
-            if last is None or (time.monotonic() - last["at"] > REFRESH_S
-                                and last["last_vote"] != service.store.last_vote_id()):
-                last_vote = service.store.last_vote_id()
-                votes = service.store.all_votes()
-                results = analyze(service.study, votes, exclude_failing=exclude, n_boot=1000,
-                                  target_width=service.study.target_width, labels=service.store.labels())
-                cache[exclude] = last = {"at": time.monotonic(), "last_vote": last_vote, "votes": votes,
-                                         "results": results}
+
+        store = self.service.store
+        with self.lock:
+            last = self.cache.get(exclude)
+            if last is None or (time.monotonic() - last["at"] > REFRESH_S and last["last_vote"] != store.last_vote_id()):
+                last_vote, votes = store.last_vote_id(), store.all_votes()
+                results = analyze(self.service.study, votes, exclude_failing=exclude, n_boot=1000,
+                                  target_width=self.service.study.target_width, labels=store.labels())
+                self.cache[exclude] = last = {"at": time.monotonic(), "last_vote": last_vote, "votes": votes,
+                                              "results": results}
             return last
+
+
+def _download(body: str, media_type: str, filename: str) -> Response:
+    return Response(body, media_type=media_type, headers={"Content-Disposition": f"attachment; filename={filename}"})
+
+
+def add_admin_routes(app: FastAPI, service, token: str) -> None:
+    """Mount /admin, /admin/results.json, /admin/results.csv, /admin/votes.csv, /admin/votes.json, /admin/chart.png."""
+    gate, analysis = AdminGate(token), AnalysisCache(service)
+
+    async def results(request: Request, exclude: int) -> dict:
+        gate.require(request)
+        return (await run_in_threadpool(analysis.get, bool(exclude)))["results"]
+
+    async def votes_and_labels(request: Request) -> tuple[list, dict]:
+        gate.require(request)
+        return await run_in_threadpool(service.store.all_votes), await run_in_threadpool(service.store.labels)
 
     @app.get("/admin", response_class=HTMLResponse)
     async def dashboard(request: Request, exclude: int = 0) -> Response:
-        supplied = request.query_params.get("token")
-        if supplied is not None:
-            if not hmac.compare_digest(supplied.encode(), expected):
-                raise HTTPException(401, "wrong admin token")
-            response = RedirectResponse("/admin", status_code=303)
-            response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/admin")
-            return response
-        require(request)
-        data = await run_in_threadpool(results, bool(exclude))
+        if request.query_params.get("token") is not None:
+            return gate.login(request.query_params["token"])
+        data = await results(request, exclude)
         counts = await run_in_threadpool(service.store.counts)
-        return HTMLResponse(dashboard_html(data["results"], counts, bool(exclude)))
+        return HTMLResponse(dashboard_html(data, counts, bool(exclude)))
 
     @app.get("/admin/results.json")
     async def results_json(request: Request, exclude: int = 0) -> Response:
-        require(request)
-        data = await run_in_threadpool(results, bool(exclude))
-        return Response(json.dumps(data["results"], indent=1), media_type="application/json")
+        return Response(json.dumps(await results(request, exclude), indent=1), media_type="application/json")
 
     @app.get("/admin/results.csv")
     async def results_table(request: Request, exclude: int = 0) -> Response:
-        require(request)
-        data = await run_in_threadpool(results, bool(exclude))
-        return Response(results_csv(data["results"]), media_type="text/csv",
-                        headers={"Content-Disposition": "attachment; filename=results.csv"})
+        return _download(results_csv(await results(request, exclude)), "text/csv", "results.csv")
 
     @app.get("/admin/votes.csv")
     async def votes_table(request: Request) -> Response:
-        require(request)
-        votes = await run_in_threadpool(service.store.all_votes)
-        labels = await run_in_threadpool(service.store.labels)
-        return Response(votes_csv(service.study, votes, labels), media_type="text/csv",
-                        headers={"Content-Disposition": "attachment; filename=votes.csv"})
+        return _download(votes_csv(service.study, *await votes_and_labels(request)), "text/csv", "votes.csv")
 
     @app.get("/admin/votes.json")
     async def votes_list(request: Request) -> Response:
-        require(request)
-        votes = await run_in_threadpool(service.store.all_votes)
-        labels = await run_in_threadpool(service.store.labels)
-        return Response(votes_json(service.study, votes, labels), media_type="application/json")
+        return Response(votes_json(service.study, *await votes_and_labels(request)), media_type="application/json")
 
     @app.get("/admin/chart.png")
     async def chart(request: Request, exclude: int = 0) -> Response:
-        require(request)
-        data = await run_in_threadpool(results, bool(exclude))
+        data = await results(request, exclude)
 
         def render() -> bytes:
             from .chart import plot_preferences
 
             buf = io.BytesIO()
-            plot_preferences(data["results"], buf)
+            plot_preferences(data, buf)
             return buf.getvalue()
 
         return Response(await run_in_threadpool(render), media_type="image/png")
