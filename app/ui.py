@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from train.compat import calm_gradio_queue
-from train.errors import WorkbenchError
+from train.errors import WorkbenchError, first_line
 
 from .generate import DEFAULT_SCHEDULER, MAX_SEED, SCHEDULERS, GenerationParams, Stopped
 from .service import Result, Service
@@ -28,7 +28,7 @@ CSS = "#gallery, #compare-gallery {min-height: 320px}"
 
 def _message(e: Exception) -> gr.Error:
     """A one-line error for the UI; Gradio shows messages as HTML, so markup in user text is escaped."""
-    return gr.Error(html.escape(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, quote=False),
+    return gr.Error(html.escape(first_line(e), quote=False),
                     print_exception=False)
 
 

@@ -62,7 +62,7 @@ def make_latents(arch: str, res: int, n: int, parts: Path, folder: Path) -> Path
     from streaming import MDSWriter
 
     from train.architectures import ARCHITECTURES
-    from train.latents import FORMAT, META, columns, encode_array, fingerprint
+    from train.latents import LATENTS_FORMAT, META, latent_columns, encode_array, fingerprint
 
     out = folder / f"{arch}-{res}"
     if (out / META).is_file():
@@ -71,13 +71,13 @@ def make_latents(arch: str, res: int, n: int, parts: Path, folder: Path) -> Path
     down = 2 ** (len(ARCHITECTURES[arch]["vae"]["block_out_channels"]) - 1)
     lat, txt = (4, res // down, res // down), (te.config.max_position_embeddings, te.config.hidden_size)
     rng = np.random.default_rng(0)
-    with MDSWriter(out=str(out), columns=columns(lat, txt, "float16"), size_limit="256mb") as w:
+    with MDSWriter(out=str(out), columns=latent_columns(lat, txt, "float16"), size_limit="256mb") as w:
         for i in range(n):
             text = rng.standard_normal(txt, dtype=np.float32).astype(np.float16)
             w.write({"latent_mean": rng.standard_normal(lat, dtype=np.float32).astype(np.float16),
                      "latent_std": np.full(lat, 0.01, np.float16), "text": text, "text_alt": text,
                      "caption": f"sample {i}"})
-    meta = {"format": FORMAT, "complete": True, "resolution": res, "dtype": "float16", "samples": n,
+    meta = {"format": LATENTS_FORMAT, "complete": True, "resolution": res, "dtype": "float16", "samples": n,
             "scaling_factor": float(vae.config.scaling_factor), "latent_shape": list(lat), "text_shape": list(txt),
             "vae": {"fingerprint": fingerprint(vae)}, "text_encoder": {"fingerprint": fingerprint(te)},
             "empty_text": encode_array(np.zeros(txt, np.float16)), "center_crop": True}

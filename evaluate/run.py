@@ -1,6 +1,6 @@
 """Scoring checkpoints: samples per guidance scale, FID/KID against cached reference statistics, CLIP score.
 
-Under ``composer -n N`` every rank generates and embeds its share of the images (``samples.plan``);
+Under ``composer -n N`` every rank generates and embeds its share of the images (``samples.plan_batches``);
 feature statistics and CLIP sums are gathered on rank 0, which writes the manifest and the results.
 """
 from __future__ import annotations

@@ -68,7 +68,7 @@ def write_png(image: Image.Image, out: Path, record: SampleRecord) -> None:
     save_png(image, path, record.image_record(), extra=asdict(record))
 
 
-def plan(prompts: list[Prompt], n_per_prompt: int, batch_size: int, rank: int = 0,
+def plan_batches(prompts: list[Prompt], n_per_prompt: int, batch_size: int, rank: int = 0,
          world: int = 1) -> list[list[tuple[Prompt, int]]]:
     """This rank's batches of (prompt, image index) jobs.
 
@@ -104,7 +104,7 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Pr
     size = size or native_size(pipe)
     settings = Settings(steps=steps, guidance=guidance, width=size, height=size, sampler=sampler)
     scheduler, model = sampler_of(pipe, settings), source.model
-    batches = plan(prompts, n_per_prompt, batch_size, rank, world)
+    batches = plan_batches(prompts, n_per_prompt, batch_size, rank, world)
     records: list[SampleRecord] = []
     bar = tqdm(total=sum(map(len, batches)), desc=f"samples {model} cfg {guidance:g}", unit="img", disable=not progress)
     # PNG encoding (zlib, which releases the GIL) runs in threads while the next batch is generated;

@@ -66,7 +66,7 @@ def clustered(votes: list[dict], study: Study, n_boot: int, rng: np.random.Gener
             "two_way": two_way_interval(wins, decisive, prompts, raters, n_boot, rng)}
 
 
-def plan(result: dict, target_width: float) -> dict:
+def sample_size_plan(result: dict, target_width: float) -> dict:
     """Decisive votes a `target_width` interval needs, worst case and at the observed rate and tie rate."""
     rate, ties = result["rate_a"], result["tie_rate"]
     lo, hi = result["wilson"]
@@ -196,7 +196,7 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
     for q, a, b in tqdm(keys, desc="comparisons", disable=None if progress else True):
         group = groups.get((q, a, b), [])
         result = {"question": q, "model_a": a, "model_b": b, **preference(group), **clustered(group, study, n_boot, rng)}
-        result["plan"] = plan(result, target_width)
+        result["plan"] = sample_size_plan(result, target_width)
         by_category: dict[str, list[dict]] = defaultdict(list)
         for v in group:
             by_category[study.prompts[study.by_id[v["pair_id"]].prompt].category or NO_CATEGORY].append(v)

@@ -52,7 +52,7 @@ ANSWERS = ("A", "B", "none")  # as displayed: the left image, the right image, n
 
 
 @dataclass(frozen=True)
-class Prompt:
+class StudyPrompt:
     text: str
     category: str = ""
     index: int | None = None  # its prompt_index in its prompt set
@@ -88,7 +88,7 @@ class Study:
     secret: str
     created: str
     models: list[str]
-    prompts: list[Prompt]
+    prompts: list[StudyPrompt]
     images: dict[str, StudyImage]
     pairs: list[Pair]
     questions: tuple[Question, ...] = QUESTIONS
@@ -152,7 +152,7 @@ def load_study(folder: str | Path) -> Study:
         raise HumanEvalError(f"{path}: study format {data.get('format')!r}, this version reads {FORMAT}")
     return Study(
         folder=folder, id=data["id"], secret=data["secret"], created=data["created"], models=data["models"],
-        prompts=[Prompt(**p) for p in data["prompts"]],
+        prompts=[StudyPrompt(**p) for p in data["prompts"]],
         images={token: StudyImage(**image) for token, image in data["images"].items()},
         pairs=[Pair(**p) for p in data["pairs"]], questions=tuple(Question(**q) for q in data["questions"]),
         per_rater=data.get("per_rater"), model_info=data.get("model_info", {}),
@@ -176,8 +176,8 @@ def _by_model(samples: list[Sample]) -> dict[str, dict[tuple, Sample]]:
     return by_model
 
 
-def _prompts_of(samples: list[Sample]) -> tuple[list[Prompt], dict[tuple, int]]:
-    """One Prompt per prompt identity in prompt_index order (then first appearance); texts must agree."""
+def _prompts_of(samples: list[Sample]) -> tuple[list[StudyPrompt], dict[tuple, int]]:
+    """One StudyPrompt per prompt identity in prompt_index order (then first appearance); texts must agree."""
     first: dict[tuple, tuple[float, int]] = {}
     seen: dict[tuple, Sample] = {}
     category: dict[tuple, str] = {}
@@ -193,7 +193,7 @@ def _prompts_of(samples: list[Sample]) -> tuple[list[Prompt], dict[tuple, int]]:
         if s.category and not category.get(pid):
             category[pid] = s.category
     ids = sorted(first, key=first.__getitem__)
-    prompts = [Prompt(seen[p].prompt, category.get(p, ""), seen[p].prompt_index, seen[p].prompt_set) for p in ids]
+    prompts = [StudyPrompt(seen[p].prompt, category.get(p, ""), seen[p].prompt_index, seen[p].prompt_set) for p in ids]
     return prompts, {p: i for i, p in enumerate(ids)}
 
 

@@ -12,7 +12,7 @@ from diffusers import AutoencoderKL, DDIMScheduler, DDPMScheduler, StableDiffusi
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
 from .architectures import ARCHITECTURES, unet_config
-from .errors import WorkbenchError
+from .errors import WorkbenchError, first_line
 from .samplers import DEFAULT_SAMPLER, make_sampler
 
 # The SD2 training noise schedule: DDPM, scaled-linear betas 0.00085 to 0.012 over 1000 steps.
@@ -72,7 +72,7 @@ def _load_part(cls, ref: str, subfolder: str, what: str):
     except WorkbenchError:
         raise
     except Exception as e:  # hub unreachable, missing file, unreadable weights
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise WorkbenchError(f"cannot load pretrained {what} from '{ref}/{subfolder}': {first}") from None
 
 

@@ -15,8 +15,9 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import WorkbenchError
+from .architectures import ARCHITECTURES
 
-ARCHITECTURES = ("tiny", "sd2-base")
+ARCHITECTURE_NAMES = tuple(ARCHITECTURES)  # the architectures a config may name
 PREDICTION_TYPES = ("epsilon", "v_prediction")
 
 
@@ -217,8 +218,8 @@ def _merge(base: dict, extra: dict) -> dict:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     m = cfg.model
-    if m.architecture not in ARCHITECTURES:
-        raise WorkbenchError(f"config key 'model.architecture' must be one of {', '.join(ARCHITECTURES)}, got {m.architecture!r}")
+    if m.architecture not in ARCHITECTURE_NAMES:
+        raise WorkbenchError(f"config key 'model.architecture' must be one of {', '.join(ARCHITECTURE_NAMES)}, got {m.architecture!r}")
     if m.prediction_type not in PREDICTION_TYPES:
         raise WorkbenchError(f"config key 'model.prediction_type' must be one of {', '.join(PREDICTION_TYPES)}, got {m.prediction_type!r}")
     if not 0.0 <= m.caption_dropout < 1.0:

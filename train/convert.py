@@ -23,7 +23,7 @@ from streaming import MDSWriter
 from tqdm import tqdm
 
 from .errors import WorkbenchError
-from .mds import columns, open_writer
+from .mds import image_columns, open_writer
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
 IMAGE_COLUMNS = ("image", "jpg", "png", "img")
@@ -269,7 +269,7 @@ def convert(src: str | Path, out: str | Path, *, buckets: Sequence[int] = (256, 
         raise WorkbenchError(f"buckets must be positive sides in pixels, got {list(buckets)}")
     if limit is not None and limit < 1:
         raise WorkbenchError(f"limit must be at least 1, got {limit}")
-    columns(image_format)  # validates the format before any work
+    image_columns(image_format)  # validates the format before any work
     filters = []
     if min_aesthetic is not None:
         filters.append(_Filter("aesthetic", aesthetic_column, AESTHETIC_COLUMNS, _at_least(min_aesthetic)))

@@ -10,7 +10,7 @@ from PIL import Image
 from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
-from .errors import WorkbenchError
+from .errors import WorkbenchError, first_line
 from .mds import check_safe_columns, count_samples
 
 
@@ -237,7 +237,7 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -
         raise
     except Exception as e:  # noqa: BLE001 - storage and index errors become one line naming the data
         where = ", ".join(s.remote or s.path for s in streams)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise WorkbenchError(f"cannot open the training data ({where}): {first}") from None
 
 

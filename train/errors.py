@@ -1,6 +1,13 @@
 """The one exception type the command line shows as a one-line message."""
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """An exception's message cut to its first line (at most ``limit`` characters), or its type's name: how a
+    library's error becomes the reason in a one-line WorkbenchError."""
+    text = str(e).strip()
+    return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
 class WorkbenchError(Exception):
     """A problem the user can fix: a bad config key, a missing path or weight, a corrupt file.
 

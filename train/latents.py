@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import WorkbenchError
+from .errors import WorkbenchError, first_line
 
-FORMAT = "diffusion-workbench/latents/1"
+LATENTS_FORMAT = "diffusion-workbench/latents/1"
 META = "precompute.json"
-DTYPES = ("float16", "float32")
+STORAGE_DTYPES = ("float16", "float32")
 
 
 def fingerprint(module: torch.nn.Module) -> str:
@@ -39,7 +39,7 @@ def decode_array(d: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(d["base64"]), dtype=d["dtype"]).reshape(d["shape"]).copy()
 
 
-def columns(latent_shape, text_shape, dtype: str) -> dict[str, str]:
+def latent_columns(latent_shape, text_shape, dtype: str) -> dict[str, str]:
     lat = ",".join(map(str, latent_shape))
     txt = ",".join(map(str, text_shape))
     return {"latent_mean": f"ndarray:{dtype}:{lat}", "latent_std": f"ndarray:{dtype}:{lat}",
@@ -65,13 +65,13 @@ def read_meta(path: str | Path, remote: str | None = None) -> dict:
             local.parent.mkdir(parents=True, exist_ok=True)
             CloudDownloader.direct_download(url, str(local), 60)
         except Exception as e:  # noqa: BLE001 - any storage error becomes one line
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise WorkbenchError(f"cannot read {url}: {first}") from None
     if local is None or not local.is_file():
         raise WorkbenchError(f"{path or remote} holds no precomputed latents ({META} missing; "
                              f"make them with `dwb data precompute`)")
     meta = json.loads(local.read_text())
-    if meta.get("format") != FORMAT:
+    if meta.get("format") != LATENTS_FORMAT:
         raise WorkbenchError(f"{local} is not a diffusion-workbench latent dataset")
     if not meta.get("complete"):
         raise WorkbenchError(f"the precomputed latents at {local.parent} are unfinished: run the same "

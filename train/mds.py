@@ -14,7 +14,7 @@ from streaming import MDSWriter
 from .errors import WorkbenchError
 
 
-def columns(image_format: str) -> dict[str, str]:
+def image_columns(image_format: str) -> dict[str, str]:
     if image_format not in ("png", "jpeg"):
         raise WorkbenchError(f"image format must be png or jpeg, got {image_format!r}")
     return {"image": image_format, "caption": "str", "meta": "json"}
@@ -26,7 +26,7 @@ def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "6
     if (out / "index.json").exists():
         raise WorkbenchError(f"{out} already holds an MDS dataset; choose an empty folder")
     out.mkdir(parents=True, exist_ok=True)
-    return MDSWriter(out=str(out), columns=columns(image_format), size_limit=size_limit, compression=None)
+    return MDSWriter(out=str(out), columns=image_columns(image_format), size_limit=size_limit, compression=None)
 
 
 def bucket_dirs(root: str | Path) -> dict[int, Path]:

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .errors import WorkbenchError
+from .errors import WorkbenchError, first_line
 
-from .latents import DTYPES, FORMAT, META, columns, encode_array, fingerprint
+from .latents import LATENTS_FORMAT, META, STORAGE_DTYPES, encode_array, fingerprint, latent_columns
 
 # ---------------------------------------------------------------------------------------------
 # Loading the encoders
@@ -48,7 +48,7 @@ def _from(cls, ref: str, subfolder: str, what: str):
         try:
             return cls.from_pretrained(str(p))
         except Exception as e:  # noqa: BLE001
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise WorkbenchError(f"cannot load {what} from {p}: {first}") from None
     return _load_part(cls, ref, subfolder, what)
 
@@ -146,8 +146,8 @@ def precompute(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, token
     """Encode every bucket of ``src`` into ``out/<side>``; returns one summary dict per bucket."""
     from composer.utils import dist
 
-    if dtype not in DTYPES:
-        raise WorkbenchError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype not in STORAGE_DTYPES:
+        raise WorkbenchError(f"--dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
     if batch_size < 1 or chunk_size < 1:
         raise WorkbenchError("--batch-size and --chunk-size must be positive")
     jobs = _sources(src, resolutions, cache)
@@ -204,7 +204,7 @@ def _bucket_meta(enc: Encoding, dataset, side: int, n: int, source: str) -> dict
     empty = text[0].to(torch.float32).cpu().numpy().astype(enc.dtype)
     vae_config = json.loads(json.dumps(dict(enc.vae.config), default=str))
     return {
-        "format": FORMAT, "complete": False, "source": source, "resolution": side, "center_crop": True,
+        "format": LATENTS_FORMAT, "complete": False, "source": source, "resolution": side, "center_crop": True,
         "dtype": enc.dtype, "samples": n, "chunk_size": enc.chunk_size,
         "scaling_factor": float(enc.vae.config.scaling_factor), "latent_shape": list(mean.shape[1:]),
         "text_shape": list(text.shape[1:]),
@@ -249,7 +249,7 @@ def encode_bucket(enc: Encoding, side: int, local: str, remote: str | None, targ
     chunk_dirs = [target / "chunks" / f"{k:05d}" for k in range((n + enc.chunk_size - 1) // enc.chunk_size)]
     mine = [k for k in range(len(chunk_dirs)) if k % enc.world == enc.rank]
     todo = [k for k in mine if not (chunk_dirs[k] / "index.json").is_file()]
-    cols = columns(meta["latent_shape"], meta["text_shape"], enc.dtype)
+    cols = latent_columns(meta["latent_shape"], meta["text_shape"], enc.dtype)
     bar = tqdm(total=sum(min(enc.chunk_size, n - k * enc.chunk_size) for k in todo), unit="img",
                desc=f"precompute {side}px", disable=not enc.progress or enc.rank != 0)
     for k in todo:

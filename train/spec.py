@@ -12,7 +12,7 @@ from pathlib import Path
 
 from composer.core import Callback
 
-FORMAT = "diffusion-workbench/1"
+SPEC_FORMAT = "diffusion-workbench/1"
 
 
 def _plain(value):
@@ -27,7 +27,7 @@ def make_spec(model, architecture: str, resolution: int) -> dict:
             model.tokenizer.save_pretrained(tmp)
             tokenizer_files = {p.name: p.read_text() for p in Path(tmp).iterdir() if p.is_file()}
     return {
-        "format": FORMAT,
+        "format": SPEC_FORMAT,
         "architecture": architecture,
         "prediction_type": model.prediction_type,
         "resolution": resolution,

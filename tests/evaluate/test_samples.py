@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from evaluate.prompts import load_prompts, read_prompt_table, shapes_prompts
-from evaluate.samples import (MANIFEST, Provenance, generate_samples, image_seed, plan, read_manifest,
+from evaluate.samples import (MANIFEST, Provenance, generate_samples, image_seed, plan_batches, read_manifest,
                               write_category_grids, write_manifest)
 from train.errors import WorkbenchError
 from train.checkpoints import content_hash, find_checkpoint, load_pipeline
@@ -65,8 +65,8 @@ def test_bad_prompt_files_are_one_line_errors(tmp_path, content, message):
 def test_seeds_depend_only_on_prompt_and_image_index():
     assert image_seed(3, 1) == image_seed(3, 1) and image_seed(3, 1) != image_seed(1, 3)
     prompts = shapes_prompts(3)
-    whole = plan(prompts, 4, batch_size=5)
-    ranks = [plan(prompts, 4, batch_size=5, rank=r, world=2) for r in range(2)]
+    whole = plan_batches(prompts, 4, batch_size=5)
+    ranks = [plan_batches(prompts, 4, batch_size=5, rank=r, world=2) for r in range(2)]
     assert [len(b) for b in whole] == [5, 5, 2] and ranks == [[whole[0], whole[2]], [whole[1]]]  # same batches
     assert [(p.index, i) for b in whole for p, i in b] == [(p, i) for p in range(3) for i in range(4)]
 

@@ -14,7 +14,7 @@ import torch
 
 from ..architectures import ARCHITECTURES
 from ..errors import CheckpointError
-from ..spec import FORMAT, _plain
+from ..spec import SPEC_FORMAT, _plain
 
 HEAD_CHANNELS = 64  # SD2's attention heads (diffusers' attention_head_dim lists head counts: 320/5 = 64)
 NORM_GROUPS = 32
@@ -105,7 +105,7 @@ def spec_from_weights(weights: dict, where: str, prediction_type: str = "epsilon
         raise CheckpointError(f"{where}: its text encoder has {text['vocab_size']} tokens, not the CLIP tokenizer's "
                               f"{VOCAB_SIZE}; the checkpoint does not say which tokenizer it was trained with")
     resolution = unet["sample_size"] * 2 ** (len(vae["block_out_channels"]) - 1)
-    return {"format": FORMAT, "architecture": name or "inferred", "prediction_type": prediction_type,
+    return {"format": SPEC_FORMAT, "architecture": name or "inferred", "prediction_type": prediction_type,
             "resolution": resolution, "unet": _plain(unet), "vae": _plain(vae), "text_encoder": _plain(text),
             "tokenizer": sd2_tokenizer_files()}
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import CheckpointError
-from ..spec import FORMAT
+from ..errors import CheckpointError, first_line
+from ..spec import SPEC_FORMAT
 
 log = logging.getLogger("train.checkpoint")
 # Plain data types Composer's checkpoints hold besides tensors (RNG states, timestamps, versions).
@@ -46,7 +46,7 @@ def load_state(path: str | Path) -> dict:
         with torch.serialization.safe_globals(SAFE_TYPES):
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 - any failure to read a foreign file is one line
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise CheckpointError(f"cannot read checkpoint {path}: corrupt, not a PyTorch file, or holding more than "
                               f"plain data ({reason})") from None
     state = ckpt.get("state") if isinstance(ckpt, dict) else None
@@ -69,7 +69,7 @@ def read_checkpoint(path: str | Path) -> dict:
 def _interpret(state: dict, path) -> dict:
     spec = (state.get("callbacks") or {}).get("ModelSpec", {}).get("spec")
     kind = "composer"
-    if not spec or spec.get("format") != FORMAT:
+    if not spec or spec.get("format") != SPEC_FORMAT:
         if not is_mosaicml_state(state):
             raise CheckpointError(f"{path} is neither a diffusion-workbench checkpoint (no model spec inside) nor "
                                   "a mosaicml/diffusion one (no unet., vae. and text_encoder. weights)")

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 
 # The hub's names: letters, digits, "-", "_", "." (no "--" or "..", not at either end), 96 characters at most.
 _NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?"
@@ -111,7 +111,7 @@ def resolve_hub(ref: str, *, allow_download: bool) -> Path:
     except LocalEntryNotFoundError:
         raise _missing_offline(repo, revision, cache) from None
     except Exception as e:  # not on the hub, gated, no such revision, hub unreachable
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise CheckpointError(f"cannot get {ref} from the Hugging Face hub: {first}") from None
     folder = Path(folder)
     if not (folder / "model_index.json").is_file():

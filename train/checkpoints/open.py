@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError, WorkbenchError
+from ..errors import CheckpointError, WorkbenchError, first_line
 from .composer import has_ema, model_weights, read_checkpoint, read_summary
 from .find import Checkpoint, find_checkpoint
 from .tokenizer_files import check_pipeline_folder, tokenizer_from_files
@@ -98,7 +98,7 @@ def pipeline_from_folder(path: Path, where: str):
                                                        variant=variant, torch_dtype=torch.float32,
                                                        local_files_only=True)
     except Exception as e:  # noqa: BLE001 - missing parts, unreadable weights
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise CheckpointError(f"cannot load the pipeline in {where}: {first}") from None
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -13,7 +13,7 @@ import hashlib
 import os
 from pathlib import Path, PurePosixPath
 
-from ..errors import CheckpointError, WorkbenchError
+from ..errors import CheckpointError, WorkbenchError, first_line
 from .find import LATEST, OTHER_RANKS, WEIGHT_SUFFIXES, Checkpoint, _step_in_name
 
 
@@ -51,7 +51,7 @@ def _remote_error(uri: str, e: Exception) -> WorkbenchError:
     code = getattr(e, "response", {}).get("Error", {}).get("Code", "") if hasattr(e, "response") else ""
     if code in ("NoSuchKey", "404", "NoSuchBucket"):
         return CheckpointError(f"checkpoint not found: {uri}")
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    first = first_line(e)
     return WorkbenchError(f"cannot read {uri}: {first}")
 
 
