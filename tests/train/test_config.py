@@ -2,16 +2,24 @@ from pathlib import Path
 
 import pytest
 
-from train.config import TrainConfig, load_config
+from train.config import load_config
 from train.errors import WorkbenchError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
-def test_shipped_configs_load(name):
+def test_shipped_configs_load_and_round_trip(name, tmp_path):
+    """What a run writes beside its checkpoints (config.yaml) loads back to the same config."""
+    import yaml
+
+    from train.config import config_to_dict
+
     cfg = load_config(CONFIGS / name)
-    assert isinstance(cfg, TrainConfig)
+    assert cfg.run_name and cfg.max_duration and cfg.model.architecture in ("tiny", "sd2-base")
+    written = tmp_path / "config.yaml"
+    written.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    assert load_config(written) == cfg
 
 
 def test_sd2_recipe_is_visible_in_configs():

@@ -19,10 +19,14 @@ def test_samples_are_deterministic_by_seed():
     assert [x["caption"] for x in a] != [x["caption"] for x in c]
 
 
-def test_train_and_eval_splits_differ():
-    train = [make_sample(0, "train", i, (32,))["caption"] for i in range(30)]
-    held = [make_sample(0, "eval", i, (32,))["caption"] for i in range(30)]
-    assert train != held
+def test_train_and_eval_splits_are_disjoint():
+    """Held-out scenes are not training scenes: no held-out image equals a training image."""
+    train = {_pixels(make_sample(0, "train", i, (16,)), 16).tobytes() for i in range(400)}
+    held = [_pixels(make_sample(0, "eval", i, (16,)), 16).tobytes() for i in range(100)]
+    assert len(train) > 390  # the scenes themselves differ from one another
+    assert not train.intersection(held)
+    assert [make_sample(0, "eval", i, (16,))["caption"] for i in range(30)] != \
+        [make_sample(0, "train", i, (16,))["caption"] for i in range(30)]
 
 
 def test_caption_matches_attributes_and_layout():
