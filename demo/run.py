@@ -58,30 +58,18 @@ def label(phase: str, ckpt) -> str:
     return f"{phase}/ba{ckpt.step}"
 
 
-def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
-    from train.config import load_config
-    from train.grid import write_grid
-    from train.checkpoints import export_pipeline, load_pipeline
+def prepare_stages(out: Path, p: dict, seed: int, quick: bool, stages: list) -> dict:
+    """Data, the tiny parts, the shapes scorer and phase 2's precomputed latents; the scorer's summary."""
+    from evaluate.domain import train_scorer
     from train.precompute import precompute
     from train.prepare import prepare_tiny
     from train.shapes import write_shapes_dataset
-    from train.trainer import train
 
-    p = QUICK if quick else FULL
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    stages: list[dict] = []
-    t_start = time.perf_counter()
-    # From the process's start to here: interpreter, imports (torch, diffusers, Composer), removing the old output.
-    startup = round(time.time() - psutil.Process().create_time(), 1)
     with measured("data: shapes dataset", stages):
         write_shapes_dataset(out / "shapes", p["n"], seed, sizes=(16, 32), n_eval=p["n_eval"], progress=not quick)
     with measured("prepare: tokenizer, text encoder, tiny VAE", stages):
         prepare_tiny(out / "shapes", out / "components", vae_steps=p["vae_steps"], seed=seed, progress=not quick)
     with measured("scorer: shapes attribute classifier (domain FID features)", stages):
-        from evaluate.domain import train_scorer
-
         scorer = train_scorer(out / "shapes", out / "scorer.pt", epochs=p["scorer_epochs"], seed=seed, progress=not quick)
     stages[-1]["held_out_accuracy"] = scorer.get("held_out")
     # Phase 2 reads its 32 px data ~5 times over, so it trains on stored latents; phase 1 reads less
@@ -90,12 +78,18 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
         parts = str(out / "components")
         precompute(str(out / "shapes"), str(out / "latents"), vae_ref=parts, text_encoder_ref=parts,
                    tokenizer_ref=parts, resolutions=[32], batch_size=256, progress=not quick)
+    return scorer
 
-    runs = out / "runs"
+
+def train_phases(out: Path, p: dict, seed: int, quick: bool, stages: list) -> tuple[dict, dict]:
+    """Both phases, phase 2 from phase 1's last checkpoint; (checkpoint folder, resolution) by phase."""
+    from train.config import load_config
+    from train.trainer import train
+
     common = [f"model.pretrained={out / 'components'}", f"seed={seed + 17}", f"progress_bar={not quick}", *p["train"]]
     phase_dirs, resolutions = {}, {}
     for phase in ("phase1", "phase2"):
-        overrides = common + [f"save_folder={runs / ('tiny-' + phase) / 'checkpoints'}"]
+        overrides = common + [f"save_folder={out / 'runs' / ('tiny-' + phase) / 'checkpoints'}"]
         if phase == "phase2":
             overrides.append(f"load_path={checkpoints(phase_dirs['phase1'])[-1].path}")
         cfg = load_config(CONFIGS / f"tiny-{phase}.yaml", overrides)
@@ -106,45 +100,75 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
             cfg.data.path = str(out / "shapes" / str(res))
         with measured(f"train: {phase} at {res} px ({cfg.max_duration})", stages):
             phase_dirs[phase] = train(cfg)
+    return phase_dirs, resolutions
 
+
+def write_grids(out: Path, phase_dirs: dict, resolutions: dict, steps: int) -> list[Path]:
+    """One grid PNG per checkpoint of both phases (EMA weights)."""
+    from train.checkpoints import load_pipeline
+    from train.grid import write_grid
+
+    grids = []
+    for phase, folder in phase_dirs.items():
+        for ckpt in checkpoints(folder):
+            png = out / "grids" / f"{label(phase, ckpt).replace('/', '-')}.png"
+            write_grid(load_pipeline(ckpt, ema=True), png, title=f"{label(phase, ckpt)} (EMA), guidance {GUIDANCE:g}",
+                       guidance=GUIDANCE, steps=steps, size=resolutions[phase])
+            grids.append(png)
+    return grids
+
+
+def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
+    from train.checkpoints import export_pipeline
+
+    p = QUICK if quick else FULL
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    stages: list[dict] = []
+    t_start = time.perf_counter()
+    # From the process's start to here: interpreter, imports (torch, diffusers, Composer), removing the old output.
+    startup = round(time.time() - psutil.Process().create_time(), 1)
+    scorer = prepare_stages(out, p, seed, quick, stages)
+    phase_dirs, resolutions = train_phases(out, p, seed, quick, stages)
     final = checkpoints(phase_dirs["phase2"])[-1]
     with measured("export: last checkpoint -> diffusers folder (EMA)", stages):
         export_pipeline(final.path, out / "export", ema=True)
-    grids = []
     with measured("grids: one per checkpoint", stages):
-        for phase, folder in phase_dirs.items():
-            res = resolutions[phase]
-            for ckpt in checkpoints(folder):
-                png = out / "grids" / f"{label(phase, ckpt).replace('/', '-')}.png"
-                write_grid(load_pipeline(ckpt, ema=True), png, title=f"{label(phase, ckpt)} (EMA), guidance {GUIDANCE:g}",
-                           guidance=GUIDANCE, steps=p["steps"], size=res)
-                grids.append(png)
+        grids = write_grids(out, phase_dirs, resolutions, p["steps"])
     with measured(f"evaluate: every checkpoint (domain FID, attribute accuracy at guidance {GUIDANCE:g})", stages):
         scores = score_checkpoints(out, phase_dirs, resolutions, n_prompts=p["score_prompts"], steps=p["steps"],
                                    seed=seed, progress=not quick)
     with measured("study: blind A/B pairs of the first, middle and last checkpoints", stages):
         study = write_study(out, scores)
-    total = round(time.perf_counter() - t_start, 1)
-    report = {"quick": quick, "seed": seed, "startup_seconds": startup, "total_seconds": total, "stages": stages,
+    report = {"quick": quick, "seed": seed, "startup_seconds": startup,
+              "total_seconds": round(time.perf_counter() - t_start, 1), "stages": stages,
               "final_checkpoint": str(final.path), "export": str(out / "export"), "grids": [str(g) for g in grids],
               "scorer": str(out / "scorer.pt"), "scores": scores, "evaluation": str(out / "eval" / "report" / "index.html"),
               "study": study}
     (out / "demo.json").write_text(json.dumps(report, indent=2))
+    print_summary(out, report, scorer)
+    return report
+
+
+def print_summary(out: Path, report: dict, scorer: dict) -> None:
+    """Stage times, the scores table and where everything is."""
     print()
-    for s in stages:
+    for s in report["stages"]:
         print(f"  {s['seconds']:7.1f} s  {s['peak_rss_mib']:6d} MiB  {s['stage']}")
-    print(f"  {total:7.1f} s  total ({startup:.1f} s before the first stage: start-up, imports, old output removed)")
-    print_scores(scores)
+    print(f"  {report['total_seconds']:7.1f} s  total ({report['startup_seconds']:.1f} s before the first stage: "
+          "start-up, imports, old output removed)")
+    print_scores(report["scores"])
     held = scorer.get("held_out") or {}
     if held:
         print("  scorer's accuracy on held-out real images: " + ", ".join(f"{k} {v:.3f}" for k, v in held.items()))
-    print(f"\ndata:        {out / 'shapes'}\ncomponents:  {out / 'components'}\ncheckpoints: {runs}\n"
+    study = report["study"]
+    print(f"\ndata:        {out / 'shapes'}\ncomponents:  {out / 'components'}\ncheckpoints: {out / 'runs'}\n"
           f"export:      {out / 'export'}  (StableDiffusionPipeline.from_pretrained)\ngrids:       {out / 'grids'}"
-          f"  (last: {grids[-1].name})\nscores:      {out / 'eval' / 'report' / 'index.html'}"
+          f"  (last: {Path(report['grids'][-1]).name})\nscores:      {out / 'eval' / 'report' / 'index.html'}"
           f"\nreport:      {out / 'demo.json'}")
     print(f"\nstudy:       {study['folder']}  ({study['pairs']} pairs of {', '.join(study['models'])})\n"
           f"  rate:      dwb human-eval serve {study['folder']}\n  results:   dwb human-eval report {study['folder']}")
-    return report
 
 
 SCORE_KEYS = ("fid", "attr_single_color", "attr_single_shape", "attr_single_count", "attr_pair_position", "attr_object_all",
