@@ -106,6 +106,12 @@ def cmd_sample(args) -> None:
 
 
 def register(sub) -> None:
+    """`dwb data ...`, `prepare`, `train`, `export`, `sample`."""
+    register_data(sub)
+    register_model(sub)
+
+
+def register_data(sub) -> None:
     data = sub.add_parser("data", help="make or convert training data (MDS)")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
 
@@ -148,6 +154,8 @@ def register(sub) -> None:
     p.add_argument("--cache", help="local cache folder for a remote SRC")
     p.set_defaults(func=cmd_precompute)
 
+
+def register_model(sub) -> None:
     p = sub.add_parser("prepare", help="build the tiny architecture's tokenizer, text encoder and VAE from data")
     p.add_argument("data", help="shapes dataset folder (its 32 px bucket is used)")
     p.add_argument("out")
