@@ -61,7 +61,8 @@ def run_dwb(*args: str, cwd: Path | None = None, timeout: int = 600) -> subproce
     return subprocess.run([str(exe), *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the one port helper of the suite)."""
     import socket
 
     with socket.socket() as s:
@@ -75,7 +76,7 @@ def s3_server():
     import time
     import urllib.request
 
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).parent / "moto_server"
     proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from ..conftest import REPO, SHARED
+from ..conftest import REPO, SHARED, free_port
 
 DRAWBENCH = SHARED / "data" / "prompts" / "drawbench.csv"
 DWB = Path(sys.executable).parent / "dwb"
@@ -91,12 +90,6 @@ def start_rater(client: httpx.Client, label: str | None = None) -> str:
     assert r.status_code == 200, r.text
     client.headers["X-Rater-Key"] = r.json()["key"]
     return r.json()["rater"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
