@@ -11,7 +11,13 @@ from ..conftest import REPO, tiny_overrides
 
 @pytest.fixture(scope="session")
 def inception_weights(tmp_path_factory) -> Path:
-    """The Inception-v3 architecture torch-fidelity uses, random weights (seeded), saved as a state dict."""
+    """The Inception-v3 architecture torch-fidelity uses, random weights (seeded), saved as a state dict.
+
+    Convolutions get He initialisation (fan-in, ReLU gain). With PyTorch's default initialisation the
+    activations shrink layer by layer: pool-3 features came out near 3e-8 with a spread of 4e-10 across
+    images, so every FID was about 1e-13. With He's, features are O(0.1-1) and differ between images
+    (tested in test_metrics).
+    """
     import torch_fidelity.feature_extractor_inceptionv3 as fe
 
     out = tmp_path_factory.mktemp("inception") / "weights-inception-2015-12-05-6726825d.pth"
@@ -20,7 +26,27 @@ def inception_weights(tmp_path_factory) -> Path:
         mp.setattr(fe.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd, *a, **k: None)
         torch.manual_seed(0)
         model = fe.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
     torch.save(model.state_dict(), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_dinov2(tmp_path_factory) -> Path:
+    """A two-layer, 32-wide ``Dinov2Model`` from config, saved as a folder.
+
+    Initialised with a standard deviation of 0.2 instead of the config's default 0.02: at 0.02 the CLS
+    token and position embeddings outweigh what the image contributes, and features (about 0.8 in size)
+    varied only by 0.04 across images; at 0.2 they vary by about 0.5.
+    """
+    from transformers import Dinov2Config, Dinov2Model
+
+    out = tmp_path_factory.mktemp("dinov2")
+    torch.manual_seed(0)
+    Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                             patch_size=14, image_size=224, initializer_range=0.2)).save_pretrained(out)
     return out
 
 
