@@ -135,11 +135,15 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, checkpoint
     return records
 
 
-def write_manifest(records: list[SampleRecord], out: str | Path) -> Path:
+def write_manifest(records: list[SampleRecord], out: str | Path,
+                   extra: dict[tuple[int, int], dict] | None = None) -> Path:
+    """``out/manifest.jsonl``; ``extra`` adds per-image metric values by (prompt index, image index)."""
     path = Path(out) / MANIFEST
     records = sorted(records, key=lambda r: (r.prompt_index, r.image_index))
+    extra = extra or {}
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(asdict(r)) + "\n" for r in records))
+    tmp.write_text("".join(json.dumps({**asdict(r), **extra.get((r.prompt_index, r.image_index), {})}) + "\n"
+                           for r in records))
     tmp.replace(path)
     return path
 

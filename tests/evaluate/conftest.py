@@ -1,4 +1,4 @@
-"""Fixtures for the evaluate tests: a randomly initialised Inception-v3 weights file, a tiny CLIP, tiny checkpoints."""
+"""Fixtures for the evaluate tests: random Inception-v3 weights, a tiny CLIP and DINOv2, tiny checkpoints."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,26 +11,11 @@ from ..conftest import REPO, tiny_overrides
 
 @pytest.fixture(scope="session")
 def inception_weights(tmp_path_factory) -> Path:
-    """The Inception-v3 architecture torch-fidelity uses, random weights (seeded), saved as a state dict.
+    """The Inception-v3 architecture torch-fidelity uses, seeded random weights with He initialisation (features
+    O(0.1-1) that differ between images; see ``write_random_inception``), saved as a state dict."""
+    from evaluate.features import write_random_inception
 
-    Convolutions get He initialisation (fan-in, ReLU gain). With PyTorch's default initialisation the
-    activations shrink layer by layer: pool-3 features came out near 3e-8 with a spread of 4e-10 across
-    images, so every FID was about 1e-13. With He's, features are O(0.1-1) and differ between images
-    (tested in test_metrics).
-    """
-    import torch_fidelity.feature_extractor_inceptionv3 as fe
-
-    out = tmp_path_factory.mktemp("inception") / "weights-inception-2015-12-05-6726825d.pth"
-    with pytest.MonkeyPatch.context() as mp:  # build the module without its pretrained weights
-        mp.setattr(fe, "load_state_dict_from_url", lambda *a, **k: {})
-        mp.setattr(fe.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd, *a, **k: None)
-        torch.manual_seed(0)
-        model = fe.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
-    for module in model.modules():
-        if isinstance(module, torch.nn.Conv2d):
-            torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
-    torch.save(model.state_dict(), out)
-    return out
+    return write_random_inception(tmp_path_factory.mktemp("inception"))
 
 
 @pytest.fixture(scope="session")
