@@ -12,7 +12,6 @@ pairing needs the same images' counterparts.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +44,7 @@ def rows_of(rows: list[dict], who: str) -> dict[tuple, dict]:
     return found
 
 
-def _references(paths: dict[str, str]) -> dict[str, ReferenceStats]:
+def load_references(paths: dict[str, str]) -> dict[str, ReferenceStats]:
     """The reference statistics a row was scored against, from their cache files (every kept feature)."""
     refs = {}
     for name, path in paths.items():
@@ -120,7 +119,7 @@ def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed:
     ia, refs_a, captions, ma = load_row_images(out, a)
     ib, refs_b, _, mb = load_row_images(out, b)
     _check_images(a, b, ma, mb, refs_a, refs_b)
-    references = _references(refs_a)
+    references = load_references(refs_a)
     weights = prompt_weights(ia.prompts, replicates, seed)  # one draw of prompts for both checkpoints: paired
     reps = []
     for images in (ia, ib):
@@ -141,8 +140,9 @@ def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed:
 
 def write_comparison(out: str | Path, result: dict) -> Path:
     """``OUT/compare/<A>-vs-<B>-cfg<g>.json``; the report lists every file there."""
-    slug = lambda s: re.sub(r"[^A-Za-z0-9_.-]+", "_", s)  # noqa: E731
-    path = Path(out) / "compare" / f"{slug(result['a'])}-vs-{slug(result['b'])}-cfg{result['guidance']:g}.json"
+    from .run import _slug
+
+    path = Path(out) / "compare" / f"{_slug(result['a'])}-vs-{_slug(result['b'])}-cfg{result['guidance']:g}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     return path
