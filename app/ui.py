@@ -9,7 +9,6 @@ from __future__ import annotations
 import html
 import logging
 import random
-from pathlib import Path
 
 import gradio as gr
 

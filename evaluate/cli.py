@@ -23,23 +23,38 @@ def _positive(value: str) -> int:
     return n
 
 
+def _replicates(value: str) -> int:
+    n = int(value)
+    if n < 0 or n == 1:
+        raise argparse.ArgumentTypeError(f"must be 0 (no intervals) or at least 2 replicates, got {value}")
+    return n
+
+
 def _config(args):
     from .run import EvalConfig
 
     return EvalConfig(out=args.out, reference=args.reference, inception_weights=args.inception_weights, scorer=args.scorer,
                       prompts=args.prompts, n_prompts=args.n_prompts, n_per_prompt=args.n_per_prompt,
                       n_reference=args.n_reference, guidance=args.guidance, steps=args.steps, scheduler=args.sampler,
-                      size=args.size, batch_size=args.batch_size, seed=args.seed, clip=args.clip, cmmd=args.cmmd, ema=args.ema,
+                      size=args.size, batch_size=args.batch_size, seed=args.seed, clip=args.clip, cmmd=args.cmmd,
+                      dinov2=args.dinov2, bootstrap=args.bootstrap, ema=args.ema,
                       kid_subsets=args.kid_subsets, kid_subset_size=args.kid_subset_size, device=args.device,
                       dtype=args.dtype, allow_fewer_reference=args.allow_fewer_reference, cache=args.cache,
                       feature_dim=args.inception_features)
 
 
+def _with_interval(r: dict, key: str, fmt: str) -> str:
+    lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
+    return format(r[key], fmt) + (f" [{lo:{fmt}}, {hi:{fmt}}]" if lo is not None else "")
+
+
 def _summary(rows: list[dict]) -> None:
     for r in rows:
-        clip = f", CLIP {r['clip_score']:.2f}" if r.get("clip_score") is not None else ""
+        clip = f", CLIP {_with_interval(r, 'clip_score', '.2f')}" if r.get("clip_score") is not None else ""
         if r.get("cmmd") is not None:
-            clip += f", CMMD {r['cmmd']:.4f}"
+            clip += f", CMMD {_with_interval(r, 'cmmd', '.4f')}"
+        if r.get("fd_dinov2") is not None:
+            clip += f", FD-DINOv2 {_with_interval(r, 'fd_dinov2', '.3f')}"
         attrs = ""
         if r.get("attr_all_all") is not None:
             nan = float("nan")
@@ -47,8 +62,9 @@ def _summary(rows: list[dict]) -> None:
                      f" count {r.get('attr_single_count', nan):.2f}, position {r.get('attr_pair_position', nan):.2f},"
                      f" all right: one object {r.get('attr_object_all', nan):.2f}, every prompt {r['attr_all_all']:.2f}")
         fid = "domain FID" if str(r.get("extractor", "")).startswith("shapes-scorer") else "FID"
-        print(f"{r['model']} cfg {r['guidance']:g}: {fid} {r['fid']:.3f}, KID {r['kid_mean']:.5f}{clip}{attrs} "
-              f"({r['n_images']} images, {r['seconds_total']:.1f} s)")
+        inf = f", FD-inf {r['fid_infinity']:.3f}" if r.get("fid_infinity") is not None else ""
+        print(f"{r['model']} cfg {r['guidance']:g}: {fid} {_with_interval(r, 'fid', '.3f')}{inf}, "
+              f"KID {_with_interval(r, 'kid_mean', '.5f')}{clip}{attrs} ({r['n_images']} images, {r['seconds_total']:.1f} s)")
 
 
 def cmd_run(args) -> None:
@@ -90,6 +106,32 @@ def cmd_train_scorer(args) -> None:
     print(f"wrote {args.out} ({info['seconds']:.0f} s training)")
 
 
+def cmd_compare(args) -> None:
+    from .compare import check_replicates, compare_store, rows_of, write_comparison
+    from .store import ResultsStore
+
+    check_replicates(args.bootstrap)
+    missing = [c for c in (args.a, args.b) if not rows_of(ResultsStore(args.out).rows(), c)]
+    if missing:  # score what the store does not hold yet, with the same prompts and seeds
+        from train.errors import WorkbenchError
+
+        from .run import evaluate_checkpoints
+
+        if args.reference is None:
+            raise WorkbenchError(f"{missing[0]} has no scored rows in {args.out}/results.jsonl: give --reference and "
+                                 f"--inception-weights or --scorer to score it")
+        _summary(evaluate_checkpoints(_config(args), missing))
+    for result in compare_store(args.out, args.a, args.b, replicates=args.bootstrap, seed=args.seed):
+        print(f"A = {result['a']}, B = {result['b']}, guidance {result['guidance']:g}, {result['n_images']} images "
+              f"of {result['n_prompts']} prompts, {result['bootstrap']} paired bootstrap replicates:")
+        for m in result["metrics"]:
+            print(f"  {m['sentence']}")
+        print(f"  (written to {write_comparison(args.out, result)})")
+    from .report import write_report
+
+    print(f"report: {write_report(args.out)}")
+
+
 def cmd_report(args) -> None:
     from .report import write_report
     from .store import ResultsStore
@@ -98,9 +140,10 @@ def cmd_report(args) -> None:
     print(f"wrote {write_report(args.out)} and {csv}")
 
 
-def _common(p) -> None:
+def _common(p, scoring: bool = True) -> None:
+    """The scoring options; ``scoring=False`` (compare): --reference only needed to score what is not scored yet."""
     p.add_argument("--out", required=True, help="results folder: results.jsonl, results.csv, samples/, report/")
-    p.add_argument("--reference", required=True, help="reference images: an MDS folder or an image folder")
+    p.add_argument("--reference", required=scoring, help="reference images: an MDS folder or an image folder")
     p.add_argument("--inception-weights",
                    help="path to weights-inception-2015-12-05-6726825d.pth (or its folder); FID on Inception features")
     p.add_argument("--scorer", help="a shapes domain scorer (`dwb evaluate train-scorer`): domain FID on its features "
@@ -124,6 +167,10 @@ def _common(p) -> None:
     p.add_argument("--clip", help="CLIP model folder or hub id for CLIP score (default: no CLIP score)")
     p.add_argument("--cmmd", action="store_true",
                    help="also CMMD (Gaussian-kernel MMD on the --clip model's image embeddings, x1000)")
+    p.add_argument("--dinov2", help="DINOv2 model folder or hub id already in the Hugging Face cache (facebook/dinov2-large): "
+                                    "FD-DINOv2, precision, recall, density and coverage on its features")
+    p.add_argument("--bootstrap", type=_replicates, default=200,
+                   help="bootstrap replicates for the 95%% intervals (prompts resampled); 0: no intervals")
     p.add_argument("--ema", action="store_true", help="score the EMA weights")
     p.add_argument("--kid-subsets", type=_positive, default=100)
     p.add_argument("--kid-subset-size", type=_positive, default=1000)
@@ -153,6 +200,13 @@ def register(sub) -> None:
     p.add_argument("--retry-unreadable", action="store_true",
                    help="try again the checkpoints recorded as unreadable (a changed file is always tried again)")
     p.set_defaults(func=cmd_watch)
+
+    p = ev_sub.add_parser("compare", help="is B better than A: each metric's difference with a paired interval "
+                                           "and p-value (scores A or B first when the store lacks them)")
+    p.add_argument("a", help="model label or checkpoint path (scored in --out, or scored now)")
+    p.add_argument("b", help="model label or checkpoint path")
+    _common(p, scoring=False)
+    p.set_defaults(func=cmd_compare)
 
     p = ev_sub.add_parser("train-scorer", help="train the shapes domain scorer (domain FID, attribute accuracy)")
     p.add_argument("data", help="a shapes dataset folder (`dwb data shapes`): trains on DATA/32, checks on DATA/eval/32")

@@ -1,10 +1,11 @@
-"""CLIP score: 100 x cos(image embedding, caption embedding), averaged over images, through torchmetrics.
+"""CLIP score: 100 x cos(image embedding, caption embedding) per image, averaged over images.
 
 As torchmetrics computes it (no clipping at zero, no 2.5 weight of Hessel et al. 2021), so values lie in
-[-100, 100] and match published "CLIP score" tables for text-to-image models.
+[-100, 100] and match published "CLIP score" tables for text-to-image models. Scores are kept per image:
+the manifest records each, and the row's interval resamples them by prompt.
 
-The CLIP model comes from a local folder or a hub id, loaded here and handed to torchmetrics as a
-callable returning (model, processor), so any CLIP the transformers library reads works offline.
+The CLIP model comes from a local folder or a hub id, loaded here and handed to torchmetrics' per-sample
+function, so any CLIP the transformers library reads works offline.
 """
 from __future__ import annotations
 
@@ -54,27 +55,33 @@ class ClipImageExtractor:
 
 
 class ClipScorer:
-    """Streaming CLIP score: ``update(images, captions)`` per batch, ``compute()`` at the end."""
+    """Per-image CLIP score: ``update(images, captions)`` per batch returns each image's score.
+
+    Each score is computed by torchmetrics' own per-sample function (``_clip_score_update``, what
+    ``CLIPScore.update`` sums), so the mean is torchmetrics' CLIP score without its clipping at zero.
+    """
 
     def __init__(self, ref: str | Path, device: str | torch.device = "cpu"):
-        from torchmetrics.multimodal.clip_score import CLIPScore
-
         model, processor = load_clip(ref)
-        self.model, self.processor = model, processor
-        self.metric = CLIPScore(model_name_or_path=lambda: (model, processor)).to(device)
+        self.model, self.processor = model.to(device), processor
         self.device = torch.device(device)
         self.name = str(ref)
+        self.scores: list[torch.Tensor] = []
 
     @torch.no_grad()
-    def update(self, images: torch.Tensor, captions: list[str]) -> None:
-        """``images``: (B, 3, H, W) uint8."""
-        self.metric.update(list(images.to(self.device)), captions)
+    def update(self, images: torch.Tensor, captions: list[str]) -> torch.Tensor:
+        """``images``: (B, 3, H, W) uint8 -> (B,) float64 scores, 100 x cos(image, caption)."""
+        from torchmetrics.functional.multimodal.clip_score import _clip_score_update
+
+        score, _ = _clip_score_update(list(images.to(self.device)), captions, self.model, self.processor)
+        self.scores.append(score.to(torch.float64).cpu())
+        return self.scores[-1]
 
     def compute(self) -> float:
-        return float(self.metric.compute())
+        return float(torch.cat(self.scores).mean())
 
     def reset(self) -> None:
-        self.metric.reset()
+        self.scores = []
 
     def image_extractor(self) -> ClipImageExtractor:
         """The same CLIP's image embeddings, for CMMD."""

@@ -191,6 +191,16 @@ def check(asked: Scene, seen: Scene) -> dict[str, bool | None]:
     return out
 
 
+def attribute_values(asked: Scene, verdict: dict[str, bool | None]) -> dict[str, float]:
+    """The tally keys one image counts in (``single_color``, ``pair_position``, ``all_all``, ...): 1.0 when
+    that attribute is right, 0.0 when wrong; attributes without a verdict are left out."""
+    if len(asked.groups) > 1:
+        kinds = ["pair"]
+    else:
+        kinds = ["single", "object"] if asked.groups[0].count == 1 else ["single"]
+    return {f"{kind}_{k}": float(v) for k, v in verdict.items() if v is not None for kind in (*kinds, "all")}
+
+
 class AttributeTally:
     """Running GenEval-style accuracies over images, by the kind of caption.
 
@@ -205,17 +215,10 @@ class AttributeTally:
         self.counts: dict[str, list[int]] = {}
 
     def add(self, asked: Scene, verdict: dict[str, bool | None]) -> None:
-        if len(asked.groups) > 1:
-            kinds = ["pair"]
-        else:
-            kinds = ["single", "object"] if asked.groups[0].count == 1 else ["single"]
-        for k, v in verdict.items():
-            if v is None:
-                continue
-            for key in [f"{kind}_{k}" for kind in kinds] + [f"all_{k}"]:
-                c = self.counts.setdefault(key, [0, 0])
-                c[0] += int(v)
-                c[1] += 1
+        for key, right in attribute_values(asked, verdict).items():
+            c = self.counts.setdefault(key, [0, 0])
+            c[0] += int(right)
+            c[1] += 1
 
     def merge(self, counts: dict[str, list[int]]) -> None:
         for k, (right, n) in counts.items():

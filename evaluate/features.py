@@ -108,3 +108,31 @@ class InceptionExtractor:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         with exact_matmul():
             return self.model(images.to(self.device)).to(torch.float64).cpu()  # (B, D)
+
+
+def write_random_inception(folder: str | Path, seed: int = 0) -> Path:
+    """torch-fidelity's Inception-v3 with seeded random weights, saved as ``folder/INCEPTION_WEIGHTS``: for tests
+    and timing (the architecture's cost), never for reported scores.
+
+    Convolutions get He initialisation (fan-in, ReLU gain). With PyTorch's default initialisation the
+    activations shrink layer by layer: pool-3 features came out near 3e-8 with a spread of 4e-10 across
+    images, so every FID was about 1e-13. With He's they are O(0.1-1) and differ between images.
+    """
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    class Fresh(FeatureExtractorInceptionV3):
+        def load_state_dict(self, state_dict, *args, **kwargs):  # keep the fresh weights
+            return None
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    empty = folder / "empty.pth"
+    torch.save({}, empty)  # a weights path, so the constructor does not download the trained weights
+    torch.manual_seed(seed)
+    model = Fresh("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(empty))
+    empty.unlink()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+    torch.save(model.state_dict(), folder / INCEPTION_WEIGHTS)
+    return folder / INCEPTION_WEIGHTS

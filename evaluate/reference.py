@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
@@ -21,10 +22,11 @@ from tqdm import tqdm
 from train.errors import WorkbenchError
 
 from .features import FeatureExtractor, prepare_image, resize_policy, to_batch
-from .metrics import FeatureStats
+from .metrics import FeatureStats, FrechetReference
 
 log = logging.getLogger("evaluate.reference")
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
+RESERVOIR_SEED = 0
 
 
 def _is_mds(path: Path) -> bool:
@@ -118,6 +120,12 @@ class ReferenceStats:
     skipped: int
     key: str
     cached: bool
+    path: Path | None = None  # the cache file
+
+    @cached_property
+    def frechet(self) -> FrechetReference:
+        """The mean, covariance and covariance square root every Frechet distance against this set reuses."""
+        return FrechetReference.from_stats(self.stats)
 
 
 def set_fingerprint(path: Path) -> str:
@@ -132,21 +140,34 @@ def set_fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def _check_count(path: Path, found: int, n: int, skipped: int, allow_fewer: bool) -> None:
+    if found < n and not allow_fewer:
+        raise WorkbenchError(f"reference set {path} has {found} readable images, fewer than the {n} requested "
+                             f"({skipped} unreadable); lower --n-reference")
+    if found < 2:
+        raise WorkbenchError(f"reference set {path} has {found} readable images; FID needs at least 2")
+
+
 def reference_stats(path: str | Path, extractor: FeatureExtractor, size: int, n: int, cache_dir: str | Path,
                     batch_size: int = 32, allow_fewer: bool = False, kid_max: int = 10000,
                     progress: bool = True) -> ReferenceStats:
     """Feature statistics of the first ``n`` readable images of a reference set, cached on disk."""
     path = Path(path)
     _check(path)
+    # every setting that changes what is kept: the set, how many images, how each is resized and embedded,
+    # and the KID/CMMD sample (its size and its reservoir's seed); not the batch size or device, which
+    # change features only by float rounding
     meta = {"set": set_fingerprint(path), "n": n, "resize": resize_policy(size), "extractor": extractor.name,
-            "weights": extractor.weights_hash}
+            "weights": extractor.weights_hash, "kid_max": kid_max, "reservoir_seed": RESERVOIR_SEED}
     key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"ref-{key}.pt"
     if cache.is_file():
         state = torch.load(cache, map_location="cpu", weights_only=True)
-        return ReferenceStats(FeatureStats.from_state_dict(state, kid_max), int(state["skipped"]), key, True)
+        stats, skipped = FeatureStats.from_state_dict(state, kid_max), int(state["skipped"])
+        _check_count(path, stats.n, n, skipped, allow_fewer)  # a cache written under --allow-fewer-reference
+        return ReferenceStats(stats, skipped, key, True, cache)
 
-    stats, skipped, batch = FeatureStats(extractor.dim, kid_max=kid_max), 0, []
+    stats, skipped, batch = FeatureStats(extractor.dim, kid_max=kid_max, seed=RESERVOIR_SEED), 0, []
     bar = tqdm(total=n, desc=f"reference {path.name}", unit="img", disable=not progress)
     for image in iter_images(path, size):
         if stats.n + len(batch) >= n:
@@ -165,13 +186,9 @@ def reference_stats(path: str | Path, extractor: FeatureExtractor, size: int, n:
     bar.close()
     if skipped:
         log.warning("warning: skipped %d unreadable image(s) in %s", skipped, path)
-    if stats.n < n and not allow_fewer:
-        raise WorkbenchError(f"reference set {path} has {stats.n} readable images, fewer than the {n} requested "
-                             f"({skipped} unreadable); lower --n-reference")
-    if stats.n < 2:
-        raise WorkbenchError(f"reference set {path} has {stats.n} readable images; FID needs at least 2")
+    _check_count(path, stats.n, n, skipped, allow_fewer)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".tmp")
     torch.save({**stats.state_dict(), "skipped": skipped, "meta": json.dumps(meta)}, tmp)
     tmp.replace(cache)
-    return ReferenceStats(stats, skipped, key, False)
+    return ReferenceStats(stats, skipped, key, False, cache)

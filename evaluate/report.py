@@ -1,12 +1,22 @@
-"""The report of a results store: metric-against-step and guidance trade-off plots, and a static HTML page."""
+"""The report of a results store: plots of what was measured (each point with its 95% interval as an error
+bar), the tables, per-category tables, saved comparisons and the sample grids, as one static HTML page.
+
+A plot is drawn only for metrics some row has: without CLIP there is no CLIP panel, and the guidance
+trade-off puts FID against CLIP score, or against attribute accuracy when there is no CLIP score.
+"""
 from __future__ import annotations
 
 import html
+import json
 import os
 from collections import defaultdict
 from pathlib import Path
 
 from .store import ResultsStore
+
+STEP_METRICS = (("fid", "FID (lower is better)"), ("clip_score", "CLIP score (higher is better)"),
+                ("cmmd", "CMMD (lower is better)"), ("fd_dinov2", "FD-DINOv2 (lower is better)"))
+TRADEOFF_X = (("clip_score", "CLIP score"), ("attr_all_all", "every attribute right (all prompts)"))
 
 
 def _plt():
@@ -39,42 +49,60 @@ def _save(plt, fig, out: Path) -> Path:
     return out
 
 
-def plot_metrics_vs_step(rows: list[dict], out: Path) -> Path:
-    """FID and CLIP score against training step, one line per guidance scale."""
+def _bars(rs: list[dict], key: str) -> list[list[float]] | None:
+    """matplotlib's (2, N) error bars from the rows' ``key_lo`` / ``key_hi`` (None without intervals)."""
+    if any(r.get(f"{key}_lo") is None for r in rs):
+        return None
+    return [[max(0.0, r[key] - r[f"{key}_lo"]) for r in rs], [max(0.0, r[f"{key}_hi"] - r[key]) for r in rs]]
+
+
+def _plot(ax, rs: list[dict], xkey: str, ykey: str, label: str) -> None:
+    xerr = _bars(rs, xkey) if xkey != "step" else None
+    ax.errorbar([r[xkey] for r in rs], [r[ykey] for r in rs], yerr=_bars(rs, ykey), xerr=xerr, marker="o", capsize=3,
+                label=label)
+
+
+def plot_metrics_vs_step(rows: list[dict], out: Path) -> Path | None:
+    """Each measured metric against training step, one line per guidance scale."""
+    panels = [(k, name) for k, name in STEP_METRICS if any(r.get(k) is not None for r in rows)]
+    if not panels:
+        return None
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     tag = _sampler_tag(rows)
     by_guidance: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         by_guidance[(r["guidance"], tag(r))].append(r)
     for (g, t), rs in sorted(by_guidance.items()):
-        rs = sorted(rs, key=lambda r: r["step"])
-        for ax, key in zip(axes, ("fid", "clip_score")):
-            pts = [(r["step"], r[key]) for r in rs if r.get(key) is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=f"cfg {g:g}{t}")
-    for ax, name in zip(axes, ("FID (lower is better)", "CLIP score (higher is better)")):
+        for ax, (key, _) in zip(axes[0], panels):
+            have = sorted((r for r in rs if r.get(key) is not None), key=lambda r: r["step"])
+            if have:
+                _plot(ax, have, "step", key, f"cfg {g:g}{t}")
+    for ax, (_, name) in zip(axes[0], panels):
         _axes(ax, "training step (batches)", name)
     return _save(plt, fig, out)
 
 
-def plot_tradeoff(rows: list[dict], out: Path) -> Path:
-    """FID against CLIP score across guidance scales, one curve per checkpoint."""
+def plot_tradeoff(rows: list[dict], out: Path) -> Path | None:
+    """FID against CLIP score (or attribute accuracy) across guidance scales, one curve per checkpoint."""
+    found = [(k, name) for k, name in TRADEOFF_X if any(r.get(k) is not None for r in rows)]
+    if not found:
+        return None
+    xkey, xname = found[0]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     tag = _sampler_tag(rows)
     by_model: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
-        if r.get("clip_score") is not None:
+        if r.get(xkey) is not None:
             by_model[r["model"] + tag(r)].append(r)
     for model, rs in sorted(by_model.items(), key=lambda kv: kv[1][0]["step"]):
         rs = sorted(rs, key=lambda r: r["guidance"])
-        ax.plot([r["clip_score"] for r in rs], [r["fid"] for r in rs], marker="o", label=model)
+        _plot(ax, rs, xkey, "fid", model)
         for r in rs:
-            ax.annotate(f"{r['guidance']:g}", (r["clip_score"], r["fid"]), fontsize=6, xytext=(2, 2),
-                        textcoords="offset points")
+            ax.annotate(f"{r['guidance']:g}", (r[xkey], r["fid"]), fontsize=6, xytext=(2, 2), textcoords="offset points")
     ax.set_title("guidance trade-off (labels: guidance scale)")
-    _axes(ax, "CLIP score", "FID")
+    _axes(ax, xname, "FID")
     return _save(plt, fig, out)
 
 
@@ -97,9 +125,9 @@ def plot_attributes_vs_step(rows: list[dict], out: Path) -> Path | None:
         rs = sorted((r for r in rows if r["guidance"] == g), key=lambda r: r["step"])
         for t in sorted({tag(r) for r in rs}):
             for key, label in ATTRIBUTE_LINES:
-                pts = [(r["step"], r[key]) for r in rs if r.get(key) is not None and tag(r) == t]
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=label + t)
+                have = [r for r in rs if r.get(key) is not None and tag(r) == t]
+                if have:
+                    _plot(ax, have, "step", key, label + t)
         ax.set_ylim(0, 1.02)
         ax.set_title(f"attribute accuracy, guidance {g:g}")
         _axes(ax, "training step (batches)", "fraction of images right")
@@ -110,37 +138,73 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v if v is not None else ""))
 
 
+def _cell(r: dict, key: str) -> str:
+    """``value`` and, below it, ``[lo, hi]``."""
+    lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
+    ci = f"<br><small>[{_fmt(lo)}, {_fmt(hi)}]</small>" if lo is not None else ""
+    return f"<td>{_fmt(r.get(key))}{ci}</td>"
+
+
+def _table(rows: list[dict], cols: list[str], first: list[str]) -> str:
+    """An HTML table: ``first`` columns as they are, ``cols`` with their intervals; empty columns dropped."""
+    cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in first + cols)
+    body = ["<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in first) + "".join(_cell(r, c) for c in cols) + "</tr>"
+            for r in rows]
+    return f"<div class='wide'><table><tr>{head}</tr>{''.join(body)}</table></div>"
+
+
+def _categories(rows: list[dict], tag) -> list[str]:
+    parts = []
+    for r in rows:
+        table = r.get("categories") or []
+        if len(table) > 1:
+            parts.append(f"<details><summary>{html.escape(r['model'])}, guidance {r['guidance']:g}"
+                         f"{html.escape(tag(r))}: {len(table)} categories</summary>")
+            parts.append(_table(table, ["clip_score", *[k for k, _ in ATTRIBUTE_LINES]],
+                                ["category", "n_prompts", "n_images"]) + "</details>")
+    return ["<h2>By prompt category</h2>", *parts] if parts else []
+
+
+def _comparisons(folder: Path) -> list[str]:
+    parts = []
+    for path in sorted((folder / "compare").glob("*.json")):
+        c = json.loads(path.read_text())
+        parts.append(f"<p><b>A = {html.escape(c['a'])}, B = {html.escape(c['b'])}</b>, guidance {c['guidance']:g}, "
+                     f"{c['n_images']} images, {c['bootstrap']} paired replicates<br>"
+                     + "<br>".join(html.escape(m["sentence"]) for m in c["metrics"]) + "</p>")
+    return ["<h2>Comparisons (dwb evaluate compare)</h2>", *parts] if parts else []
+
+
 def write_report(folder: str | Path) -> Path:
-    """``folder/report/``: metrics_vs_step.png, tradeoff.png, index.html (tables and sample grids)."""
-    store = ResultsStore(folder)
-    rows = [r for r in store.rows() if r.get("status") == "ok"]
-    out = Path(folder) / "report"
+    """``folder/report/``: the plots that have data, index.html (tables, categories, comparisons, grids)."""
+    folder = Path(folder)
+    rows = sorted((r for r in ResultsStore(folder).rows() if r.get("status") == "ok"),
+                  key=lambda r: (r["step"], r["guidance"]))
+    out = folder / "report"
     out.mkdir(parents=True, exist_ok=True)
-    if rows:
-        plot_metrics_vs_step(rows, out / "metrics_vs_step.png")
-        plot_tradeoff(rows, out / "tradeoff.png")
-    attributes = plot_attributes_vs_step(rows, out / "attributes_vs_step.png") if rows else None
-    cols = ["model", "step", "guidance", "fid", "kid_mean", "clip_score", "n_images", "seconds_total"]
+    for stale in ("metrics_vs_step.png", "tradeoff.png", "attributes_vs_step.png"):
+        (out / stale).unlink(missing_ok=True)  # a plot without data is not drawn, and an old one must not linger
+    plots = [plot(rows, out / name) for plot, name in ((plot_metrics_vs_step, "metrics_vs_step.png"),
+                                                        (plot_tradeoff, "tradeoff.png"),
+                                                        (plot_attributes_vs_step, "attributes_vs_step.png"))] if rows else []
     tag = _sampler_tag(rows)
-    if any(tag(r) for r in rows):
-        cols.insert(3, "scheduler")
-    if any(r.get("cmmd") is not None for r in rows):
-        cols.insert(6, "cmmd")
-    if attributes:
-        cols[cols.index("n_images"):cols.index("n_images")] = [k for k, _ in ATTRIBUTE_LINES]
+    first = ["model", "step", "guidance", *(["scheduler"] if any(tag(r) for r in rows) else []), "n_images"]
     parts = ["<!doctype html><meta charset='utf-8'><title>evaluation report</title>",
-             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
-             "img{max-width:100%}</style><h1>Evaluation report</h1>"]
-    if rows:
-        parts.append("<img src='metrics_vs_step.png'><img src='tradeoff.png'>")
-    if attributes:
-        parts.append("<img src='attributes_vs_step.png'>")
-    parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>")
-    for r in sorted(rows, key=lambda r: (r["step"], r["guidance"])):
-        parts.append("<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in cols) + "</tr>")
-    parts.append("</table>")
-    for r in sorted(rows, key=lambda r: (r["step"], r["guidance"])):
-        grids = sorted((Path(folder) / r["samples"] / "grids").glob("*.png")) if r.get("samples") else []
+             "<style>body{font-family:sans-serif;margin:2em;max-width:100%}td,th{padding:2px 6px;text-align:right;"
+             "font-size:13px}div.wide{overflow-x:auto}img{max-width:100%}small{color:#555}</style>",
+             "<h1>Evaluation report</h1><p>Each value with its 95% bootstrap interval (prompts resampled) below it.</p>"]
+    if len({r.get("n_images") for r in rows}) > 1:
+        parts.append("<p><b>Rows were scored on different numbers of images:</b> FID and KID grow as the number of "
+                     "images falls, so compare those rows on fid_infinity (FD&infin;), not FID.</p>")
+    parts += [f"<img src='{p.name}'>" for p in plots if p]
+    parts.append(_table(rows, ["fid", "fid_infinity", "kid_mean", "clip_score", "cmmd", "fd_dinov2", "precision",
+                               "recall", "density", "coverage", "seconds_total"], first))
+    if any(r.get("attr_all_all") is not None for r in rows):
+        parts += ["<h2>Attribute accuracy</h2>", _table(rows, [k for k, _ in ATTRIBUTE_LINES], first)]
+    parts += _categories(rows, tag) + _comparisons(folder)
+    for r in rows:
+        grids = sorted((folder / r["samples"] / "grids").glob("*.png")) if r.get("samples") else []
         if grids:
             parts.append(f"<h2>{html.escape(r['model'])}, guidance {r['guidance']:g}{html.escape(tag(r))}</h2>")
             parts += [f"<p>{html.escape(g.stem)}<br><img src='{html.escape(os.path.relpath(g, out))}'></p>" for g in grids]

@@ -18,12 +18,11 @@ from train.errors import CheckpointError, WorkbenchError
 from train.generation import Settings, sampler_of
 from train.samplers import check_sampler
 
-from .domain import AttributeTally, check, decode, parse_caption
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
-from .metrics import FeatureStats, cmmd, fid_from_stats, kernel_inception_distance
 from .prompts import Prompt, load_prompts
 from .reference import check_reference_size, reference_stats
-from .samples import Provenance, generate_samples, write_category_grids, write_manifest
+from .row import FEATURES, RowScorer, row_metrics, save_features
+from .samples import Provenance, generate_samples, plan_batches, write_category_grids, write_manifest
 from .store import ResultsStore, checkpoint_identity
 
 DEFAULT_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
@@ -47,6 +46,8 @@ class EvalConfig:
     seed: int = 0
     clip: str | None = None  # folder or hub id; None skips CLIP score
     cmmd: bool = False  # CMMD on the CLIP model's image embeddings (needs clip)
+    dinov2: str | None = None  # folder or cached hub id of a DINOv2 model: FD-DINOv2, precision/recall/density/coverage
+    bootstrap: int = 200  # bootstrap replicates for the 95% intervals; 0: none
     ema: bool = False
     kid_subsets: int = 100
     kid_subset_size: int = 1000
@@ -92,14 +93,6 @@ def init_distributed(device: torch.device) -> None:
     _dist().initialize_dist(DeviceGPU() if device.type == "cuda" else DeviceCPU())
 
 
-def _merged(states: list[dict], kid_max: int) -> FeatureStats:
-    """One set's statistics from every rank's ``FeatureStats.state_dict()``, in rank order."""
-    merged = FeatureStats.from_state_dict(states[0], kid_max=kid_max)
-    for state in states[1:]:
-        merged.merge(FeatureStats.from_state_dict(state, kid_max=kid_max))
-    return merged
-
-
 class Evaluator:
     """Holds what every checkpoint shares: extractor, CLIP, prompts and the reference statistics."""
 
@@ -129,6 +122,13 @@ class Evaluator:
             self.clip = ClipScorer(cfg.clip, device=self.device)
             if cfg.cmmd:
                 self.clip_images = self.clip.image_extractor()
+        self.dinov2 = None
+        if cfg.dinov2:
+            from .dinov2 import Dinov2Extractor
+
+            self.dinov2 = Dinov2Extractor(cfg.dinov2, device=self.device)
+        if cfg.bootstrap < 0:
+            raise WorkbenchError(f"--bootstrap must be 0 (no intervals) or a number of replicates, got {cfg.bootstrap}")
         if cfg.scheduler is not None:
             check_sampler(cfg.scheduler)
         self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference)
@@ -187,36 +187,17 @@ class Evaluator:
         sampler = sampler_of(pipe, Settings(sampler=cfg.scheduler))
         model = source.model
         size = cfg.size or pipe.unet.config.sample_size * pipe.vae_scale_factor
-        ref = self.reference(size)
-        ref_clip = self.reference(size, self.clip_images) if self.clip_images is not None else None
+        references = {"fid": self.reference(size)}
+        if self.clip_images is not None:
+            references["cmmd"] = self.reference(size, self.clip_images)
+        if self.dinov2 is not None:
+            references["fd_dinov2"] = self.reference(size, self.dinov2)
         rows = []
         for guidance in cfg.guidance:
             t_start = time.perf_counter()
-            fake = FeatureStats(self.extractor.dim, kid_max=cfg.kid_subset_size * 10, seed=rank)
-            fake_clip = (FeatureStats(self.clip_images.dim, kid_max=cfg.kid_subset_size * 10, seed=rank)
-                         if self.clip_images is not None else None)
-            t_metric = [0.0]
-            tally = AttributeTally() if self.scorer is not None else None
-            if self.clip:
-                self.clip.reset()
-
-            def on_batch(images: torch.Tensor, captions: list[str]) -> None:
-                t = time.perf_counter()
-                if tally is not None:
-                    features, logits = self.scorer.run(images)
-                    for caption, seen in zip(captions, decode(logits)):
-                        asked = parse_caption(caption)
-                        if asked is not None:  # captions outside the shapes grammar get no verdict
-                            tally.add(asked, check(asked, seen))
-                else:
-                    features = self.extractor(images)
-                fake.update(features)
-                if self.clip:
-                    self.clip.update(images, captions)
-                if fake_clip is not None:
-                    fake_clip.update(self.clip_images(images))
-                t_metric[0] += time.perf_counter() - t
-
+            scorer = RowScorer(self.extractor, scorer=self.scorer, clip=self.clip, clip_images=self.clip_images,
+                               dinov2=self.dinov2, kid_max=cfg.kid_subset_size * 10, seed=rank)
+            jobs = iter(plan_batches(self.prompts, cfg.n_per_prompt, cfg.batch_size, rank, world))  # generate_samples' batches
             # Another sampler than the pipeline's own gets its own folder, so a sampler sweep keeps every set.
             leaf = f"cfg{guidance:g}" + (f"-{_slug(sampler)}" if cfg.scheduler else "")
             samples = Path("samples") / _slug(model) / leaf
@@ -224,54 +205,38 @@ class Evaluator:
                                        n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=cfg.steps, size=size,
                                        sampler=cfg.scheduler,
                                        batch_size=cfg.batch_size, seed=cfg.seed, rank=rank, world=world,
-                                       progress=cfg.progress and rank == 0, on_batch=on_batch)
-            clip_part = (float(self.clip.metric.score), int(self.clip.metric.n_samples)) if self.clip else None
-            tally_part = tally.counts if tally is not None else None
-            mine = (records, fake.state_dict(), clip_part, tally_part,
-                    fake_clip.state_dict() if fake_clip is not None else None)
+                                       progress=cfg.progress and rank == 0,
+                                       on_batch=lambda images, _: scorer.on_batch(images, next(jobs)))
+            mine = (records, scorer.part())
             gathered = dist.all_gather_object(mine) if world > 1 else [mine]
             if rank != 0:
                 continue
             all_records = [r for part in gathered for r in part[0]]
-            fake_all = _merged([part[1] for part in gathered], kid_max=cfg.kid_subset_size * 10)
             t = time.perf_counter()
-            fid = fid_from_stats(ref.stats, fake_all)
-            kid_mean, kid_std = kernel_inception_distance(ref.stats.features(), fake_all.features(),
-                                                          cfg.kid_subsets, cfg.kid_subset_size, seed=cfg.seed)
-            cmmd_value = None
-            if fake_clip is not None:
-                fake_clip_all = _merged([part[4] for part in gathered], kid_max=cfg.kid_subset_size * 10)
-                cmmd_value = cmmd(ref_clip.stats.features(), fake_clip_all.features())
-            clip_score = None
-            if self.clip:
-                total, count = sum(p[2][0] for p in gathered), sum(p[2][1] for p in gathered)
-                clip_score = total / max(count, 1)
-            attributes = {}
-            if tally is not None:
-                merged = AttributeTally()
-                for part in gathered:
-                    merged.merge(part[3])
-                attributes = merged.summary()
-            t_metric[0] += time.perf_counter() - t
-            write_manifest(all_records, Path(cfg.out) / samples)
+            metrics, images = row_metrics([part[1] for part in gathered], references, self.prompts,
+                                          kid_subsets=cfg.kid_subsets, kid_subset_size=cfg.kid_subset_size,
+                                          bootstrap=cfg.bootstrap, seed=cfg.seed)
+            t_metric = scorer.seconds + time.perf_counter() - t
+            write_manifest(all_records, Path(cfg.out) / samples, extra=images.per_image())
+            save_features(Path(cfg.out) / samples / FEATURES, images, references)
             write_category_grids(all_records, Path(cfg.out) / samples, title=f"{model} cfg {guidance:g}")
             total_s = time.perf_counter() - t_start
             row = {"model": model, "checkpoint": found.ref, "checkpoint_hash": source.checkpoint_hash,
                    "weights": source.weights, "step": found.step or 0,
-                   "guidance": float(guidance), "fid": fid, "kid_mean": kid_mean, "kid_std": kid_std,
-                   "clip_score": clip_score, "cmmd": cmmd_value, "n_images": fake_all.n, "n_reference": ref.stats.n,
-                   "reference_skipped": ref.skipped, "prompts": cfg.prompts, "scheduler": sampler, "steps": cfg.steps,
-                   "size": size,
+                   "guidance": float(guidance), **metrics, "n_images": len(images.keys),
+                   "n_reference": references["fid"].stats.n, "reference_skipped": references["fid"].skipped,
+                   "prompts": cfg.prompts, "scheduler": sampler, "steps": cfg.steps, "size": size,
                    "dtype": str(self.dtype).removeprefix("torch."),
                    "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}", "resize": resize_policy(size),
-                   "seconds_generate": round(total_s - t_metric[0], 3), "seconds_metrics": round(t_metric[0], 3),
+                   "dinov2": f"{self.dinov2.name}@{self.dinov2.weights_hash}" if self.dinov2 is not None else None,
+                   "seconds_generate": round(total_s - t_metric, 3), "seconds_metrics": round(t_metric, 3),
                    "seconds_total": round(total_s, 3), "samples": str(samples), "status": "ok",
-                   **checkpoint_identity(found), "time": time.time(), **attributes}
+                   **checkpoint_identity(found), "time": time.time()}
             rows.append(row)
         if rank == 0:
-            for row in rows:  # a checkpoint's rows land together, so a crash never leaves it half-recorded
+            for row in rows:
                 row["seconds_checkpoint"] = round(time.perf_counter() - t0, 3)
-                self.store.append(row)
+            self.store.append_rows(rows)  # one write: a crash never leaves a checkpoint half-recorded
         dist.barrier() if world > 1 else None
         return rows
 

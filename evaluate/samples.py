@@ -142,13 +142,18 @@ def prompt_set_id(texts: list[str]) -> str:
     return hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:16]
 
 
-def write_manifest(records: list[SampleRecord], out: str | Path) -> Path:
+def write_manifest(records: list[SampleRecord], out: str | Path,
+                   extra: dict[tuple[int, int], dict] | None = None) -> Path:
+    """``out/manifest.jsonl``; ``extra`` adds per-image metric values by (prompt index, image index)."""
     path = Path(out) / MANIFEST
     records = sorted(records, key=lambda r: (r.prompt_index, r.image_index))
     texts = {r.prompt_index: r.prompt for r in records}  # every prompt of the set has images in a run
     prompt_set = prompt_set_id([texts[i] for i in sorted(texts)])
+    extra = extra or {}
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps({**asdict(r), "prompt_set": prompt_set}) + "\n" for r in records))
+    tmp.write_text("".join(json.dumps({**asdict(r), "prompt_set": prompt_set,
+                                       **extra.get((r.prompt_index, r.image_index), {})}) + "\n"
+                           for r in records))
     tmp.replace(path)
     return path
 

@@ -3,22 +3,41 @@
 JSONL keeps the store readable by anything and safe to append from the one process that scores;
 ``export_csv`` flattens it for spreadsheets. Scoring state for `watch` lives in the same file: a
 checkpoint is done once a line with its path and file identity exists.
+
+A checkpoint's rows are appended in one write and synced. A crash during a write can still leave the
+file ending inside a line; the next append would be glued to that fragment and lost with it, so before
+appending, a torn tail is cut off and kept in ``results.torn`` (nothing is thrown away).
 """
 from __future__ import annotations
 
 import csv
 import json
+import logging
+import os
 from pathlib import Path
 
+log = logging.getLogger("evaluate.store")
 RESULTS = "results.jsonl"
-COLUMNS = ["model", "checkpoint", "step", "guidance", "fid", "kid_mean", "kid_std", "clip_score", "cmmd",
-           "attr_object_color", "attr_object_shape", "attr_object_count", "attr_object_all",
-           "attr_single_color", "attr_single_shape", "attr_single_count", "attr_single_all", "attr_pair_color",
-           "attr_pair_shape", "attr_pair_count", "attr_pair_position", "attr_pair_all", "attr_all_all",
-           "attr_n_object", "attr_n_single", "attr_n_pair", "n_images",
-           "n_reference", "reference_skipped", "prompts", "scheduler", "steps", "size", "extractor", "resize",
-           "seconds_generate", "seconds_metrics", "seconds_total", "seconds_checkpoint", "samples", "status", "error",
+TORN = "results.torn"
+
+
+def _with_interval(*names: str) -> list[str]:
+    return [c for n in names for c in (n, f"{n}_lo", f"{n}_hi")]
+
+
+ATTRIBUTE_COLUMNS = ["attr_object_color", "attr_object_shape", "attr_object_count", "attr_object_all",
+                     "attr_single_color", "attr_single_shape", "attr_single_count", "attr_single_all",
+                     "attr_pair_color", "attr_pair_shape", "attr_pair_count", "attr_pair_position", "attr_pair_all",
+                     "attr_all_all"]
+COLUMNS = ["model", "checkpoint", "step", "guidance", *_with_interval("fid"), "fid_infinity",
+           *_with_interval("kid_mean"), "kid_std", *_with_interval("clip_score", "cmmd", "fd_dinov2"),
+           "precision", "recall", "density", "coverage", *_with_interval(*ATTRIBUTE_COLUMNS),
+           "attr_n_object", "attr_n_single", "attr_n_pair", "n_images", "bootstrap",
+           "n_reference", "reference_skipped", "prompts", "scheduler", "steps", "size", "extractor", "dinov2", "resize",
+           "seconds_generate", "seconds_metrics", "seconds_bootstrap", "seconds_total", "seconds_checkpoint", "samples",
+           "status", "error",
            "checkpoint_hash", "weights", "dtype", "file_size", "file_mtime_ns", "time"]
+CATEGORY_KEYS = ["model", "checkpoint", "step", "guidance", "scheduler"]
 
 
 def checkpoint_identity(ckpt) -> dict:
@@ -45,11 +64,37 @@ class ResultsStore:
                 continue  # a line cut short by a crash: that score is redone
         return rows
 
-    def append(self, row: dict) -> None:
+    def append_rows(self, rows: list[dict]) -> None:
+        """Append rows in one write, synced to disk."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
+        self._cut_torn_tail()
+        data = memoryview("".join(json.dumps(row) + "\n" for row in rows).encode())
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while data:  # one write(2) for a regular file; the loop only covers an interrupted one
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def append(self, row: dict) -> None:
+        self.append_rows([row])
+
+    def _cut_torn_tail(self) -> None:
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return
+            f.seek(0)
+            data = f.read()
+            cut = data.rfind(b"\n") + 1  # 0 when the only line is torn
+            with open(self.folder / TORN, "ab") as torn:
+                torn.write(data[cut:] + b"\n")
+            f.truncate(cut)
+        log.warning("warning: %s ended inside a line (a write cut short); moved those %d bytes to %s", self.path,
+                    len(data) - cut, self.folder / TORN)
 
     def done(self, retry_unreadable: bool = False) -> set[tuple[str, int | None, int | None]]:
         """(path, size, mtime) of each checkpoint file with a finished record: scored, or refused as unreadable
@@ -59,10 +104,19 @@ class ResultsStore:
                 if r.get("status") in finished}
 
     def export_csv(self, path: str | Path | None = None) -> Path:
+        """``results.csv`` (one line per row) and ``categories.csv`` (one line per row and prompt category)."""
         path = Path(path) if path else self.folder / "results.csv"
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-            writer.writeheader()
-            for row in self.rows():
-                writer.writerow(row)
+        rows = self.rows()
+        _write_csv(path, COLUMNS, rows)
+        categories = [{**{k: r.get(k) for k in CATEGORY_KEYS}, **c} for r in rows for c in r.get("categories") or []]
+        keys = list(dict.fromkeys([*CATEGORY_KEYS, "category", *(k for c in categories for k in c)]))
+        _write_csv(path.with_name("categories.csv"), keys, categories)
         return path
+
+
+def _write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 
-from ..conftest import REPO, tiny_overrides
+from ..conftest import REPO
 
 PHASE1 = REPO / "configs/tiny-phase1.yaml"
 DWB = Path(sys.executable).parent / "dwb"

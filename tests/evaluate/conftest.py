@@ -1,4 +1,4 @@
-"""Fixtures for the evaluate tests: a randomly initialised Inception-v3 weights file, a tiny CLIP, tiny checkpoints."""
+"""Fixtures for the evaluate tests: random Inception-v3 weights, a tiny CLIP and DINOv2, tiny checkpoints."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,21 +6,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from ..conftest import REPO, tiny_overrides
 
 
 @pytest.fixture(scope="session")
 def inception_weights(tmp_path_factory) -> Path:
-    """The Inception-v3 architecture torch-fidelity uses, random weights (seeded), saved as a state dict."""
-    import torch_fidelity.feature_extractor_inceptionv3 as fe
+    """The Inception-v3 architecture torch-fidelity uses, seeded random weights with He initialisation (features
+    O(0.1-1) that differ between images; see ``write_random_inception``), saved as a state dict."""
+    from evaluate.features import write_random_inception
 
-    out = tmp_path_factory.mktemp("inception") / "weights-inception-2015-12-05-6726825d.pth"
-    with pytest.MonkeyPatch.context() as mp:  # build the module without its pretrained weights
-        mp.setattr(fe, "load_state_dict_from_url", lambda *a, **k: {})
-        mp.setattr(fe.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd, *a, **k: None)
-        torch.manual_seed(0)
-        model = fe.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
-    torch.save(model.state_dict(), out)
+    return write_random_inception(tmp_path_factory.mktemp("inception"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dinov2(tmp_path_factory) -> Path:
+    """A two-layer, 32-wide ``Dinov2Model`` from config, saved as a folder.
+
+    Initialised with a standard deviation of 0.2 instead of the config's default 0.02: at 0.02 the CLS
+    token and position embeddings outweigh what the image contributes, and features (about 0.8 in size)
+    varied only by 0.04 across images; at 0.2 they vary by about 0.5.
+    """
+    from transformers import Dinov2Config, Dinov2Model
+
+    out = tmp_path_factory.mktemp("dinov2")
+    torch.manual_seed(0)
+    Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                             patch_size=14, image_size=224, initializer_range=0.2)).save_pretrained(out)
     return out
 
 

@@ -5,7 +5,7 @@ import scipy.linalg
 import torch
 
 from evaluate.features import InceptionExtractor
-from evaluate.metrics import FeatureStats, cmmd, fid_from_stats, kernel_inception_distance
+from evaluate.metrics import FeatureStats, FrechetReference, cmmd, fid_from_stats, kernel_inception_distance
 from train.errors import WorkbenchError
 
 
@@ -69,35 +69,46 @@ def test_reservoir_keeps_a_bounded_sample():
     assert s.n == 70 and s.features().shape == (10, 4)
 
 
-def _images(seed: int, n: int = 6, size: int = 32) -> torch.Tensor:
+def _images(seed: int, n: int = 6, size: int = 32, brightness: float = 1.0) -> torch.Tensor:
+    """Smooth random colour layouts (4 x 4 cells, bilinear up to ``size``): images that differ in content, as
+    uniform noise at one scale does not once Inception averages it over the whole picture."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
+    cells = torch.rand(n, 3, 4, 4, generator=g) * brightness
+    return (torch.nn.functional.interpolate(cells, size=(size, size), mode="bilinear") * 255).round().to(torch.uint8)
 
 
 def _compare_with_torchmetrics(weights, dim: int) -> None:
     from torchmetrics.image.fid import FrechetInceptionDistance
     from torchmetrics.image.kid import KernelInceptionDistance
 
-    real, fake = _images(0), (_images(1) // 2)
+    real, other, fake = _images(0, n=8), _images(1, n=8), _images(2, n=8, brightness=0.5)
     extractor = InceptionExtractor(weights, dim=dim)
-    ours_real, ours_fake = FeatureStats(dim), FeatureStats(dim)
-    for i in range(0, 6, 4):  # batch size 4 on our side, whole sets on torchmetrics'
-        ours_real.update(extractor(real[i:i + 4]))
-        ours_fake.update(extractor(fake[i:i + 4]))
+    ours = {}
+    for name, images in (("real", real), ("other", other), ("fake", fake)):
+        ours[name] = FeatureStats(dim)
+        for i in range(0, len(images), 3):  # uneven batches on our side, whole sets on torchmetrics'
+            ours[name].update(extractor(images[i:i + 3]))
+    f = ours["real"].features()
+    assert 0.1 < float(f.abs().mean()) < 2 and float(f.std(0).mean()) > 0.02 * float(f.abs().mean())  # O(0.1-1), varied
 
     tm = FrechetInceptionDistance(feature=dim, feature_extractor_weights_path=str(weights))
     tm.update(real, real=True)
     tm.update(fake, real=False)
     ref = float(tm.compute())
-    assert ref > 0
-    assert fid_from_stats(ours_real, ours_fake) == pytest.approx(ref, rel=1e-4)  # torchmetrics returns float32
+    fid = fid_from_stats(ours["real"], ours["fake"])
+    assert fid == pytest.approx(ref, rel=1e-6)  # the same float64 formula; torchmetrics returns float32
+    reference = FrechetReference.from_stats(ours["real"])  # the symmetric form the runs use
+    assert reference.distance_to(ours["fake"]) == pytest.approx(fid, rel=1e-6)  # rank-deficient: eig is less exact
+    assert abs(fid_from_stats(ours["real"], ours["real"])) < 1e-6 * fid  # a set with itself (8 images: rank 7)
+    assert abs(reference.distance_to(ours["real"])) < 1e-6 * fid
+    assert fid > 5 * fid_from_stats(ours["real"], ours["other"]) > 0  # another distribution, far beyond another draw
 
-    kid = KernelInceptionDistance(feature=tm.inception, subsets=3, subset_size=6)
+    kid = KernelInceptionDistance(feature=tm.inception, subsets=3, subset_size=8)
     kid.update(real, real=True)
     kid.update(fake, real=False)
     ref_mean, _ = kid.compute()
-    mean, _ = kernel_inception_distance(ours_real.features(), ours_fake.features(), subsets=3, subset_size=6)
-    assert mean == pytest.approx(float(ref_mean), rel=1e-3)  # torchmetrics keeps KID features in float32
+    mean, _ = kernel_inception_distance(ours["real"].features(), ours["fake"].features(), subsets=3, subset_size=8)
+    assert mean == pytest.approx(float(ref_mean), rel=1e-4)  # torchmetrics keeps KID features in float32
 
 
 def test_inception_fid_and_kid_equal_torchmetrics(inception_weights):

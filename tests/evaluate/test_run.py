@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from evaluate.features import InceptionExtractor
+from evaluate.prompts import shapes_prompts
 from evaluate.reference import reference_stats
 from evaluate.run import EvalConfig, evaluate_checkpoints
 from evaluate.store import ResultsStore, checkpoint_identity
@@ -37,17 +38,29 @@ def test_run_scores_checkpoints_and_writes_store_csv_plots_and_samples(checkpoin
         assert -100 <= r["clip_score"] <= 100 and r["n_images"] == 4 and r["n_reference"] == 16
         assert r["seconds_total"] > 0 and r["seconds_checkpoint"] >= r["seconds_total"]
     assert rows[0]["fid"] != rows[1]["fid"]  # guidance changes the images
+    for r in rows:  # a 95% interval on every metric (200 bootstrap replicates by default)
+        for key in ("fid", "kid_mean", "clip_score"):
+            assert r[f"{key}_lo"] <= r[key] <= r[f"{key}_hi"] and r[f"{key}_lo"] < r[f"{key}_hi"], (key, r)
+        assert r["bootstrap"] == 200 and r["fid_infinity"] is None  # 4 images: too few for FD-infinity's fit
+        assert [c["category"] for c in r["categories"]] == sorted({p.category for p in shapes_prompts(4)})
+        assert sum(c["n_images"] for c in r["categories"]) == 4
 
     out = tmp_path / "results"
     assert len(ResultsStore(out).rows()) == 4
     with open(out / "results.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == 4 and float(table[0]["fid"]) == pytest.approx(rows[0]["fid"])
+    assert float(table[0]["fid_hi"]) == pytest.approx(rows[0]["fid_hi"])
+    with open(out / "categories.csv") as f:
+        assert {(c["model"], c["category"]) for c in csv.DictReader(f)} == {
+            (r["model"], c["category"]) for r in rows for c in r["categories"]}
     for name in ("metrics_vs_step.png", "tradeoff.png", "index.html"):
         assert (out / "report" / name).stat().st_size > 0
+    assert not (out / "report" / "attributes_vs_step.png").exists()  # no scorer, no attribute plot
     samples = out / rows[3]["samples"]
     manifest = [json.loads(line) for line in (samples / "manifest.jsonl").read_text().splitlines()]
     assert len(manifest) == 4 and manifest[0]["guidance"] == 5.0 and (samples / manifest[0]["path"]).is_file()
+    assert np.mean([m["clip_score"] for m in manifest]) == pytest.approx(rows[3]["clip_score"], abs=1e-3)  # per image
     assert list((samples / "grids").glob("*.png"))
     assert "grids/" in (out / "report" / "index.html").read_text()
     assert list((out / "cache").glob("ref-*.pt"))  # reference statistics cached
@@ -111,10 +124,12 @@ def test_cmmd_on_clip_image_embeddings(checkpoints, shapes_data, inception_weigh
 def test_generation_precision_is_chosen_and_recorded(checkpoints, shapes_data, inception_weights, tmp_path):
     ckpt = checkpoints / "ep0-ba4-rank0.pt"
     rows = {}
-    for dtype in ("auto", "bf16"):  # auto is float32 on a CPU
-        cfg = _cfg(tmp_path / dtype, shapes_data, inception_weights, guidance=(5.0,), dtype=dtype)
+    for dtype, bootstrap in (("auto", 200), ("bf16", 0)):  # auto is float32 on a CPU
+        cfg = _cfg(tmp_path / dtype, shapes_data, inception_weights, guidance=(5.0,), dtype=dtype, bootstrap=bootstrap)
         rows[dtype] = evaluate_checkpoints(cfg, [ckpt])[0]
     assert rows["auto"]["dtype"] == "float32" and rows["bf16"]["dtype"] == "bfloat16"
+    assert rows["bf16"]["bootstrap"] == 0 and not [k for k in rows["bf16"] if k.endswith(("_lo", "_hi"))]  # off
+    assert not [k for c in rows["bf16"]["categories"] for k in c if k.endswith(("_lo", "_hi"))]
     assert np.isfinite(rows["bf16"]["fid"]) and rows["bf16"]["fid"] != rows["auto"]["fid"]
     with pytest.raises(WorkbenchError, match="unknown dtype 'int8'"):
         evaluate_checkpoints(_cfg(tmp_path / "bad", shapes_data, inception_weights, dtype="int8"), [ckpt])
@@ -210,7 +225,8 @@ def test_cli_watch_scores_a_run_once(checkpoints, shapes_data, inception_weights
     rows = ResultsStore(tmp_path / "res").rows()
     assert sorted(r["step"] for r in rows) == [2, 4]
     assert capsys.readouterr().out.count("scored ") == 2
-    assert (tmp_path / "res" / "report" / "tradeoff.png").is_file()
+    assert (tmp_path / "res" / "report" / "metrics_vs_step.png").is_file()
+    assert not (tmp_path / "res" / "report" / "tradeoff.png").exists()  # no CLIP score, no attributes: no trade-off
 
 
 def _watch_args(run, out, shapes_data, inception_weights, *extra):
@@ -286,3 +302,80 @@ def test_run_records_an_unreadable_checkpoint_scores_the_others_and_says_so(chec
         evaluate_checkpoints(cfg, [torn, checkpoints / "ep0-ba2-rank0.pt"])
     rows = ResultsStore(tmp_path / "results").rows()
     assert [(r["status"], r.get("step")) for r in rows] == [("unreadable", None), ("ok", 2)]
+
+
+def _args(ckpts, out, shapes_data, inception_weights, *extra) -> list[str]:
+    return [*map(str, ckpts), "--out", str(out), "--reference", str(shapes_data / "eval/32"), "--inception-weights",
+            str(inception_weights), "--inception-features", "64", "--prompts", "shapes", "--n-prompts", "8",
+            "--n-reference", "16", "--guidance", "5", "--steps", "2", "--size", "16",
+            "--batch-size", "8", "--kid-subset-size", "8", "--kid-subsets", "2", "--device", "cpu", *extra]
+
+
+def test_compare_two_checkpoints_with_paired_intervals(checkpoints, shapes_data, inception_weights, tiny_clip,
+                                                      tiny_dinov2, tmp_path, capsys):
+    """`dwb evaluate run A B`, then `dwb evaluate compare A B` on the store."""
+    from dwb import main
+
+    a, b = checkpoints / "ep0-ba2-rank0.pt", checkpoints / "ep0-ba4-rank0.pt"
+    out = tmp_path / "res"
+    scoring = ["--clip", str(tiny_clip), "--cmmd", "--dinov2", str(tiny_dinov2)]
+    assert main(["evaluate", "run", *_args([a, b], out, shapes_data, inception_weights, *scoring)]) == 0
+    assert main(["evaluate", "compare", str(a), str(b), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = ResultsStore(out).rows()
+    assert [r["step"] for r in rows] == [2, 4]
+    for r in rows:
+        assert r["fd_dinov2_lo"] <= r["fd_dinov2"] <= r["fd_dinov2_hi"] and r["cmmd_lo"] <= r["cmmd"] <= r["cmmd_hi"]
+        assert 0 <= r["precision"] <= 1 and 0 <= r["recall"] <= 1 and 0 <= r["coverage"] <= 1 and r["density"] >= 0
+        assert r["dinov2"].startswith("dinov2:") and "FD-DINOv2" in printed
+    [result] = [json.loads(p.read_text()) for p in (out / "compare").glob("*.json")]
+    assert [m["metric"] for m in result["metrics"]] == ["fid", "kid_mean", "clip_score", "cmmd", "fd_dinov2"]
+    assert result["n_images"] == 8 and result["n_prompts"] == 8 and result["bootstrap"] == 200
+    for m in result["metrics"]:
+        assert m["difference"] == pytest.approx(m["b"] - m["a"]) and m["lo"] <= m["difference"] <= m["hi"]
+        assert 0 < m["p"] <= 1 and m["sentence"] in printed
+        assert ("not significant" in m["sentence"]) == (m["better"] is None)
+    assert "Comparisons" in (out / "report" / "index.html").read_text()
+
+    from evaluate.compare import compare_store
+
+    [same] = compare_store(out, str(a), str(a), replicates=50)  # a checkpoint against itself: no difference at all
+    assert [m["sentence"].split(" difference ")[1] for m in same["metrics"]] == ["+0 [+0, +0], not significant (p = 1)"] * 5
+
+    assert main(["evaluate", "compare", str(a), str(checkpoints / "ep9-ba9-rank0.pt"), "--out", str(out)]) != 0
+    err = capsys.readouterr().err.strip()  # not scored, and nothing to score it with
+    assert "ep9-ba9-rank0.pt has no scored rows" in err and "give --reference" in err and "\n" not in err
+
+    ResultsStore(out).append({**rows[1], "model": "fewer", "n_images": 4})  # scored on other prompts
+    assert main(["evaluate", "compare", str(a), "fewer", "--out", str(out)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot compare") and "n_images differs (8 vs 4)" in err and "\n" not in err
+
+
+def test_attribute_accuracy_per_image_with_intervals_and_categories(checkpoints, shapes_data, tmp_path):
+    """The shapes scorer's verdicts per image in the manifest, intervals on the accuracies, tables per category.
+    The scorer is trained for one epoch (its accuracy does not matter here, only how verdicts travel)."""
+    from evaluate.domain import train_scorer
+
+    scorer = tmp_path / "scorer.pt"
+    train_scorer(shapes_data, scorer, epochs=1, batch_size=64, progress=False)
+    cfg = EvalConfig(out=str(tmp_path / "res"), reference=str(shapes_data / "eval/32"), scorer=str(scorer),
+                     prompts="shapes", n_prompts=8, n_per_prompt=2, n_reference=16, guidance=(5.0,), steps=2, size=16,
+                     batch_size=8, kid_subsets=2, kid_subset_size=8, device="cpu", progress=False)
+    [row] = evaluate_checkpoints(cfg, [checkpoints / "ep0-ba4-rank0.pt"])
+    for key in ("attr_all_all", "attr_single_color", "attr_pair_position", "fid"):
+        assert row[f"{key}_lo"] <= row[key] <= row[f"{key}_hi"]
+    manifest = [json.loads(line) for line in (tmp_path / "res" / row["samples"] / "manifest.jsonl").read_text().splitlines()]
+    assert len(manifest) == 16 and all(isinstance(m["attr_all"], bool) and "clip_score" not in m for m in manifest)
+    assert round(np.mean([m["attr_all"] for m in manifest]), 4) == row["attr_all_all"]
+    pairs = [m for m in manifest if m["category"] == "two groups"]
+    assert pairs and all(isinstance(m["attr_position"], bool) for m in pairs)
+    by_category = {c["category"]: c for c in row["categories"]}
+    assert set(by_category) == {m["category"] for m in manifest}
+    for category, c in by_category.items():
+        mine = [m["attr_all"] for m in manifest if m["category"] == category]
+        assert c["n_images"] == len(mine) and c["attr_all_all"] == round(float(np.mean(mine)), 4)
+        assert c["attr_all_all_lo"] <= c["attr_all_all"] <= c["attr_all_all_hi"]
+    report = tmp_path / "res" / "report"
+    assert (report / "attributes_vs_step.png").is_file() and (report / "tradeoff.png").is_file()  # accuracy vs FID
+    assert "By prompt category" in (report / "index.html").read_text()

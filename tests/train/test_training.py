@@ -9,7 +9,7 @@ from train.checkpoints import read_checkpoint
 from train.config import load_config
 from train.errors import WorkbenchError
 from train.checkpoints import export_pipeline, load_pipeline
-from train.trainer import build_trainer, train
+from train.trainer import build_trainer
 
 from ..conftest import REPO, tiny_overrides
 

@@ -1,0 +1,167 @@
+"""Paired comparison of two checkpoints scored on the same prompts and seeds: is B better than A, by how
+much, and how sure.
+
+Both rows' images share their prompts and seeds, so the comparison is paired: each bootstrap replicate
+draws one set of prompt weights (``bootstrap.prompt_weights``) and applies it to both checkpoints'
+images, and each metric's difference B - A gets the interval and two-sided p-value of ``bootstrap.py``
+from those paired replicates (per-image metrics: weighted means; set metrics: the weighted generated
+features against the one fixed reference). Rows scored on different prompts, seeds, numbers of images,
+extractors or reference statistics are refused: FID and KID depend on the number of images, and the
+pairing needs the same images' counterparts.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from train.errors import WorkbenchError
+
+from .bootstrap import interval, p_value, prompt_weights, weighted_means
+from .metrics import FeatureStats
+from .reference import ReferenceStats
+from .row import FEATURES, RowImages, VERDICTS, mean_values, set_replicates
+from .samples import MANIFEST, read_manifest
+from .store import ATTRIBUTE_COLUMNS, ResultsStore
+
+SIGNIFICANCE = 0.05
+LOWER_IS_BETTER = {"fid", "kid_mean", "cmmd", "fd_dinov2"}
+METRIC_NAMES = {"fid": "FID", "kid_mean": "KID", "clip_score": "CLIP score", "cmmd": "CMMD", "fd_dinov2": "FD-DINOv2",
+                "attr_all_all": "every attribute right"}
+MUST_MATCH = ("prompts", "n_images", "size", "extractor", "n_reference", "dinov2")
+
+
+def rows_of(rows: list[dict], who: str) -> dict[tuple, dict]:
+    """The latest scored row per (guidance, sampler) whose model label or checkpoint path is ``who``."""
+    target = str(Path(who).resolve()) if Path(who).exists() else None
+    found = {}
+    for r in rows:
+        if r.get("status") == "ok" and (r["model"] == who or r["checkpoint"] == who
+                                        or (target and str(Path(r["checkpoint"]).resolve()) == target)):
+            found[(r["guidance"], r.get("scheduler"))] = r
+    return found
+
+
+def load_references(paths: dict[str, str]) -> dict[str, ReferenceStats]:
+    """The reference statistics a row was scored against, from their cache files (every kept feature)."""
+    refs = {}
+    for name, path in paths.items():
+        if not Path(path).is_file():
+            raise WorkbenchError(f"reference statistics {path} are gone (the cache was cleared): score the rows again")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        stats = FeatureStats.from_state_dict(state, kid_max=max(1, len(state["kept"])))
+        refs[name] = ReferenceStats(stats, int(state["skipped"]), Path(path).stem.removeprefix("ref-"), True, Path(path))
+    return refs
+
+
+def load_row_images(out: Path, row: dict) -> tuple[RowImages, dict[str, str], dict[int, str], list[dict]]:
+    """A scored row's images from its manifest and ``features.pt``: (images, reference files, captions, manifest)."""
+    folder = out / row["samples"]
+    if not (folder / FEATURES).is_file():
+        raise WorkbenchError(f"{folder / FEATURES} not found: {row['model']} was scored before per-image features "
+                             f"were kept; score it again to compare it")
+    manifest = read_manifest(folder / MANIFEST)
+    state = torch.load(folder / FEATURES, map_location="cpu", weights_only=True)
+    keys = [tuple(k) for k in state["keys"].tolist()]
+    if keys != [(m["prompt_index"], m["image_index"]) for m in manifest]:
+        raise WorkbenchError(f"{folder}: {FEATURES} and {MANIFEST} list different images")
+    clip = np.array([m["clip_score"] for m in manifest]) if manifest and "clip_score" in manifest[0] else None
+    verdicts = ([None if m.get("attr_all") is None else {k: m.get(f"attr_{k}") for k in VERDICTS} for m in manifest]
+                if manifest and "attr_all" in manifest[0] else [])
+    images = RowImages(keys, [m["category"] for m in manifest], clip, verdicts, state["features"])
+    return images, state["references"], {m["prompt_index"]: m["prompt"] for m in manifest}, manifest
+
+
+def _check_rows(a: dict, b: dict) -> None:
+    for key in MUST_MATCH:
+        if a.get(key) != b.get(key):
+            extra = (" (FID and KID depend on the number of images: score both on the same prompts, or compare "
+                     "fid_infinity)") if key == "n_images" else ""
+            raise WorkbenchError(f"cannot compare {a['model']} and {b['model']}: {key} differs ({a.get(key)} vs "
+                                 f"{b.get(key)}){extra}")
+
+
+def _check_images(a: dict, b: dict, ma: list[dict], mb: list[dict], refs_a: dict, refs_b: dict) -> None:
+    same = [(x["prompt_index"], x["image_index"], x["prompt"], x["seed"]) for x in ma] == \
+           [(y["prompt_index"], y["image_index"], y["prompt"], y["seed"]) for y in mb]
+    if not same:
+        raise WorkbenchError(f"cannot compare {a['model']} and {b['model']}: their images do not share prompts and seeds "
+                             f"(score both with the same --prompts, --n-per-prompt and --seed)")
+    if refs_a != refs_b:
+        raise WorkbenchError(f"cannot compare {a['model']} and {b['model']}: they were scored against different "
+                             f"reference statistics")
+
+
+def _metrics(a: dict, b: dict) -> list[str]:
+    names = ["fid", "kid_mean", "clip_score", "cmmd", "fd_dinov2", *ATTRIBUTE_COLUMNS]
+    return [n for n in names if a.get(n) is not None and b.get(n) is not None]
+
+
+def describe(name: str, difference: float, lo: float, hi: float, p: float, replicates: int) -> tuple[str, str | None]:
+    """(the sentence, "A" / "B" / None for the better checkpoint) for a difference B - A and its interval."""
+    label = METRIC_NAMES.get(name, name)
+    p_text = f"p <= {1 / (replicates + 1):.2g}" if p <= 1 / (replicates + 1) + 1e-12 else f"p = {p:.2g}"
+    if p >= SIGNIFICANCE or lo <= 0 <= hi:
+        return f"{label} difference {difference:+.3g} [{lo:+.3g}, {hi:+.3g}], not significant ({p_text})", None
+    gain, gain_lo, gain_hi = (-difference, -hi, -lo) if name in LOWER_IS_BETTER else (difference, lo, hi)
+    better = "B" if gain > 0 else "A"
+    if better == "A":
+        gain, gain_lo, gain_hi = -gain, -gain_hi, -gain_lo
+    return f"{better} is better on {label} by {gain:.3g} [{gain_lo:.3g}, {gain_hi:.3g}], {p_text}", better
+
+
+def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed: int = 0) -> dict:
+    """Each metric's difference B - A with its paired bootstrap interval and p-value, and sentences."""
+    _check_rows(a, b)
+    out = Path(out)
+    ia, refs_a, captions, ma = load_row_images(out, a)
+    ib, refs_b, _, mb = load_row_images(out, b)
+    _check_images(a, b, ma, mb, refs_a, refs_b)
+    references = load_references(refs_a)
+    weights = prompt_weights(ia.prompts, replicates, seed)  # one draw of prompts for both checkpoints: paired
+    reps = []
+    for images in (ia, ib):
+        means = {k: weighted_means(v, weights) for k, v in mean_values(images, captions).items()}
+        reps.append({**set_replicates(images, references, weights), **means})
+    metrics = []
+    for name in _metrics(a, b):
+        diff = float(b[name] - a[name])
+        lo, hi = interval(diff, reps[1][name] - reps[0][name])
+        p = p_value(diff, reps[1][name] - reps[0][name])
+        sentence, better = describe(name, diff, lo, hi, p, replicates)
+        metrics.append({"metric": name, "a": a[name], "b": b[name], "difference": diff, "lo": lo, "hi": hi, "p": p,
+                        "better": better, "sentence": sentence})
+    return {"a": a["model"], "b": b["model"], "guidance": a["guidance"], "scheduler_a": a.get("scheduler"),
+            "scheduler_b": b.get("scheduler"), "n_images": a["n_images"], "n_prompts": int(len(np.unique(ia.prompts))),
+            "bootstrap": replicates, "seed": seed, "metrics": metrics}
+
+
+def write_comparison(out: str | Path, result: dict) -> Path:
+    """``OUT/compare/<A>-vs-<B>-cfg<g>.json``; the report lists every file there."""
+    from .run import _slug
+
+    path = Path(out) / "compare" / f"{_slug(result['a'])}-vs-{_slug(result['b'])}-cfg{result['guidance']:g}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    return path
+
+
+def check_replicates(replicates: int) -> None:
+    if replicates < 2:
+        raise WorkbenchError("a comparison needs --bootstrap of at least 2 replicates (200 or more for p-values)")
+
+
+def compare_store(out: str | Path, a: str, b: str, replicates: int = 200, seed: int = 0) -> list[dict]:
+    """Compare A and B at every (guidance, sampler) both were scored at in ``OUT``'s store."""
+    check_replicates(replicates)
+    rows = ResultsStore(out).rows()
+    ra, rb = rows_of(rows, a), rows_of(rows, b)
+    for who, found in ((a, ra), (b, rb)):
+        if not found:
+            raise WorkbenchError(f"{who} has no scored rows in {Path(out) / 'results.jsonl'}")
+    common = sorted(set(ra) & set(rb), key=lambda k: (k[0], str(k[1])))
+    if not common:
+        raise WorkbenchError(f"{a} and {b} share no guidance scale and sampler in {Path(out) / 'results.jsonl'}")
+    return [compare_rows(out, ra[k], rb[k], replicates, seed) for k in common]

@@ -1,0 +1,68 @@
+"""The results store survives a torn write; the reference cache key covers what the cache keeps."""
+import json
+import os
+
+import pytest
+
+from evaluate.features import InceptionExtractor
+from evaluate.reference import reference_stats
+from evaluate.store import ResultsStore
+from train.errors import WorkbenchError
+
+from .test_run import _image_folder
+
+
+def test_a_torn_tail_is_set_aside_and_the_next_rows_are_kept(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.append_rows([{"checkpoint": "a.pt", "guidance": 3.0}, {"checkpoint": "a.pt", "guidance": 5.0}])
+    fragment = b'{"checkpoint": "b.pt", "guid'
+    with open(store.path, "ab") as f:  # a crash in the middle of writing b's row
+        f.write(fragment)
+    store.append_rows([{"checkpoint": "c.pt", "guidance": 3.0}])
+    assert [r["checkpoint"] for r in store.rows()] == ["a.pt", "a.pt", "c.pt"]  # c's row is not glued to the fragment
+    assert (tmp_path / "results.torn").read_bytes() == fragment + b"\n"  # nothing thrown away
+    assert store.path.read_bytes().endswith(b"\n")
+
+    only_torn = ResultsStore(tmp_path / "other")
+    only_torn.folder.mkdir()
+    only_torn.path.write_bytes(b'{"checkpoint": "x')
+    only_torn.append({"checkpoint": "y.pt"})
+    assert only_torn.rows() == [{"checkpoint": "y.pt"}]
+
+
+def test_a_checkpoints_rows_are_written_at_once(tmp_path, monkeypatch):
+    writes = []
+    real_write = os.write
+
+    def counting_write(fd, data):  # the real write, counted
+        writes.append(len(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", counting_write)
+    rows = [{"checkpoint": "a.pt", "guidance": g, "fid": 1.0} for g in (1.5, 3, 5, 8)]
+    ResultsStore(tmp_path).append_rows(rows)
+    assert len(writes) == 1
+    assert [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()] == rows
+
+
+@pytest.fixture(scope="module")
+def extractor(inception_weights):
+    return InceptionExtractor(inception_weights, dim=64)
+
+
+def test_reference_cache_key_covers_the_kid_sample_size(extractor, tmp_path):
+    folder = _image_folder(tmp_path, 12, 0)
+    small = reference_stats(folder, extractor, 16, 12, tmp_path / "cache", kid_max=4, progress=False)
+    large = reference_stats(folder, extractor, 16, 12, tmp_path / "cache", kid_max=10, progress=False)
+    assert small.stats.features().shape[0] == 4
+    assert not large.cached and large.key != small.key  # a cache with 4 kept features does not serve 10
+    assert large.stats.features().shape[0] == 10
+    assert reference_stats(folder, extractor, 16, 12, tmp_path / "cache", kid_max=10, progress=False).cached
+
+
+def test_a_cache_of_fewer_images_is_refused_without_allow_fewer(extractor, tmp_path):
+    folder = _image_folder(tmp_path, 5, 0)
+    fewer = reference_stats(folder, extractor, 16, 8, tmp_path / "cache", allow_fewer=True, progress=False)
+    assert fewer.stats.n == 5
+    with pytest.raises(WorkbenchError, match="5 readable images, fewer than the 8 requested"):
+        reference_stats(folder, extractor, 16, 8, tmp_path / "cache", progress=False)  # the same key, cached
