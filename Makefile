@@ -9,7 +9,7 @@ demo: setup
 
 test: setup
 	bash scripts/setup-test-deps.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 test-fast: setup
 	.venv/bin/python -m pytest -q -m "not slow"

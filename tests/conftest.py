@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2`: one core per worker and for what it starts; two
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torch threads per worker on 2 cores spin against each other
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 # Shared data (DrawBench, PartiPrompts) lives beside the checkout; DWB_SHARED points elsewhere.
 SHARED = Path(os.environ.get("DWB_SHARED", REPO.parent / "shared"))
