@@ -93,6 +93,17 @@ def init_distributed(device: torch.device) -> None:
     _dist().initialize_dist(DeviceGPU() if device.type == "cuda" else DeviceCPU())
 
 
+@dataclass
+class Opened:
+    """One checkpoint, ready to score: what `Evaluator.open` found and loaded."""
+    found: Checkpoint
+    source: Provenance
+    pipe: object  # a diffusers StableDiffusionPipeline
+    sampler: str
+    size: int
+    references: dict  # metric -> reference statistics at `size`
+
+
 class Evaluator:
     """Holds what every checkpoint shares: extractor, CLIP, prompts and the reference statistics."""
 
@@ -176,69 +187,80 @@ class Evaluator:
         """Score one checkpoint at every guidance scale; rank 0 appends the rows to the store and returns them.
 
         A problem of the checkpoint itself is a ``CheckpointError``; anything else is the setup's."""
-        cfg, dist = self.cfg, _dist()
-        rank, world = dist.get_global_rank(), dist.get_world_size()
+        dist = _dist()
         t0 = time.perf_counter()
+        opened = self.open(checkpoint, model)
+        rows = [row for guidance in self.cfg.guidance if (row := self.score_guidance(opened, guidance)) is not None]
+        if dist.get_global_rank() == 0:
+            for row in rows:
+                row["seconds_checkpoint"] = round(time.perf_counter() - t0, 3)
+            self.store.append_rows(rows)  # one write: a crash never leaves a checkpoint half-recorded
+        dist.barrier() if dist.get_world_size() > 1 else None
+        return rows
+
+    def open(self, checkpoint: Checkpoint | str | Path, model: str | None) -> Opened:
+        """The checkpoint's pipeline, provenance, sampler, image size and the reference statistics at that size."""
+        cfg = self.cfg
         found = checkpoint if isinstance(checkpoint, Checkpoint) and checkpoint.path else find_checkpoint(
             getattr(checkpoint, "ref", checkpoint))
         weights = ("ema" if cfg.ema else "raw") if found.kind in ("composer", "mosaicml") else "stored"
         source = Provenance(found.ref, model or found.label, content_hash(found), weights)
         pipe = load_pipeline(found, ema=cfg.ema, device=self.device, dtype=self.dtype)
-        sampler = sampler_of(pipe, Settings(sampler=cfg.scheduler))
-        model = source.model
         size = cfg.size or pipe.unet.config.sample_size * pipe.vae_scale_factor
         references = {"fid": self.reference(size)}
         if self.clip_images is not None:
             references["cmmd"] = self.reference(size, self.clip_images)
         if self.dinov2 is not None:
             references["fd_dinov2"] = self.reference(size, self.dinov2)
-        rows = []
-        for guidance in cfg.guidance:
-            t_start = time.perf_counter()
-            scorer = RowScorer(self.extractor, scorer=self.scorer, clip=self.clip, clip_images=self.clip_images,
-                               dinov2=self.dinov2, kid_max=cfg.kid_subset_size * 10, seed=rank)
-            jobs = iter(plan_batches(self.prompts, cfg.n_per_prompt, cfg.batch_size, rank, world))  # generate_samples' batches
-            # Another sampler than the pipeline's own gets its own folder, so a sampler sweep keeps every set.
-            leaf = f"cfg{guidance:g}" + (f"-{_slug(sampler)}" if cfg.scheduler else "")
-            samples = Path("samples") / _slug(model) / leaf
-            records = generate_samples(pipe, self.prompts, Path(cfg.out) / samples, source=source,
-                                       n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=cfg.steps, size=size,
-                                       sampler=cfg.scheduler,
-                                       batch_size=cfg.batch_size, seed=cfg.seed, rank=rank, world=world,
-                                       progress=cfg.progress and rank == 0,
-                                       on_batch=lambda images, _: scorer.on_batch(images, next(jobs)))
-            mine = (records, scorer.part())
-            gathered = dist.all_gather_object(mine) if world > 1 else [mine]
-            if rank != 0:
-                continue
-            all_records = [r for part in gathered for r in part[0]]
-            t = time.perf_counter()
-            metrics, images = row_metrics([part[1] for part in gathered], references, self.prompts,
-                                          kid_subsets=cfg.kid_subsets, kid_subset_size=cfg.kid_subset_size,
-                                          bootstrap=cfg.bootstrap, seed=cfg.seed)
-            t_metric = scorer.seconds + time.perf_counter() - t
-            write_manifest(all_records, Path(cfg.out) / samples, extra=images.per_image())
-            save_features(Path(cfg.out) / samples / FEATURES, images, references)
-            write_category_grids(all_records, Path(cfg.out) / samples, title=f"{model} cfg {guidance:g}")
-            total_s = time.perf_counter() - t_start
-            row = {"model": model, "checkpoint": found.ref, "checkpoint_hash": source.checkpoint_hash,
-                   "weights": source.weights, "step": found.step or 0,
-                   "guidance": float(guidance), **metrics, "n_images": len(images.keys),
-                   "n_reference": references["fid"].stats.n, "reference_skipped": references["fid"].skipped,
-                   "prompts": cfg.prompts, "scheduler": sampler, "steps": cfg.steps, "size": size,
-                   "dtype": str(self.dtype).removeprefix("torch."),
-                   "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}", "resize": resize_policy(size),
-                   "dinov2": f"{self.dinov2.name}@{self.dinov2.weights_hash}" if self.dinov2 is not None else None,
-                   "seconds_generate": round(total_s - t_metric, 3), "seconds_metrics": round(t_metric, 3),
-                   "seconds_total": round(total_s, 3), "samples": str(samples), "status": "ok",
-                   **checkpoint_identity(found), "time": time.time()}
-            rows.append(row)
-        if rank == 0:
-            for row in rows:
-                row["seconds_checkpoint"] = round(time.perf_counter() - t0, 3)
-            self.store.append_rows(rows)  # one write: a crash never leaves a checkpoint half-recorded
-        dist.barrier() if world > 1 else None
-        return rows
+        return Opened(found, source, pipe, sampler_of(pipe, Settings(sampler=cfg.scheduler)), size, references)
+
+    def score_guidance(self, opened: Opened, guidance: float) -> dict | None:
+        """Every rank generates and embeds its share of one guidance scale's images; rank 0 gets the row."""
+        cfg, dist = self.cfg, _dist()
+        rank, world = dist.get_global_rank(), dist.get_world_size()
+        t_start = time.perf_counter()
+        scorer = RowScorer(self.extractor, scorer=self.scorer, clip=self.clip, clip_images=self.clip_images,
+                           dinov2=self.dinov2, kid_max=cfg.kid_subset_size * 10, seed=rank)
+        jobs = iter(plan_batches(self.prompts, cfg.n_per_prompt, cfg.batch_size, rank, world))  # generate_samples' batches
+        # Another sampler than the pipeline's own gets its own folder, so a sampler sweep keeps every set.
+        leaf = f"cfg{guidance:g}" + (f"-{_slug(opened.sampler)}" if cfg.scheduler else "")
+        samples = Path("samples") / _slug(opened.source.model) / leaf
+        records = generate_samples(opened.pipe, self.prompts, Path(cfg.out) / samples, source=opened.source,
+                                   n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=cfg.steps,
+                                   size=opened.size, sampler=cfg.scheduler, batch_size=cfg.batch_size, seed=cfg.seed,
+                                   rank=rank, world=world, progress=cfg.progress and rank == 0,
+                                   on_batch=lambda images, _: scorer.on_batch(images, next(jobs)))
+        mine = {"records": records, "features": scorer.part()}
+        gathered = dist.all_gather_object(mine) if world > 1 else [mine]
+        if rank != 0:
+            return None
+        all_records = [r for part in gathered for r in part["records"]]
+        t = time.perf_counter()
+        metrics, images = row_metrics([part["features"] for part in gathered], opened.references, self.prompts,
+                                      kid_subsets=cfg.kid_subsets, kid_subset_size=cfg.kid_subset_size,
+                                      bootstrap=cfg.bootstrap, seed=cfg.seed)
+        seconds_metrics = scorer.seconds + time.perf_counter() - t
+        write_manifest(all_records, Path(cfg.out) / samples, extra=images.per_image())
+        save_features(Path(cfg.out) / samples / FEATURES, images, opened.references)
+        write_category_grids(all_records, Path(cfg.out) / samples, title=f"{opened.source.model} cfg {guidance:g}")
+        seconds_total = time.perf_counter() - t_start
+        row = self.row(opened, guidance, samples, len(images.keys))
+        return {**row, **metrics, "seconds_generate": round(seconds_total - seconds_metrics, 3),
+                "seconds_metrics": round(seconds_metrics, 3), "seconds_total": round(seconds_total, 3)}
+
+    def row(self, opened: Opened, guidance: float, samples: Path, n_images: int) -> dict:
+        """What a row says about how it was scored (the metrics and timings are added to it)."""
+        cfg, fid_reference = self.cfg, opened.references["fid"]
+        return {"model": opened.source.model, "checkpoint": opened.found.ref,
+                "checkpoint_hash": opened.source.checkpoint_hash, "weights": opened.source.weights,
+                "step": opened.found.step or 0, "guidance": float(guidance), "n_images": n_images,
+                "n_reference": fid_reference.stats.n, "reference_skipped": fid_reference.skipped,
+                "prompts": cfg.prompts, "scheduler": opened.sampler, "steps": cfg.steps, "size": opened.size,
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}",
+                "resize": resize_policy(opened.size),
+                "dinov2": f"{self.dinov2.name}@{self.dinov2.weights_hash}" if self.dinov2 is not None else None,
+                "samples": str(samples), "status": "ok", **checkpoint_identity(opened.found), "time": time.time()}
 
 
 def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extractor: FeatureExtractor | None = None) -> list[dict]:

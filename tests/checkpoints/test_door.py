@@ -15,7 +15,6 @@ from train.errors import CheckpointError, WorkbenchError
 from train.generation import Settings, generate_images
 
 from ..conftest import REPO, tiny_overrides, upload_folder
-from ..evaluate.conftest import inception_weights  # noqa: F401 - a fixture
 
 PROMPT = "two red circles left of a blue square"
 SETTINGS = Settings(steps=4, guidance=4.0, width=16, height=16, sampler="DPM++ 2M")

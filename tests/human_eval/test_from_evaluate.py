@@ -13,7 +13,6 @@ from human_eval.samples import prompt_set_id
 from human_eval.study import load_study
 
 from ..conftest import run_dwb
-from ..evaluate.conftest import checkpoints, inception_weights  # noqa: F401 - the tiny checkpoints evaluate's tests use
 from .conftest import Server, start_rater
 
 PROMPTS = ["two blue circles", "one red square", "two blue circles", "a green triangle left of a red square",
