@@ -187,16 +187,18 @@ def cmd_links(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from .analysis import analyze
-    from .joined import humans_beside_metrics
-    from .joined_page import joined_lines, write_joined
-    from .report import summary, write_report
     from .scores import read_scores
-    from .store import Store, database_url
     from .study import load_study
 
     study = load_study(args.study)
     scores = read_scores(args.results) if args.results else None  # a wrong path fails before anything is written
+
+    from .analysis import analyze
+    from .joined import humans_beside_metrics
+    from .joined_page import joined_lines, write_joined
+    from .report import summary, write_report
+    from .store import Store, database_url
+
     store = Store(database_url(args.db or study.folder / "votes.sqlite"), study.id, create=False)
     votes = store.all_votes()
     if not votes:

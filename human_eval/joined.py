@@ -27,11 +27,15 @@ from collections import defaultdict
 
 import numpy as np
 
-from .analysis import NO_CATEGORY, _clean, bradley_terry
+from .analysis import NO_CATEGORY, bradley_terry, json_ready
 from .scores import LABELS, METRICS, ROW_KEYS, ScoreRows, join_scores, metric_values
-from .stats import bootstrap_rate, percentile_interval, wilson_interval
+from .stats import bootstrap_rate, percentile_interval, ratio, wilson_interval
 from .study import Study
 
+# A prompt bootstrap needs prompts to resample: in a simulation (6 votes a prompt, per-prompt rates spread by
+# 0.1) its 95% interval covered the true rate in 74% of draws with 2 prompts and 87-90% with 3-10 (Wilson:
+# 93-97%); one prompt gives zero width. Under MIN_PROMPTS a win rate has its Wilson interval only.
+MIN_PROMPTS = 5
 PER_IMAGE = {"clip_score": "clip_score", "attr_all_all": "attr_all"}  # row column -> the study image's metric
 
 
@@ -43,9 +47,10 @@ def win_rate(votes: list[dict], model: str, study: Study, n_boot: int, rng: np.r
     decisive = np.array([v["choice"] != "none" for v in mine], dtype=float)
     prompts = np.array([study.by_id[v["pair_id"]].prompt for v in mine], dtype=np.int64)
     wins, n = int(won.sum()), int(decisive.sum())
+    enough = len(np.unique(prompts[decisive > 0])) >= MIN_PROMPTS
     return {"votes": len(mine), "decisive": n, "wins": wins, "win_rate": wins / n if n else math.nan,
             "wilson": wilson_interval(wins, n),
-            "bootstrap_prompt": percentile_interval(bootstrap_rate(won, decisive, prompts, n_boot, rng)) if n
+            "bootstrap_prompt": percentile_interval(bootstrap_rate(won, decisive, prompts, n_boot, rng)) if enough
             else (math.nan, math.nan)}
 
 
@@ -93,11 +98,6 @@ class PromptTable:
         return rng.multinomial(p, np.full(p, 1 / p), size=n_boot).astype(float)  # (B, P)
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
-
-
 def concordance(rate_a: np.ndarray, values: np.ndarray, pairs: np.ndarray, higher_better: bool) -> np.ndarray:
     """The share of model pairs a metric orders as raters do; a tie on either side counts a half.
 
@@ -117,7 +117,7 @@ def _metric_per_model(name: str, table: PromptTable, rows: dict[str, dict | None
     per_image = table.image_sums(PER_IMAGE[name]) if name in PER_IMAGE else None
     if per_image is not None:
         sums, counts = per_image
-        return sums.sum(0) / counts.sum(0), _ratio(draws @ sums, draws @ counts), "study images"
+        return sums.sum(0) / counts.sum(0), ratio(draws @ sums, draws @ counts), "study images"
     point = np.array([metric_values(rows[m]).get(name, {}).get("value", math.nan) if rows.get(m) else math.nan
                       for m in table.study.models])
     if np.isfinite(point).sum() < 2:
@@ -131,8 +131,8 @@ def model_pair_agreement(table: PromptTable, rows: dict[str, dict | None], n_boo
     if not table.model_pairs:
         return []
     draws = table.draws(n_boot, rng)
-    rate = _ratio(table.wins_a.sum(0), table.decisive.sum(0))  # (K,)
-    rate_reps = _ratio(draws @ table.wins_a, draws @ table.decisive)  # (B, K)
+    rate = ratio(table.wins_a.sum(0), table.decisive.sum(0))  # (K,)
+    rate_reps = ratio(draws @ table.wins_a, draws @ table.decisive)  # (B, K)
     index = {m: i for i, m in enumerate(table.study.models)}
     pairs = np.array([(index[a], index[b]) for a, b in table.model_pairs])
     out = []
@@ -209,7 +209,7 @@ def humans_beside_metrics(study: Study, votes: list[dict], scores: ScoreRows, *,
             and v["rater_id"] not in excluded]
     rows, notes = join_scores(study, scores)
     per_question = {q: [v for v in main if v["question"] == q] for q in study.question_ids}
-    return _clean({
+    return json_ready({
         "study": study.id, "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "results": scores.sources,
         "questions": {q.id: q.text for q in study.questions}, "models": study.models,
         "settings": {"bootstrap": n_boot, "seed": seed, "excluded_raters": sorted(excluded)},

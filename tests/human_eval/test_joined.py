@@ -10,7 +10,7 @@ import pytest
 from human_eval.joined import (PromptTable, category_win_rates, humans_beside_metrics, image_pair_agreement,
                                model_pair_agreement)
 from human_eval.samples import read_manifest
-from human_eval.scores import join_scores, read_scores
+from human_eval.scores import join_scores, match_row, read_scores
 from human_eval.store import Store, database_url
 from human_eval.study import build_study, load_study
 
@@ -19,6 +19,7 @@ from .conftest import drawbench, model_secrets, write_samples
 
 NAMES = ("m0", "m1", "m2", "m3")  # better with each step: mean CLIP score +0.02, FID -8 and FD-DINOv2 -30 a step
 QUESTIONS = ("quality", "alignment")
+CATEGORIES = ("Colors", "Counting", "Positional", "Text")  # DrawBench's; 5 prompts of each
 
 
 def metrics_manifest(manifest: Path, step: int, rng: np.random.Generator) -> Path:
@@ -46,17 +47,19 @@ def evaluate_row(name: str, step: int, clip: float, **extra) -> dict:
 
 @pytest.fixture(scope="module")
 def clip_study(tmp_path_factory) -> tuple[Path, Path]:
-    """Four models on 20 DrawBench prompts (several categories), and an evaluate store scoring three of them."""
+    """Four models on 20 DrawBench prompts of 4 categories, and an evaluate store scoring three of them."""
     root = tmp_path_factory.mktemp("joined")
     rng = np.random.default_rng(7)
     samples, clip = [], {}
+    prompts = [p for c in CATEGORIES for p in [p for p in drawbench() if p[1] == c][:5]]
     for step, name in enumerate(NAMES):
-        manifest = metrics_manifest(write_samples(root / name, name, drawbench()[::10], 1, size=8, seed=step), step, rng)
+        manifest = metrics_manifest(write_samples(root / name, name, prompts, 1, size=8, seed=step), step, rng)
         samples += read_manifest(manifest)
         clip[name] = float(np.mean([json.loads(line)["clip_score"] for line in manifest.read_text().splitlines()]))
     build_study(samples, root / "study", gold=2, seed=0, progress=False)
     rows = [evaluate_row(n, k, clip[n]) for k, n in enumerate(NAMES[:3])]  # m3 was never scored
     rows.append(evaluate_row("m0", 0, clip["m0"], guidance=3.0, fid=999.0))  # another guidance of m0's checkpoint
+    rows.append(evaluate_row("m1", 1, clip["m1"], scheduler="OtherSampler", fid=777.0))  # another sampler of m1's
     rows.append({"checkpoint": "/ckpts/broken.pt", "status": "unreadable", "error": "truncated"})
     (root / "eval").mkdir()
     (root / "eval" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"model": "cut sh')
@@ -126,7 +129,13 @@ def test_join_uses_checkpoint_hashes_not_labels(clip_study, tmp_path):
     # of m0's two rows, the one at the study's guidance (7.5, not 3.0)
     joined, notes = join_scores(study, read_scores([eval_out]))
     assert joined[m["m0"]]["guidance"] == 7.5 and joined[m["m0"]]["fid"] == 60.0
+    assert joined[m["m1"]]["scheduler"] == model_secrets("m1")["scheduler"] and joined[m["m1"]]["fid"] == 52.0
     assert any("2 lines of the results were not used" in n for n in notes)  # the unreadable row and the torn line
+    # images from a folder carry no hash; one label over two checkpoints has no single row
+    scores = read_scores([eval_out])
+    assert match_row("folder-model", {"guidance": 7.5}, scores.rows) == (
+        None, "folder-model: no checkpoint hash in its samples (images from a folder?), so no metrics")
+    assert match_row("mixed", {"checkpoint_hash": "aa,bb"}, scores.rows)[0] is None
 
 
 def test_win_rates_per_category_with_intervals(clip_study):
@@ -153,6 +162,9 @@ def test_win_rates_per_category_with_intervals(clip_study):
     for c in categories[1:]:
         assert by[c, m0]["win_rate"] == 0.0 and by[c, m1]["win_rate"] == 1.0
     assert np.isnan(by[strong, model_secrets("m2")["model"]]["win_rate"])  # no decisive vote: no rate
+    few = [v for v in votes_by(study, choose) if study.by_id[v["pair_id"]].prompt < 2 and v["question"] == "quality"]
+    two = {(r["category"], r["model"]): r for r in category_win_rates(few, study, 300, np.random.default_rng(0))}
+    assert np.isnan(two[strong, m0]["bootstrap_prompt"][0]) and two[strong, m0]["wilson"][0] > 0.5  # 2 prompts: Wilson
 
 
 def test_report_with_results_writes_the_joined_page(clip_study, tmp_path):
