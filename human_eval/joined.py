@@ -98,16 +98,21 @@ class PromptTable:
         return rng.multinomial(p, np.full(p, 1 / p), size=n_boot).astype(float)  # (B, P)
 
 
-def concordance(rate_a: np.ndarray, values: np.ndarray, pairs: np.ndarray, higher_better: bool) -> np.ndarray:
-    """The share of model pairs a metric orders as raters do; a tie on either side counts a half.
+def pair_agreement(rate_a: np.ndarray, values: np.ndarray, pairs: np.ndarray, higher_better: bool) -> np.ndarray:
+    """Per model pair, whether a metric orders it as raters do: 1, 0, a half for a tie on either side.
 
     rate_a: (..., K) raters' preference for model a of each pair (nan: no decisive vote); values: (..., M)
-    the metric per model (nan: none); pairs: (K, 2) model indices. Returns (...,), nan with no usable pair.
+    the metric per model (nan: none); pairs: (K, 2) model indices. Returns (..., K), nan where either is missing.
     """
     human = np.sign(rate_a - 0.5)
     metric = np.sign(values[..., pairs[:, 0]] - values[..., pairs[:, 1]]) * (1 if higher_better else -1)
-    usable = np.isfinite(human) & np.isfinite(metric)
     agree = np.where((human == 0) | (metric == 0), 0.5, (human == metric).astype(float))
+    return np.where(np.isfinite(human) & np.isfinite(metric), agree, np.nan)
+
+
+def concordance(agree: np.ndarray) -> np.ndarray:
+    """The share of usable model pairs ordered as raters do: (..., K) -> (...,), nan without one."""
+    usable = np.isfinite(agree)
     with np.errstate(invalid="ignore"):
         return np.where(usable, agree, 0).sum(-1) / usable.sum(-1)
 
@@ -141,13 +146,12 @@ def model_pair_agreement(table: PromptTable, rows: dict[str, dict | None], n_boo
         if found is None:
             continue
         point, reps, source = found
-        share = float(concordance(rate, point, pairs, higher))
+        agree = pair_agreement(rate, point, pairs, higher)  # (K,)
         detail = [{"model_a": a, "model_b": b, "human_rate_a": rate[k], "metric_a": point[index[a]],
-                   "metric_b": point[index[b]]} for k, (a, b) in enumerate(table.model_pairs)]
+                   "metric_b": point[index[b]], "agrees": agree[k]} for k, (a, b) in enumerate(table.model_pairs)]
         out.append({"metric": name, "label": LABELS[name], "source": source, "higher_is_better": higher,
-                    "model_pairs": int(sum(math.isfinite(d["human_rate_a"]) and math.isfinite(d["metric_a"])
-                                           and math.isfinite(d["metric_b"]) for d in detail)),
-                    "agreement": share, "interval": percentile_interval(concordance(rate_reps, reps, pairs, higher)),
+                    "model_pairs": int(np.isfinite(agree).sum()), "agreement": float(concordance(agree)),
+                    "interval": percentile_interval(concordance(pair_agreement(rate_reps, reps, pairs, higher))),
                     "pairs": detail})
     return out
 

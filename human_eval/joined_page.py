@@ -62,10 +62,13 @@ def _model_section(joined: dict, q: str) -> str:
 def _agreement_section(joined: dict, q: str) -> str:
     a = joined["agreement"][q]
     rows = [[f"{x['label']} ({'lower' if not x['higher_is_better'] else 'higher'} is better)", "model pairs", x["source"],
-             x["model_pairs"], _pct(x["agreement"], x["interval"])] for x in a["model_pairs"]]
-    rows += [[x["label"], "image pairs", "study images", x["votes"], _pct(x["agreement"], x["interval"])]
+             x["model_pairs"], _pct(x["agreement"], x["interval"]),
+             "; ".join(f"{p['model_a']} vs {p['model_b']}" for p in x["pairs"] if p["agrees"] == 0)]
+            for x in a["model_pairs"]]
+    rows += [[x["label"], "image pairs", "study images", x["votes"], _pct(x["agreement"], x["interval"]), ""]
              for x in a["image_pairs"]]
-    return _table(["metric", "unit", "metric from", "pairs / votes", "agrees with raters [95% by prompt]"], rows)
+    return _table(["metric", "unit", "metric from", "pairs / votes", "agrees with raters [95% by prompt]",
+                   "model pairs it orders against raters"], rows)
 
 
 def _category_section(joined: dict, q: str) -> str:

@@ -91,6 +91,7 @@ def test_votes_that_follow_clip_score_agree_with_it(clip_study):
         assert pairs["fid"]["source"] == "evaluate rows" and pairs["fid"]["model_pairs"] == 3
         assert pairs["fid"]["agreement"] == 1.0 and pairs["fd_dinov2"]["agreement"] == 1.0
         assert pairs["cmmd"]["agreement"] == 0.0 and pairs["cmmd"]["interval"][1] < 0.5
+        assert [p["agrees"] for p in pairs["cmmd"]["pairs"]] == [0.0, 0.0, None, 0.0, None, None]  # m3: no row
         assert pairs["precision"]["agreement"] == 0.5  # equal for every model: a tie on every pair
         # attribute accuracy per image: the study keeps evaluate's true/false, null does not count
         assert pairs["attr_all_all"]["source"] == "study images"
@@ -187,6 +188,8 @@ def test_report_with_results_writes_the_joined_page(clip_study, tmp_path):
     assert all(model_secrets(n)["model"] in html for n in NAMES)
     assert "<th>FID [95%]</th>" in html and "60 [55, 66]" in html and "400 [380, 425]" in html  # m0's FID, FD-DINOv2
     assert "no row" in html and f"{m3}: no evaluate row with checkpoint hash" in html
+    m = [model_secrets(n)["model"] for n in NAMES]
+    assert f"<td>{m[0]} vs {m[1]}; {m[0]} vs {m[2]}; {m[1]} vs {m[2]}</td>" in html  # CMMD orders all three backwards
     assert "Win rate per category" in html and study.prompts[0].category in html
     with open(tmp_path / "out" / "joined_models.csv") as f:
         models = list(csv.DictReader(f))
