@@ -27,12 +27,12 @@ from .style_control import bradley_terry_with_covariates, covariate_differences,
 NO_CATEGORY = "(none)"
 
 
-def _clean(value):
+def json_ready(value):
     """nan -> None, numpy scalars -> Python, recursively (JSON has no nan)."""
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_ready(v) for v in value]
     if isinstance(value, (np.floating, float)):
         return None if math.isnan(value) else float(value)
     if isinstance(value, np.integer):
@@ -222,7 +222,7 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
 
     controlled = {q: style_control([v for v in main if v["question"] == q], study, covariates)
                   for q in study.question_ids} if covariates else {}
-    return _clean({
+    return json_ready({
         "study": study.id, "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "models": study.models,
         "model_info": {m: {k: study.model_info.get(m, {}).get(k, "") for k in ("checkpoint", "checkpoint_hash")}
                        for m in study.models},

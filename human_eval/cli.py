@@ -187,12 +187,18 @@ def cmd_links(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from .analysis import analyze
-    from .report import summary, write_report
-    from .store import Store, database_url
+    from .scores import read_scores
     from .study import load_study
 
     study = load_study(args.study)
+    scores = read_scores(args.results) if args.results else None  # a wrong path fails before anything is written
+
+    from .analysis import analyze
+    from .joined import humans_beside_metrics
+    from .joined_page import joined_lines, write_joined
+    from .report import summary, write_report
+    from .store import Store, database_url
+
     store = Store(database_url(args.db or study.folder / "votes.sqlite"), study.id, create=False)
     votes = store.all_votes()
     if not votes:
@@ -201,9 +207,14 @@ def cmd_report(args) -> None:
     results = analyze(study, votes, exclude_failing=args.exclude_failing_raters, gold_threshold=args.gold_threshold,
                       n_boot=args.bootstrap, seed=args.seed, target_width=args.target_width or study.target_width,
                       covariates=args.covariates, labels=labels, progress=True)
-    paths = write_report(study, votes, results, args.out or study.folder / "report", interval=args.interval,
-                         labels=labels)
+    out = args.out or study.folder / "report"
+    paths = write_report(study, votes, results, out, interval=args.interval, labels=labels)
     print(summary(results, args.interval))
+    if scores is not None:
+        joined = humans_beside_metrics(study, votes, scores, excluded=set(results["counts"]["excluded_raters"]),
+                                       n_boot=args.bootstrap, seed=args.seed)
+        paths.update(write_joined(joined, out))
+        print("\n".join(joined_lines(joined)))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
@@ -265,4 +276,7 @@ def register(sub) -> None:
                         "(comma-separated, or all)")
     p.add_argument("--interval", choices=("two_way", "bootstrap_prompt", "bootstrap_rater", "wilson"), default="two_way",
                    help="the chart's error bars (default: clustered by prompt and rater)")
+    p.add_argument("--results", action="append", metavar="EVAL_OUT",
+                   help="an evaluate output folder (its results.jsonl) scoring the study's checkpoints (repeatable): "
+                        "also writes joined.html/json/csv, humans beside metrics, joined by checkpoint hash")
     p.set_defaults(func=cmd_report)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,8 +112,8 @@ def _sample_of_line(row, where: str, manifest: Path, model: str | None) -> Sampl
     image_path = image_path if image_path.is_absolute() else manifest.parent / image_path
     if not image_path.is_file():
         raise HumanEvalError(f"{where}: image not found: {image_path}")
-    metrics = {k: float(row[k]) for k in METRICS
-               if isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)}
+    # clip_score is a number; attr_all is evaluate's verdict, true / false (1 / 0 here) or null (does not count)
+    metrics = {k: float(row[k]) for k in METRICS if isinstance(row.get(k), (int, float)) and math.isfinite(row[k])}
     return Sample(
         model=label, prompt=prompt.strip(), image_index=_int(row["image_index"], "image_index", where), path=image_path,
         prompt_index=_optional_int(row, "prompt_index", where), category=str(row.get("category") or ""),

@@ -44,7 +44,8 @@ def percentile_interval(replicates: np.ndarray, level: float = 0.95) -> tuple[fl
     return (float(lo), float(hi))
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den elementwise, nan where den is 0 (a rate with no decisive vote)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
 
@@ -61,7 +62,7 @@ def bootstrap_rate(wins: np.ndarray, decisive: np.ndarray, clusters: np.ndarray,
     w = np.bincount(index, weights=wins, minlength=len(ids))  # (G,) wins per cluster
     d = np.bincount(index, weights=decisive, minlength=len(ids))  # (G,) decisive votes per cluster
     counts = rng.multinomial(len(ids), np.full(len(ids), 1 / len(ids)), size=n_boot)  # (B, G) draws per cluster
-    return _ratio(counts @ w, counts @ d)
+    return ratio(counts @ w, counts @ d)
 
 
 def two_way_interval(wins: np.ndarray, decisive: np.ndarray, prompts: np.ndarray, raters: np.ndarray,

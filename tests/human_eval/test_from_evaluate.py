@@ -74,3 +74,14 @@ def test_evaluate_manifests_with_a_repeated_prompt_become_a_study_that_takes_vot
         assert vote.json() == {"recorded": True}
     with sqlite3.connect(study_dir / "votes.sqlite") as conn:
         assert conn.execute("SELECT rater_id, pair_id, answer FROM votes").fetchall() == [(rater, p["pair"], "B")]
+
+    # the report beside evaluate's rows: each model finds its own row by checkpoint hash
+    r = run_dwb("human-eval", "report", str(study_dir), "--results", str(out), "--bootstrap", "50")
+    assert r.returncode == 0, r.stderr
+    joined = json.loads((study_dir / "report" / "joined.json").read_text())
+    rows = {json.loads(line)["checkpoint_hash"]: json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()}
+    assert joined["notes"] == [] and len(joined["table"]) == 2
+    for model in joined["table"]:
+        row = rows[model["checkpoint_hash"]]
+        assert model["row"]["checkpoint"] == row["checkpoint"] and model["metrics"]["fid"]["value"] == row["fid"]
+        assert model["metrics"]["fid"]["lo"] == row["fid_lo"] and model["row"]["scheduler"] == row["scheduler"]
