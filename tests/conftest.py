@@ -65,6 +65,25 @@ def run_dwb(*args: str, cwd: Path | None = None, timeout: int = 600) -> subproce
     return subprocess.run([str(exe), *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.fixture
+def dwb(capsys, monkeypatch):
+    """`dwb ARGS` through `dwb.main` in this process, from the repository root: what `run_dwb` returns,
+    without the 5-10 s of imports a new process pays (keep `run_dwb` for what only a process shows)."""
+    from dwb import main
+
+    monkeypatch.chdir(REPO)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+    return run
+
+
 # Scoring models (evaluate, human_eval from evaluate, the checkpoint door): random, small, saved as users keep them.
 
 @pytest.fixture(scope="session")

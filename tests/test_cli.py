@@ -1,7 +1,11 @@
-"""The `dwb` console script as users run it: one-line errors, tracebacks only with --debug."""
+"""The `dwb` console script as users run it: one-line errors, tracebacks only with --debug.
+
+Two tests start the console script itself; the others call its `main` in this process (the same code
+after the entry point, without the 5-10 s of imports each new process pays)."""
 import pytest
 
 from .conftest import run_dwb
+
 
 
 @pytest.mark.parametrize("command", ["data", "prepare", "train", "export", "sample", "evaluate", "human-eval", "app",
@@ -14,8 +18,8 @@ def test_every_command_answers_help(command, capsys):
     assert done.value.code == 0 and capsys.readouterr().out.startswith(f"usage: dwb {command}")
 
 
-def test_unknown_config_key_is_one_line(tmp_path):
-    r = run_dwb("train", "configs/tiny-phase1.yaml", "model.colour=red")
+def test_unknown_config_key_is_one_line(dwb):
+    r = dwb("train", "configs/tiny-phase1.yaml", "model.colour=red")
     assert r.returncode == 1
     assert r.stderr.strip() == "error: unknown config key 'model.colour' (known: architecture, attention, caption_dropout, " \
         "gradient_checkpointing, min_snr_gamma, other_phrasing, prediction_type, pretrained, unet)"
@@ -33,13 +37,13 @@ def test_debug_shows_the_traceback():
     (["prepare", "no-such-data", "out"], "error: no MDS dataset at no-such-data"),
     (["data", "convert", "./no-such-folder", "out"], "./no-such-folder"),
 ])
-def test_bad_paths_are_named(args, needle, tmp_path):
-    r = run_dwb(*args, cwd=None)
+def test_bad_paths_are_named(args, needle, dwb):
+    r = dwb(*args)
     assert r.returncode == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_missing_pretrained_weights_named(tmp_path):
-    r = run_dwb("train", "configs/tiny-phase1.yaml", f"model.pretrained={tmp_path}/parts", f"save_folder={tmp_path}/c")
+def test_missing_pretrained_weights_named(tmp_path, dwb):
+    r = dwb("train", "configs/tiny-phase1.yaml", f"model.pretrained={tmp_path}/parts", f"save_folder={tmp_path}/c")
     assert r.returncode == 1
     assert r.stderr.strip() == f"error: pretrained VAE not found: {tmp_path}/parts/vae does not exist (run `dwb prepare` to build the tiny components)"
 
@@ -55,6 +59,6 @@ def test_data_shapes_writes_buckets(tmp_path):
     assert again.returncode == 1 and "already holds an MDS dataset" in again.stderr  # nothing overwritten
 
 
-def test_bad_sizes_are_refused(tmp_path):
-    r = run_dwb("data", "shapes", str(tmp_path / "s"), "--sizes", "20")
+def test_bad_sizes_are_refused(tmp_path, dwb):
+    r = dwb("data", "shapes", str(tmp_path / "s"), "--sizes", "20")
     assert r.returncode == 2 and "multiples of 8" in r.stderr

@@ -160,7 +160,7 @@ def test_evaluate_with_the_scorer_reports_attributes(trained, checkpoints, shape
     assert stored[0]["attr_n_single"] + stored[0]["attr_n_pair"] == 4
 
 
-def test_scorer_problems_are_one_line_errors(shapes_data, tmp_path):
+def test_scorer_problems_are_one_line_errors(shapes_data, tmp_path, dwb):
     with pytest.raises(WorkbenchError, match="train-scorer"):
         ShapesScorer(tmp_path / "missing.pt")
     junk = tmp_path / "junk.pt"
@@ -174,14 +174,14 @@ def test_scorer_problems_are_one_line_errors(shapes_data, tmp_path):
     with pytest.raises(WorkbenchError, match="no shapes dataset"):
         train_scorer(tmp_path / "nowhere", tmp_path / "s.pt", progress=False)
 
-    r = run_dwb("evaluate", "train-scorer", str(tmp_path / "nowhere"), str(tmp_path / "s.pt"))
+    r = dwb("evaluate", "train-scorer", str(tmp_path / "nowhere"), str(tmp_path / "s.pt"))
     assert r.returncode != 0 and r.stderr.strip().startswith("error: no shapes dataset")
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.pt").exists()
-    r = run_dwb("evaluate", "run", str(junk), "--out", str(tmp_path / "x"), "--reference", str(shapes_data / "eval/32"),
+    r = dwb("evaluate", "run", str(junk), "--out", str(tmp_path / "x"), "--reference", str(shapes_data / "eval/32"),
                 "--prompts", "shapes")
     assert r.returncode != 0 and r.stderr.strip().startswith("error:") and "--scorer" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    r = run_dwb("evaluate", "run", str(junk), "--out", str(tmp_path / "y"), "--reference", str(shapes_data / "eval/32"),
+    r = dwb("evaluate", "run", str(junk), "--out", str(tmp_path / "y"), "--reference", str(shapes_data / "eval/32"),
                 "--prompts", "shapes", "--scorer", str(junk), "--inception-weights", str(junk))
     assert r.returncode != 0 and r.stderr.strip().startswith("error: give either --inception-weights")
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "y" / "results.jsonl").exists()

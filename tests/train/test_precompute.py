@@ -15,7 +15,7 @@ from train.latents import META, decode_array, fingerprint
 from train.precompute import precompute
 from train.trainer import attach_latents, build_model, train
 
-from ..conftest import REPO, run_dwb, tiny_overrides
+from ..conftest import REPO, tiny_overrides
 
 PHASE1 = REPO / "configs/tiny-phase1.yaml"
 
@@ -224,10 +224,10 @@ def test_empty_caption_states_are_the_text_encoders(latents, components):
     np.testing.assert_allclose(decode_array(meta["empty_text"]), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_cli_errors_are_one_line(shapes_data, components, tmp_path):
-    r = run_dwb("data", "precompute", str(shapes_data), str(tmp_path / "o"))
+def test_cli_errors_are_one_line(shapes_data, components, tmp_path, dwb):
+    r = dwb("data", "precompute", str(shapes_data), str(tmp_path / "o"))
     assert r.returncode == 1 and "--pretrained" in r.stderr and "Traceback" not in r.stderr
-    r = run_dwb("data", "precompute", str(shapes_data / "16"), str(tmp_path / "o"), "--pretrained", str(components))
+    r = dwb("data", "precompute", str(shapes_data / "16"), str(tmp_path / "o"), "--pretrained", str(components))
     assert r.returncode == 1 and "--resolution" in r.stderr
-    r = run_dwb("data", "precompute", str(shapes_data), str(tmp_path / "o"), "--pretrained", str(tmp_path / "nothing"))
+    r = dwb("data", "precompute", str(shapes_data), str(tmp_path / "o"), "--pretrained", str(tmp_path / "nothing"))
     assert r.returncode == 1 and "not found" in r.stderr and "Traceback" not in r.stderr
