@@ -1,22 +1,21 @@
 """`dwb app`'s command line: flags it takes, and one-line errors for the ones it refuses."""
-from ..conftest import run_dwb
 
 
-def test_missing_checkpoint_folder_is_one_line_and_nonzero(tmp_path):
-    r = run_dwb("app", "--checkpoints", str(tmp_path / "nope"), "--port", "1", timeout=120)
+def test_missing_checkpoint_folder_is_one_line_and_nonzero(tmp_path, dwb):
+    r = dwb("app", "--checkpoints", str(tmp_path / "nope"), "--port", "1")
     assert r.returncode == 1
     assert r.stderr.strip() == f"error: checkpoint folder not found: {tmp_path / 'nope'} (give existing folders to --checkpoints)"
 
 
-def test_bad_limits_are_refused(tmp_path):
-    r = run_dwb("app", "--checkpoints", str(tmp_path), "--max-size", "1020", timeout=120)
+def test_bad_limits_are_refused(tmp_path, dwb):
+    r = dwb("app", "--checkpoints", str(tmp_path), "--max-size", "1020")
     assert r.returncode == 1 and r.stderr.strip() == "error: --max-size must be a multiple of 8, got 1020"
-    r = run_dwb("app", "--checkpoints", str(tmp_path), "--queue-size", "0", timeout=120)
+    r = dwb("app", "--checkpoints", str(tmp_path), "--queue-size", "0")
     assert r.returncode == 2 and "--queue-size: must be at least 1, got 0" in r.stderr
 
 
-def test_help_lists_the_serving_options():
-    r = run_dwb("app", "--help", timeout=120)
+def test_help_lists_the_serving_options(dwb):
+    r = dwb("app", "--help")
     assert r.returncode == 0
     for flag in ("--checkpoints", "--host", "--port", "--cache-size", "--concurrency", "--queue-size", "--max-steps",
                  "--max-size", "--max-batch", "--dtype", "--device", "--output"):

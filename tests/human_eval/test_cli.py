@@ -52,17 +52,17 @@ def test_create_from_folders_and_a_prompt_csv(tmp_path):
     assert [p["category"] for p in data["prompts"]] == ["Colors"] * 3
 
 
-def test_create_errors_are_one_line(tmp_path):
+def test_create_errors_are_one_line(tmp_path, dwb):
     a = write_samples(tmp_path / "a", "a", drawbench(2), 1)
-    one_line_error(run_dwb("human-eval", "create", str(tmp_path / "s"), "--samples", str(tmp_path / "nope.jsonl")),
+    one_line_error(dwb("human-eval", "create", str(tmp_path / "s"), "--samples", str(tmp_path / "nope.jsonl")),
                    f"manifest not found: {tmp_path / 'nope.jsonl'}")
-    one_line_error(run_dwb("human-eval", "create", str(tmp_path / "s")), "nothing to compare")
-    one_line_error(run_dwb("human-eval", "create", str(tmp_path / "s"), "--folder", str(tmp_path)), "--folder needs --prompts")
-    one_line_error(run_dwb("human-eval", "create", str(tmp_path / "s"), "--samples", str(a)), "two or more models")
+    one_line_error(dwb("human-eval", "create", str(tmp_path / "s")), "nothing to compare")
+    one_line_error(dwb("human-eval", "create", str(tmp_path / "s"), "--folder", str(tmp_path)), "--folder needs --prompts")
+    one_line_error(dwb("human-eval", "create", str(tmp_path / "s"), "--samples", str(a)), "two or more models")
     (tmp_path / "broken.jsonl").write_text('{"prompt": "x", "image_index": 0}\n')
-    one_line_error(run_dwb("human-eval", "create", str(tmp_path / "s"), "--samples", str(tmp_path / "broken.jsonl")),
+    one_line_error(dwb("human-eval", "create", str(tmp_path / "s"), "--samples", str(tmp_path / "broken.jsonl")),
                    "broken.jsonl:1: missing key 'path'")
-    r = run_dwb("human-eval", "create", str(tmp_path / "s"), "--samples", str(a), "--gold", "-1")
+    r = dwb("human-eval", "create", str(tmp_path / "s"), "--samples", str(a), "--gold", "-1")
     assert r.returncode == 2 and "non-negative" in r.stderr
     assert not (tmp_path / "s" / "study.json").exists()
 
