@@ -15,7 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from train.checkpoints import content_hash
-from train.errors import WorkbenchError
+from train.errors import WorkbenchError, first_line
 
 from .generate import GenerationParams, Stopped
 from .png_info import read_parameters, settings_from
@@ -30,8 +30,7 @@ KIND_NAMES = {"composer": "Composer checkpoint", "mosaicml": "mosaicml/diffusion
 
 def one_line(e: Exception) -> gr.Error:
     """A one-line error for the UI; Gradio shows messages as HTML, so markup in user text is escaped."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return gr.Error(html.escape(text, quote=False), print_exception=False)
+    return gr.Error(html.escape(first_line(e), quote=False), print_exception=False)
 
 
 def failed(what: str, e: Exception) -> gr.Error:
@@ -65,10 +64,10 @@ def steps_progress(progress: gr.Progress):
 class Handlers:
     """The app's events, on one ``Service``."""
 
-    def __init__(self, service: Service):
+    def __init__(self, service: Service, uploads: set[str] | None = None):
         self.service = service
         self.limits = service.limits
-        self.uploads: set[str] = set()  # the paths Gradio's upload route wrote (``Blocks.upload_file_set``)
+        self.uploads = set() if uploads is None else uploads  # the paths Gradio's upload route wrote (``Blocks.upload_file_set``)
 
     # -- the checkpoint panel --------------------------------------------------------------------
 
