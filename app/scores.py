@@ -2,8 +2,8 @@
 
 - ``results.jsonl`` (`dwb evaluate run` / `watch`): one JSON object per (checkpoint, guidance) row with
   ``checkpoint_hash``, ``model``, ``step``, ``guidance``, ``scheduler``, ``weights`` and metrics, each with an
-  optional 95% interval in ``<metric>_lo`` / ``<metric>_hi``. Found anywhere under the app's checkpoint
-  folders (beside the runs) and in the ``--results`` folders.
+  optional 95% interval in ``<metric>_lo`` / ``<metric>_hi``. Found beside the checkpoints (their folder or
+  a parent up to the root) and in the ``--results`` folders.
 - ``STUDY/report/results.json`` (`dwb human-eval report`): ``model_info`` gives each model's
   ``checkpoint_hash``, ``comparisons`` each pair's win rate with its intervals; from ``--study`` folders.
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger("app")
 RESULTS = "results.jsonl"
@@ -27,7 +27,6 @@ STUDY_RESULTS = Path("report") / "results.json"
 METRICS = {"fid": "FID", "kid_mean": "KID", "clip_score": "CLIP score", "cmmd": "CMMD", "fd_dinov2": "FD-DINOv2",
            "attr_all_all": "attributes right"}
 LOWER_IS_BETTER = {"fid", "kid_mean", "cmmd", "fd_dinov2"}
-SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
 
 
 def _number(value) -> float | None:
@@ -79,19 +78,25 @@ class WinRate:
 class ScoreFiles:
     """The results stores and studies the app reads, with each file's parse cached by (size, mtime)."""
 
-    def __init__(self, roots: list[Path], results: list[Path] = (), studies: list[Path] = ()):
+    def __init__(self, roots: list[Path], results: list[Path] = (), studies: list[Path] = (),
+                 checkpoints: Callable[[], list[Path]] = list):
         self.roots, self.results, self.studies = list(roots), list(results), list(studies)
+        self.checkpoints = checkpoints  # the paths of the checkpoints under the roots, listed afresh each time
         self._cache: dict[Path, tuple[tuple[int, int], object]] = {}
         self._lock = threading.Lock()
 
     def results_files(self) -> list[Path]:
-        """``results.jsonl`` under the checkpoint folders (hidden folders skipped) and in the --results folders."""
+        """The --results folders' stores, and ``results.jsonl`` beside each checkpoint: in its folder or a parent
+        of it up to its root (no walk of the roots: they may hold far more than checkpoints)."""
         found = [p / RESULTS if p.is_dir() else p for p in self.results]
-        for root in self.roots:
-            for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS)
-                if RESULTS in filenames:
-                    found.append(Path(dirpath) / RESULTS)
+        for path in self.checkpoints():
+            root = next((r for r in self.roots if path.is_relative_to(r)), None)
+            folder = path.parent
+            while root is not None and folder.is_relative_to(root):
+                found.append(folder / RESULTS)
+                if folder == root:
+                    break
+                folder = folder.parent
         return [p for p in dict.fromkeys(found) if p.is_file()]
 
     def rows(self) -> list[dict]:

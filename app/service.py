@@ -76,7 +76,8 @@ class Service:
                  cache_size: int = 2, output: Path | None = None, workers: int = 1, allow_download: bool = False,
                  results: list[Path] = (), studies: list[Path] = ()):
         self.roots = roots
-        self.scores = ScoreFiles(roots, results, studies)
+        self.scores = ScoreFiles(roots, results, studies,
+                                 checkpoints=lambda: [c.path for c in self.checkpoints() if c.path is not None])
         self.allow_download = allow_download  # hub ids: only from the local cache unless the server allows more
         self.limits = limits
         self.runtime = runtime or Runtime.pick()
