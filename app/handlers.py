@@ -125,15 +125,17 @@ class Handlers:
         return min(512, self.limits.max_size)
 
     def on_load(self, current: str | None):
-        """Each page load lists the checkpoints there are now (training may have written more)."""
+        """Each page load lists the checkpoints there are now (training may have written more), in every tab."""
         fresh, newest = self.choices()
         value = current or next(iter(newest), None)
         text, w, h = self.checkpoint_note(value)
-        return gr.update(choices=fresh, value=value), gr.update(choices=fresh), text, w, h
+        return gr.update(choices=fresh, value=value), gr.update(choices=fresh), gr.update(choices=fresh, value=value), \
+            text, w, h
 
     def refresh(self):
+        """Every tab's checkpoint list, listed afresh (Generate, Compare, X/Y/Z plot)."""
         fresh = self.choices()[0]
-        return gr.update(choices=fresh), gr.update(choices=fresh)
+        return (gr.update(choices=fresh),) * 3
 
     # -- generation ------------------------------------------------------------------------------
 
