@@ -78,6 +78,8 @@ def test_png_info_round_trip_regenerates_the_same_image(api, net, tmp_path):
         info.add_text("marker", "dwb-upload-marker-8c1f")  # tells this upload apart from the app's own copy
         im.save(marked, pnginfo=info)
     text, values, notes = api.predict(image=handle_file(str(marked)), api_name="/png_info")
+    leftovers = [p for p in files(net.temp) if b"dwb-upload-marker-8c1f" in p.read_bytes()]
+    assert not leftovers  # the upload was deleted once read (before the sweep's 2 s)
     assert "Seed: 21" in text and values["checkpoint"] == BA4 and "found by its model hash" in notes
     assert (values["prompt"], values["negative_prompt"], values["sampler"], values["steps"], values["guidance"],
             values["seed"], values["weights"]) == ("a red circle", "blue", "DDIM", 4, 6.0, 21, "ema")
@@ -86,8 +88,6 @@ def test_png_info_round_trip_regenerates_the_same_image(api, net, tmp_path):
                      guidance_scale=values["guidance"], width=values["width"], height=values["height"],
                      seed=values["seed"])[0][0]["image"]
     assert np.array_equal(pixels(again), pixels(made))
-    leftovers = [p for p in files(net.temp) if b"dwb-upload-marker-8c1f" in p.read_bytes()]
-    assert not leftovers  # the upload was deleted once read
 
 
 def test_huge_prompts_and_lists_are_refused_at_once_with_nothing_written(api, net):
