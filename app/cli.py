@@ -40,12 +40,15 @@ def cmd_app(args) -> None:
         output.mkdir(parents=True, exist_ok=True)
     service = Service(roots, limits=Limits(max_steps=args.max_steps, max_size=args.max_size, max_batch=args.max_batch),
                       runtime=Runtime.pick(args.device, args.dtype), cache_size=args.cache_size, output=output,
-                      workers=args.concurrency, allow_download=args.allow_download)
+                      workers=args.concurrency, allow_download=args.allow_download,
+                      results=[Path(p).resolve() for p in args.results or []],
+                      studies=[Path(p).resolve() for p in args.study or []])
     found = service.checkpoints()
     print(f"dwb app: {len(found)} checkpoint(s) under {', '.join(str(r) for r in roots)}; "
           f"{service.runtime.device}, {str(service.runtime.dtype).removeprefix('torch.')}", flush=True)
     demo = build_ui(service, concurrency=args.concurrency)
-    launch(demo, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency)
+    launch(demo, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency,
+           max_upload_mb=args.max_upload_mb, upload_max_age=args.upload_max_age)
 
 
 def register(sub) -> None:
@@ -70,4 +73,13 @@ def register(sub) -> None:
     p.add_argument("--output", metavar="DIR", help="also save every generated PNG under DIR/YYYY-MM-DD/")
     p.add_argument("--allow-download", action="store_true",
                    help="let users name hub ids that are not in the local Hugging Face cache (downloads them)")
+    p.add_argument("--max-upload-mb", type=_at_least(1), default=8,
+                   help="largest upload (a PNG for PNG Info, a prompt file); uploads are deleted once read")
+    p.add_argument("--upload-max-age", type=_at_least(1), default=120, metavar="SECONDS",
+                   help="uploads no event has read are deleted after this long")
+    p.add_argument("--results", nargs="+", action="extend", metavar="DIR",
+                   help="evaluate results stores (DIR/results.jsonl) to show scores from, besides those found "
+                        "under --checkpoints")
+    p.add_argument("--study", nargs="+", action="extend", metavar="DIR",
+                   help="human-eval studies (DIR/report/results.json) to show win rates from")
     p.set_defaults(func=cmd_app)

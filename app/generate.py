@@ -14,13 +14,9 @@ from PIL import Image
 
 from train.errors import WorkbenchError
 from train.generation import ImageRecord, Settings, StepHook, Stopped, generate_images  # noqa: F401 - app's names
-from train.samplers import DEFAULT_SAMPLER, SAMPLERS
+from train.samplers import DEFAULT_SAMPLER, SAMPLERS, check_sampler
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a random one
-
-# Samplers by the names A1111 shows, built from the pipeline's own scheduler config (train owns them).
-SCHEDULERS = SAMPLERS
-DEFAULT_SCHEDULER = DEFAULT_SAMPLER  # the workbench pipelines' own sampler
 
 
 @dataclass(frozen=True)
@@ -32,13 +28,17 @@ class Limits:
     max_size: int = 1024
     max_batch: int = 8
     max_guidance: float = 30.0
+    # CLIP reads 77 tokens (a few hundred characters); a 4 MB prompt held the only generation slot for
+    # 108 s (tokenizing it, then writing it twice into every PNG), so longer text is refused at once.
+    max_prompt_chars: int = 2000
+    max_cells: int = 100  # images in one X/Y/Z plot
 
 
 @dataclass
 class GenerationParams:
     prompt: str
     negative_prompt: str = ""
-    scheduler: str = DEFAULT_SCHEDULER
+    sampler: str = DEFAULT_SAMPLER
     steps: int = 25
     guidance: float = 7.5
     width: int = 512
@@ -51,53 +51,69 @@ class GenerationParams:
         return [self.seed + i for i in range(self.batch_size)]
 
 
-def _integer(name: str, value, lo: int, hi: int) -> int:
+def shown(value, width: int = 40) -> str:
+    """``repr(value)`` cut to ``width`` characters: messages quote what was sent, never megabytes of it."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def whole_number(name: str, value, lo: int, hi: int) -> int:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise WorkbenchError(f"{name} must be a whole number, got {value!r}") from None
+        raise WorkbenchError(f"{name} must be a whole number, got {shown(value)}") from None
     if not math.isfinite(number) or number != int(number):
-        raise WorkbenchError(f"{name} must be a whole number, got {value!r}")
+        raise WorkbenchError(f"{name} must be a whole number, got {shown(value)}")
     if not lo <= number <= hi:
         raise WorkbenchError(f"{name} must be between {lo} and {hi}, got {int(number)}")
     return int(number)
 
 
+def text(name: str, value, max_chars: int) -> str:
+    """A text parameter as a string (None reads as empty); one-line WorkbenchError for another type or a long one."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise WorkbenchError(f"{name} must be text, got {type(value).__name__}")
+    if len(value) > max_chars:
+        raise WorkbenchError(f"{name} is {len(value):,} characters long; at most {max_chars:,} are accepted")
+    return value
+
+
 def validate(params: GenerationParams, limits: Limits, *, need_prompt: bool = True) -> GenerationParams:
     """Checked and normalised parameters (a random seed drawn for -1); one-line WorkbenchError otherwise."""
-    prompt = params.prompt if isinstance(params.prompt, str) else ""
+    prompt = text("prompt", params.prompt, limits.max_prompt_chars)
+    negative = text("negative prompt", params.negative_prompt, limits.max_prompt_chars)
     if need_prompt and not prompt.strip():
         raise WorkbenchError("the prompt is empty: describe the image to generate")
-    if params.scheduler not in SCHEDULERS:
-        raise WorkbenchError(f"unknown scheduler {params.scheduler!r}; choose one of: {', '.join(SCHEDULERS)}")
-    steps = _integer("steps", params.steps, 1, limits.max_steps)
+    check_sampler(text("sampler", params.sampler, 100))
+    steps = whole_number("steps", params.steps, 1, limits.max_steps)
     sizes = {}
     for name in ("width", "height"):
-        size = _integer(name, getattr(params, name), limits.min_size, limits.max_size)
+        size = whole_number(name, getattr(params, name), limits.min_size, limits.max_size)
         if size % 8:
             raise WorkbenchError(f"{name} must be a multiple of 8, got {size}")
         sizes[name] = size
     try:
         guidance = float(params.guidance)
     except (TypeError, ValueError):
-        raise WorkbenchError(f"guidance scale must be a number, got {params.guidance!r}") from None
+        raise WorkbenchError(f"guidance scale must be a number, got {shown(params.guidance)}") from None
     if not (math.isfinite(guidance) and 0 <= guidance <= limits.max_guidance):
-        raise WorkbenchError(f"guidance scale must be between 0 and {limits.max_guidance:g}, got {params.guidance}")
-    batch = _integer("batch size", params.batch_size, 1, limits.max_batch)
-    seed = _integer("seed", params.seed, -1, MAX_SEED)
+        raise WorkbenchError(f"guidance scale must be between 0 and {limits.max_guidance:g}, got {guidance:g}")
+    batch = whole_number("batch size", params.batch_size, 1, limits.max_batch)
+    seed = whole_number("seed", params.seed, -1, MAX_SEED)
     if seed == -1:
         seed = random.randint(0, MAX_SEED - batch + 1)
     elif seed + batch - 1 > MAX_SEED:
         raise WorkbenchError(f"seed + batch size - 1 must be at most {MAX_SEED}, got {seed + batch - 1}")
-    negative = params.negative_prompt if isinstance(params.negative_prompt, str) else ""
-    return GenerationParams(prompt, negative, params.scheduler, steps, guidance, sizes["width"], sizes["height"],
+    return GenerationParams(prompt, negative, params.sampler, steps, guidance, sizes["width"], sizes["height"],
                             seed, batch)
 
 
 def settings_of(params: GenerationParams) -> Settings:
     """The generation settings (``train.generation``) of validated request parameters."""
     return Settings(steps=params.steps, guidance=params.guidance, width=params.width, height=params.height,
-                    sampler=params.scheduler, negative_prompt=params.negative_prompt)
+                    sampler=params.sampler, negative_prompt=params.negative_prompt)
 
 
 def generate(pipe, params: GenerationParams, *, on_step: StepHook | None = None,
@@ -111,4 +127,4 @@ def generate(pipe, params: GenerationParams, *, on_step: StepHook | None = None,
 def record_of(params: GenerationParams, index: int, checkpoint: str, checkpoint_hash: str, weights: str) -> ImageRecord:
     """How image ``index`` of a request was made."""
     return ImageRecord.of(settings_of(params), params.prompt, params.seed + index, (params.width, params.height),
-                          params.scheduler, checkpoint, checkpoint_hash, weights)
+                          params.sampler, checkpoint, checkpoint_hash, weights)

@@ -25,10 +25,13 @@ from PIL import Image
 from train.errors import WorkbenchError
 
 from train.checkpoints import Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint
-from train.generation import ImageRecord, save_png, with_metadata
+from train.generation import ImageRecord, generate_images, save_png, with_metadata
 
 from .cache import PipelineCache
-from .generate import GenerationParams, Limits, generate, record_of, validate
+from .generate import GenerationParams, Limits, whole_number, generate, record_of, settings_of, shown, validate
+from .labelled_grid import labelled_grid
+from .scores import ScoreFiles
+from .xyz import Plan, parse_axis, plan
 
 log = logging.getLogger("app")
 WEIGHTS = ("ema", "raw")
@@ -70,8 +73,11 @@ class Service:
     """Generation from the checkpoints under ``roots``: what `dwb app`'s events and API call."""
 
     def __init__(self, roots: list[Path], *, limits: Limits = Limits(), runtime: Runtime | None = None,
-                 cache_size: int = 2, output: Path | None = None, workers: int = 1, allow_download: bool = False):
+                 cache_size: int = 2, output: Path | None = None, workers: int = 1, allow_download: bool = False,
+                 results: list[Path] = (), studies: list[Path] = ()):
         self.roots = roots
+        self.scores = ScoreFiles(roots, results, studies,
+                                 checkpoints=lambda: [c.path for c in self.checkpoints() if c.path is not None])
         self.allow_download = allow_download  # hub ids: only from the local cache unless the server allows more
         self.limits = limits
         self.runtime = runtime or Runtime.pick()
@@ -104,14 +110,23 @@ class Service:
             message = message.replace(str(root), root.name)
         return message
 
+    def label_of_hash(self, digest: str) -> str | None:
+        """The label of the checkpoint under the roots whose content hash is ``digest`` (hashes are cached)."""
+        for ckpt in self.checkpoints():
+            try:
+                if content_hash(ckpt) == digest:
+                    return ckpt.label
+            except (OSError, WorkbenchError):
+                continue
+        return None
+
     def info(self, text: str) -> tuple[Checkpoint, CheckpointInfo]:
         ckpt = self.open(text)
         return ckpt, describe(ckpt)
 
     def pipeline(self, ckpt: Checkpoint, weights: str):
         """The pipeline for a checkpoint's EMA or raw weights, from the cache or loaded into it."""
-        if weights not in WEIGHTS:
-            raise WorkbenchError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+        check_weights(weights)
         ema = weights == "ema" and ckpt.kind in ("composer", "mosaicml")  # the other kinds hold one set of weights
         key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime)
         return self.cache.get(key, lambda: self._load(ckpt, ema))
@@ -166,13 +181,16 @@ class Service:
             if on_step is not None:
                 on_step(done, total)
 
-        return self._run([ckpt], weights, params, session, step)
+        return self._run(session, self._generate, [ckpt], weights, params, step)
 
     def compare(self, checkpoints: list[str], weights: str, params: GenerationParams, *, session: str = "",
                 on_step: Callable[[int, int, int, int], None] | None = None) -> Result:
         """One image per checkpoint (2 to 4), same prompt, seed and settings."""
         params = validate(params, self.limits)
-        names = [c for c in (checkpoints or []) if str(c).strip()]
+        checkpoints = [] if checkpoints is None else checkpoints
+        if not isinstance(checkpoints, (list, tuple)):
+            raise WorkbenchError(f"checkpoints to compare are a list of names, got {type(checkpoints).__name__}")
+        names = [c for c in checkpoints if not isinstance(c, str) or c.strip()]
         if not 2 <= len(names) <= 4:
             raise WorkbenchError(f"choose two to four checkpoints to compare, got {len(names)}")
         ckpts = [self.open(c) for c in names]
@@ -184,41 +202,101 @@ class Service:
             if on_step is not None:
                 on_step(k, len(ckpts), done, total)
 
-        return self._run(ckpts, weights, params, session, step)
+        return self._run(session, self._generate, ckpts, weights, params, step)
 
-    def _run(self, ckpts: list[Checkpoint], weights: str, params: GenerationParams, session: str,
-             on_step: Callable[[int, int, int], None]) -> Result:
-        """Generate on a compute thread (the caller's context, e.g. Gradio's progress, goes along)."""
+    def xyz_plot(self, checkpoint: str, weights: str, params: GenerationParams, axes: list[tuple[str, str]],
+                 batch_size: int, *, session: str = "", on_progress: Callable[[float, int, int], None] | None = None
+                 ) -> Plot:
+        """An X/Y/Z plot (``app.xyz``): every setting and checkpoint checked before the first image."""
+        parsed = tuple(parse_axis(f"{name} axis", kind, values, self.limits)
+                       for name, (kind, values) in zip("XYZ", axes))
+        made = plan(checkpoint, weights, params, parsed, self.limits)
+        batch = whole_number("batch size", batch_size, 1, self.limits.max_batch)
+        for chosen in {c.weights for c in made.cells}:
+            check_weights(chosen)
+        ckpts = {name: self.open(name) for name in dict.fromkeys(c.checkpoint for c in made.cells)}
+        return self._run(session, self._plot, made, ckpts, batch, on_progress or (lambda *a: None))
+
+    def _run(self, session: str, work: Callable, *args):
+        """``work(*args, stop)`` on a compute thread (the caller's context, e.g. Gradio's progress, goes along)."""
         stop = self._begin(session)
         try:
-            return self._compute.submit(contextvars.copy_context().run, self._generate, ckpts, weights, params,
-                                        stop, on_step).result()
+            return self._compute.submit(contextvars.copy_context().run, work, *args, stop).result()
         finally:
             self._end(session, stop)
 
-    def _generate(self, ckpts: list[Checkpoint], weights: str, params: GenerationParams, stop: threading.Event,
-                  on_step: Callable[[int, int, int], None]) -> Result:
+    def _generate(self, ckpts: list[Checkpoint], weights: str, params: GenerationParams,
+                  on_step: Callable[[int, int, int], None], stop: threading.Event) -> Result:
         t0 = time.perf_counter()
         images, records = [], []
         for k, ckpt in enumerate(ckpts):
             pipe = self.pipeline(ckpt, weights)
-            digest = content_hash(ckpt)
-            kind = weights if ckpt.kind in ("composer", "mosaicml") else "stored"
             out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total), should_stop=stop.is_set)
             for i, image in enumerate(out):
-                record = record_of(params, i, ckpt.label, digest, kind)
-                images.append(with_metadata(image, record))
+                record = record_of(params, i, ckpt.label, content_hash(ckpt), weights_label(ckpt, weights))
+                images.append(self._keep(image, record))
                 records.append(record)
-                self._save(image, record)
         return Result(images, records, time.perf_counter() - t0)
 
-    def _save(self, image: Image.Image, record: ImageRecord) -> None:
-        """With ``--output DIR``: also keep every image as DIR/YYYY-MM-DD/HHMMSS-N-SEED.png."""
+    def _plot(self, made: Plan, ckpts: dict[str, Checkpoint], batch_size: int,
+              on_progress: Callable[[float, int, int], None], stop: threading.Event) -> Plot:
+        t0, n, done = time.perf_counter(), len(made.cells), 0
+        by_cell: dict[tuple[int, int, int], tuple[Image.Image, ImageRecord]] = {}
+        for call in made.batches(batch_size):
+            ckpt, first = ckpts[call[0].checkpoint], call[0]
+            pipe = self.pipeline(ckpt, first.weights)
+
+            def step(k: int, total: int, already: int = done, size: int = len(call)) -> None:
+                on_progress((already + size * k / total) / n, already, n)
+
+            pixels = generate_images(pipe, [c.params.prompt for c in call], [c.params.seed for c in call],
+                                     settings_of(first.params), on_step=step, should_stop=stop.is_set)
+            for cell, image in zip(call, pixels):
+                record = record_of(cell.params, 0, ckpt.label, content_hash(ckpt), weights_label(ckpt, cell.weights))
+                by_cell[cell.position] = (self._keep(Image.fromarray(image), record), record)
+            done += len(call)
+        on_progress(1.0, n, n)
+        return Plot.of(made, by_cell, time.perf_counter() - t0)
+
+    def _keep(self, image: Image.Image, record: ImageRecord) -> Image.Image:
+        """The image with its record as PNG text; with ``--output DIR`` also saved as DIR/YYYY-MM-DD/HHMMSS-N-SEED.png."""
+        image = with_metadata(image, record)
         if self.output is None:
-            return
+            return image
         folder = self.output / time.strftime("%Y-%m-%d")
         folder.mkdir(parents=True, exist_ok=True)
         with self._stops_lock:
             self._saved += 1
             n = self._saved
         save_png(image, folder / f"{time.strftime('%H%M%S')}-{n}-{record.seed}.png", record)
+        return image
+
+
+def check_weights(weights) -> None:
+    if weights not in WEIGHTS:
+        raise WorkbenchError(f"weights must be one of {', '.join(WEIGHTS)}, got {shown(weights)}")
+
+
+def weights_label(ckpt: Checkpoint, weights: str) -> str:
+    """What a record says of the weights: EMA or raw for Composer files, "stored" for kinds that hold one set."""
+    return weights if ckpt.kind in ("composer", "mosaicml") else "stored"
+
+
+@dataclass
+class Plot:
+    """An X/Y/Z plot: the cells in plot order (z, y, x) with their captions, and one labelled grid per Z value."""
+
+    cells: Result
+    captions: list[str]
+    grids: list[Image.Image]
+
+    @classmethod
+    def of(cls, made: Plan, by_cell: dict, seconds: float) -> "Plot":
+        x, y, z = made.axes
+        order = [c.position for c in made.cells]
+        images = [by_cell[p][0] for p in order]
+        captions = [" | ".join(label for label in (x.labels[i], y.labels[j], z.labels[k]) if label)
+                    for i, j, k in order]
+        grids = [labelled_grid([[by_cell[(i, j, k)][0] for i in range(len(x))] for j in range(len(y))],
+                               list(x.labels), list(y.labels), z.labels[k]) for k in range(len(z))]
+        return cls(Result(images, [by_cell[p][1] for p in order], seconds), captions, grids)

@@ -1,270 +1,300 @@
-"""The Gradio Blocks of `dwb app`: a Generate tab, a Compare tab, and the API they expose.
+"""The Gradio Blocks of `dwb app`: Generate, Compare (side by side or A/B slider), X/Y/Z plot, PNG Info and
+Scores tabs, and the API they expose. The tabs share one set of controls' builder (``settings_controls``);
+what each event does is ``app.handlers``.
 
-API (``gradio_client``): ``/generate`` and ``/compare`` return (gallery, parameters): the gallery's
-PNGs carry every parameter in their ``parameters`` text chunk; ``/stop`` ends the calling client's
-running generation after its current step. Bad input comes back as a one-line ``gr.Error``.
+API (``gradio_client``): ``/generate`` returns (gallery, parameters); ``/compare`` (gallery, A/B pair,
+parameters); ``/xyz_plot`` (grids, cells, parameters); ``/png_info`` (parameters text, values, notes);
+``/stop`` ends the calling client's running generation after its current step. The gallery's PNGs carry
+every parameter in their ``parameters`` text chunk. Bad input comes back as a one-line ``gr.Error``.
 """
 from __future__ import annotations
 
 import html
 import logging
+import os
 import random
+import threading
+import time
+from dataclasses import dataclass
 
 import gradio as gr
 
 from train.compat import calm_gradio_queue
-from train.errors import WorkbenchError, first_line
+from train.samplers import DEFAULT_SAMPLER, SAMPLERS
 
-from .generate import DEFAULT_SCHEDULER, MAX_SEED, SCHEDULERS, GenerationParams, Stopped
-from .service import Result, Service
+from .generate import MAX_SEED
+from .handlers import Handlers
+from .scores import METRICS
+from .service import Service
+from .xyz import AXES, NONE
 
 log = logging.getLogger("app")
-KIND_NAMES = {"composer": "Composer checkpoint", "mosaicml": "mosaicml/diffusion checkpoint",
-              "diffusers": "diffusers folder", "single-file": "single-file checkpoint", "hub": "Hugging Face hub model"}
-CONCURRENCY_ID = "generation"  # generate and compare share one concurrency limit
-CSS = "#gallery, #compare-gallery {min-height: 320px}"
+CONCURRENCY_ID = "generation"  # generate, compare and the X/Y/Z plot share one concurrency limit
+CSS = "#gallery, #compare-gallery, #xyz-grids {min-height: 320px}"
+UPLOAD_MAX_AGE = 120  # seconds an upload no event has read is kept (an event deletes what it reads at once)
 
 
-def _message(e: Exception) -> gr.Error:
-    """A one-line error for the UI; Gradio shows messages as HTML, so markup in user text is escaped."""
-    return gr.Error(html.escape(first_line(e), quote=False),
-                    print_exception=False)
+@dataclass
+class Controls:
+    """The generation settings every tab asks for, in the order the handlers take them."""
+
+    prompt: gr.Textbox
+    negative: gr.Textbox
+    sampler: gr.Dropdown
+    steps: gr.Slider
+    guidance: gr.Slider
+    width: gr.Slider
+    height: gr.Slider
+    seed: gr.Number
+
+    def inputs(self) -> list:
+        return [self.prompt, self.negative, self.sampler, self.steps, self.guidance, self.width, self.height,
+                self.seed]
 
 
-def _fail(what: str, e: Exception) -> gr.Error:
-    if isinstance(e, (WorkbenchError, Stopped)):
-        log.warning("%s: %s", what, e)
-        return _message(e)
-    log.exception("%s failed", what)  # a bug or a runtime failure (out of memory): the server keeps serving
-    return _message(RuntimeError(f"{what} failed: {type(e).__name__}: {e}"))
+def settings_controls(prefix: str, limits, size: int) -> Controls:
+    """Prompt, negative prompt, sampler, steps, guidance, size and seed, with elem ids ``{prefix}NAME``."""
+    prompt = gr.Textbox(label="Prompt", lines=2, elem_id=f"{prefix}prompt", max_length=limits.max_prompt_chars)
+    negative = gr.Textbox("", label="Negative prompt", lines=1, elem_id=f"{prefix}negative",
+                          max_length=limits.max_prompt_chars)
+    sampler = gr.Dropdown(list(SAMPLERS), value=DEFAULT_SAMPLER, label="Sampler", elem_id=f"{prefix}sampler")
+    steps = gr.Slider(1, limits.max_steps, value=min(25, limits.max_steps), step=1, label="Steps",
+                      elem_id=f"{prefix}steps")
+    guidance = gr.Slider(0, limits.max_guidance, value=7.5, step=0.5, label="Guidance scale",
+                         elem_id=f"{prefix}guidance")
+    with gr.Row():
+        width = gr.Slider(limits.min_size, limits.max_size, value=size, step=8, label="Width", elem_id=f"{prefix}width")
+        height = gr.Slider(limits.min_size, limits.max_size, value=size, step=8, label="Height",
+                           elem_id=f"{prefix}height")
+    with gr.Row(elem_classes="seed-row"):
+        seed = gr.Number(-1, precision=0, label="Seed (-1: a random one; image i of a batch uses seed + i)",
+                         elem_id=f"{prefix}seed", scale=4)
+        dice = gr.Button("🎲 Random", elem_id=f"{prefix}randomize", scale=0, min_width=90)
+    dice.click(lambda: random.randint(0, MAX_SEED - limits.max_batch), outputs=seed, queue=False,
+               api_visibility="private")
+    return Controls(prompt, negative, sampler, steps, guidance, width, height, seed)
 
 
-def _gallery(result: Result, compare: bool = False) -> tuple[list, str, list[str]]:
-    texts = [r.parameters() for r in result.records]
-    if compare:
-        captions = [f"{r.checkpoint} ({r.weights})" for r in result.records]
-    else:
-        captions = [f"seed {r.seed}" for r in result.records]
-    return list(zip(result.images, captions)), texts[0] if texts else "", texts
+def checkpoint_row(prefix: str, found, value, multiselect: bool = False):
+    """(checkpoint dropdown, refresh button, weights radio)."""
+    with gr.Row():
+        label = "Checkpoints (two to four)" if multiselect else \
+            "Checkpoint (pick one found under the folders, or type a path)"
+        checkpoint = gr.Dropdown(found, value=value, multiselect=multiselect, max_choices=4 if multiselect else None,
+                                 allow_custom_value=True, scale=5, elem_id=f"{prefix}checkpoint{'s' if multiselect else ''}",
+                                 label=label)
+        refresh = gr.Button("↻ Refresh", scale=0, min_width=90, elem_id=f"{prefix}refresh")
+        weights = gr.Radio([("EMA", "ema"), ("raw", "raw")], value="ema", label="Weights", scale=1,
+                           elem_id=f"{prefix}weights")
+    return checkpoint, refresh, weights
+
+
+def run_buttons(prefix: str, label: str, run_id: str):
+    with gr.Row():
+        run = gr.Button(label, variant="primary", elem_id=run_id)
+        stop = gr.Button("Stop", variant="stop", elem_id=f"{prefix}stop")
+    return run, stop
+
+
+def results_column(prefix: str):
+    """(gallery, parameters text, the images' parameters as state)."""
+    gallery = gr.Gallery(label="Images", format="png", columns=4, elem_id=f"{prefix}gallery", interactive=False)
+    parameters = gr.Textbox(label="Parameters", lines=4, interactive=False, elem_id=f"{prefix}parameters",
+                            buttons=["copy"])
+    return gallery, parameters, gr.State([])
+
+
+class UI:
+    """The tabs' components, built in ``build_ui`` and wired there."""
+
+    def __init__(self, handlers: Handlers, concurrency: int):
+        self.h, self.limits = handlers, handlers.limits
+        self.found, by_age = handlers.choices()
+        self.first = by_age[0] if by_age else None
+        self.size = handlers.default_size(by_age)
+        self.common = dict(concurrency_limit=concurrency, concurrency_id=CONCURRENCY_ID, preprocess=False)
+        self.events = []  # the generation events Stop cancels
+
+    def generate_tab(self) -> None:
+        with gr.Tab("Generate", id="generate-tab"):
+            self.checkpoint, self.refresh, self.weights = checkpoint_row("", self.found, self.first)
+            self.note = gr.Markdown(elem_id="checkpoint-note")
+            with gr.Row():
+                with gr.Column(scale=1):
+                    self.g = settings_controls("", self.limits, self.size)
+                    self.batch = gr.Slider(1, self.limits.max_batch, value=1, step=1, label="Batch size",
+                                           elem_id="batch")
+                    self.run, self.stop = run_buttons("", "Generate", "generate")
+                with gr.Column(scale=1):
+                    self.gallery, self.parameters, self.texts = results_column("")
+
+    def compare_tab(self) -> None:
+        with gr.Tab("Compare", id="compare-tab"):
+            self.c_checkpoints, self.c_refresh, self.c_weights = checkpoint_row("compare-", self.found, [], True)
+            with gr.Row():
+                with gr.Column(scale=1):
+                    self.c = settings_controls("compare-", self.limits, self.size)
+                    self.c_run, self.c_stop = run_buttons("compare-", "Compare", "compare")
+                with gr.Column(scale=2):
+                    with gr.Tabs():
+                        with gr.Tab("Side by side"):
+                            self.c_gallery, self.c_parameters, self.c_texts = results_column("compare-")
+                        with gr.Tab("A/B slider"):
+                            self.c_slider = gr.ImageSlider(label="A/B: the first two checkpoints", type="pil",
+                                                           format="png", interactive=False, elem_id="compare-slider")
+
+    def xyz_tab(self) -> None:
+        types = [NONE, *AXES]
+        with gr.Tab("X/Y/Z plot", id="xyz-tab"):
+            self.x_checkpoint, self.x_refresh, self.x_weights = checkpoint_row("xyz-", self.found, self.first)
+            with gr.Row():
+                with gr.Column(scale=1):
+                    self.x = settings_controls("xyz-", self.limits, self.size)
+                    self.axes = []
+                    for name, default in zip("XYZ", ("seed", "guidance", NONE)):
+                        with gr.Row():
+                            kind = gr.Dropdown(types, value=default, label=f"{name} axis", scale=1,
+                                               elem_id=f"xyz-{name.lower()}-type")
+                            values = gr.Textbox(label=f"{name} values (one per line; numbers and samplers may be "
+                                                      "separated by commas)", lines=2, scale=3,
+                                                elem_id=f"xyz-{name.lower()}-values")
+                        pick = gr.Dropdown([], multiselect=True, visible=False, label=f"Pick {name} values",
+                                           elem_id=f"xyz-{name.lower()}-pick")
+                        self.axes.append((kind, values, pick))
+                    self.prompt_file = gr.File(label="Prompt file (DrawBench CSV, PartiPrompts TSV)",
+                                               file_types=[".csv", ".tsv", ".txt"], type="filepath",
+                                               elem_id="xyz-prompt-file")
+                    self.x_batch = gr.Slider(1, self.limits.max_batch, value=self.limits.max_batch, step=1,
+                                             label="Cells per pipeline call", elem_id="xyz-batch")
+                    self.x_run, self.x_stop = run_buttons("xyz-", "Plot", "xyz-plot")
+                with gr.Column(scale=2):
+                    self.x_grids = gr.Gallery(label="Grids (one per Z value)", format="png", columns=1,
+                                              elem_id="xyz-grids", interactive=False)
+                    self.x_gallery, self.x_parameters, self.x_texts = results_column("xyz-")
+
+    def png_info_tab(self) -> None:
+        with gr.Tab("PNG Info", id="png-info-tab"):
+            with gr.Row():
+                with gr.Column():
+                    self.png = gr.File(label="Drop a PNG", file_types=[".png"], type="filepath", elem_id="png-file")
+                    self.send = gr.Button("Send to Generate", variant="primary", elem_id="png-send")
+                with gr.Column():
+                    self.png_text = gr.Textbox(label="Parameters", lines=6, interactive=False, elem_id="png-parameters")
+                    self.png_notes = gr.Markdown(elem_id="png-notes")
+                    self.png_values = gr.JSON(label="What Send to Generate fills", elem_id="png-values")
+
+    def scores_tab(self) -> None:
+        with gr.Tab("Scores", id="scores-tab"):
+            self.metric = gr.Dropdown([(name, key) for key, name in METRICS.items()], value="fid", label="Metric",
+                                      elem_id="scores-metric")
+            self.s_note = gr.Markdown(elem_id="scores-note")
+            self.s_plot = gr.ScatterPlot(x="step", y="value", color="series", label="The run's metric against step "
+                                         "(select a range to open the checkpoint nearest its middle)",
+                                         elem_id="scores-plot")
+            self.s_table = gr.Dataframe(interactive=False, elem_id="scores-table",
+                                        label="Rows (select one to open its checkpoint in Generate)")
+
+
+def wire_generation(ui: UI) -> None:
+    h, common = ui.h, ui.common
+    gen_inputs = [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch]
+    ui.events.append(ui.run.click(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],
+                                  api_name="generate", **common))
+    ui.events.append(ui.g.prompt.submit(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],
+                                        api_visibility="private", **common))
+    ui.events.append(ui.c_run.click(h.compare, [ui.c_checkpoints, ui.c_weights, *ui.c.inputs()],
+                                    [ui.c_gallery, ui.c_slider, ui.c_parameters, ui.c_texts], api_name="compare",
+                                    **common))
+    axes = [c for kind, values, _ in ui.axes for c in (kind, values)]
+    ui.events.append(ui.x_run.click(h.xyz_plot, [ui.x_checkpoint, ui.x_weights, *ui.x.inputs(), *axes, ui.x_batch],
+                                    [ui.x_grids, ui.x_gallery, ui.x_parameters, ui.x_texts], api_name="xyz_plot",
+                                    **common))
+    for k, button in enumerate((ui.stop, ui.c_stop, ui.x_stop)):
+        button.click(h.stop, None, None, queue=False, cancels=list(ui.events),
+                     **(dict(api_name="stop") if k == 0 else dict(api_visibility="private")))
+    for gallery, texts, parameters in ((ui.gallery, ui.texts, ui.parameters), (ui.c_gallery, ui.c_texts,
+                                       ui.c_parameters), (ui.x_gallery, ui.x_texts, ui.x_parameters)):
+        gallery.select(h.select, texts, parameters, queue=False, api_visibility="private")
+
+
+def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
+    h, private = ui.h, dict(queue=False, api_visibility="private")
+    ui.checkpoint.change(h.checkpoint_note, ui.checkpoint, [ui.note, ui.g.width, ui.g.height], **private)
+    dropdowns = [ui.checkpoint, ui.c_checkpoints, ui.x_checkpoint]
+    for button in (ui.refresh, ui.c_refresh, ui.x_refresh):
+        button.click(h.refresh, None, dropdowns, **private)
+    for kind, values, pick in ui.axes:
+        kind.change(h.axis_picker, kind, pick, **private)
+        pick.input(h.picked, pick, values, **private)
+    kinds, texts = [a[0] for a in ui.axes], [a[1] for a in ui.axes]
+    ui.prompt_file.upload(h.prompt_file, [ui.prompt_file, *kinds], [ui.prompt_file, *kinds, *texts],
+                          api_visibility="private")
+    ui.png.upload(h.png_info, ui.png, [ui.png_text, ui.png_values, ui.png_notes], api_name="png_info")
+    ui.send.click(h.send_to_generate, ui.png_values,
+                  [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs], **private)
+    ui.metric.change(h.scores_table, ui.metric, [ui.s_plot, ui.s_table, ui.s_note], **private)
+    opened = [ui.checkpoint, ui.note, ui.g.width, ui.g.height]
+    ui.s_table.select(h.open_from_table, None, opened, **private)
+    ui.s_plot.select(h.open_from_plot, ui.metric, opened, **private)
+    demo.load(h.on_load, ui.checkpoint, [ui.checkpoint, ui.c_checkpoints, ui.x_checkpoint, ui.note, ui.g.width,
+                                         ui.g.height], **private)
+    demo.load(h.scores_table, ui.metric, [ui.s_plot, ui.s_table, ui.s_note], **private)
 
 
 def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-workbench") -> gr.Blocks:
     """The app's Blocks; queue and launch it (see ``app.cli``)."""
-    limits = service.limits
-
-    def choices() -> tuple[list[tuple[str, str]], list[str]]:
-        """The dropdown's (label, value) pairs, and the labels newest first. Values are labels: the browser
-        never sees the server's paths."""
-        found = service.checkpoints()
-        return [(c.label, c.label) for c in found], [c.label for c in _newest_first(found)]
-
-    def checkpoint_note(text: str | None) -> tuple[str, object, object]:
-        """What the chosen checkpoint is, and its training resolution as the default size."""
-        if not text:
-            return "No checkpoint chosen.", gr.update(), gr.update()
-        try:
-            ckpt, info = service.info(text)
-        except WorkbenchError as e:
-            return f"**Cannot use this checkpoint:** {html.escape(str(e))}", gr.update(), gr.update()
-        parts = [f"`{html.escape(ckpt.label)}`", KIND_NAMES.get(info.kind, info.kind)]
-        if info.architecture:
-            parts.append(f"architecture {info.architecture}")
-        if info.resolution:
-            parts.append(f"trained at {info.resolution} px")
-        if info.has_ema is not None:
-            parts.append("EMA and raw weights" if info.has_ema else "raw weights only (no EMA)")
-        size = info.resolution if info.resolution and limits.min_size <= info.resolution <= limits.max_size else None
-        return ", ".join(parts), *(gr.update(value=size) if size else gr.update() for _ in range(2))  # one per output
-
-    def default_size(paths: list[str]) -> int:
-        """The training resolution of the newest readable checkpoint (512 without one)."""
-        for path in paths[:5]:
-            try:
-                info = service.info(path)[1]
-            except WorkbenchError:
-                continue
-            if info.resolution and limits.min_size <= info.resolution <= limits.max_size:
-                return info.resolution
-            break
-        return min(512, limits.max_size)
-
-    found, by_age = choices()
-    first = by_age[0] if by_age else None
-    size = default_size(by_age)
-
-    def settings_controls(prefix: str):
-        scheduler = gr.Dropdown(list(SCHEDULERS), value=DEFAULT_SCHEDULER, label="Sampler", elem_id=f"{prefix}scheduler")
-        steps = gr.Slider(1, limits.max_steps, value=min(25, limits.max_steps), step=1, label="Steps",
-                          elem_id=f"{prefix}steps")
-        guidance = gr.Slider(0, limits.max_guidance, value=7.5, step=0.5, label="Guidance scale",
-                             elem_id=f"{prefix}guidance")
-        with gr.Row():
-            width = gr.Slider(limits.min_size, limits.max_size, value=size, step=8, label="Width",
-                              elem_id=f"{prefix}width")
-            height = gr.Slider(limits.min_size, limits.max_size, value=size, step=8, label="Height",
-                               elem_id=f"{prefix}height")
-        with gr.Row(elem_classes="seed-row"):
-            seed = gr.Number(-1, precision=0, label="Seed (-1: a random one; image i of a batch uses seed + i)",
-                             elem_id=f"{prefix}seed", scale=4)
-            dice = gr.Button("🎲 Random", elem_id=f"{prefix}randomize", scale=0, min_width=90)
-        dice.click(lambda: random.randint(0, MAX_SEED - limits.max_batch), outputs=seed, queue=False,
-                   api_visibility="private")
-        return scheduler, steps, guidance, width, height, seed
-
     with gr.Blocks(title=title, analytics_enabled=False) as demo:
+        handlers = Handlers(service, uploads=demo.upload_file_set)
+        ui = UI(handlers, concurrency)
         gr.Markdown(f"## {title}\nText-to-image from your checkpoints under "
-                    + ", ".join(f"`{html.escape(str(r))}`" for r in service.roots))
-        with gr.Tabs():
-            with gr.Tab("Generate", id="generate-tab"):
-                with gr.Row():
-                    checkpoint = gr.Dropdown(found, value=first, allow_custom_value=True, scale=5, elem_id="checkpoint",
-                                             label="Checkpoint (pick one found under the folders, or type a path)")
-                    refresh = gr.Button("↻ Refresh", scale=0, min_width=90, elem_id="refresh")
-                    weights = gr.Radio([("EMA", "ema"), ("raw", "raw")], value="ema", label="Weights", scale=1,
-                                       elem_id="weights")
-                note = gr.Markdown(elem_id="checkpoint-note")
-                with gr.Row():
-                    with gr.Column(scale=1):
-                        prompt = gr.Textbox(label="Prompt", lines=2, elem_id="prompt")
-                        negative = gr.Textbox("", label="Negative prompt", lines=1, elem_id="negative")
-                        scheduler, steps, guidance, width, height, seed = settings_controls("")
-                        batch = gr.Slider(1, limits.max_batch, value=1, step=1, label="Batch size", elem_id="batch")
-                        with gr.Row():
-                            run = gr.Button("Generate", variant="primary", elem_id="generate")
-                            stop = gr.Button("Stop", variant="stop", elem_id="stop")
-                    with gr.Column(scale=1):
-                        gallery = gr.Gallery(label="Images", format="png", columns=4, elem_id="gallery",
-                                             interactive=False)
-                        parameters = gr.Textbox(label="Parameters", lines=4, interactive=False, elem_id="parameters",
-                                                buttons=["copy"])
-                        texts = gr.State([])
-
-            with gr.Tab("Compare", id="compare-tab"):
-                with gr.Row():
-                    c_checkpoints = gr.Dropdown(found, value=[], multiselect=True, max_choices=4,
-                                                allow_custom_value=True, scale=5, elem_id="compare-checkpoints",
-                                                label="Checkpoints (two to four)")
-                    c_refresh = gr.Button("↻ Refresh", scale=0, min_width=90, elem_id="compare-refresh")
-                    c_weights = gr.Radio([("EMA", "ema"), ("raw", "raw")], value="ema", label="Weights", scale=1,
-                                         elem_id="compare-weights")
-                with gr.Row():
-                    with gr.Column(scale=1):
-                        c_prompt = gr.Textbox(label="Prompt", lines=2, elem_id="compare-prompt")
-                        c_negative = gr.Textbox("", label="Negative prompt", lines=1, elem_id="compare-negative")
-                        c_scheduler, c_steps, c_guidance, c_width, c_height, c_seed = settings_controls("compare-")
-                        with gr.Row():
-                            c_run = gr.Button("Compare", variant="primary", elem_id="compare")
-                            c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
-                    with gr.Column(scale=2):
-                        c_gallery = gr.Gallery(label="Images", format="png", columns=4,
-                                               elem_id="compare-gallery", interactive=False)
-                        c_parameters = gr.Textbox(label="Parameters", lines=4,
-                                                  interactive=False, elem_id="compare-parameters", buttons=["copy"])
-                        c_texts = gr.State([])
-
-        # -- events --------------------------------------------------------------------------------
-
-        def generate(checkpoint: str, weights: str, prompt: str, negative_prompt: str, scheduler: str, steps: int,
-                     guidance_scale: float, width: int, height: int, seed: int, batch_size: int,
-                     request: gr.Request, progress=gr.Progress()):
-            """Images from one checkpoint; image i of the batch uses seed + i. Returns (gallery, parameters)."""
-            params = GenerationParams(prompt, negative_prompt, scheduler, steps, guidance_scale, width, height,
-                                      -1 if seed is None else seed, batch_size)
-            progress(0, desc="loading checkpoint")
-            try:
-                result = service.generate(checkpoint, weights, params, session=_session(request),
-                                          on_step=lambda done, total: progress((done, total), desc="denoising",
-                                                                               unit="steps"))
-            except Exception as e:  # noqa: BLE001 - every failure becomes a message; the server keeps serving
-                raise _fail("generate", e) from None
-            log.info("generated %d image(s) in %.1f s", len(result.images), result.seconds)
-            return _gallery(result)
-
-        def compare(checkpoints: list[str], weights: str, prompt: str, negative_prompt: str, scheduler: str,
-                    steps: int, guidance_scale: float, width: int, height: int, seed: int,
-                    request: gr.Request, progress=gr.Progress()):
-            """One image per checkpoint (two to four), same prompt, seed and settings. Returns (gallery, parameters)."""
-            params = GenerationParams(prompt, negative_prompt, scheduler, steps, guidance_scale, width, height,
-                                      -1 if seed is None else seed, 1)
-            if isinstance(checkpoints, str):
-                checkpoints = [checkpoints]
-
-            def on_step(k: int, n: int, done: int, total: int) -> None:
-                progress((k * total + done, n * total), desc=f"checkpoint {k + 1} of {n}", unit="steps")
-
-            try:
-                result = service.compare(list(checkpoints or []), weights, params, session=_session(request),
-                                         on_step=on_step)
-            except Exception as e:  # noqa: BLE001
-                raise _fail("compare", e) from None
-            return _gallery(result, compare=True)
-
-        def stop_running(request: gr.Request) -> None:
-            """End this client's running generation after its current step."""
-            service.stop(_session(request))
-
-        def select(texts: list[str], evt: gr.SelectData) -> str:
-            return texts[evt.index] if isinstance(evt.index, int) and evt.index < len(texts) else ""
-
-        def refresh_choices():
-            fresh = choices()[0]
-            return gr.update(choices=fresh), gr.update(choices=fresh)
-
-        common = dict(concurrency_limit=concurrency, concurrency_id=CONCURRENCY_ID, preprocess=False)
-        gen_event = run.click(generate, [checkpoint, weights, prompt, negative, scheduler, steps, guidance, width,
-                                         height, seed, batch], [gallery, parameters, texts], api_name="generate",
-                              **common)
-        prompt.submit(generate, [checkpoint, weights, prompt, negative, scheduler, steps, guidance, width, height,
-                                 seed, batch], [gallery, parameters, texts], api_visibility="private", **common)
-        cmp_event = c_run.click(compare, [c_checkpoints, c_weights, c_prompt, c_negative, c_scheduler, c_steps,
-                                          c_guidance, c_width, c_height, c_seed], [c_gallery, c_parameters, c_texts],
-                                api_name="compare", **common)
-        stop.click(stop_running, None, None, queue=False, api_name="stop", cancels=[gen_event, cmp_event])
-        c_stop.click(stop_running, None, None, queue=False, api_visibility="private", cancels=[gen_event, cmp_event])
-        gallery.select(select, texts, parameters, queue=False, api_visibility="private")
-        c_gallery.select(select, c_texts, c_parameters, queue=False, api_visibility="private")
-        checkpoint.change(checkpoint_note, checkpoint, [note, width, height], queue=False, api_visibility="private")
-        for button in (refresh, c_refresh):
-            button.click(refresh_choices, None, [checkpoint, c_checkpoints], queue=False, api_visibility="private")
-
-        def on_load(current: str | None):
-            """Each page load lists the checkpoints there are now (training may have written more)."""
-            fresh, newest = choices()
-            value = current or next(iter(newest), None)
-            text, w, h = checkpoint_note(value)
-            return gr.update(choices=fresh, value=value), gr.update(choices=fresh), text, w, h
-
-        demo.load(on_load, checkpoint, [checkpoint, c_checkpoints, note, width, height], queue=False,
-                  api_visibility="private")
+                    + ", ".join(f"`{html.escape(r.name)}`" for r in service.roots))
+        with gr.Tabs() as tabs:
+            ui.generate_tab()
+            ui.compare_tab()
+            ui.xyz_tab()
+            ui.png_info_tab()
+            ui.scores_tab()
+        wire_generation(ui)
+        wire_panels(ui, demo, tabs)
     return demo
 
 
-def _newest_first(found: list) -> list:
-    """Most recently written first: the newest checkpoint is usually the one a user wants to try."""
-    def mtime(ckpt) -> float:
-        try:
-            return ckpt.path.stat().st_mtime
-        except (OSError, AttributeError):
-            return 0.0
+def sweep_uploads(uploads: set, max_age: float, every: float) -> threading.Thread:
+    """Delete, every ``every`` seconds, uploads older than ``max_age`` that no event read (and so deleted):
+    a visitor can post files to Gradio's upload route without ever calling an event."""
+    def sweep() -> None:
+        while True:
+            time.sleep(every)
+            now = time.time()
+            for path in list(uploads):
+                try:
+                    if now - os.path.getmtime(path) > max_age:
+                        os.remove(path)
+                        uploads.discard(path)
+                except FileNotFoundError:
+                    uploads.discard(path)
+                except OSError:
+                    continue
 
-    return sorted(found, key=mtime, reverse=True)
+    thread = threading.Thread(target=sweep, name="dwb-upload-sweep", daemon=True)
+    thread.start()
+    return thread
 
 
-def _session(request: gr.Request | None) -> str:
-    return getattr(request, "session_hash", None) or ""
-
-
-def launch(demo: gr.Blocks, *, host: str, port: int, queue_size: int, concurrency: int,
-           prevent_thread_lock: bool = False, quiet: bool = False):
+def launch(demo: gr.Blocks, *, host: str, port: int, queue_size: int, concurrency: int, max_upload_mb: int = 8,
+           upload_max_age: float = UPLOAD_MAX_AGE, prevent_thread_lock: bool = False, quiet: bool = False):
     """Queue (a concurrency limit and a maximum size) and serve on ``host:port``.
 
-    Gradio serves only its own cache of returned images: no ``allowed_paths``, so neither the
-    checkpoint folders nor any other file is reachable through its file route. The queue does not
-    poll (``train.compat.calm_gradio_queue``): its wake-ups slowed the generations running in this process.
+    Gradio serves only its own cache of returned images and of uploads: no ``allowed_paths``, so neither the
+    checkpoint folders nor any other file is reachable through its file route. Uploads are capped at
+    ``max_upload_mb`` (Gradio refuses larger ones with 413) and deleted once read, or after
+    ``upload_max_age`` seconds. The queue does not poll (``train.compat.calm_gradio_queue``): its wake-ups
+    slowed the generations running in this process.
     """
     demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
     calm_gradio_queue(demo)
+    sweep_uploads(demo.upload_file_set, upload_max_age, every=max(1.0, upload_max_age / 4))
     return demo.launch(server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
                        footer_links=["api", "settings"], show_error=True, css=CSS, allowed_paths=[],
-                       favicon_path=None, pwa=False, mcp_server=False, ssr_mode=False, enable_monitoring=False)
-
+                       max_file_size=f"{max_upload_mb}mb", favicon_path=None, pwa=False, mcp_server=False,
+                       ssr_mode=False, enable_monitoring=False)

@@ -84,14 +84,14 @@ def free_port() -> int:
 class AppServer:
     """`dwb app` in a subprocess on 127.0.0.1 with a free port; its output goes to ``log``."""
 
-    def __init__(self, roots: list[Path], *extra: str, log: Path):
-        self.roots, self.extra, self.log = roots, extra, log
+    def __init__(self, roots: list[Path], *extra: str, log: Path, env: dict | None = None):
+        self.roots, self.extra, self.log, self.env = roots, extra, log, env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
     def launch(self) -> "AppServer":
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **self.env}
         args = [str(DWB), "app", "--checkpoints", *map(str, self.roots), "--port", str(self.port), *self.extra]
         self._out = open(self.log, "w")
         self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._out, stderr=subprocess.STDOUT, text=True)

@@ -17,7 +17,7 @@ from train.generation import parse_parameters
 
 def call(client, tree, api_name="/generate", **kw):
     args = dict(checkpoint=str(tree.ba4), weights="ema", prompt="two blue squares", negative_prompt="",
-                scheduler="DPM++ 2M", steps=6, guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1)
+                sampler="DPM++ 2M", steps=6, guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1)
     if api_name == "/compare":
         args.pop("checkpoint")
         args.pop("batch_size")
@@ -61,7 +61,7 @@ def test_api_images_equal_load_pipeline_bit_for_bit_and_carry_their_parameters(c
     assert text == read(gallery[0])[1]["parameters"]
 
     # another sampler and a non-square size: still the image diffusers gives
-    gallery, _ = call(client, tree, scheduler="DPM++ 2M Karras", width=24, height=16, seed=123)
+    gallery, _ = call(client, tree, sampler="DPM++ 2M Karras", width=24, height=16, seed=123)
     karras = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, use_karras_sigmas=True)
     ref = reference(pipe, [123], scheduler=karras, prompt="two blue squares", num_inference_steps=6,
                     guidance_scale=5.0, width=24, height=16)
@@ -81,16 +81,18 @@ def test_diffusers_folder_ema_and_raw_weights(client, tree):
 
 def test_compare_puts_checkpoints_side_by_side_with_one_seed(client, tree):
     names = [str(tree.ba2), str(tree.ba4), "export-ba4"]
-    gallery, text = call(client, tree, "/compare", checkpoints=names, seed=5, scheduler="Euler a")
+    gallery, pair, text = call(client, tree, "/compare", checkpoints=names, seed=5, sampler="Euler a")
     assert len(gallery) == 3
     for name, label, item in zip(names, ["tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt", "export-ba4"],
                                  gallery):
         assert item["caption"] == f"{label} ({'stored' if label == 'export-ba4' else 'ema'})"
-        alone = call(client, tree, checkpoint=name, seed=5, scheduler="Euler a")[0][0]
+        alone = call(client, tree, checkpoint=name, seed=5, sampler="Euler a")[0][0]
         assert np.array_equal(read(item)[0], read(alone)[0])  # each is that checkpoint's own image
         assert parse_parameters(read(item)[1]["parameters"])["Model"] == label
     assert not np.array_equal(read(gallery[0])[0], read(gallery[1])[0])  # training changed something
     assert "Seed: 5" in text
+    for item, side in zip(gallery[:2], pair):  # the A/B slider holds the first two images
+        assert np.array_equal(read(item)[0], np.asarray(Image.open(side).convert("RGB")))
 
 
 BAD = {
@@ -98,7 +100,7 @@ BAD = {
     "steps over the limit": (dict(steps=151), "steps must be between 1 and 150, got 151"),
     "size not a multiple of 8": (dict(width=20), "width must be a multiple of 8, got 20"),
     "size too large": (dict(height=2048), "height must be between 16 and 1024, got 2048"),
-    "unknown scheduler": (dict(scheduler="Karras 9000"), "unknown scheduler 'Karras 9000'"),
+    "unknown sampler": (dict(sampler="Karras 9000"), "unknown sampler 'Karras 9000'"),
     "empty prompt": (dict(prompt=""), "the prompt is empty"),
     "path outside the roots": (dict(checkpoint="OUTSIDE"), "is outside the allowed checkpoint folders"),
     "relative escape": (dict(checkpoint="../outside/ep0-ba4-rank0.pt"), "is outside the allowed checkpoint folders"),

@@ -170,3 +170,49 @@ def test_stop_button_ends_the_generation(page, server):
     set_number(page, "#steps input[type=number]", 2)
     page.click("#generate")
     page.locator("#gallery img").first.wait_for()
+
+
+def test_xyz_plot_tab_draws_a_labelled_2x2_grid(page):
+    page.get_by_role("tab", name="X/Y/Z plot").click()
+    page.fill("#xyz-prompt textarea", "two blue squares")
+    for name, value in (("steps", 3), ("width", 16), ("height", 16)):
+        set_number(page, f"#xyz-{name} input[type=number]", value)
+    pick(page, "#xyz-x-type", "checkpoint")
+    page.fill("#xyz-x-values textarea", "tiny-phase1/ep0-ba2-rank0.pt\ntiny-phase1/ep0-ba4-rank0.pt")
+    pick(page, "#xyz-y-type", "seed")
+    page.fill("#xyz-y-values textarea", "1, 2")
+    page.click("#xyz-plot")
+    page.locator("#xyz-gallery img").nth(3).wait_for()
+    captions = page.inner_text("#xyz-gallery")
+    assert "tiny-phase1/ep0-ba2-rank0.pt | seed 2" in captions and "tiny-phase1/ep0-ba4-rank0.pt | seed 1" in captions
+    grid = Image.open(io.BytesIO(page.request.get(page.get_attribute("#xyz-grids img >> nth=0", "src")).body()))
+    cell = Image.open(io.BytesIO(page.request.get(page.get_attribute("#xyz-gallery img >> nth=3", "src")).body()))
+    assert cell.size == (16, 16) and parse_parameters(cell.text["parameters"])["Seed"] == "2"  # a cell's own PNG
+    g = np.asarray(grid.convert("RGB"))
+    cw = 128  # 16 px cells enlarged pixel for pixel
+    top, left = g.shape[0] - 2 * cw, g.shape[1] - 2 * cw
+    assert top > 0 and left > 0 and (g[:top, left:] < 128).any() and (g[top:, :left] < 128).any()  # labels
+    last = g[top + cw:, left + cw:][::8, ::8]  # the bottom-right cell: ba4, seed 2
+    assert np.array_equal(last, np.asarray(cell.convert("RGB")))
+
+
+def test_drop_a_png_and_send_it_to_generate(page, server, tmp_path):
+    from gradio_client import Client
+
+    made = Client(server.url, verbose=False, download_files=str(tmp_path)).predict(
+        "tiny-phase1/ep0-ba2-rank0.pt", "raw", "three yellow triangles", "green", "Euler a", 4, 6.5, 16, 16, 31, 1,
+        api_name="/generate")[0][0]["image"]
+    page.get_by_role("tab", name="PNG Info").click()
+    page.set_input_files("#png-file input[type=file]", made)
+    page.wait_for_function("document.querySelector('#png-parameters textarea').value.includes('Seed: 31')")
+    page.locator("#png-notes", has_text="found by its model hash").wait_for()
+    page.click("#png-send")
+    page.wait_for_function("document.querySelector('#prompt textarea').value === 'three yellow triangles'")
+    assert page.input_value("#negative textarea") == "green" and page.input_value("#seed input") == "31"
+    assert page.input_value("#sampler input") == "Euler a" and page.input_value("#steps input[type=number]") == "4"
+    assert page.input_value("#checkpoint input") == "tiny-phase1/ep0-ba2-rank0.pt"
+    assert page.is_checked("#weights input[value=raw]")
+    page.click("#generate")
+    page.locator("#gallery img").first.wait_for()
+    again = Image.open(io.BytesIO(page.request.get(page.get_attribute("#gallery img >> nth=0", "src")).body()))
+    assert np.array_equal(np.asarray(again.convert("RGB")), np.asarray(Image.open(made).convert("RGB")))

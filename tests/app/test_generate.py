@@ -6,17 +6,16 @@ import pytest
 import torch
 from PIL import Image
 
-from app.generate import (DEFAULT_SCHEDULER, SCHEDULERS, GenerationParams, Limits, Stopped, generate, record_of,
-                          validate)
+from app.generate import GenerationParams, Limits, Stopped, generate, record_of, validate
 from train.errors import WorkbenchError
 from train.generation import parse_parameters, save_png
-from train.samplers import make_sampler, sampler_name
+from train.samplers import DEFAULT_SAMPLER, SAMPLERS, make_sampler, sampler_name
 
 LIMITS = Limits(max_steps=150, max_size=1024, max_batch=8)
 
 
 def params(**kw) -> GenerationParams:
-    base = dict(prompt="two blue squares", negative_prompt="", scheduler=DEFAULT_SCHEDULER, steps=4, guidance=5.0,
+    base = dict(prompt="two blue squares", negative_prompt="", sampler=DEFAULT_SAMPLER, steps=4, guidance=5.0,
                 width=16, height=16, seed=3, batch_size=1)
     return GenerationParams(**{**base, **kw})
 
@@ -32,7 +31,7 @@ def pixels(images) -> np.ndarray:
     (dict(width=20), "width must be a multiple of 8, got 20"),
     (dict(height=1032), "height must be between 16 and 1024, got 1032"),
     (dict(width=8), "width must be between 16 and 1024, got 8"),
-    (dict(scheduler="Karras 9000"), "unknown scheduler 'Karras 9000'; choose one of: DDIM, Euler"),
+    (dict(sampler="Karras 9000"), "unknown sampler 'Karras 9000'; choose one of: DDIM, Euler"),
     (dict(prompt="   "), "the prompt is empty"),
     (dict(guidance=-1), "guidance scale must be between 0 and 30"),
     (dict(guidance=float("nan")), "guidance scale must be between 0 and 30"),
@@ -55,31 +54,31 @@ def test_valid_parameters_are_normalised_and_seed_minus_one_is_drawn():
     assert len(drawn) > 1 and all(0 <= s <= 2**32 - 8 for s in drawn)
 
 
-def test_schedulers_come_from_the_pipeline_config(pipe):
+def test_samplers_come_from_the_pipeline_config(pipe):
     base = pipe.scheduler.config
     # The workbench's own default sampler, named as the app names it.
-    assert sampler_name(pipe.scheduler) == DEFAULT_SCHEDULER == "DPM++ 2M"
-    assert dict(make_sampler(DEFAULT_SCHEDULER, base).config) == dict(base)
+    assert sampler_name(pipe.scheduler) == DEFAULT_SAMPLER == "DPM++ 2M"
+    assert dict(make_sampler(DEFAULT_SAMPLER, base).config) == dict(base)
     assert base.timestep_spacing == "leading" and base.steps_offset == 1  # SD2's spacing carries over
-    for name in SCHEDULERS:
+    for name in SAMPLERS:
         s = make_sampler(name, base)
         assert s.config.prediction_type == base.prediction_type and s.config.beta_end == base.beta_end
         assert sampler_name(s) == name  # the name written into manifests and PNG text
     assert make_sampler("DPM++ 2M Karras", base).config.use_karras_sigmas
     assert not make_sampler("DPM++ 2M", base).config.use_karras_sigmas
     assert type(make_sampler("Euler a", base)).__name__ == "EulerAncestralDiscreteScheduler"
-    assert {"DDIM", "Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "UniPC", "PNDM"} <= set(SCHEDULERS)
+    assert {"DDIM", "Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "UniPC", "PNDM"} <= set(SAMPLERS)
 
 
 def test_every_sampler_runs_and_samplers_differ(pipe):
     images = {}
-    for name in SCHEDULERS:
-        images[name] = pixels(generate(pipe, validate(params(scheduler=name, steps=3), LIMITS)))
+    for name in SAMPLERS:
+        images[name] = pixels(generate(pipe, validate(params(sampler=name, steps=3), LIMITS)))
         assert images[name].shape == (1, 16, 16, 3), name
-    assert len({v.tobytes() for v in images.values()}) >= len(SCHEDULERS) - 2  # some may coincide at 3 steps
-    again = pixels(generate(pipe, validate(params(scheduler="Euler a", steps=3), LIMITS)))
+    assert len({v.tobytes() for v in images.values()}) >= len(SAMPLERS) - 2  # some may coincide at 3 steps
+    again = pixels(generate(pipe, validate(params(sampler="Euler a", steps=3), LIMITS)))
     assert np.array_equal(again, images["Euler a"])  # ancestral noise comes from the seeded generators too
-    assert sampler_name(pipe.scheduler) == DEFAULT_SCHEDULER  # the cached pipeline was left as it was
+    assert sampler_name(pipe.scheduler) == DEFAULT_SAMPLER  # the cached pipeline was left as it was
 
 
 def test_default_sampler_equals_a_plain_pipeline_call(pipe):
@@ -91,13 +90,13 @@ def test_default_sampler_equals_a_plain_pipeline_call(pipe):
 
 
 def test_image_i_of_a_batch_is_the_image_of_seed_plus_i_alone(pipe):
-    batch = pixels(generate(pipe, validate(params(scheduler="Euler a", steps=6, seed=40, batch_size=3), LIMITS)))
-    alone = np.concatenate([pixels(generate(pipe, validate(params(scheduler="Euler a", steps=6, seed=40 + i), LIMITS)))
+    batch = pixels(generate(pipe, validate(params(sampler="Euler a", steps=6, seed=40, batch_size=3), LIMITS)))
+    alone = np.concatenate([pixels(generate(pipe, validate(params(sampler="Euler a", steps=6, seed=40 + i), LIMITS)))
                             for i in range(3)])
     diff = np.abs(batch - alone)
     # the same noise and the same steps: equal up to float rounding in batched kernels (a level, rarely)
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01
-    other = pixels(generate(pipe, validate(params(scheduler="Euler a", steps=6, seed=43), LIMITS)))
+    other = pixels(generate(pipe, validate(params(sampler="Euler a", steps=6, seed=43), LIMITS)))
     moved = np.abs(other[0].astype(int) - alone[0])
     assert (moved > 1).mean() > 0.05, moved.mean()  # a different seed is a different image, well past rounding
 

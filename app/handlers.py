@@ -1,0 +1,342 @@
+"""What the app's events do (``app.ui`` lays them out and wires them): each takes the controls' raw values
+and returns what the outputs show. Every failure becomes a one-line ``gr.Error``; the server keeps serving.
+
+The API (``gradio_client``) calls ``generate``, ``compare``, ``xyz_plot`` and ``png_info`` by the names of
+their parameters, so those names are the API's.
+"""
+from __future__ import annotations
+
+import html
+import logging
+import os
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+
+from train.checkpoints import content_hash
+from train.errors import WorkbenchError, first_line
+
+from .generate import GenerationParams, Stopped
+from .png_info import read_parameters, settings_from
+from .scores import METRICS, scores_of, setting_text
+from .service import Result, Service
+from .xyz import NONE
+
+log = logging.getLogger("app")
+KIND_NAMES = {"composer": "Composer checkpoint", "mosaicml": "mosaicml/diffusion checkpoint",
+              "diffusers": "diffusers folder", "single-file": "single-file checkpoint", "hub": "Hugging Face hub model"}
+
+
+def one_line(e: Exception) -> gr.Error:
+    """A one-line error for the UI; Gradio shows messages as HTML, so markup in user text is escaped."""
+    return gr.Error(html.escape(first_line(e), quote=False), print_exception=False)
+
+
+def failed(what: str, e: Exception) -> gr.Error:
+    if isinstance(e, (WorkbenchError, Stopped)):
+        log.warning("%s: %s", what, e)
+        return one_line(e)
+    log.exception("%s failed", what)  # a bug or a runtime failure (out of memory): the server keeps serving
+    return one_line(RuntimeError(f"{what} failed: {type(e).__name__}: {e}"))
+
+
+def session_of(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or ""
+
+
+def params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed,
+              batch_size=1) -> GenerationParams:
+    return GenerationParams(prompt, negative_prompt, sampler, steps, guidance_scale, width, height,
+                            -1 if seed is None else seed, batch_size)
+
+
+def gallery_of(result: Result, captions: list[str]) -> tuple[list, str, list[str]]:
+    """(gallery items, the first image's parameters, every image's parameters)."""
+    texts = [r.parameters() for r in result.records]
+    return list(zip(result.images, captions)), texts[0] if texts else "", texts
+
+
+def steps_progress(progress: gr.Progress):
+    return lambda done, total: progress((done, total), desc="denoising", unit="steps")
+
+
+class Handlers:
+    """The app's events, on one ``Service``."""
+
+    def __init__(self, service: Service, uploads: set[str] | None = None):
+        self.service = service
+        self.limits = service.limits
+        self.uploads = set() if uploads is None else uploads  # the paths Gradio's upload route wrote (``Blocks.upload_file_set``)
+
+    # -- the checkpoint panel --------------------------------------------------------------------
+
+    def choices(self) -> tuple[list[tuple[str, str]], list[str]]:
+        """The dropdown's (label, value) pairs, and the labels newest first. Values are labels: the browser
+        never sees the server's paths."""
+        found = self.service.checkpoints()
+        return [(c.label, c.label) for c in found], [c.label for c in newest_first(found)]
+
+    def checkpoint_note(self, text: str | None) -> tuple[str, object, object]:
+        """What the chosen checkpoint is and its scores; its training resolution as the default size."""
+        if not text:
+            return "No checkpoint chosen.", gr.update(), gr.update()
+        try:
+            ckpt, info = self.service.info(text)
+        except WorkbenchError as e:
+            return f"**Cannot use this checkpoint:** {html.escape(str(e))}", gr.update(), gr.update()
+        parts = [f"`{html.escape(ckpt.label)}`", KIND_NAMES.get(info.kind, info.kind)]
+        if info.architecture:
+            parts.append(f"architecture {info.architecture}")
+        if info.resolution:
+            parts.append(f"trained at {info.resolution} px")
+        if info.has_ema is not None:
+            parts.append("EMA and raw weights" if info.has_ema else "raw weights only (no EMA)")
+        note = ", ".join(parts) + self.scores_note(content_hash(ckpt))
+        size = info.resolution if info.resolution and self.limits.min_size <= info.resolution <= self.limits.max_size \
+            else None
+        return note, *(gr.update(value=size) if size else gr.update() for _ in range(2))  # one per output
+
+    def scores_note(self, digest: str) -> str:
+        """Markdown lines: each results row of the checkpoint, and its human win rates."""
+        lines = []
+        for row in self.service.scores.rows_for(digest):
+            shown = " · ".join(s.text() for s in scores_of(row))
+            if shown:
+                lines.append(f"- **scores** ({html.escape(setting_text(row))}): {html.escape(shown)}")
+        for w in self.service.scores.win_rates(digest):
+            interval = f" [{w.lo:.0%}, {w.hi:.0%}]" if w.lo is not None else ""
+            other = self.service.label_of_hash(w.opponent) or "another model"
+            lines.append(f"- **human preference** ({html.escape(w.question)}, study {html.escape(w.study)}): "
+                         f"preferred {w.rate:.0%}{interval} of {w.decisive} decisive votes against "
+                         f"`{html.escape(other)}`")
+        return "\n\n" + "\n".join(lines) if lines else ""
+
+    def default_size(self, labels: list[str]) -> int:
+        """The training resolution of the newest readable checkpoint (512 without one)."""
+        for label in labels[:5]:
+            try:
+                info = self.service.info(label)[1]
+            except WorkbenchError:
+                continue
+            if info.resolution and self.limits.min_size <= info.resolution <= self.limits.max_size:
+                return info.resolution
+            break
+        return min(512, self.limits.max_size)
+
+    def on_load(self, current: str | None):
+        """Each page load lists the checkpoints there are now (training may have written more), in every tab."""
+        fresh, newest = self.choices()
+        value = current or next(iter(newest), None)
+        text, w, h = self.checkpoint_note(value)
+        return gr.update(choices=fresh, value=value), gr.update(choices=fresh), gr.update(choices=fresh, value=value), \
+            text, w, h
+
+    def refresh(self):
+        """Every tab's checkpoint list, listed afresh (Generate, Compare, X/Y/Z plot)."""
+        fresh = self.choices()[0]
+        return (gr.update(choices=fresh),) * 3
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, checkpoint: str, weights: str, prompt: str, negative_prompt: str, sampler: str, steps: int,
+                 guidance_scale: float, width: int, height: int, seed: int, batch_size: int,
+                 request: gr.Request, progress=gr.Progress()):
+        """Images from one checkpoint; image i of the batch uses seed + i. Returns (gallery, parameters)."""
+        params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed, batch_size)
+        progress(0, desc="loading checkpoint")
+        try:
+            result = self.service.generate(checkpoint, weights, params, session=session_of(request),
+                                           on_step=steps_progress(progress))
+        except Exception as e:  # noqa: BLE001 - every failure becomes a message; the server keeps serving
+            raise failed("generate", e) from None
+        log.info("generated %d image(s) in %.1f s", len(result.images), result.seconds)
+        return gallery_of(result, [f"seed {r.seed}" for r in result.records])
+
+    def compare(self, checkpoints: list[str], weights: str, prompt: str, negative_prompt: str, sampler: str,
+                steps: int, guidance_scale: float, width: int, height: int, seed: int,
+                request: gr.Request, progress=gr.Progress()):
+        """One image per checkpoint (two to four), same prompt, seed and settings.
+        Returns (gallery, A/B slider of the first two, parameters)."""
+        params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed)
+
+        def on_step(k: int, n: int, done: int, total: int) -> None:
+            progress((k * total + done, n * total), desc=f"checkpoint {k + 1} of {n}", unit="steps")
+
+        try:
+            result = self.service.compare(checkpoints, weights, params, session=session_of(request),
+                                          on_step=on_step)
+        except Exception as e:  # noqa: BLE001
+            raise failed("compare", e) from None
+        items, first, texts = gallery_of(result, [f"{r.checkpoint} ({r.weights})" for r in result.records])
+        return items, tuple(result.images[:2]), first, texts
+
+    def xyz_plot(self, checkpoint: str, weights: str, prompt: str, negative_prompt: str, sampler: str, steps: int,
+                 guidance_scale: float, width: int, height: int, seed: int, x_type: str, x_values: str,
+                 y_type: str, y_values: str, z_type: str, z_values: str, batch_size: int,
+                 request: gr.Request, progress=gr.Progress()):
+        """An X/Y/Z plot: one labelled grid per Z value, and every cell as a PNG with its own parameters.
+        Returns (grids, cells, parameters)."""
+        params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed)
+        axes = [(x_type, x_values), (y_type, y_values), (z_type, z_values)]
+
+        def on_progress(fraction: float, done: int, n: int) -> None:
+            progress(fraction, desc=f"cells {done} of {n}")
+
+        try:
+            plot = self.service.xyz_plot(checkpoint, weights, params, axes, batch_size, session=session_of(request),
+                                         on_progress=on_progress)
+        except Exception as e:  # noqa: BLE001
+            raise failed("X/Y/Z plot", e) from None
+        log.info("X/Y/Z plot of %d cells in %.1f s", len(plot.cells.images), plot.cells.seconds)
+        items, first, texts = gallery_of(plot.cells, plot.captions)
+        return [(g, f"grid {k + 1} of {len(plot.grids)}") for k, g in enumerate(plot.grids)], items, first, texts
+
+    def stop(self, request: gr.Request) -> None:
+        """End this client's running generation after its current step."""
+        self.service.stop(session_of(request))
+
+    @staticmethod
+    def select(texts: list[str], evt: gr.SelectData) -> str:
+        return texts[evt.index] if isinstance(evt.index, int) and evt.index < len(texts) else ""
+
+    # -- the X/Y/Z plot's helpers ----------------------------------------------------------------
+
+    def axis_picker(self, kind: str):
+        """The pick list beside an axis: checkpoints or samplers, for the axis types that name them."""
+        from train.samplers import SAMPLERS
+
+        if kind == "checkpoint":
+            return gr.update(choices=self.choices()[0], value=[], visible=True)
+        if kind == "sampler":
+            return gr.update(choices=list(SAMPLERS), value=[], visible=True)
+        return gr.update(choices=[], value=[], visible=False)
+
+    @staticmethod
+    def picked(values: list[str] | None) -> str:
+        return "\n".join(values or [])
+
+    def prompt_file(self, path: str | None, x_type: str, y_type: str, z_type: str):
+        """A prompt file's prompts on the prompt axis (or the first free one); the upload is deleted once read."""
+        if not path:
+            return (gr.update(),) * 7
+        try:
+            prompts = read_prompt_file(path, self.limits.max_cells)
+        except WorkbenchError as e:
+            raise one_line(e) from None
+        finally:
+            self.discard(path)
+        types = [x_type, y_type, z_type]
+        target = types.index("prompt") if "prompt" in types else types.index(NONE) if NONE in types else 0
+        types[target] = "prompt"
+        values = [gr.update(value="\n".join(prompts)) if i == target else gr.update() for i in range(3)]
+        return (None, *(gr.update(value=t) for t in types), *values)
+
+    # -- PNG Info --------------------------------------------------------------------------------
+
+    def png_info(self, image: str | None):
+        """A PNG's parameters: (its text, what can be sent to Generate, and notes). The upload is deleted once read."""
+        if not image:
+            return "", {}, ""
+        try:
+            text = read_parameters(image)
+        except WorkbenchError as e:
+            raise one_line(e) from None
+        finally:
+            self.discard(image)
+        values, notes = settings_from(text, self.service.label_of_hash)
+        lines = [f"- checkpoint `{html.escape(values['checkpoint'])}`, found by its model hash"] \
+            if values["checkpoint"] else []
+        return text, values, "\n".join(lines + [f"- {html.escape(n)}" for n in notes])
+
+    def discard(self, path: str) -> None:
+        """Delete an upload once it is read: nothing a visitor sends is kept or served back. Only files the
+        upload route wrote: the same folder holds the images the app made, and those stay."""
+        if path in self.uploads:
+            self.uploads.discard(path)
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+
+    def send_to_generate(self, values: dict | None):
+        """Every control PNG Info could fill, filled; the Generate tab shown. Controls it could not fill keep theirs."""
+        values = values or {}
+        updates = [gr.update(value=values[k]) if values.get(k) is not None else gr.update()
+                   for k in ("checkpoint", "weights", "prompt", "negative_prompt", "sampler", "steps", "guidance",
+                             "width", "height", "seed")]
+        note = self.checkpoint_note(values["checkpoint"])[0] if values.get("checkpoint") else gr.update()
+        return (*updates, gr.update(value=1), note, gr.Tabs(selected="generate-tab"))
+
+    # -- Scores ----------------------------------------------------------------------------------
+
+    def scores_table(self, metric: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+        """(the plot's points, the table's rows, a note) for one metric over every results row."""
+        rows = []
+        for row in self.service.scores.rows():
+            score = next((s for s in scores_of(row) if s.metric == metric), None)
+            if score is None or not isinstance(row.get("step"), int):
+                continue
+            label = self.service.label_of_hash(row["checkpoint_hash"])
+            series = " · ".join(str(p) for p in (row.get("model") or "", setting_text(row)) if p)
+            rows.append({"checkpoint": label or "(not under the app's folders)", "step": row["step"],
+                         "series": series, METRICS[metric]: score.value, "low": score.lo, "high": score.hi,
+                         "hash": row["checkpoint_hash"]})
+        table = pd.DataFrame(rows, columns=["checkpoint", "step", "series", METRICS[metric], "low", "high", "hash"])
+        table = table.sort_values(["series", "step"], kind="stable").reset_index(drop=True)
+        note = "" if rows else f"No {METRICS[metric]} scores found: run `dwb evaluate` or give --results."
+        return table.rename(columns={METRICS[metric]: "value"}), table, note
+
+    def open_from_table(self, evt: gr.SelectData):
+        row = evt.row_value or []
+        return self._open(row[-1] if row else None)
+
+    def open_from_plot(self, metric: str, evt: gr.SelectData):
+        """The checkpoint whose step is nearest the middle of the range brushed on the plot."""
+        lo, hi = (evt.index if isinstance(evt.index, (list, tuple)) and len(evt.index) == 2 else (None, None))
+        points = self.scores_table(metric)[0]
+        points = points[points["checkpoint"] != "(not under the app's folders)"]
+        if lo is None or points.empty:
+            return self._open(None)
+        middle = (float(lo) + float(hi)) / 2
+        return self._open(points.iloc[(points["step"] - middle).abs().argsort().iloc[0]]["hash"])
+
+    def _open(self, digest: str | None):
+        label = self.service.label_of_hash(digest) if digest else None
+        if label is None:
+            gr.Warning("that point's checkpoint is not under the app's folders")
+            return gr.update(), gr.update(), gr.update(), gr.update()
+        note, w, h = self.checkpoint_note(label)
+        return gr.update(value=label), note, w, h
+
+
+def newest_first(found: list) -> list:
+    """Most recently written first: the newest checkpoint is usually the one a user wants to try."""
+    def mtime(ckpt) -> float:
+        try:
+            return ckpt.path.stat().st_mtime
+        except (OSError, AttributeError):
+            return 0.0
+
+    return sorted(found, key=mtime, reverse=True)
+
+
+def read_prompt_file(path: str | Path, limit: int) -> list[str]:
+    """The prompts of a CSV (DrawBench: ``prompt,category``) or TSV (PartiPrompts: ``Prompt<TAB>Category...``)."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            sample = f.read(4096)
+            f.seek(0)
+            rows = list(csv.reader(f, delimiter="\t" if "\t" in sample.splitlines()[0] else ","))
+    except (OSError, UnicodeDecodeError, csv.Error, IndexError) as e:
+        raise WorkbenchError(f"cannot read the prompt file ({type(e).__name__})") from None
+    header = [h.strip().lower() for h in rows[0]] if rows else []
+    column = next((i for i, h in enumerate(header) if h in ("prompt", "prompts", "text", "caption")), None)
+    if column is None:
+        raise WorkbenchError("the prompt file needs a header with a 'prompt' column (DrawBench CSV, Parti TSV)")
+    prompts = [row[column].strip() for row in rows[1:] if len(row) > column and row[column].strip()]
+    if not prompts:
+        raise WorkbenchError("the prompt file holds a header but no prompts")
+    return prompts[:limit]

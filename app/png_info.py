@@ -1,0 +1,79 @@
+"""PNG Info: the generation parameters a PNG carries (ours or AUTOMATIC1111's), as values for the controls.
+
+The ``parameters`` text chunk is read from the file's chunks before its pixels, so a PNG whose pixels would
+take gigabytes to decode costs nothing to read; text written after the pixels is looked for only in images
+of at most ``MAX_PIXELS``. Our PNGs name their checkpoint by content hash ("Model hash"), which the app looks
+up under its folders; AUTOMATIC1111's hashes (10 hex digits, of other files) find nothing, and say so.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from PIL import Image
+
+from train.errors import WorkbenchError
+from train.generation import parse_parameters
+from train.samplers import SAMPLERS
+
+MAX_PIXELS = 4096 * 4096
+WEIGHTS = {"EMA": "ema", "raw": "raw"}
+
+
+def read_parameters(path: str | Path) -> str:
+    """The ``parameters`` text of a PNG file; one-line WorkbenchError for another file or a PNG without it."""
+    try:
+        with Image.open(path, formats=["PNG"]) as image:
+            text = image.info.get("parameters")
+            if text is None and image.width * image.height <= MAX_PIXELS:
+                image.load()  # some writers put text chunks after the pixels
+                text = image.info.get("parameters")
+    except Image.DecompressionBombError:
+        text = None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise WorkbenchError(f"not a readable PNG image ({type(e).__name__})") from None
+    if not isinstance(text, str) or not text.strip():
+        raise WorkbenchError("this PNG carries no generation parameters (no 'parameters' text chunk)")
+    return text
+
+
+def _sampler(parsed: dict) -> str | None:
+    """Our sampler name; AUTOMATIC1111 1.6+ writes "Sampler: DPM++ 2M, Schedule type: Karras"."""
+    name = parsed.get("Sampler", "")
+    schedule = parsed.get("Schedule type", "")
+    for candidate in (f"{name} {schedule}".strip(), name):
+        if candidate in SAMPLERS:
+            return candidate
+    return None
+
+
+def _number(parsed: dict, key: str, kind: type):
+    try:
+        return kind(parsed[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def settings_from(text: str, label_of_hash: Callable[[str], str | None]) -> tuple[dict, list[str]]:
+    """Control values from a ``parameters`` text (None where it says nothing usable), and notes on what was
+    not carried over: ``prompt, negative_prompt, sampler, steps, guidance, width, height, seed, checkpoint,
+    weights``."""
+    parsed = parse_parameters(text)
+    size = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", parsed.get("Size", ""))
+    values = {"prompt": parsed.get("prompt", ""), "negative_prompt": parsed.get("negative_prompt", ""),
+              "sampler": _sampler(parsed), "steps": _number(parsed, "Steps", int),
+              "guidance": _number(parsed, "CFG scale", float), "width": int(size.group(1)) if size else None,
+              "height": int(size.group(2)) if size else None, "seed": _number(parsed, "Seed", int),
+              "checkpoint": None, "weights": WEIGHTS.get(parsed.get("Weights", ""))}
+    notes = []
+    if values["sampler"] is None and parsed.get("Sampler"):
+        notes.append(f"sampler {parsed['Sampler']!r} is not one of this app's; the current one is kept")
+    digest = parsed.get("Model hash", "").strip()
+    if digest:
+        values["checkpoint"] = label_of_hash(digest.lower())
+        if values["checkpoint"] is None:
+            model = f" ({parsed['Model']})" if parsed.get("Model") else ""
+            notes.append(f"no checkpoint under the app's folders has the model hash {digest}{model}; "
+                         "the current one is kept")
+    return values, notes

@@ -1,0 +1,145 @@
+"""The X/Y/Z plot's plan, without Gradio: axes, the cells they make, and the batches those are generated in.
+
+Up to three axes, each over one setting: checkpoint, guidance, steps, sampler, seed or prompt. Every other
+setting comes from the base request. A cell is one image; one grid is drawn per Z value (``app.grid``).
+
+**Order.** Checkpoint is always the outer loop (each is loaded once, whatever the axes' order); within a
+checkpoint, cells that share every setting of a pipeline call (weights, steps, sampler, guidance, size,
+negative prompt) go into calls of up to ``batch_size`` cells, prompts and seeds varying inside a call.
+**Equality.** A cell's noise comes from its own seed (``train.generation``), so a cell equals the image a
+single generation makes with its settings: bit for bit with ``batch_size`` 1, and up to float rounding in
+batched kernels otherwise (measured: at most 1 level of 255, in under 1% of values; tests/app/test_xyz.py).
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, replace
+
+from train.errors import WorkbenchError
+from train.samplers import check_sampler
+
+from .generate import MAX_SEED, GenerationParams, Limits, whole_number, shown, text, validate
+
+AXES = ("checkpoint", "guidance", "steps", "sampler", "seed", "prompt")
+NONE = "none"
+WEIGHTS_SUFFIX = re.compile(r"\s+\((ema|raw)\)\s*$", re.IGNORECASE)  # "label (raw)": one checkpoint's raw weights
+
+
+@dataclass(frozen=True)
+class Axis:
+    kind: str  # one of AXES, or NONE
+    values: tuple  # checkpoint: (label, weights or None); guidance: float; steps, seed: int; sampler, prompt: str
+    labels: tuple[str, ...]  # how the grid names each value
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+@dataclass(frozen=True)
+class Cell:
+    position: tuple[int, int, int]  # (x, y, z) indices
+    checkpoint: str  # as typed or listed (a label, a path, a hub id)
+    weights: str  # "ema" or "raw"
+    params: GenerationParams  # validated; batch size 1, its own seed
+
+    def call_key(self) -> tuple:
+        """Cells with the same key can share one pipeline call."""
+        p = self.params
+        return self.checkpoint, self.weights, p.steps, p.sampler, p.guidance, p.width, p.height, p.negative_prompt
+
+
+@dataclass(frozen=True)
+class Plan:
+    axes: tuple[Axis, Axis, Axis]  # x, y, z
+    cells: list[Cell]  # z, then y, then x
+
+    def batches(self, batch_size: int) -> list[list[Cell]]:
+        """The pipeline calls: checkpoint by checkpoint (first appearance), then by call settings, each call
+        at most ``batch_size`` cells."""
+        order: dict[tuple[str, str], int] = {}
+        for cell in self.cells:
+            order.setdefault((cell.checkpoint, cell.weights), len(order))
+        groups: dict[tuple, list[Cell]] = {}
+        for cell in sorted(self.cells, key=lambda c: order[(c.checkpoint, c.weights)]):  # stable: plot order within
+            groups.setdefault(cell.call_key(), []).append(cell)
+        return [group[i:i + batch_size] for group in groups.values() for i in range(0, len(group), batch_size)]
+
+
+def _items(name: str, values: str, by_line: bool) -> list[str]:
+    """An axis's values: one per line; numbers and samplers may also be separated by commas."""
+    lines = [line.strip() for line in values.splitlines() if line.strip()]
+    if not by_line:
+        lines = [item.strip() for line in lines for item in line.split(",") if item.strip()]
+    if not lines:
+        raise WorkbenchError(f"{name}: give at least one value")
+    return lines
+
+
+def parse_axis(name: str, kind, values, limits: Limits, weights: str = "ema") -> Axis:
+    """One axis from its kind and its values' text; ``name`` ("X axis") starts every message."""
+    kind = text(f"{name} type", kind, 20).strip().lower() or NONE
+    if kind == NONE:
+        return Axis(NONE, (None,), ("",))
+    if kind not in AXES:
+        raise WorkbenchError(f"{name}: unknown type {shown(kind)}; choose one of: {', '.join(AXES)}")
+    items = _items(name, text(f"{name} values", values, limits.max_cells * (limits.max_prompt_chars + 1)),
+                   by_line=kind in ("checkpoint", "prompt"))
+    if len(items) > limits.max_cells:
+        raise WorkbenchError(f"{name}: {len(items)} values; a plot has at most {limits.max_cells} cells")
+    parsed = [_value(f"{name} ({kind})", kind, item, limits, weights) for item in items]
+    return Axis(kind, tuple(parsed), tuple(_label(kind, v) for v in parsed))
+
+
+def _value(name: str, kind: str, item: str, limits: Limits, weights: str):
+    if kind == "checkpoint":
+        m = WEIGHTS_SUFFIX.search(item)
+        return (item[:m.start()], m.group(1).lower()) if m else (item, None)
+    if kind == "guidance":
+        try:
+            value = float(item)
+        except ValueError:
+            raise WorkbenchError(f"{name}: not a number: {shown(item)}") from None
+        if not 0 <= value <= limits.max_guidance:
+            raise WorkbenchError(f"{name}: guidance scale must be between 0 and {limits.max_guidance:g}, got {item}")
+        return value
+    if kind == "steps":
+        return whole_number(f"{name}: steps", item, 1, limits.max_steps)
+    if kind == "seed":
+        return whole_number(f"{name}: seed", item, 0, MAX_SEED)
+    if kind == "sampler":
+        check_sampler(item)
+        return item
+    return text(f"{name}: prompt", item, limits.max_prompt_chars)
+
+
+def _label(kind: str, value) -> str:
+    if kind == "checkpoint":
+        label, weights = value
+        return f"{label} ({weights})" if weights else label
+    return {"guidance": lambda: f"CFG {value:g}", "steps": lambda: f"{value} steps",
+            "seed": lambda: f"seed {value}"}.get(kind, lambda: str(value))()
+
+
+def plan(checkpoint: str, weights: str, base: GenerationParams, axes: tuple[Axis, Axis, Axis],
+         limits: Limits) -> Plan:
+    """Every cell of the plot, settings checked; one-line WorkbenchError for a plot that cannot be made."""
+    kinds = [a.kind for a in axes if a.kind != NONE]
+    if len(set(kinds)) < len(kinds):
+        raise WorkbenchError("two axes take the same setting: give each axis a different type")
+    n = len(axes[0]) * len(axes[1]) * len(axes[2])
+    if n > limits.max_cells:
+        raise WorkbenchError(f"the plot has {n} cells; at most {limits.max_cells} are allowed")
+    base = validate(replace(base, batch_size=1), limits, need_prompt="prompt" not in kinds)
+    cells = []
+    for z, y, x in itertools.product(*(range(len(a)) for a in reversed(axes))):
+        changes, ckpt, chosen = {}, checkpoint, weights
+        for axis, i in zip(axes, (x, y, z)):
+            if axis.kind == "checkpoint":
+                ckpt, chosen = axis.values[i][0], axis.values[i][1] or weights
+            elif axis.kind != NONE:
+                changes[axis.kind] = axis.values[i]  # the axis kinds are GenerationParams' field names
+        cells.append(Cell((x, y, z), ckpt, chosen, replace(base, **changes)))
+    if "checkpoint" not in kinds and not (isinstance(checkpoint, str) and checkpoint.strip()):
+        raise WorkbenchError("no checkpoint chosen: pick one, or put checkpoints on an axis")
+    return Plan(tuple(axes), cells)

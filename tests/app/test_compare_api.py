@@ -1,0 +1,138 @@
+"""`dwb app` as users start it on a network, through gradio_client and plain HTTP: the X/Y/Z plot's cells equal
+single generations, PNG Info's round trip, and each abuse refused quickly with nothing written or served."""
+import io
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+from PIL import Image, PngImagePlugin
+
+from .conftest import AppServer
+
+BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"
+UPLOAD_MB, UPLOAD_AGE = 1, 2
+
+
+@pytest.fixture(scope="module")
+def net(tree, tmp_path_factory):
+    """One server for this module, as on a network: its own temp and output folders, uploads capped at 1 MB and
+    swept after 2 s."""
+    folder = tmp_path_factory.mktemp("net")
+    temp, output = folder / "gradio-temp", folder / "output"
+    app = AppServer([tree.root], "--host", "127.0.0.1", "--output", str(output), "--max-upload-mb", str(UPLOAD_MB),
+                    "--upload-max-age", str(UPLOAD_AGE), log=folder / "app.log", env={"GRADIO_TEMP_DIR": str(temp)})
+    app.launch().wait_ready()
+    app.temp, app.written = temp, output
+    yield app
+    app.stop()
+
+
+@pytest.fixture
+def api(net, tmp_path):
+    return Client(net.url, verbose=False, download_files=str(tmp_path))
+
+
+def files(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if p.is_file()} if folder.exists() else set()
+
+
+def generate(api, **kw):
+    args = dict(checkpoint=BA4, weights="ema", prompt="two blue squares", negative_prompt="", sampler="Euler a",
+                steps=3, guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1)
+    return api.predict(**{**args, **kw}, api_name="/generate")
+
+
+def pixels(path) -> np.ndarray:
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def test_xyz_plot_cells_equal_single_generations(api):
+    grids, cells, text = api.predict(
+        checkpoint=BA4, weights="ema", prompt="two blue squares", negative_prompt="", sampler="Euler a", steps=3,
+        guidance_scale=5.0, width=16, height=16, seed=7, x_type="checkpoint", x_values=f"{BA2}\n{BA4}",
+        y_type="seed", y_values="11, 12", z_type="none", z_values="", batch_size=1, api_name="/xyz_plot")
+    assert len(grids) == 1 and len(cells) == 4
+    assert [c["caption"] for c in cells] == [f"{BA2} | seed 11", f"{BA4} | seed 11", f"{BA2} | seed 12",
+                                             f"{BA4} | seed 12"]
+    for cell in cells:
+        checkpoint, seed = cell["caption"].split(" | seed ")
+        alone = generate(api, checkpoint=checkpoint, seed=int(seed))[0][0]
+        assert np.array_equal(pixels(cell["image"]), pixels(alone["image"])), cell["caption"]  # bit for bit
+    assert "Seed: 11" in text and f"Model: {BA2}" in text
+    grid = Image.open(grids[0]["image"])
+    assert grid.width > 2 * 128 and grid.height > 2 * 128  # two enlarged cells per side, with labels
+
+
+def test_png_info_round_trip_regenerates_the_same_image(api, net, tmp_path):
+    made = generate(api, prompt="a red circle", negative_prompt="blue", sampler="DDIM", steps=4, guidance_scale=6.0,
+                    seed=21)[0][0]["image"]
+    marked = tmp_path / "marked.png"
+    with Image.open(made) as im:
+        info = PngImagePlugin.PngInfo()
+        info.add_text("parameters", im.text["parameters"])
+        info.add_text("marker", "dwb-upload-marker-8c1f")  # tells this upload apart from the app's own copy
+        im.save(marked, pnginfo=info)
+    text, values, notes = api.predict(image=handle_file(str(marked)), api_name="/png_info")
+    leftovers = [p for p in files(net.temp) if b"dwb-upload-marker-8c1f" in p.read_bytes()]
+    assert not leftovers  # the upload was deleted once read (before the sweep's 2 s)
+    assert "Seed: 21" in text and values["checkpoint"] == BA4 and "found by its model hash" in notes
+    assert (values["prompt"], values["negative_prompt"], values["sampler"], values["steps"], values["guidance"],
+            values["seed"], values["weights"]) == ("a red circle", "blue", "DDIM", 4, 6.0, 21, "ema")
+    again = generate(api, checkpoint=values["checkpoint"], weights=values["weights"], prompt=values["prompt"],
+                     negative_prompt=values["negative_prompt"], sampler=values["sampler"], steps=values["steps"],
+                     guidance_scale=values["guidance"], width=values["width"], height=values["height"],
+                     seed=values["seed"])[0][0]["image"]
+    assert np.array_equal(pixels(again), pixels(made))
+
+
+def test_huge_prompts_and_lists_are_refused_at_once_with_nothing_written(api, net):
+    before = files(net.temp) | files(net.written)
+    cases = [(dict(prompt="x" * 1_000_000), "prompt is 1,000,000 characters long; at most 2,000 are accepted"),
+             (dict(negative_prompt="y" * 1_000_000), "negative prompt is 1,000,000 characters long"),
+             (dict(prompt=["a red circle", "two blue squares"]), "prompt must be text, got list"),
+             (dict(checkpoint=[BA2, BA4]), "a checkpoint is named by one text, got list"),
+             (dict(sampler=["DDIM"]), "sampler must be text, got list"),
+             (dict(steps=[3]), "steps must be a whole number, got [3]")]
+    for change, message in cases:
+        t0 = time.perf_counter()
+        with pytest.raises(AppError) as e:
+            generate(api, **change)
+        assert time.perf_counter() - t0 < 1.0, message
+        assert message in str(e.value) and "\n" not in str(e.value) and "Traceback" not in str(e.value)
+    with pytest.raises(AppError, match="X axis values must be text, got list"):
+        api.predict(BA4, "ema", "a", "", "DDIM", 3, 5.0, 16, 16, 7, "seed", ["1", "2"], "none", "", "none", "", 1,
+                    api_name="/xyz_plot")
+    assert files(net.temp) | files(net.written) == before
+
+
+def test_messages_name_checkpoints_by_label_never_by_server_path(api, tree):
+    with pytest.raises(AppError) as e:
+        generate(api, checkpoint=str(tree.root / "tiny-phase1" / "ep0-ba99-rank0.pt"))
+    assert "ep0-ba99-rank0.pt" in str(e.value) and str(tree.root) not in str(e.value)
+    with pytest.raises(AppError) as e:
+        generate(api, checkpoint="broken/ep0-ba9-rank0.pt")
+    assert "broken/ep0-ba9-rank0.pt" in str(e.value) and str(tree.root) not in str(e.value)
+
+
+def test_uploads_are_capped_and_never_kept(net):
+    before = files(net.temp)
+    big = io.BytesIO(b"\x89PNG" + bytes(UPLOAD_MB * 2**20 + 1))
+    r = httpx.post(f"{net.url}/gradio_api/upload", files={"files": ("big.png", big, "image/png")}, timeout=30)
+    assert r.status_code == 413
+    assert files(net.temp) == before  # nothing of it landed in the temp folder
+
+    r = httpx.post(f"{net.url}/gradio_api/upload", files={"files": ("small.png", b"not read by any event")},
+                   timeout=30)
+    assert r.status_code == 200
+    path = r.json()[0]
+    assert httpx.get(f"{net.url}/gradio_api/file={path}", timeout=10).status_code == 200
+    deadline = time.monotonic() + 4 * UPLOAD_AGE + 5
+    while Path(path).exists():  # an upload no event read is swept after --upload-max-age seconds
+        assert time.monotonic() < deadline, "the unread upload was not swept"
+        time.sleep(0.25)
+    assert httpx.get(f"{net.url}/gradio_api/file={path}", timeout=10).status_code in (403, 404)

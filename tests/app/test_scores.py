@@ -1,0 +1,90 @@
+"""Scores beside checkpoints and PNG Info, without a server: the results store and a study joined to checkpoints
+by content hash, the Scores tab's table, and the parameters of our PNGs and AUTOMATIC1111's."""
+import json
+
+import pytest
+
+from app.handlers import Handlers
+from app.png_info import read_parameters, settings_from
+from app.service import Service
+from train.checkpoints import content_hash, find_checkpoint
+from train.errors import WorkbenchError
+
+BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"
+
+
+@pytest.fixture(scope="module")
+def hashes(tree):
+    return {label: content_hash(find_checkpoint(path)) for label, path in ((BA2, tree.ba2), (BA4, tree.ba4))}
+
+
+@pytest.fixture(scope="module")
+def handlers(tree, hashes, tmp_path_factory):
+    """Two stores (one beside the run with intervals, one given with --results from before intervals) and a study."""
+    folder = tmp_path_factory.mktemp("scores")
+    beside = tree.ba2.parent / "results.jsonl"
+    rows = [dict(checkpoint="/elsewhere/ba2.pt", checkpoint_hash=hashes[BA2], model="tiny", step=2, guidance=5.0,
+                 scheduler="DDIM", weights="ema", status="ok", fid=310.5, fid_lo=290.25, fid_hi=333.0),
+            dict(checkpoint="/elsewhere/ba4.pt", checkpoint_hash=hashes[BA4], model="tiny", step=4, guidance=5.0,
+                 scheduler="DDIM", weights="ema", status="ok", fid=280.0, fid_lo=262.0, fid_hi=301.0,
+                 clip_score=21.5, clip_score_lo=20.5, clip_score_hi=22.5),
+            dict(checkpoint_hash=hashes[BA4], step=4, status="error", fid=1.0)]  # a failed row is not a score
+    beside.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"torn")
+    (folder / "old").mkdir()
+    (folder / "old" / "results.jsonl").write_text(json.dumps(dict(checkpoint_hash=hashes[BA2], step=2, guidance=7.5,
+                                                                  fid=300.0)) + "\n")
+    study = folder / "study"
+    (study / "report").mkdir(parents=True)
+    (study / "report" / "results.json").write_text(json.dumps({
+        "study": "s1", "model_info": {"m-a": {"checkpoint_hash": hashes[BA4]}, "m-b": {"checkpoint_hash": hashes[BA2]}},
+        "comparisons": [{"question": "overall", "model_a": "m-a", "model_b": "m-b", "rate_a": 0.75, "decisive": 40,
+                         "wilson": [0.6, 0.86], "two_way": [0.55, 0.9]}]}))
+    yield Handlers(Service([tree.root], results=[folder / "old"], studies=[study]))
+    beside.unlink()
+
+
+def test_checkpoint_note_shows_metrics_with_intervals_and_win_rates_joined_by_hash(handlers):
+    note = handlers.checkpoint_note(BA4)[0]
+    assert "FID 280 [262, 301]" in note and "CLIP score 21.5 [20.5, 22.5]" in note
+    assert "FID 1 " not in note  # the failed row
+    assert "preferred 75% [55%, 90%] of 40 decisive votes against `tiny-phase1/ep0-ba2-rank0.pt`" in note
+    other = handlers.checkpoint_note(BA2)[0]
+    assert "FID 310.5 [290.2, 333]" in other and "(guidance 7.5): FID 300" in other  # both stores; no interval
+    assert "preferred 25% [10%, 45%]" in other  # the same comparison from model b's side
+    assert "scores" not in handlers.checkpoint_note("export-ba4")[0]  # no row has its hash
+
+
+def test_scores_tab_plots_the_metric_against_step_and_opens_a_checkpoint(handlers, hashes):
+    points, table, note = handlers.scores_table("fid")
+    assert note == "" and len(table) == 3  # two rows beside the run, one from the older --results store
+    ours = table[table["series"].str.contains("DDIM")]
+    assert list(ours["step"]) == [2, 4] and list(ours["FID"]) == [310.5, 280.0]
+    assert list(ours["low"]) == [290.25, 262.0] and list(ours["checkpoint"]) == [BA2, BA4]
+    assert list(points.columns[:5]) == ["checkpoint", "step", "series", "value", "low"]
+    assert handlers._open(hashes[BA4])[0]["value"] == BA4
+    assert "No CMMD scores" in handlers.scores_table("cmmd")[2]
+
+
+A1111 = ("a photo of a cat, masterpiece\nNegative prompt: blurry\nSteps: 20, Sampler: DPM++ 2M, Schedule type: "
+         "Karras, CFG scale: 7, Seed: 1234, Size: 512x768, Model hash: 6ce0161689, Model: v1-5-pruned-emaonly")
+
+
+def test_png_info_reads_automatic1111_parameters_and_says_what_it_cannot_carry():
+    values, notes = settings_from(A1111, lambda digest: None)
+    assert values == dict(prompt="a photo of a cat, masterpiece", negative_prompt="blurry", sampler="DPM++ 2M Karras",
+                          steps=20, guidance=7.0, width=512, height=768, seed=1234, checkpoint=None, weights=None)
+    assert notes == ["no checkpoint under the app's folders has the model hash 6ce0161689 (v1-5-pruned-emaonly); "
+                     "the current one is kept"]
+    values, notes = settings_from(A1111.replace("DPM++ 2M", "DPM++ SDE"), lambda digest: None)
+    assert values["sampler"] is None and "sampler 'DPM++ SDE' is not one of this app's" in notes[0]
+
+
+def test_png_info_refuses_other_files_in_one_line(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
+    Image.new("RGB", (8, 8)).save(tmp_path / "bare.png")
+    with pytest.raises(WorkbenchError, match="not a readable PNG image"):
+        read_parameters(tmp_path / "a.png")
+    with pytest.raises(WorkbenchError, match="carries no generation parameters"):
+        read_parameters(tmp_path / "bare.png")
