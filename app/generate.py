@@ -14,7 +14,7 @@ from PIL import Image
 
 from train.errors import WorkbenchError
 from train.generation import ImageRecord, Settings, StepHook, Stopped, generate_images  # noqa: F401 - app's names
-from train.samplers import DEFAULT_SAMPLER, SAMPLERS, check_sampler
+from train.samplers import DEFAULT_SAMPLER, check_sampler
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a random one
 
