@@ -151,19 +151,17 @@ def test_empty_dataset_is_refused(components, tmp_path):
         build_trainer(load_config(PHASE1, over))
 
 
-def test_cli_export_and_sample(phase1, tmp_path):
+def test_cli_export_and_sample(phase1, tmp_path, dwb):
     from PIL import Image
 
-    from ..conftest import run_dwb
-
     ckpt = phase1 / "ep0-ba4-rank0.pt"
-    r = run_dwb("export", str(ckpt), str(tmp_path / "exp"), "--ema")
+    r = dwb("export", str(ckpt), str(tmp_path / "exp"), "--ema")
     assert r.returncode == 0 and "exported EMA weights" in r.stdout, r.stderr
     assert (tmp_path / "exp" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
-    again = run_dwb("export", str(ckpt), str(tmp_path / "exp"))
+    again = dwb("export", str(ckpt), str(tmp_path / "exp"))
     assert again.returncode == 1 and "is not empty" in again.stderr  # never overwrites an export
-    r = run_dwb("sample", str(tmp_path / "exp"), str(tmp_path / "grid.png"), "--prompt", "a red circle",
-                "--prompt", "two blue squares", "--seeds", "3", "--steps", "2")
+    r = dwb("sample", str(tmp_path / "exp"), str(tmp_path / "grid.png"), "--prompt", "a red circle",
+            "--prompt", "two blue squares", "--seeds", "3", "--steps", "2")
     assert r.returncode == 0, r.stderr
     grid = Image.open(tmp_path / "grid.png")
     assert grid.size == (300 + 3 * 96, 24 + 2 * 96)
