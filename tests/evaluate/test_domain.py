@@ -26,7 +26,7 @@ def scorer_data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(scorer_data, tmp_path_factory):
     path = tmp_path_factory.mktemp("scorer") / "scorer.pt"
-    info = train_scorer(scorer_data, path, epochs=6, seed=0, progress=False)
+    info = train_scorer(scorer_data, path, epochs=5, seed=0, progress=False)  # held out, one thread: 0.971 mean, 0.913 worst
     return path, info
 
 
