@@ -84,7 +84,7 @@ def test_one_generation_path_gives_the_same_image_in_the_grid_evaluate_and_the_a
     evaluated = np.asarray(Image.open(tmp_path / "eval" / records[0].path).convert("RGB"))
     grid = generate(pipe, [PROMPT], [seed], steps=4, guidance=4.0, size=16, sampler="DPM++ 2M")[0, 0]
     app = Service([tiny_run], cache_size=1).generate(
-        "ep0-ba4-rank0.pt", "ema", GenerationParams(PROMPT, scheduler="DPM++ 2M", steps=4, guidance=4.0, width=16,
+        "ep0-ba4-rank0.pt", "ema", GenerationParams(PROMPT, sampler="DPM++ 2M", steps=4, guidance=4.0, width=16,
                                                     height=16, seed=seed))
     assert np.array_equal(evaluated, grid) and np.array_equal(grid, np.asarray(app.images[0]))
     assert app.records[0].checkpoint_hash == records[0].checkpoint_hash == content_hash(ckpt)
@@ -373,11 +373,11 @@ def test_hub_ids_and_single_files_open_in_sample_evaluate_and_the_app(hub_cache,
     roots = [single.parent]
     app = Service(roots, cache_size=1)
     assert {c.label for c in app.checkpoints()} >= {"sd2.safetensors", "sd2.ckpt", "sd1.safetensors"}
-    made = app.generate("sd2.safetensors", "ema", GenerationParams(PROMPT, scheduler="DPM++ 2M", steps=3, guidance=3.0,
+    made = app.generate("sd2.safetensors", "ema", GenerationParams(PROMPT, sampler="DPM++ 2M", steps=3, guidance=3.0,
                                                                    width=32, height=32, seed=9))
     assert np.array_equal(np.asarray(made.images[0]), reference[0])
     assert np.array_equal(np.asarray(app.generate(hub_cache.repo, "ema", GenerationParams(
-        PROMPT, scheduler="DPM++ 2M", steps=3, guidance=3.0, width=32, height=32, seed=9)).images[0]), reference[0])
+        PROMPT, sampler="DPM++ 2M", steps=3, guidance=3.0, width=32, height=32, seed=9)).images[0]), reference[0])
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(WorkbenchError, match="not in the"):
         app.open(hub_cache.repo)

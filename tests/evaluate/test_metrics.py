@@ -99,9 +99,10 @@ def _compare_with_torchmetrics(weights, dim: int) -> None:
     assert fid == pytest.approx(ref, rel=1e-6)  # the same float64 formula; torchmetrics returns float32
     reference = FrechetReference.from_stats(ours["real"])  # the symmetric form the runs use
     assert reference.distance_to(ours["fake"]) == pytest.approx(fid, rel=1e-6)  # rank-deficient: eig is less exact
-    assert abs(fid_from_stats(ours["real"], ours["real"])) < 1e-6 * fid  # a set with itself (8 images: rank 7)
-    assert abs(reference.distance_to(ours["real"])) < 1e-6 * fid
-    assert fid > 5 * fid_from_stats(ours["real"], ours["other"]) > 0  # another distribution, far beyond another draw
+    assert abs(reference.distance_to(ours["real"])) < 1e-6 * fid  # a set with itself (8 images: rank 7)
+    if dim < 2048:  # the plain route's general eigenproblems once more each: seconds at 64-d, a minute at 2048-d
+        assert abs(fid_from_stats(ours["real"], ours["real"])) < 1e-6 * fid
+        assert fid > 5 * fid_from_stats(ours["real"], ours["other"]) > 0  # another distribution, beyond another draw
 
     kid = KernelInceptionDistance(feature=tm.inception, subsets=3, subset_size=8)
     kid.update(real, real=True)
