@@ -95,12 +95,12 @@ def _compare_with_torchmetrics(weights, dim: int) -> None:
     tm.update(real, real=True)
     tm.update(fake, real=False)
     ref = float(tm.compute())
-    fid = fid_from_stats(ours["real"], ours["fake"])
-    assert fid == pytest.approx(ref, rel=1e-6)  # the same float64 formula; torchmetrics returns float32
     reference = FrechetReference.from_stats(ours["real"])  # the symmetric form the runs use
-    assert reference.distance_to(ours["fake"]) == pytest.approx(fid, rel=1e-6)  # rank-deficient: eig is less exact
+    fid = reference.distance_to(ours["fake"])
+    assert fid == pytest.approx(ref, rel=2e-6)  # the same float64 value; torchmetrics returns float32
     assert abs(reference.distance_to(ours["real"])) < 1e-6 * fid  # a set with itself (8 images: rank 7)
-    if dim < 2048:  # the plain route's general eigenproblems once more each: seconds at 64-d, a minute at 2048-d
+    if dim < 2048:  # the plain route's general eigenproblems: seconds at 64-d, 25-40 s each at 2048-d on one core
+        assert fid_from_stats(ours["real"], ours["fake"]) == pytest.approx(ref, rel=1e-6)
         assert abs(fid_from_stats(ours["real"], ours["real"])) < 1e-6 * fid
         assert fid > 5 * fid_from_stats(ours["real"], ours["other"]) > 0  # another distribution, beyond another draw
 
