@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streaming import MDSWriter
-
 from .errors import WorkbenchError
 
 
@@ -20,8 +18,10 @@ def image_columns(image_format: str) -> dict[str, str]:
     return {"image": image_format, "caption": "str", "meta": "json"}
 
 
-def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "64mb") -> MDSWriter:
+def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "64mb"):
     """An MDSWriter for one bucket folder; refuses to mix into an existing dataset."""
+    from streaming import MDSWriter  # Streaming imports transformers' auto classes (seconds); counting needs none
+
     out = Path(out)
     if (out / "index.json").exists():
         raise WorkbenchError(f"{out} already holds an MDS dataset; choose an empty folder")
