@@ -187,36 +187,12 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
     kept = [v for v in votes if v["rater_id"] not in excluded]
     main = [v for v in kept if study.by_id[v["pair_id"]].kind == "main"]
 
-    groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
-    for v in main:
-        groups[(v["question"], *study.models_of(study.by_id[v["pair_id"]]))].append(v)
-    comparisons = []
-    model_pairs = [(a, b) for i, a in enumerate(study.models) for b in study.models[i + 1:]]
-    keys = [(q, a, b) for q in study.question_ids for a, b in model_pairs]
-    for q, a, b in tqdm(keys, desc="comparisons", disable=None if progress else True):
-        group = groups.get((q, a, b), [])
-        result = {"question": q, "model_a": a, "model_b": b, **preference(group), **clustered(group, study, n_boot, rng)}
-        result["plan"] = sample_size_plan(result, target_width)
-        by_category: dict[str, list[dict]] = defaultdict(list)
-        for v in group:
-            by_category[study.prompts[study.by_id[v["pair_id"]].prompt].category or NO_CATEGORY].append(v)
-        result["categories"] = [{"category": c, **preference(vs)} for c, vs in sorted(by_category.items())]
-        comparisons.append(result)
-
+    comparisons = _comparisons(main, study, n_boot, rng, target_width, progress)
     bt = {}
     if len(study.models) >= 3:
         for q in study.question_ids:
             bt[q] = bradley_terry([v for v in main if v["question"] == q], study, max(200, n_boot // 2), rng)
-
-    agreement = {}
-    for q in study.question_ids:
-        units: dict[str, list[str]] = defaultdict(list)
-        for v in main:
-            if v["question"] == q:
-                units[v["pair_id"]].append(v["choice"])
-        agreement[q] = {"krippendorff_alpha": krippendorff_alpha_nominal(units.values()),
-                        "units_rated_twice_or_more": sum(len(u) >= 2 for u in units.values())}
-
+    agreement = {q: _agreement([v for v in main if v["question"] == q]) for q in study.question_ids}
     consistency = self_consistency(kept, study)
     raters = rater_table(votes, gold, consistency, excluded, labels or {})
 
@@ -235,3 +211,33 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
         "stopping": stopping(main, study, comparisons, target_width), "agreement": agreement, "gold": gold,
         "consistency": consistency, "raters": raters,
     })
+
+
+def _comparisons(main: list[dict], study: Study, n_boot: int, rng: np.random.Generator, target_width: float,
+                 progress: bool) -> list[dict]:
+    """One result per question and model pair: preference rate, clustered interval, plan, rates per category."""
+    groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    for v in main:
+        groups[(v["question"], *study.models_of(study.by_id[v["pair_id"]]))].append(v)
+    comparisons = []
+    model_pairs = [(a, b) for i, a in enumerate(study.models) for b in study.models[i + 1:]]
+    keys = [(q, a, b) for q in study.question_ids for a, b in model_pairs]
+    for q, a, b in tqdm(keys, desc="comparisons", disable=None if progress else True):
+        group = groups.get((q, a, b), [])
+        result = {"question": q, "model_a": a, "model_b": b, **preference(group), **clustered(group, study, n_boot, rng)}
+        result["plan"] = sample_size_plan(result, target_width)
+        by_category: dict[str, list[dict]] = defaultdict(list)
+        for v in group:
+            by_category[study.prompts[study.by_id[v["pair_id"]].prompt].category or NO_CATEGORY].append(v)
+        result["categories"] = [{"category": c, **preference(vs)} for c, vs in sorted(by_category.items())]
+        comparisons.append(result)
+    return comparisons
+
+
+def _agreement(votes: list[dict]) -> dict:
+    """Krippendorff's alpha between raters over the pairs of one question's votes."""
+    units: dict[str, list[str]] = defaultdict(list)
+    for v in votes:
+        units[v["pair_id"]].append(v["choice"])
+    return {"krippendorff_alpha": krippendorff_alpha_nominal(units.values()),
+            "units_rated_twice_or_more": sum(len(u) >= 2 for u in units.values())}

@@ -12,6 +12,7 @@ from typing import BinaryIO
 INTERVALS = {"two_way": "clustered by prompt and rater", "bootstrap_prompt": "bootstrap by prompt",
              "bootstrap_rater": "bootstrap by rater", "wilson": "Wilson"}
 LABELS = {"quality": "Image quality", "alignment": "Prompt alignment"}
+COLORS = ("#3b6fb6", "#d9822b")  # model A, model B (and alternate questions in the Bradley-Terry panel)
 
 
 def _nan(x) -> float:
@@ -19,63 +20,69 @@ def _nan(x) -> float:
 
 
 def plot_preferences(results: dict, out: str | Path | BinaryIO, interval: str = "two_way") -> None:
-    """Write the preference chart of `analyze`'s results as PNG to a path or a binary file."""
+    """Write the preference chart of `analyze`'s results as PNG to a path or a binary file: a panel per model
+    pair (each question's preference rates with their intervals), and one of Bradley-Terry scores if fitted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    comparisons = results["comparisons"]
-    questions = list(results["questions"])
-    pairs = list(dict.fromkeys((c["model_a"], c["model_b"]) for c in comparisons))
+    pairs = list(dict.fromkeys((c["model_a"], c["model_b"]) for c in results["comparisons"]))
     bt = {q: rows for q, rows in results.get("bradley_terry", {}).items() if rows}
     panels = len(pairs) + (1 if bt else 0)
     cols = min(3, panels)
     rows = math.ceil(panels / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
-    colors = ("#3b6fb6", "#d9822b")
-    width = 0.36
     for ax, (a, b) in zip(axes.flat, pairs):
-        for qi, q in enumerate(questions):
-            c = next(c for c in comparisons if (c["question"], c["model_a"], c["model_b"]) == (q, a, b))
-            rate = _nan(c["rate_a"])
-            lo, hi = (_nan(x) for x in c[interval])
-            for side, (share, err_lo, err_hi) in enumerate(((rate, rate - lo, hi - rate), (1 - rate, hi - rate, rate - lo))):
-                x = qi + (side - 0.5) * width
-                ax.bar(x, 100 * share if not math.isnan(share) else 0, width, color=colors[side],
-                       label=(a, b)[side] if qi == 0 else None)
-                if not math.isnan(share):
-                    ax.errorbar(x, 100 * share, yerr=[[100 * err_lo], [100 * err_hi]], color="black", capsize=4, lw=1)
-                    ax.text(x, 3, f"{100 * share:.0f}%", ha="center", fontsize=8, color="white", fontweight="bold")
-            ties = _nan(c["tie_rate"])
-            ax.text(qi, -12, f"n={c['decisive']} decisive\nties {100 * ties:.0f}%" if not math.isnan(ties) else "no votes",
-                    ha="center", va="top", fontsize=8)
-        ax.axhline(50, color="grey", ls="--", lw=1)
-        ax.set_xticks(range(len(questions)), [LABELS.get(q, q) for q in questions])
-        ax.set_ylim(0, 118)
-        ax.set_yticks(range(0, 101, 20))
-        ax.set_ylabel("preferred (% of decisive votes)")
-        ax.set_title(f"{a} vs {b}", fontsize=10)
-        ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
+        _pair_panel(ax, results, a, b, interval)
     if bt:
-        ax = axes.flat[len(pairs)]
-        models = results["models"]
-        step = 0.8 / len(bt)
-        for qi, (q, rows_) in enumerate(bt.items()):
-            by_model = {r["model"]: r for r in rows_}
-            xs = [i + (qi - (len(bt) - 1) / 2) * step for i in range(len(models))]
-            ys = [_nan(by_model[m]["score"]) for m in models]
-            err = [[y - _nan(by_model[m]["interval"][0]) for m, y in zip(models, ys)],
-                   [_nan(by_model[m]["interval"][1]) - y for m, y in zip(models, ys)]]
-            ax.bar(xs, ys, step, yerr=err, capsize=3, label=LABELS.get(q, q), color=colors[qi % 2], ecolor="black")
-        ax.axhline(0, color="grey", lw=1)
-        ax.set_xticks(range(len(models)), models, rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("Bradley-Terry score (log-strength)")
-        ax.set_title("Bradley-Terry, 95% bootstrap by prompt", fontsize=10)
-        ax.legend(fontsize=8)
+        _bradley_terry_panel(axes.flat[len(pairs)], results["models"], bt)
     for ax in list(axes.flat)[panels:]:
         ax.axis("off")
     fig.suptitle(f"Human preference, 95% intervals ({INTERVALS[interval]})", fontsize=11)
     fig.tight_layout()
     fig.savefig(out, format="png", dpi=120)
     plt.close(fig)
+
+
+def _pair_panel(ax, results: dict, a: str, b: str, interval: str) -> None:
+    """Model ``a`` against ``b``: for each question, both models' shares of decisive votes with error bars."""
+    questions, width = list(results["questions"]), 0.36
+    for qi, q in enumerate(questions):
+        c = next(c for c in results["comparisons"] if (c["question"], c["model_a"], c["model_b"]) == (q, a, b))
+        rate = _nan(c["rate_a"])
+        lo, hi = (_nan(x) for x in c[interval])
+        for side, (share, err_lo, err_hi) in enumerate(((rate, rate - lo, hi - rate), (1 - rate, hi - rate, rate - lo))):
+            x = qi + (side - 0.5) * width
+            ax.bar(x, 100 * share if not math.isnan(share) else 0, width, color=COLORS[side],
+                   label=(a, b)[side] if qi == 0 else None)
+            if not math.isnan(share):
+                ax.errorbar(x, 100 * share, yerr=[[100 * err_lo], [100 * err_hi]], color="black", capsize=4, lw=1)
+                ax.text(x, 3, f"{100 * share:.0f}%", ha="center", fontsize=8, color="white", fontweight="bold")
+        ties = _nan(c["tie_rate"])
+        ax.text(qi, -12, f"n={c['decisive']} decisive\nties {100 * ties:.0f}%" if not math.isnan(ties) else "no votes",
+                ha="center", va="top", fontsize=8)
+    ax.axhline(50, color="grey", ls="--", lw=1)
+    ax.set_xticks(range(len(questions)), [LABELS.get(q, q) for q in questions])
+    ax.set_ylim(0, 118)
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_ylabel("preferred (% of decisive votes)")
+    ax.set_title(f"{a} vs {b}", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
+
+
+def _bradley_terry_panel(ax, models: list[str], bt: dict[str, list[dict]]) -> None:
+    """Each model's Bradley-Terry score with its interval, side by side for each question."""
+    step = 0.8 / len(bt)
+    for qi, (q, rows) in enumerate(bt.items()):
+        by_model = {r["model"]: r for r in rows}
+        xs = [i + (qi - (len(bt) - 1) / 2) * step for i in range(len(models))]
+        ys = [_nan(by_model[m]["score"]) for m in models]
+        err = [[y - _nan(by_model[m]["interval"][0]) for m, y in zip(models, ys)],
+               [_nan(by_model[m]["interval"][1]) - y for m, y in zip(models, ys)]]
+        ax.bar(xs, ys, step, yerr=err, capsize=3, label=LABELS.get(q, q), color=COLORS[qi % 2], ecolor="black")
+    ax.axhline(0, color="grey", lw=1)
+    ax.set_xticks(range(len(models)), models, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("Bradley-Terry score (log-strength)")
+    ax.set_title("Bradley-Terry, 95% bootstrap by prompt", fontsize=10)
+    ax.legend(fontsize=8)

@@ -221,8 +221,12 @@ def cmd_report(args) -> None:
 def register(sub) -> None:
     he = sub.add_parser("human-eval", help="blind pairwise A/B rating in the browser, with confidence intervals")
     he_sub = he.add_subparsers(dest="human_eval_command", required=True, metavar="HUMAN_EVAL_COMMAND")
+    for add in (_add_create, _add_serve, _add_links, _add_report):
+        add(he_sub)
 
-    p = he_sub.add_parser("create", help="build a study from sample manifests or image folders")
+
+def _add_create(sub) -> None:
+    p = sub.add_parser("create", help="build a study from sample manifests or image folders")
     p.add_argument("study", help="a new folder for the study")
     p.add_argument("--samples", action="append", metavar="[LABEL=]MANIFEST",
                    help="a manifest.jsonl from `dwb evaluate` (repeatable; one per model, or several models in one)")
@@ -241,7 +245,9 @@ def register(sub) -> None:
                    help="the stopping rule's interval width, e.g. 0.1 for +-5 points (default)")
     p.set_defaults(func=cmd_create)
 
-    p = he_sub.add_parser("serve", help="serve a study to raters (FastAPI under uvicorn)")
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve a study to raters (FastAPI under uvicorn)")
     p.add_argument("study")
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept raters from other machines")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -253,14 +259,18 @@ def register(sub) -> None:
                    help="new raters one client address may start a minute (default 60; 0: no limit)")
     p.set_defaults(func=cmd_serve)
 
-    p = he_sub.add_parser("links", help="per-rater links (id and key) for raters you know in advance")
+
+def _add_links(sub) -> None:
+    p = sub.add_parser("links", help="per-rater links (id and key) for raters you know in advance")
     p.add_argument("study")
     p.add_argument("raters", nargs="*", help="rater ids, e.g. crowd worker ids")
     p.add_argument("--from-file", metavar="FILE", help="more rater ids, one a line")
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="where the study is served")
     p.set_defaults(func=cmd_links)
 
-    p = he_sub.add_parser("report", help="preference rates, intervals, Bradley-Terry, agreement; CSV, JSON and PNG")
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="preference rates, intervals, Bradley-Terry, agreement; CSV, JSON and PNG")
     p.add_argument("study")
     p.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: STUDY/votes.sqlite)")
     p.add_argument("--out", help="output folder (default: STUDY/report)")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from .servers import ServerProcess, free_port
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2`: one core per worker and for what it starts; two
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torch threads per worker on 2 cores spin against each other
     os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -15,6 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2`: one core per worker 
 REPO = Path(__file__).resolve().parent.parent
 # Shared data (DrawBench, PartiPrompts) lives beside the checkout; DWB_SHARED points elsewhere.
 SHARED = Path(os.environ.get("DWB_SHARED", REPO.parent / "shared"))
+DWB = Path(sys.executable).parent / "dwb"  # the console script users run
 
 
 @pytest.fixture(scope="session")
@@ -60,9 +63,8 @@ def tiny_overrides(shapes_data: Path, components: Path, save_folder: Path, res: 
 
 def run_dwb(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """The console script, started the way users start it."""
-    exe = Path(sys.executable).parent / "dwb"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([str(exe), *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([str(DWB), *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture
@@ -142,35 +144,13 @@ def checkpoints(tiny_run) -> Path:
     return tiny_run
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the one port helper of the suite)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_server():
     """A local S3-compatible store: moto's server on 127.0.0.1, with test credentials in the environment."""
-    import time
-    import urllib.request
-
     port = free_port()
-    exe = Path(sys.executable).parent / "moto_server"
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            break
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("moto server did not start")
+    moto = ServerProcess([Path(sys.executable).parent / "moto_server", "-H", "127.0.0.1", "-p", port], port=port)
+    moto.start()
+    url = moto.url
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "S3_ENDPOINT_URL": url}
     saved = {k: os.environ.get(k) for k in env}
@@ -181,8 +161,7 @@ def s3_server():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    proc.terminate()
-    proc.wait(timeout=10)
+    moto.stop()
 
 
 def upload_folder(folder: Path, bucket: str, prefix: str) -> str:

@@ -2,20 +2,43 @@
 
 Two tests start the console script itself; the others call its `main` in this process (the same code
 after the entry point, without the 5-10 s of imports each new process pays)."""
+import itertools
+import re
+
 import pytest
 
-from .conftest import run_dwb
+from .conftest import REPO, run_dwb
 
 
+def readme_commands() -> list[tuple[list[str], list[str]]]:
+    """(command words, options) of each row of the README's command table: `dwb data shapes OUT [--n N ...]`."""
+    rows = re.findall(r"^\| `dwb ([^`]+)` \|", (REPO / "README.md").read_text(), flags=re.MULTILINE)
+    assert len(rows) >= 10, "the README's command table was not found"
+    commands = []
+    for row in rows:
+        words = list(itertools.takewhile(lambda w: re.fullmatch(r"[a-z][a-z-]*", w), row.split()))
+        commands.append((words, re.findall(r"--[a-z][a-z-]*", row)))
+    return commands
 
-@pytest.mark.parametrize("command", ["data", "prepare", "train", "export", "sample", "evaluate", "human-eval", "app",
-                                     "demo"])
-def test_every_command_answers_help(command, capsys):
+
+@pytest.mark.parametrize("words, options", readme_commands(), ids=lambda v: " ".join(v) if v else "-")
+def test_each_readme_command_exists_and_takes_its_options(words, options, capsys):
     from dwb import main
 
     with pytest.raises(SystemExit) as done:
-        main([command, "--help"])
-    assert done.value.code == 0 and capsys.readouterr().out.startswith(f"usage: dwb {command}")
+        main([*words, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith(f"usage: dwb {' '.join(words)}")
+    assert [o for o in options if o not in out] == []  # every option the README shows is one the command takes
+
+
+def test_the_readme_lists_every_command():
+    import argparse
+
+    from dwb import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {words[0] for words, _ in readme_commands()} == set(sub.choices)
 
 
 def test_unknown_config_key_is_one_line(dwb):

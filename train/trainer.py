@@ -192,7 +192,7 @@ def _newest_local(save_folder: str) -> str | None:
 
 def _newest_remote(save_folder: str) -> str | None:
     from .checkpoints import list_checkpoints
-    from .checkpoints.composer import resume_problem
+    from .checkpoints.autoresume import resume_problem
     from .checkpoints.remote import fetch
 
     for remote in reversed(list_checkpoints(save_folder)):

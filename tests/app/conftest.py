@@ -2,23 +2,16 @@
 files outside it, and `dwb app` started the way users start it."""
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
-from ..conftest import REPO
-
-PHASE1 = REPO / "configs/tiny-phase1.yaml"
-DWB = Path(sys.executable).parent / "dwb"
+from ..conftest import DWB, REPO
+from ..servers import ServerProcess, free_port
 
 
 @dataclass
@@ -73,55 +66,15 @@ def tree(tiny_run, base) -> Tree:
                 root / "linked" / "ep0-ba5-rank0.pt", sneaky, outside)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class AppServer:
-    """`dwb app` in a subprocess on 127.0.0.1 with a free port; its output goes to ``log``."""
+class AppServer(ServerProcess):
+    """`dwb app --checkpoints ROOTS... EXTRA...` on 127.0.0.1 with a free port, ready when Gradio's API answers;
+    its output goes to ``log``."""
 
     def __init__(self, roots: list[Path], *extra: str, log: Path, env: dict | None = None):
-        self.roots, self.extra, self.log, self.env = roots, extra, log, env or {}
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def launch(self) -> "AppServer":
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False", **self.env}
-        args = [str(DWB), "app", "--checkpoints", *map(str, self.roots), "--port", str(self.port), *self.extra]
-        self._out = open(self.log, "w")
-        self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._out, stderr=subprocess.STDOUT, text=True)
-        return self
-
-    def wait_ready(self, timeout: float = 180.0) -> "AppServer":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dwb app exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/gradio_api/info", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"dwb app did not start within {timeout} s: {self.log.read_text()[-2000:]}")
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc:
-            self._out.close()
+        port = free_port()
+        super().__init__([DWB, "app", "--checkpoints", *roots, "--port", port, *extra], port=port,
+                         ready_path="/gradio_api/info", timeout=180.0, log=log, cwd=REPO,
+                         env={"GRADIO_ANALYTICS_ENABLED": "False", **(env or {})})
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from train.checkpoints import (content_hash, find_checkpoint, list_checkpoints, load_pipeline,
+from train.checkpoints import (checkpoint_problem, content_hash, find_checkpoint, list_checkpoints, load_pipeline,
                                select_resume_checkpoint)
-from train.checkpoints.composer import checkpoint_problem
 from train.errors import CheckpointError, WorkbenchError
 from train.generation import Settings, generate_images
 

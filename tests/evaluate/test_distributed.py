@@ -17,8 +17,8 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one(checkpoints, shapes_data, inception_weights, tmp_path):
-    ckpt = checkpoints / "ep0-ba4-rank0.pt"
+def test_two_processes_equal_one(tiny_run, shapes_data, inception_weights, tmp_path):
+    ckpt = tiny_run / "ep0-ba4-rank0.pt"
     cfg = _cfg(tmp_path / "one", shapes_data, inception_weights, guidance=(3.0,), n_prompts=6, batch_size=2,
                kid_subset_size=6)
     [one] = evaluate_checkpoints(cfg, [ckpt])

@@ -62,11 +62,31 @@ def test_cmmd_matches_a_pairwise_numpy_reference():
         cmmd(torch.from_numpy(x), torch.zeros(0, 16))
 
 
-def test_reservoir_keeps_a_bounded_sample():
-    s = FeatureStats(4, kid_max=10)
-    for _ in range(10):
-        s.update(torch.randn(7, 4))
-    assert s.n == 70 and s.features().shape == (10, 4)
+def test_reservoir_is_a_uniform_sample_of_the_stream():
+    """6 rows streamed in two batches, 3 kept: each of the 20 three-row subsets must be kept equally often.
+
+    Over 600 seeds each subset is expected 30 times; the counts must not reject uniformity (chi-square with 19
+    degrees of freedom, p > 1e-4). An off-by-one in the replacement draw (``integers(n)`` or ``integers(n + 2)``
+    for ``integers(n + 1)``) fails it with p < 1e-15.
+    """
+    from itertools import combinations
+
+    from scipy.stats import chi2
+
+    n, k, trials = 6, 3, 600
+    stream = torch.arange(n, dtype=torch.float64)[:, None].expand(n, 4)  # row i holds i in every column
+    subsets = {c: i for i, c in enumerate(combinations(range(n), k))}
+    counts = np.zeros(len(subsets))
+    for seed in range(trials):
+        s = FeatureStats(4, kid_max=k, seed=seed)
+        s.update(stream[:2])
+        s.update(stream[2:])
+        kept = s.features()
+        rows = kept[:, 0].long()
+        assert s.n == n and torch.equal(kept, stream[rows])  # whole rows of the stream
+        counts[subsets[tuple(sorted(rows.tolist()))]] += 1  # KeyError for a repeated row
+    expected = trials / len(subsets)
+    assert chi2.sf(((counts - expected) ** 2 / expected).sum(), len(subsets) - 1) > 1e-4, counts
 
 
 def _images(seed: int, n: int = 6, size: int = 32, brightness: float = 1.0) -> torch.Tensor:

@@ -71,8 +71,8 @@ def test_seeds_depend_only_on_prompt_and_image_index():
     assert [(p.index, i) for b in whole for p, i in b] == [(p, i) for p in range(3) for i in range(4)]
 
 
-def test_images_identical_at_batch_sizes_1_and_4(checkpoints, tmp_path):
-    ckpt = find_checkpoint(checkpoints / "ep0-ba4-rank0.pt")
+def test_images_identical_at_batch_sizes_1_and_4(tiny_run, tmp_path):
+    ckpt = find_checkpoint(tiny_run / "ep0-ba4-rank0.pt")
     pipe = load_pipeline(ckpt)
     source = Provenance(ckpt.ref, ckpt.label, content_hash(ckpt), "raw")
     prompts = shapes_prompts(3)

@@ -5,13 +5,7 @@ way diffusion front-ends write them, so tests can check that none of it reaches 
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,10 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from ..conftest import REPO, SHARED, free_port
+from ..conftest import DWB, REPO, SHARED
+from ..servers import ServerProcess, free_port
 
 DRAWBENCH = SHARED / "data" / "prompts" / "drawbench.csv"
-DWB = Path(sys.executable).parent / "dwb"
 
 
 def model_secrets(name: str) -> dict:
@@ -92,49 +86,17 @@ def start_rater(client: httpx.Client, label: str | None = None) -> str:
     return r.json()["rater"]
 
 
-class Server:
-    """`dwb human-eval serve` in a subprocess on 127.0.0.1, started the way users start it."""
+class Server(ServerProcess):
+    """`dwb human-eval serve STUDY --admin-token TOKEN EXTRA...` on 127.0.0.1, ready when /healthz answers
+    (``token=None``: no --admin-token, so the server takes it from the environment or the study's file)."""
 
-    def __init__(self, study: Path, *extra: str, port: int | None = None, token: str = "admin-secret-token"):
-        self.study, self.extra, self.token = study, extra, token
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 30.0) -> "Server":
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [str(DWB), "human-eval", "serve", str(self.study), "--port", str(self.port), "--admin-token", self.token,
-             *self.extra], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stderr.read()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            time.sleep(0.1)
-        raise RuntimeError("server did not start")
-
-    def kill(self) -> None:
-        """SIGKILL: no graceful shutdown, as in a crash."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def __enter__(self) -> "Server":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def __init__(self, study: Path, *extra: str, port: int | None = None, token: str | None = "admin-secret-token",
+                 env: dict | None = None):
+        self.study, self.token = study, token
+        port = port or free_port()
+        token_args = ["--admin-token", token] if token is not None else []
+        super().__init__([DWB, "human-eval", "serve", study, "--port", port, *token_args, *extra], port=port,
+                         ready_path="/healthz", cwd=REPO, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,13 @@ def pixels(path) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_evaluate_manifests_with_a_repeated_prompt_become_a_study_that_takes_votes(checkpoints, shapes_data,  # noqa: F811
+def test_evaluate_manifests_with_a_repeated_prompt_become_a_study_that_takes_votes(tiny_run, shapes_data,
                                                                                   inception_weights, tmp_path):
     prompt_file = tmp_path / "prompts.csv"
     with prompt_file.open("w", newline="") as f:
         csv.writer(f).writerows([("prompt", "category"), *((p, "shapes") for p in PROMPTS)])
     out = tmp_path / "eval"
-    r = run_dwb("evaluate", "run", str(checkpoints / "ep0-ba2-rank0.pt"), str(checkpoints / "ep0-ba4-rank0.pt"),
+    r = run_dwb("evaluate", "run", str(tiny_run / "ep0-ba2-rank0.pt"), str(tiny_run / "ep0-ba4-rank0.pt"),
                 "--out", str(out), "--reference", str(shapes_data / "eval/32"), "--inception-weights",
                 str(inception_weights), "--inception-features", "64", "--prompts", str(prompt_file), "--n-reference", "16",
                 "--guidance", "4", "--steps", "2", "--size", "16", "--kid-subsets", "2", "--kid-subset-size", "4",

@@ -2,11 +2,8 @@
 
 Each test tries an attack on a real `dwb human-eval serve` process the way an outsider would.
 """
-import os
 import shutil
 import stat
-import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -14,8 +11,9 @@ import pytest
 
 from human_eval.study import load_study
 
-from ..conftest import REPO, run_dwb
-from .conftest import DWB, Server, free_port
+from ..conftest import run_dwb
+from ..servers import ServerExited
+from .conftest import Server
 
 KEY = "X-Rater-Key"
 
@@ -139,30 +137,13 @@ def test_rater_links_open_the_raters_session(server, two_model_study):
     assert bad.returncode == 1 and "rater id" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
-def start_serving(study: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    proc = subprocess.Popen([str(DWB), "human-eval", "serve", str(study), "--port", str(port), *args], cwd=REPO,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return proc, port
-
-
-def outcome(proc: subprocess.Popen, port: int, timeout: float = 30) -> str:
-    """'exited: <stderr>' when the server refused to start, else what /admin/votes.json gives without a token."""
-    deadline = time.monotonic() + timeout
+def outcome(server: Server) -> str:
+    """'exited: <output>' when the server refused to start, else what /admin/votes.json gives without a token."""
     try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return "exited: " + proc.stderr.read().strip()
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/admin/votes.json", timeout=1)
-                return f"served {r.status_code}"
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        return "timeout"
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(10)
+        with server:
+            return f"served {httpx.get(server.url + '/admin/votes.json', timeout=5).status_code}"
+    except ServerExited as e:
+        return "exited: " + e.output.strip()
 
 
 @pytest.mark.parametrize("source", ["file", "option", "environment"])
@@ -176,7 +157,7 @@ def test_short_or_empty_admin_tokens_are_refused(two_model_study, tmp_path, sour
         args = ["--admin-token", "short-token-15c"]
     else:
         env = {"DWB_HUMAN_EVAL_TOKEN": "x" * 15}
-    got = outcome(*start_serving(study, *args, env=env))
+    got = outcome(Server(study, *args, token=None, env=env))
     assert got.startswith("exited: error: ") and "at least 16 characters" in got, got
     assert len(got.splitlines()) == 1 and "Traceback" not in got
 
@@ -184,8 +165,7 @@ def test_short_or_empty_admin_tokens_are_refused(two_model_study, tmp_path, sour
 def test_a_new_admin_token_file_is_private_and_long(two_model_study, tmp_path):
     study = tmp_path / "study"
     shutil.copytree(two_model_study, study, ignore=shutil.ignore_patterns("votes.sqlite*", "admin_token"))
-    proc, port = start_serving(study, env={"DWB_HUMAN_EVAL_TOKEN": ""})
-    assert outcome(proc, port) == "served 401"
+    assert outcome(Server(study, token=None, env={"DWB_HUMAN_EVAL_TOKEN": ""})) == "served 401"
     path = study / "admin_token"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(path.read_text().strip()) >= 32
     assert not [p for p in study.iterdir() if p.name.startswith("admin_token") and p != path]  # no temporary left

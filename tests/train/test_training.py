@@ -21,19 +21,14 @@ def _unet(state_or_pipe):
     return {k: v.clone() for k, v in state_or_pipe.unet.state_dict().items()}
 
 
-@pytest.fixture(scope="module")
-def phase1(tiny_run):
-    return tiny_run
-
-
-def test_fit_writes_periodic_checkpoints_with_spec_and_ema(phase1):
-    names = sorted(p.name for p in phase1.glob("ep*-ba*-rank0.pt"))
+def test_fit_writes_periodic_checkpoints_with_spec_and_ema(tiny_run):
+    names = sorted(p.name for p in tiny_run.glob("ep*-ba*-rank0.pt"))
     assert names == ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"]
-    ckpt = read_checkpoint(phase1 / "ep0-ba4-rank0.pt")  # weights_only=True under the hood
+    ckpt = read_checkpoint(tiny_run / "ep0-ba4-rank0.pt")  # weights_only=True under the hood
     assert ckpt["spec"]["architecture"] == "tiny" and ckpt["spec"]["resolution"] == 16
     assert ckpt["ema_state"]["ema_started"]
-    raw = load_pipeline(phase1 / "ep0-ba4-rank0.pt")
-    ema = load_pipeline(phase1 / "ep0-ba4-rank0.pt", ema=True)
+    raw = load_pipeline(tiny_run / "ep0-ba4-rank0.pt")
+    ema = load_pipeline(tiny_run / "ep0-ba4-rank0.pt", ema=True)
     diff = sum((a - b).abs().sum().item() for a, b in zip(raw.unet.parameters(), ema.unet.parameters()))
     assert diff > 0  # EMA and raw weights are told apart
 
@@ -52,9 +47,9 @@ def test_autoresume_continues_from_the_latest_checkpoint(shapes_data, components
     assert (folder / "ep0-ba4-rank0.pt").is_file()
 
 
-def test_phase2_starts_from_phase1_weights(phase1, shapes_data, components, tmp_path):
+def test_phase2_starts_from_phase1_weights(tiny_run, shapes_data, components, tmp_path):
     # lr 0 and no weight decay: phase 2's single step leaves the loaded weights untouched
-    start = phase1 / "ep0-ba4-rank0.pt"
+    start = tiny_run / "ep0-ba4-rank0.pt"
     over = tiny_overrides(shapes_data, components, tmp_path / "p2", res=32, max_duration="1ba", save_interval="1ba",
                           load_path=start, **{"optimizer.lr": 0.0, "optimizer.weight_decay": 0.0, "ema.enabled": "false"})
     trainer = build_trainer(load_config(PHASE2, over))
@@ -68,19 +63,19 @@ def test_phase2_starts_from_phase1_weights(phase1, shapes_data, components, tmp_
     assert all(torch.equal(stored[k], after["model"][k]) for k in unet_keys)
 
 
-def test_load_path_of_another_architecture_is_refused(phase1, shapes_data, components, tmp_path):
-    over = tiny_overrides(shapes_data, components, tmp_path / "x", load_path=phase1 / "ep0-ba4-rank0.pt",
+def test_load_path_of_another_architecture_is_refused(tiny_run, shapes_data, components, tmp_path):
+    over = tiny_overrides(shapes_data, components, tmp_path / "x", load_path=tiny_run / "ep0-ba4-rank0.pt",
                           **{"model.unet": "{block_out_channels: [16, 32]}"})
     with pytest.raises(WorkbenchError, match="UNet differs"):
         build_trainer(load_config(PHASE1, over))
 
 
-def test_load_path_check_ignores_the_order_of_diffusers_bookkeeping(phase1, shapes_data, components, tmp_path):
+def test_load_path_check_ignores_the_order_of_diffusers_bookkeeping(tiny_run, shapes_data, components, tmp_path):
     """diffusers' ``_use_default_values`` comes from a set: another process (phase 2 started by hand) lists it
     in another order, and that alone must not refuse phase 1's checkpoint."""
     from train.trainer import checked_load_path
 
-    start = phase1 / "ep0-ba4-rank0.pt"
+    start = tiny_run / "ep0-ba4-rank0.pt"
     spec = read_checkpoint(start)["spec"]
     unet = dict(spec["unet"])
     assert len(unet["_use_default_values"]) > 1
@@ -91,8 +86,8 @@ def test_load_path_check_ignores_the_order_of_diffusers_bookkeeping(phase1, shap
         checked_load_path(cfg, {**spec, "unet": {**unet, "block_out_channels": [16, 32]}})
 
 
-def test_export_round_trip_is_bit_identical(phase1, tmp_path):
-    ckpt = phase1 / "ep0-ba4-rank0.pt"
+def test_export_round_trip_is_bit_identical(tiny_run, tmp_path):
+    ckpt = tiny_run / "ep0-ba4-rank0.pt"
     for ema in (False, True):
         out = export_pipeline(ckpt, tmp_path / f"export-{ema}", ema=ema)
         exported = StableDiffusionPipeline.from_pretrained(out)  # plain diffusers, no workbench code
@@ -151,10 +146,10 @@ def test_empty_dataset_is_refused(components, tmp_path):
         build_trainer(load_config(PHASE1, over))
 
 
-def test_cli_export_and_sample(phase1, tmp_path, dwb):
+def test_cli_export_and_sample(tiny_run, tmp_path, dwb):
     from PIL import Image
 
-    ckpt = phase1 / "ep0-ba4-rank0.pt"
+    ckpt = tiny_run / "ep0-ba4-rank0.pt"
     r = dwb("export", str(ckpt), str(tmp_path / "exp"), "--ema")
     assert r.returncode == 0 and "exported EMA weights" in r.stdout, r.stderr
     assert (tmp_path / "exp" / "unet" / "diffusion_pytorch_model.safetensors").is_file()

@@ -12,42 +12,15 @@ from __future__ import annotations
 import os
 import re
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import CheckpointError, WorkbenchError
+from .composer import read_checkpoint, read_summary, training_batches
+from .names import OTHER_RANKS, WEIGHT_SUFFIXES, Checkpoint, in_run_listing, run_label, step_in_name
+from .remote import fetch, list_remote, uri_label
 
-KINDS = ("composer", "mosaicml", "diffusers", "single-file", "hub")
-WEIGHT_SUFFIXES = (".pt", ".safetensors", ".ckpt")
-OTHER_RANKS = re.compile(r"-rank[1-9]\d*\.pt$")  # a sharded checkpoint's other ranks: rank 0's file stands for it
-LATEST = re.compile(r"^latest-rank\d+\.pt")  # Composer's pointer to the newest (a link, or a copy of one)
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint found or named, before its weights are read."""
-
-    ref: str  # as given: a path, a hub id, an s3:// URI
-    kind: str  # one of KINDS, or "unreadable" for a file that does not read as any of them
-    label: str  # how people call it: ``<run>/<file stem>``, a folder's name, the hub id, a path under the roots
-    path: Path | None  # the local file or folder (a hub id's snapshot, an s3 object's cached copy)
-    step: int | None = None  # training batches (Composer checkpoints)
-
-
-def run_label(path: Path) -> str:
-    """``<run>/<stem>`` for a file in ``<run>/checkpoints/``, else the file's stem or the folder's name."""
-    if path.is_dir():
-        return path.name
-    if path.parent.name == "checkpoints" and path.parent.parent.name:
-        return f"{path.parent.parent.name}/{path.stem}"
-    return path.stem
-
-
-def _step_in_name(name: str) -> int | None:
-    m = re.search(r"ba(\d+)", name)
-    return int(m.group(1)) if m else None
-
 
 _kinds: dict[tuple[str, int, int], tuple[str, int | None]] = {}
 _kinds_lock = threading.Lock()
@@ -75,12 +48,11 @@ def _read_kind(path: Path) -> tuple[str, int | None]:
 
     if path.suffix in (".safetensors", ".ckpt") and is_single_file(path):
         return "single-file", None
-    from .composer import read_summary, training_batches
 
     try:
         ckpt = read_summary(path)
     except CheckpointError:
-        return "unreadable", _step_in_name(path.name)
+        return "unreadable", step_in_name(path.name)
     return ckpt["kind"], training_batches(ckpt)
 
 
@@ -93,8 +65,6 @@ def list_checkpoints(folder: str | Path, kinds: tuple[str, ...] | None = None) -
     the batch count in their name, if any (so autoresume can set a torn newest file aside).
     """
     if str(folder).startswith("s3://"):
-        from .remote import list_remote
-
         return list_remote(str(folder))
     folder = Path(folder)
     if (folder / "checkpoints").is_dir():
@@ -103,8 +73,7 @@ def list_checkpoints(folder: str | Path, kinds: tuple[str, ...] | None = None) -
         raise WorkbenchError(f"checkpoint folder not found: {folder}")
     found = []
     for path in folder.iterdir():
-        if (path.is_symlink() or not path.is_file() or path.suffix not in WEIGHT_SUFFIXES or
-                OTHER_RANKS.search(path.name) or LATEST.match(path.name)):
+        if path.is_symlink() or not path.is_file() or not in_run_listing(path.name):
             continue
         kind, step = local_kind(path)
         if kinds is None or kind in kinds:
@@ -120,9 +89,7 @@ def find_checkpoint(ref: str | Path, *, roots: list[Path] | None = None, allow_d
     if raw.startswith("s3://") or "://" in raw:
         if roots is not None:
             raise WorkbenchError(f"not a local path: {raw}")
-        from .remote import find_remote
-
-        return find_remote(raw)
+        return _local(raw, fetch(raw), label=uri_label(raw))  # fetched once; kind and step from the local copy
     from .hub import hub_label, hub_offline, is_hub_id, resolve_hub
 
     if roots is not None:
@@ -156,8 +123,6 @@ def raise_reason(path: Path) -> None:
         from .single_file import describe_single_file
 
         describe_single_file(path)
-    from .composer import read_checkpoint
-
     read_checkpoint(path)
 
 

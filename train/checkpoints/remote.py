@@ -14,7 +14,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from ..errors import CheckpointError, WorkbenchError, first_line
-from .find import LATEST, OTHER_RANKS, WEIGHT_SUFFIXES, Checkpoint, _step_in_name
+from .names import Checkpoint, file_label, in_run_listing, step_in_name
 
 
 def cache_root() -> Path:
@@ -39,12 +39,9 @@ def _client():
     return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
 
 
-def _label(key: str) -> str:
-    path = PurePosixPath(key)
-    stem = path.stem
-    if path.parent.name == "checkpoints" and path.parent.parent.name:
-        return f"{path.parent.parent.name}/{stem}"
-    return stem
+def uri_label(uri: str) -> str:
+    """``<run>/<stem>`` of ``s3://bucket/<run>/checkpoints/<name>`` (``#etag`` optional), as for a local file."""
+    return file_label(PurePosixPath(_split(uri.partition("#")[0])[1]))
 
 
 def _remote_error(uri: str, e: Exception) -> WorkbenchError:
@@ -75,9 +72,9 @@ def list_remote(uri: str) -> list[Checkpoint]:
     found = []
     for o in objects:
         name = PurePosixPath(o["Key"]).name
-        if name.endswith(WEIGHT_SUFFIXES) and not OTHER_RANKS.search(name) and not LATEST.match(name):
+        if in_run_listing(name):
             found.append(Checkpoint(f"s3://{bucket}/{o['Key']}#{o['ETag'].strip(chr(34))}", "composer",
-                                    _label(o["Key"]), None, _step_in_name(name)))
+                                    file_label(PurePosixPath(o["Key"])), None, step_in_name(name)))
     return sorted(found, key=lambda c: (c.step if c.step is not None else -1, c.ref))
 
 
@@ -105,15 +102,3 @@ def fetch(uri: str) -> Path:
         raise _remote_error(uri, e) from None
     return local
 
-
-def find_remote(uri: str) -> Checkpoint:
-    """An ``s3://`` checkpoint, fetched, with its kind and step read from the local copy."""
-    from .find import local_kind
-
-    local = fetch(uri)
-    kind, step = local_kind(local)
-    if kind == "unreadable":
-        from .find import raise_reason
-
-        raise_reason(local)
-    return Checkpoint(uri, kind, _label(_split(uri.partition("#")[0])[1]), local, step)
