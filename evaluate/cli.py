@@ -95,7 +95,7 @@ def cmd_watch(args) -> None:
 
 
 def cmd_train_scorer(args) -> None:
-    from .domain import train_scorer
+    from train.shapes.scorer import train_scorer
 
     info = train_scorer(args.data, args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, progress=not args.no_progress)
