@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from evaluate.attribute_accuracy import attr_column
+from evaluate.attribute_accuracy import HEADLINE_COLUMNS
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # Guidance of the grids and the scores. The tiny model's attribute accuracy peaks near 3 and falls at
@@ -173,8 +173,7 @@ def print_summary(out: Path, report: dict, scorer: dict) -> None:
           f"  rate:      dwb human-eval serve {study['folder']}\n  results:   dwb human-eval report {study['folder']}")
 
 
-SCORE_KEYS = ("fid", *(attr_column(kind, v) for kind, v in (("single", "color"), ("single", "shape"), ("single", "count"),
-                                                            ("pair", "position"), ("object", "all"), ("all", "all"))))
+SCORE_KEYS = ("fid", *HEADLINE_COLUMNS)
 
 
 def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_prompts: int, steps: int, seed: int,

@@ -22,6 +22,9 @@ def attr_column(kind: str, verdict: str) -> str:
 ATTRIBUTE_COLUMNS = [*(attr_column(kind, v) for kind in KINDS for v in (*asked_attributes(kind), "all")),
                      attr_column("all", "all")]
 COUNT_COLUMNS = [f"{PREFIX}n_{kind}" for kind in KINDS]  # images of each kind
+# The columns a summary shows (the demo's table): colour, shape, count of one group, position of two, all right.
+HEADLINE_COLUMNS = (*(attr_column("single", a) for a in ("color", "shape", "count")), attr_column("pair", "position"),
+                    attr_column("object", "all"), attr_column("all", "all"))
 
 
 def judge(asked: Scene, seen: Scene) -> dict[str, bool | None]:
