@@ -217,7 +217,7 @@ def _loss(logits: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> t
 
 
 @torch.no_grad()
-def attribute_accuracy(net: ShapesNet, images: torch.Tensor, scenes: list[Scene], batch_size: int = 256,
+def reading_accuracy(net: ShapesNet, images: torch.Tensor, scenes: list[Scene], batch_size: int = 256,
                        low_res: bool = False) -> dict[str, float]:
     """Per-attribute accuracy on real images: layout, colour, shape, count and size over every group present.
 
@@ -242,14 +242,39 @@ def attribute_accuracy(net: ShapesNet, images: torch.Tensor, scenes: list[Scene]
     return acc
 
 
+def fit(net: ShapesNet, images: torch.Tensor, scenes: list[Scene], *, epochs: int, batch_size: int, lr: float,
+        gen: torch.Generator, progress: bool) -> None:
+    """AdamW under a one-cycle lr schedule, each batch with blanks, 16 px trips and noise (``_augment``)."""
+    from tqdm import tqdm
+
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
+    steps = epochs * (len(images) // batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.15)
+    t_all = targets(scenes)
+    net.to(memory_format=torch.channels_last).train()  # one CPU thread: 0.306 s a step of 128, not 0.351
+    with tqdm(total=steps, desc="shapes scorer", unit="step", disable=not progress) as bar:
+        for _ in range(epochs):
+            order = torch.randperm(len(images), generator=gen)
+            for s in range(0, len(order) - batch_size + 1, batch_size):
+                idx = order[s:s + batch_size]
+                x, target = _with_blanks(to_input(images[idx]), {k: v[idx] for k, v in t_all.items()}, gen)
+                _, logits = net(_augment(x, gen).contiguous(memory_format=torch.channels_last))
+                loss = _loss(logits, target)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+    net.to(memory_format=torch.contiguous_format)
+
+
 def train_scorer(data: str | Path, out: str | Path, *, epochs: int = 6, batch_size: int = 128, lr: float = 3e-3,
                  width: int = 32, seed: int = 0, limit: int | None = None, progress: bool = True) -> dict:
     """Train on ``data/32`` (the training split), check on ``data/eval/32`` (held out), write ``out``.
 
     Returns the held-out accuracies; they are stored in the file too.
     """
-    from tqdm import tqdm
-
     data = Path(data)
     train_dir = data / str(SCORER_SIZE) if (data / str(SCORER_SIZE)).is_dir() else data
     eval_dir = data / "eval" / str(SCORER_SIZE)
@@ -258,35 +283,16 @@ def train_scorer(data: str | Path, out: str | Path, *, epochs: int = 6, batch_si
         raise WorkbenchError(f"the scorer trains on {SCORER_SIZE} px images; {train_dir} holds {images.shape[-1]} px")
     held_images, held_scenes = load_split(eval_dir) if eval_dir.is_dir() else (None, None)
     torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
     net = ShapesNet(width=width)
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
-    steps = epochs * (len(images) // batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.15)
-    t_all = targets(scenes)
     t0 = time.perf_counter()
-    bar = tqdm(total=steps, desc="shapes scorer", unit="step", disable=not progress)
-    net.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(images), generator=gen)
-        for s in range(0, len(order) - batch_size + 1, batch_size):
-            idx = order[s:s + batch_size]
-            x, target = _with_blanks(to_input(images[idx]), {k: v[idx] for k, v in t_all.items()}, gen)
-            _, logits = net(_augment(x, gen))
-            loss = _loss(logits, target)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-    bar.close()
+    fit(net, images, scenes, epochs=epochs, batch_size=batch_size, lr=lr, gen=torch.Generator().manual_seed(seed),
+        progress=progress)
     info = {"width": width, "feature_dim": net.feature_dim, "epochs": epochs, "batch_size": batch_size, "lr": lr,
             "seed": seed, "train": str(train_dir), "n_train": len(images), "seconds": round(time.perf_counter() - t0, 1)}
     if held_images is not None:
-        info["held_out"] = {k: round(v, 4) for k, v in attribute_accuracy(net, held_images, held_scenes).items()}
+        info["held_out"] = {k: round(v, 4) for k, v in reading_accuracy(net, held_images, held_scenes).items()}
         info["held_out_16px"] = {k: round(v, 4) for k, v in
-                                 attribute_accuracy(net, held_images, held_scenes, low_res=True).items()}
+                                 reading_accuracy(net, held_images, held_scenes, low_res=True).items()}
         info["n_held_out"] = len(held_images)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
