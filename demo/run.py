@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from evaluate.attribute_accuracy import HEADLINE_COLUMNS
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # Guidance of the grids and the scores. The tiny model's attribute accuracy peaks near 3 and falls at
 # higher scales (measured: BENCHMARKS.md, "The demo's scores").
@@ -60,10 +62,10 @@ def label(phase: str, ckpt) -> str:
 
 def prepare_stages(out: Path, p: dict, seed: int, quick: bool, stages: list) -> dict:
     """Data, the tiny parts, the shapes scorer and phase 2's precomputed latents; the scorer's summary."""
-    from evaluate.domain import train_scorer
     from train.precompute import precompute
     from train.prepare import prepare_tiny
     from train.shapes import write_shapes_dataset
+    from train.shapes.scorer import train_scorer
 
     with measured("data: shapes dataset", stages):
         write_shapes_dataset(out / "shapes", p["n"], seed, sizes=(16, 32), n_eval=p["n_eval"], progress=not quick)
@@ -171,8 +173,7 @@ def print_summary(out: Path, report: dict, scorer: dict) -> None:
           f"  rate:      dwb human-eval serve {study['folder']}\n  results:   dwb human-eval report {study['folder']}")
 
 
-SCORE_KEYS = ("fid", "attr_single_color", "attr_single_shape", "attr_single_count", "attr_pair_position", "attr_object_all",
-              "attr_all_all")
+SCORE_KEYS = ("fid", *HEADLINE_COLUMNS)
 
 
 def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_prompts: int, steps: int, seed: int,

@@ -49,6 +49,8 @@ def _with_interval(r: dict, key: str, fmt: str) -> str:
 
 
 def _summary(rows: list[dict]) -> None:
+    from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
+
     for r in rows:
         clip = f", CLIP {_with_interval(r, 'clip_score', '.2f')}" if r.get("clip_score") is not None else ""
         if r.get("cmmd") is not None:
@@ -56,11 +58,10 @@ def _summary(rows: list[dict]) -> None:
         if r.get("fd_dinov2") is not None:
             clip += f", FD-DINOv2 {_with_interval(r, 'fd_dinov2', '.3f')}"
         attrs = ""
-        if r.get("attr_all_all") is not None:
-            nan = float("nan")
-            attrs = (f", one group: colour {r.get('attr_single_color', nan):.2f} shape {r.get('attr_single_shape', nan):.2f}"
-                     f" count {r.get('attr_single_count', nan):.2f}, position {r.get('attr_pair_position', nan):.2f},"
-                     f" all right: one object {r.get('attr_object_all', nan):.2f}, every prompt {r['attr_all_all']:.2f}")
+        if r.get(attr_column("all", "all")) is not None:
+            color, shape, count, position, one_object, every = (r.get(c, float("nan")) for c in HEADLINE_COLUMNS)
+            attrs = (f", one group: colour {color:.2f} shape {shape:.2f} count {count:.2f}, position {position:.2f},"
+                     f" all right: one object {one_object:.2f}, every prompt {every:.2f}")
         fid = "domain FID" if str(r.get("extractor", "")).startswith("shapes-scorer") else "FID"
         inf = f", FD-inf {r['fid_infinity']:.3f}" if r.get("fid_infinity") is not None else ""
         print(f"{r['model']} cfg {r['guidance']:g}: {fid} {_with_interval(r, 'fid', '.3f')}{inf}, "
@@ -95,7 +96,7 @@ def cmd_watch(args) -> None:
 
 
 def cmd_train_scorer(args) -> None:
-    from .domain import train_scorer
+    from train.shapes.scorer import train_scorer
 
     info = train_scorer(args.data, args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, progress=not args.no_progress)

@@ -53,21 +53,10 @@ def read_prompt_table(path: str | Path, limit: int | None = None) -> list[Prompt
 
 
 def shapes_prompts(limit: int | None = 64, seed: int = 0) -> list[Prompt]:
-    """Captions of the shapes domain's held-out scenes; category = one group or two groups."""
-    import numpy as np
+    """Captions of the shapes domain's held-out scenes (``train.shapes.prompts``); category = one group or two groups."""
+    from train.shapes.prompts import shapes_prompts as held_out_captions
 
-    from train.shapes import SPLITS, captions_for, layout, sample_scene
-
-    prompts = []
-    for i in range(limit or 64):
-        rng = np.random.default_rng([seed, SPLITS["eval"], i])  # the draws of train.shapes.make_sample
-        scene = sample_scene(rng)
-        layout(scene, rng)
-        with_size = bool(rng.random() < 0.5)
-        phrasings = captions_for(scene, with_size)
-        caption = phrasings[rng.integers(len(phrasings))]
-        prompts.append(Prompt(caption, "two groups" if scene["relation"] else "one group", i))
-    return prompts
+    return [Prompt(text, category, i) for i, (text, category) in enumerate(held_out_captions(limit or 64, seed))]
 
 
 def reference_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:

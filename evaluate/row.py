@@ -16,15 +16,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from train.shapes.grammar import parse_caption
+from train.shapes.scorer import read_scenes
+
+from .attribute_accuracy import VERDICTS, AttributeTally, attribute_values, judge
 from .bootstrap import interval, prompt_weights, weighted_means
-from .domain import AttributeTally, attribute_values, check, decode, parse_caption
 from .fd_infinity import fd_infinity
 from .metrics import FeatureStats, cmmd, cmmd_replicates, kernel_inception_distance, kid_replicates
 from .prdc import prdc
 from .prompts import Prompt
 
 FEATURES = "features.pt"
-VERDICTS = ("color", "shape", "count", "position", "all")
 
 
 def merged_stats(states: list[dict], kid_max: int) -> FeatureStats:
@@ -67,7 +69,7 @@ class RowScorer:
         for name, extractor in self.extractors.items():
             if name == "fid" and self.scorer is not None:
                 f, logits = self.scorer.run(images)
-                self.verdicts += [_verdict(c, seen) for c, seen in zip(captions, decode(logits))]
+                self.verdicts += [_verdict(c, seen) for c, seen in zip(captions, read_scenes(logits))]
             else:
                 f = extractor(images)
             self.stats[name].update(f)
@@ -85,7 +87,7 @@ class RowScorer:
 
 def _verdict(caption: str, seen) -> dict | None:
     asked = parse_caption(caption)
-    return None if asked is None else check(asked, seen)  # captions outside the shapes grammar get no verdict
+    return None if asked is None else judge(asked, seen)  # captions outside the shapes grammar get no verdict
 
 
 @dataclass

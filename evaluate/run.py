@@ -117,7 +117,7 @@ class Evaluator:
             raise WorkbenchError("give either --inception-weights (FID on Inception features) or --scorer (the shapes "
                                  "domain's), not both: each row has one feature extractor")
         if extractor is None and cfg.scorer:
-            from .domain import ShapesScorer
+            from train.shapes.scorer import ShapesScorer
 
             extractor = self.scorer = ShapesScorer(cfg.scorer, device=self.device)
         elif extractor is None and not cfg.inception_weights:

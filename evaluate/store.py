@@ -16,6 +16,8 @@ import logging
 import os
 from pathlib import Path
 
+from .attribute_accuracy import ATTRIBUTE_COLUMNS, COUNT_COLUMNS
+
 log = logging.getLogger("evaluate.store")
 RESULTS = "results.jsonl"
 TORN = "results.torn"
@@ -25,14 +27,10 @@ def _with_interval(*names: str) -> list[str]:
     return [c for n in names for c in (n, f"{n}_lo", f"{n}_hi")]
 
 
-ATTRIBUTE_COLUMNS = ["attr_object_color", "attr_object_shape", "attr_object_count", "attr_object_all",
-                     "attr_single_color", "attr_single_shape", "attr_single_count", "attr_single_all",
-                     "attr_pair_color", "attr_pair_shape", "attr_pair_count", "attr_pair_position", "attr_pair_all",
-                     "attr_all_all"]
 COLUMNS = ["model", "checkpoint", "step", "guidance", *_with_interval("fid"), "fid_infinity",
            *_with_interval("kid_mean"), "kid_std", *_with_interval("clip_score", "cmmd", "fd_dinov2"),
            "precision", "recall", "density", "coverage", *_with_interval(*ATTRIBUTE_COLUMNS),
-           "attr_n_object", "attr_n_single", "attr_n_pair", "n_images", "bootstrap",
+           *COUNT_COLUMNS, "n_images", "bootstrap",
            "n_reference", "reference_skipped", "prompts", "scheduler", "steps", "size", "extractor", "dinov2", "resize",
            "seconds_generate", "seconds_metrics", "seconds_bootstrap", "seconds_total", "seconds_checkpoint", "samples",
            "status", "error",

@@ -355,7 +355,7 @@ def test_compare_two_checkpoints_with_paired_intervals(checkpoints, shapes_data,
 def test_attribute_accuracy_per_image_with_intervals_and_categories(checkpoints, shapes_data, tmp_path):
     """The shapes scorer's verdicts per image in the manifest, intervals on the accuracies, tables per category.
     The scorer is trained for one epoch (its accuracy does not matter here, only how verdicts travel)."""
-    from evaluate.domain import train_scorer
+    from train.shapes.scorer import train_scorer
 
     scorer = tmp_path / "scorer.pt"
     train_scorer(shapes_data, scorer, epochs=1, batch_size=64, progress=False)

@@ -3,6 +3,8 @@ from streaming import StreamingDataset
 
 from train.mds import count_samples
 from train.shapes import COLORS, RELATIONS, SHAPES, make_sample, write_shapes_dataset
+from train.shapes.grammar import parse_caption, scene_from_meta
+from train.shapes.prompts import shapes_prompts
 
 
 def _pixels(sample, size):
@@ -51,16 +53,63 @@ def test_image_shows_the_named_colour():
     assert (np.abs(rgb - target).sum(axis=1) < 30).sum() >= 4
 
 
-def test_mds_round_trip(tmp_path):
-    write_shapes_dataset(tmp_path, 24, seed=9, sizes=(16, 32), n_eval=5, progress=False)
+def test_mds_round_trip_and_disjoint_splits_on_disk(tmp_path):
+    write_shapes_dataset(tmp_path, 24, seed=9, sizes=(16, 32), n_eval=12, progress=False)
     assert count_samples(tmp_path / "16") == count_samples(tmp_path / "32") == 24
-    assert count_samples(tmp_path / "eval" / "32") == 5
+    assert count_samples(tmp_path / "eval" / "32") == 12
     ds = StreamingDataset(local=str(tmp_path / "32"), shuffle=False, batch_size=1)
     for i in (0, 7, 23):
         want = make_sample(9, "train", i, (32,))
         got = ds[i]
         assert got["caption"] == want["caption"] and got["meta"]["groups"] == want["meta"]["groups"]
         assert np.array_equal(np.asarray(got["image"]), _pixels(want, 32))  # PNG is lossless
+    # The held-out folder holds the eval stream's samples, none of them a training image.
+    held = StreamingDataset(local=str(tmp_path / "eval" / "32"), shuffle=False, batch_size=1)
+    held_images = [np.asarray(held[i]["image"]) for i in range(12)]
+    assert all(np.array_equal(held_images[i], _pixels(make_sample(9, "eval", i, (32,)), 32)) for i in (0, 11))
+    train_images = {np.asarray(ds[i]["image"]).tobytes() for i in range(24)}
+    assert not train_images.intersection(x.tobytes() for x in held_images)
+
+
+def test_prompt_sets_are_the_held_out_captions():
+    """The shapes prompts are the captions the held-out split is written with, by the generator itself."""
+    for seed in (0, 3):
+        samples = [make_sample(seed, "eval", i, (16,)) for i in range(40)]
+        want = [(s["caption"], "two groups" if s["meta"]["relation"] else "one group") for s in samples]
+        assert shapes_prompts(40, seed) == want
+    assert shapes_prompts(40, 0) != shapes_prompts(40, 3)
+
+
+def test_every_written_caption_is_the_grammars_phrasing():
+    """Writing and parsing are one definition: the words a caption is made of are the ones the parser reads."""
+    from train.shapes.grammar import GROUP_SLOTS, captions_for
+
+    scene = {"groups": [{"count": 2, "size": "large", "color": "white", "shape": "triangle"},
+                        {"count": 1, "size": "small", "color": "red", "shape": "circle"}], "relation": "left of"}
+    assert captions_for(scene, with_size=True) == ["two large white triangles left of a small red circle",
+                                                  "a small red circle right of two large white triangles"]
+    assert captions_for(scene, with_size=False)[0] == "two white triangles left of a red circle"
+    words = {w for _, table, _ in GROUP_SLOTS for w in table.values()}
+    assert {"a", "two", "three", "small", "large", *COLORS, *SHAPES} == words
+
+
+def test_captions_parse_back_to_the_stored_scene():
+    """Every phrasing the dataset writes (both orders, with and without size) parses to its canonical scene."""
+    seen_relations = set()
+    for i in range(400):
+        meta = make_sample(11, "eval", i, (16,))["meta"]
+        truth = scene_from_meta(meta)
+        for caption in meta["captions"]:
+            scene = parse_caption(caption)
+            assert scene is not None, caption
+            assert scene.layout == truth.layout
+            for got, want in zip(scene.groups, truth.groups, strict=True):
+                assert (got.color, got.shape, got.count) == (want.color, want.shape, want.count), caption
+                assert got.size == (want.size if meta["with_size"] else None)
+            seen_relations |= {w for w in ("above", "below", "left of", "right of") if f" {w} " in caption}
+    assert seen_relations == {"above", "below", "left of", "right of"}  # all four directions were exercised
+    for text in ("a photo of a cat", "two red circles beside a blue square", "", "a red circle above"):
+        assert parse_caption(text) is None
 
 
 def test_vae_foreground_mask_covers_the_shapes_and_their_edges_only():

@@ -1,4 +1,4 @@
-"""The shapes domain scorer: caption parsing, GenEval-style verdicts, held-out accuracy, domain FID, evaluate wiring."""
+"""The shapes scorer and attribute accuracy: GenEval-style verdicts, held-out accuracy, domain FID, evaluate wiring."""
 import csv
 import json
 
@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from evaluate.domain import (AttributeTally, Group, Scene, ShapesScorer, check, load_split, parse_caption,
-                             scene_from_meta, train_scorer)
+from evaluate.attribute_accuracy import AttributeTally, judge
 from evaluate.metrics import FeatureStats, fid_from_stats
 from evaluate.run import EvalConfig, evaluate_checkpoints
 from train.errors import WorkbenchError
-from train.shapes import make_sample, write_shapes_dataset
+from train.shapes import write_shapes_dataset
+from train.shapes.grammar import Group, Scene, parse_caption
+from train.shapes.scorer import ShapesScorer, load_split, train_scorer
 
 from ..conftest import run_dwb
 
@@ -26,27 +27,11 @@ def scorer_data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(scorer_data, tmp_path_factory):
     path = tmp_path_factory.mktemp("scorer") / "scorer.pt"
-    info = train_scorer(scorer_data, path, epochs=5, seed=0, progress=False)  # held out, one thread: 0.971 mean, 0.913 worst
+    # 3 epochs of 64 at lr 6e-3 (one-cycle), channels-last: one thread, seeds 0 / 1 / 2 held out 0.968 / 0.974 / 0.974
+    # mean, count (the worst) 0.903 / 0.932 / 0.932, at 16 px 0.959 / 0.968 / 0.964; ~100 s of training where
+    # 5 epochs of 128 took ~164 s (0.351 s a step, measured side by side with the 0.306 of channels-last).
+    info = train_scorer(scorer_data, path, epochs=3, batch_size=64, lr=6e-3, seed=1, progress=False)
     return path, info
-
-
-def test_captions_parse_back_to_the_stored_scene():
-    """Every phrasing the dataset writes (both orders, with and without size) parses to its canonical scene."""
-    seen_relations = set()
-    for i in range(400):
-        meta = make_sample(11, "eval", i, (16,))["meta"]
-        truth = scene_from_meta(meta)
-        for caption in meta["captions"]:
-            scene = parse_caption(caption)
-            assert scene is not None, caption
-            assert scene.layout == truth.layout
-            for got, want in zip(scene.groups, truth.groups, strict=True):
-                assert (got.color, got.shape, got.count) == (want.color, want.shape, want.count), caption
-                assert got.size == (want.size if meta["with_size"] else None)
-            seen_relations |= {w for w in ("above", "below", "left of", "right of") if f" {w} " in caption}
-    assert seen_relations == {"above", "below", "left of", "right of"}  # all four directions were exercised
-    for text in ("a photo of a cat", "two red circles beside a blue square", "", "a red circle above"):
-        assert parse_caption(text) is None
 
 
 def test_verdicts_follow_the_caption():
@@ -55,29 +40,29 @@ def test_verdicts_follow_the_caption():
     assert asked == Scene("above", (red, blue))
     assert parse_caption("a blue square below two red circles") == asked  # the same scene, canonical order
 
-    assert check(asked, Scene("above", (red, blue))) == {"color": True, "shape": True, "count": True,
+    assert judge(asked, Scene("above", (red, blue))) == {"color": True, "shape": True, "count": True,
                                                          "position": True, "all": True}
-    swapped = check(asked, Scene("above", (blue, red)))  # the right groups, the wrong way up
+    swapped = judge(asked, Scene("above", (blue, red)))  # the right groups, the wrong way up
     assert swapped["color"] and swapped["shape"] and swapped["count"] and not swapped["position"] and not swapped["all"]
-    sideways = check(asked, Scene("left of", (red, blue)))
+    sideways = judge(asked, Scene("left of", (red, blue)))
     assert sideways["color"] and not sideways["position"]
-    one = check(asked, Scene("one group", (red,)))  # a group missing: nothing about it is right
+    one = judge(asked, Scene("one group", (red,)))  # a group missing: nothing about it is right
     assert not one["color"] and not one["count"] and not one["position"]
-    wrong_count = check(asked, Scene("above", (Group("red", "circle", 3), blue)))
+    wrong_count = judge(asked, Scene("above", (Group("red", "circle", 3), blue)))
     assert wrong_count["color"] and not wrong_count["count"] and not wrong_count["all"]
 
-    nothing = check(asked, Scene("empty", ()))  # an empty sample is never right
+    nothing = judge(asked, Scene("empty", ()))  # an empty sample is never right
     assert not any(v for v in nothing.values())
 
     single = parse_caption("a large green triangle")
-    ok = check(single, Scene("one group", (Group("green", "triangle", 1, "small"),)))  # size is not judged
+    ok = judge(single, Scene("one group", (Group("green", "triangle", 1, "small"),)))  # size is not judged
     assert ok["all"] and ok["position"] is None
-    assert not check(single, Scene("one group", (Group("purple", "triangle", 1),)))["color"]
+    assert not judge(single, Scene("one group", (Group("purple", "triangle", 1),)))["color"]
     group = parse_caption("three blue squares")
     tally = AttributeTally()
     tally.add(single, ok)
     tally.add(asked, swapped)
-    tally.add(group, check(group, Scene("one group", (Group("blue", "square", 2),))))
+    tally.add(group, judge(group, Scene("one group", (Group("blue", "square", 2),))))
     s = tally.summary()
     assert s["attr_single_color"] == 1.0 and s["attr_pair_position"] == 0.0 and s["attr_all_all"] == round(1 / 3, 4)
     # One object ("a large green triangle") is a kind of its own inside the one-group captions.
@@ -105,7 +90,7 @@ def test_scorer_reads_held_out_images_at_95_percent(trained, scorer_data):
     for s in range(0, len(images), 100):
         for caption, seen in zip(captions[s:s + 100], scorer.predict(images[s:s + 100])):
             asked = parse_caption(caption)
-            tally.add(asked, check(asked, seen))
+            tally.add(asked, judge(asked, seen))
     summary = tally.summary()
     assert summary["attr_single_color"] >= 0.95 and summary["attr_pair_position"] >= 0.9
     assert summary["attr_all_all"] >= 0.8, summary

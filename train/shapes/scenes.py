@@ -1,9 +1,8 @@
-"""The shapes domain: captioned images of coloured shapes, deterministic by seed.
+"""Shapes scenes: what a scene holds, how one is drawn at random, laid out and rendered.
 
-A scene is one or two groups of identical shapes ("two small red circles above a blue square").
-Every image is drawn at 4x its largest bucket size and downsampled to each bucket, so the 16-px
-and 32-px buckets show the same scene. The scene's structured attributes are stored beside each
-caption so a scorer can check colour, shape, count, size and relative position.
+A scene is one or two groups of identical shapes (colour, shape, count, size) and, for two groups, how
+they are placed. Every image is drawn at 4x its size and downsampled with a box filter, so the 16-px and
+32-px buckets of one sample show the same scene.
 """
 from __future__ import annotations
 
@@ -22,13 +21,10 @@ COLORS = {
 }
 SHAPES = ("circle", "square", "triangle")
 SIZES = {"small": 0.17, "large": 0.27}  # side of a shape as a fraction of the image side
-COUNTS = {1: "a", 2: "two", 3: "three"}
-RELATIONS = {"above": "below", "below": "above", "left of": "right of", "right of": "left of"}
+MAX_COUNT = 3  # shapes in a group: 1 to 3
+PLACEMENTS = ("above", "left of")  # how two groups are placed: the first takes the top / left half
 BACKGROUND = (30, 30, 34)
 SUPERSAMPLE = 4
-
-# Stream ids keep the train and eval splits disjoint for the same seed.
-SPLITS = {"train": 0, "eval": 1}
 
 
 def sample_scene(rng: np.random.Generator) -> dict:
@@ -39,31 +35,13 @@ def sample_scene(rng: np.random.Generator) -> dict:
         groups.append({
             "shape": SHAPES[rng.integers(len(SHAPES))],
             "color": list(COLORS)[rng.integers(len(COLORS))],
-            "count": int(rng.integers(1, 4)),
+            "count": int(rng.integers(1, MAX_COUNT + 1)),
             "size": list(SIZES)[rng.integers(len(SIZES))],
         })
     if n_groups == 2 and (groups[0]["shape"], groups[0]["color"]) == (groups[1]["shape"], groups[1]["color"]):
         groups[1]["color"] = list(COLORS)[(list(COLORS).index(groups[0]["color"]) + 1) % len(COLORS)]
-    relation = ["above", "left of"][rng.integers(2)] if n_groups == 2 else None
+    relation = PLACEMENTS[rng.integers(2)] if n_groups == 2 else None
     return {"groups": groups, "relation": relation}
-
-
-def describe_group(group: dict, with_size: bool) -> str:
-    words = [COUNTS[group["count"]]]
-    if with_size:
-        words.append(group["size"])
-    words += [group["color"], group["shape"] + ("s" if group["count"] > 1 else "")]
-    return " ".join(words)
-
-
-def captions_for(scene: dict, with_size: bool) -> list[str]:
-    """Every phrasing of a scene: one for a single group, both directions for two groups."""
-    groups = scene["groups"]
-    if len(groups) == 1:
-        return [describe_group(groups[0], with_size)]
-    a, b = (describe_group(g, with_size) for g in groups)
-    rel = scene["relation"]
-    return [f"{a} {rel} {b}", f"{b} {RELATIONS[rel]} {a}"]
 
 
 def _layout_group(rng: np.random.Generator, group: dict, region: tuple[float, float, float, float]) -> list[list[float]]:
@@ -118,44 +96,3 @@ def render(scene: dict, boxes: list[list[list[float]]], size: int) -> Image.Imag
             else:
                 draw.polygon([((px[0] + px[2]) / 2, px[1]), (px[2], px[3]), (px[0], px[3])], fill=color)
     return img.resize((size, size), Image.Resampling.BOX)
-
-
-def make_sample(seed: int, split: str, index: int, sizes: tuple[int, ...]) -> dict:
-    """One sample, a pure function of (seed, split, index): images per size, caption and attributes."""
-    rng = np.random.default_rng([seed, SPLITS[split], index])
-    scene = sample_scene(rng)
-    boxes = layout(scene, rng)
-    with_size = bool(rng.random() < 0.5)
-    phrasings = captions_for(scene, with_size)
-    caption = phrasings[rng.integers(len(phrasings))]
-    meta = {**scene, "boxes": boxes, "captions": phrasings, "with_size": with_size}
-    return {"images": {s: render(scene, boxes, s) for s in sizes}, "caption": caption, "meta": meta}
-
-
-def write_shapes_dataset(out, n: int, seed: int, sizes: tuple[int, ...] = (16, 32), n_eval: int = 1000,
-                         eval_size: int | None = None, progress: bool = True) -> dict:
-    """Write ``n`` training samples per bucket under ``out/<size>`` and ``n_eval`` under ``out/eval/<size>``."""
-    from pathlib import Path
-
-    from tqdm import tqdm
-
-    from .mds import open_writer
-
-    out = Path(out)
-    eval_size = eval_size or max(sizes)
-    plan = [("train", n, sizes, lambda s: out / str(s)), ("eval", n_eval, (eval_size,), lambda s: out / "eval" / str(s))]
-    counts = {}
-    for split, count, split_sizes, folder in plan:
-        if count <= 0:
-            continue
-        writers = {s: open_writer(folder(s), "png") for s in split_sizes}
-        try:
-            for i in tqdm(range(count), desc=f"shapes {split}", unit="img", disable=not progress):
-                sample = make_sample(seed, split, i, split_sizes)
-                for s, w in writers.items():
-                    w.write({"image": sample["images"][s], "caption": sample["caption"], "meta": sample["meta"]})
-        finally:
-            for w in writers.values():
-                w.finish()
-        counts[split] = count
-    return counts
