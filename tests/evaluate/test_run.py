@@ -22,7 +22,7 @@ def _cfg(tmp_path, shapes_data, inception_weights, **kw) -> EvalConfig:
     base = dict(out=str(tmp_path / "results"), reference=str(shapes_data / "eval/32"),
                 inception_weights=str(inception_weights), prompts="shapes", n_prompts=4, n_per_prompt=1,
                 n_reference=16, guidance=(1.5, 5.0), steps=2, size=16, batch_size=4, kid_subsets=3,
-                kid_subset_size=4, feature_dim=64, device="cpu", progress=False)
+                kid_subset_size=4, inception_features=64, device="cpu", progress=False)
     base.update(kw)
     return EvalConfig(**base)
 
@@ -139,20 +139,20 @@ def test_sampler_is_chosen_recorded_and_kept_apart(checkpoints, shapes_data, inc
     ckpt = checkpoints / "ep0-ba4-rank0.pt"
     out = tmp_path / "results"
     own = evaluate_checkpoints(_cfg(tmp_path, shapes_data, inception_weights, guidance=(5.0,)), [ckpt])[0]
-    ddim = evaluate_checkpoints(_cfg(tmp_path, shapes_data, inception_weights, guidance=(5.0,), scheduler="DDIM"),
+    ddim = evaluate_checkpoints(_cfg(tmp_path, shapes_data, inception_weights, guidance=(5.0,), sampler="DDIM"),
                                 [ckpt])[0]
-    assert own["scheduler"] == "DPM++ 2M" and ddim["scheduler"] == "DDIM"  # the pipeline's own, then the asked one
+    assert own["sampler"] == "DPM++ 2M" and ddim["sampler"] == "DDIM"  # the pipeline's own, then the asked one
     assert own["samples"] != ddim["samples"] and own["fid"] != ddim["fid"]  # both sample sets kept, different images
     for row in (own, ddim):
         manifest = [json.loads(line) for line in (out / row["samples"] / "manifest.jsonl").read_text().splitlines()]
-        assert {m["scheduler"] for m in manifest} == {row["scheduler"]}
+        assert {m["sampler"] for m in manifest} == {row["sampler"]}
         with Image.open(out / row["samples"] / manifest[0]["path"]) as im:
-            assert f"Sampler: {row['scheduler']}," in im.text["parameters"]
+            assert f"Sampler: {row['sampler']}," in im.text["parameters"]
     with open(out / "results.csv") as f:
-        assert [r["scheduler"] for r in csv.DictReader(f)] == ["DPM++ 2M", "DDIM"]
-    assert "<th>scheduler</th>" in (out / "report" / "index.html").read_text()  # a sweep's rows told apart
+        assert [r["sampler"] for r in csv.DictReader(f)] == ["DPM++ 2M", "DDIM"]
+    assert "<th>sampler</th>" in (out / "report" / "index.html").read_text()  # a sweep's rows told apart
     with pytest.raises(WorkbenchError, match="unknown sampler 'Karras 9000'; choose one of: DDIM, Euler"):
-        evaluate_checkpoints(_cfg(tmp_path / "bad", shapes_data, inception_weights, scheduler="Karras 9000"), [ckpt])
+        evaluate_checkpoints(_cfg(tmp_path / "bad", shapes_data, inception_weights, sampler="Karras 9000"), [ckpt])
 
 
 def test_corrupt_checkpoint_and_missing_weights_are_one_line_errors(shapes_data, inception_weights, tmp_path, capsys):

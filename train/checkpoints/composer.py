@@ -183,7 +183,7 @@ def checkpoint_problem(path: str | Path) -> str | None:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+        return f"{type(e).__name__}: {first_line(e)}"
     return f"corrupt member {bad}" if bad else None
 
 
