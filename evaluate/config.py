@@ -16,7 +16,7 @@ from train.samplers import check_sampler
 
 GUIDANCE_SWEEP = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)  # the default guidance scales
 INCEPTION_FEATURES = (64, 192, 768, 2048)  # Inception's layers: 2048 is pool3, the standard FID
-GENERATION_DTYPES = ("auto", "fp32", "bf16", "fp16")
+GENERATION_DTYPES = ("auto", "fp32", "bf16", "fp16")  # the flag's choices
 
 
 @dataclass
@@ -74,8 +74,8 @@ def one_of(*choices):
 # key -> its rule: None when the value is fine, else what is wrong ("must be ...")
 RULES = {"n_prompts": positive, "n_per_prompt": positive, "n_reference": positive, "steps": positive,
          "size": positive, "batch_size": positive, "kid_subsets": positive, "kid_subset_size": positive,
-         "bootstrap": replicates, "guidance": guidance_scales, "inception_features": one_of(*INCEPTION_FEATURES),
-         "dtype": one_of(*GENERATION_DTYPES)}
+         "bootstrap": replicates, "guidance": guidance_scales, "inception_features": one_of(*INCEPTION_FEATURES)}
+# dtype and device are checked where they are resolved (train.device), before anything is scored
 
 
 def check_eval_config(cfg: EvalConfig) -> EvalConfig:
