@@ -13,7 +13,7 @@ from typing import Callable
 from PIL import Image
 
 from train.errors import WorkbenchError
-from train.generation import ImageRecord, Settings, StepHook, Stopped, generate_images  # noqa: F401 - app's names
+from train.generation import DEFAULT_GUIDANCE, ImageRecord, Settings, StepHook, Stopped, generate_images  # noqa: F401 - app's names
 from train.samplers import DEFAULT_SAMPLER, check_sampler
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a random one
@@ -40,7 +40,7 @@ class GenerationParams:
     negative_prompt: str = ""
     sampler: str = DEFAULT_SAMPLER
     steps: int = 25
-    guidance: float = 7.5
+    guidance: float = DEFAULT_GUIDANCE
     width: int = 512
     height: int = 512
     seed: int = -1

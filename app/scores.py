@@ -1,7 +1,7 @@
 """A checkpoint's scores, read from the files the workbench writes: evaluate's results store and human studies.
 
 - ``results.jsonl`` (`dwb evaluate run` / `watch`): one JSON object per (checkpoint, guidance) row with
-  ``checkpoint_hash``, ``model``, ``step``, ``guidance``, ``scheduler``, ``weights`` and metrics, each with an
+  ``checkpoint_hash``, ``model``, ``step``, ``guidance``, ``sampler``, ``weights`` and metrics, each with an
   optional 95% interval in ``<metric>_lo`` / ``<metric>_hi``. Found beside the checkpoints (their folder or
   a parent up to the root) and in the ``--results`` folders.
 - ``STUDY/report/results.json`` (`dwb human-eval report`): ``model_info`` gives each model's
@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from train.samplers import with_sampler_key
 
 log = logging.getLogger("app")
 RESULTS = "results.jsonl"
@@ -59,7 +61,7 @@ def scores_of(row: dict) -> list[Score]:
 def setting_text(row: dict) -> str:
     """The row's generation settings: guidance, sampler, steps, weights."""
     parts = [f"guidance {row['guidance']:g}" if _number(row.get("guidance")) is not None else "",
-             str(row.get("scheduler") or ""), f"{row['steps']} steps" if row.get("steps") else "",
+             str(row.get("sampler") or ""), f"{row['steps']} steps" if row.get("steps") else "",
              {"ema": "EMA", "raw": "raw"}.get(row.get("weights"), "")]
     return ", ".join(p for p in parts if p)
 
@@ -139,7 +141,7 @@ def _results_rows(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue  # a line cut short by a crash of the scoring process
         if isinstance(row, dict) and row.get("status", "ok") == "ok" and isinstance(row.get("checkpoint_hash"), str):
-            rows.append(row)
+            rows.append(with_sampler_key(row))
     return rows
 
 

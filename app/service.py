@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from PIL import Image
 
-from train.errors import WorkbenchError
+from train.errors import WorkbenchError, first_line
 
 from train.checkpoints import Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint
 from train.generation import ImageRecord, generate_images, save_png, with_metadata
@@ -140,8 +140,7 @@ class Service:
         except WorkbenchError as e:
             raise WorkbenchError(self.redact(f"{ckpt.label}: {str(e).replace(str(ckpt.path), ckpt.label)}")) from None
         except Exception as e:  # noqa: BLE001 - anything else a foreign file can make a loader raise
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            raise WorkbenchError(f"cannot load {ckpt.label}: {type(e).__name__}: {first}") from None
+            raise WorkbenchError(f"cannot load {ckpt.label}: {type(e).__name__}: {first_line(e)}") from None
         if self.runtime.device.startswith("cuda"):
             from diffusers.models.attention_processor import AttnProcessor2_0
 

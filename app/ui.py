@@ -22,7 +22,7 @@ import gradio as gr
 from train.compat import calm_gradio_queue
 from train.samplers import DEFAULT_SAMPLER, SAMPLERS
 
-from .generate import MAX_SEED
+from .generate import DEFAULT_GUIDANCE, MAX_SEED
 from .handlers import Handlers
 from .scores import METRICS
 from .service import Service
@@ -60,7 +60,7 @@ def settings_controls(prefix: str, limits, size: int) -> Controls:
     sampler = gr.Dropdown(list(SAMPLERS), value=DEFAULT_SAMPLER, label="Sampler", elem_id=f"{prefix}sampler")
     steps = gr.Slider(1, limits.max_steps, value=min(25, limits.max_steps), step=1, label="Steps",
                       elem_id=f"{prefix}steps")
-    guidance = gr.Slider(0, limits.max_guidance, value=7.5, step=0.5, label="Guidance scale",
+    guidance = gr.Slider(0, limits.max_guidance, value=DEFAULT_GUIDANCE, step=0.5, label="Guidance scale",
                          elem_id=f"{prefix}guidance")
     with gr.Row():
         width = gr.Slider(limits.min_size, limits.max_size, value=size, step=8, label="Width", elem_id=f"{prefix}width")

@@ -69,7 +69,7 @@ def build_study(n_prompts: int) -> Path:
             Image.fromarray((255 * pixels / pixels.max()).astype(np.uint8)).save(folder / f"{i:03d}_0.png")
             lines.append(json.dumps({"prompt": prompt, "prompt_index": i, "category": category, "image_index": 0,
                                      "seed": 0, "checkpoint": f"/ckpt/{name}.pt", "model": name, "guidance": 7.5,
-                                     "scheduler": "ddim", "steps": 50, "width": 128, "height": 128,
+                                     "sampler": "ddim", "steps": 50, "width": 128, "height": 128,
                                      "path": f"{i:03d}_0.png"}))
         (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
         args += ["--samples", str(folder / "manifest.jsonl")]

@@ -84,8 +84,8 @@ def score_row(ckpt: Path, data: Path, weights: Path, out: Path, args) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cfg = EvalConfig(out=str(out), reference=str(data / "32"), inception_weights=str(weights), prompts="shapes",
                      n_prompts=args.images, n_reference=args.reference, guidance=(5.0,), steps=args.steps,
-                     scheduler="DPM++ 2M", size=32, batch_size=64, kid_subset_size=min(1000, args.images),
-                     feature_dim=args.dim, bootstrap=args.bootstrap, device=args.device, progress=False)
+                     sampler="DPM++ 2M", size=32, batch_size=64, kid_subset_size=min(1000, args.images),
+                     inception_features=args.dim, bootstrap=args.bootstrap, device=args.device, progress=False)
     [row] = evaluate_checkpoints(cfg, [ckpt])
     check(row["n_images"] == args.images and row["bootstrap"] == args.bootstrap, f"row of {row['n_images']} images")
     for key in ("fid", "kid_mean"):

@@ -2,8 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import re
+from dataclasses import fields
+from pathlib import Path
 
 from train.samplers import SAMPLERS
+
+from .config import (GENERATION_DTYPES, INCEPTION_FEATURES, EvalConfig, guidance_scales, load_eval_config, positive,
+                     replicates)
+
+DEFAULT = {f.name: f.default for f in fields(EvalConfig)}  # what a key is when neither file nor flag gives it
 
 
 def _guidance(value: str) -> tuple[float, ...]:
@@ -11,36 +19,56 @@ def _guidance(value: str) -> tuple[float, ...]:
         scales = tuple(float(v) for v in value.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated guidance scales such as 1.5,3,5,8, got {value!r}") from None
-    if any(g < 0 for g in scales):
-        raise argparse.ArgumentTypeError("guidance scales must be non-negative")
-    return scales
+    return _checked(scales, guidance_scales)
+
+
+def _checked(value, rule):
+    problem = rule(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
 def _positive(value: str) -> int:
-    n = int(value)
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return n
+    return _checked(int(value), positive)
 
 
 def _replicates(value: str) -> int:
-    n = int(value)
-    if n < 0 or n == 1:
-        raise argparse.ArgumentTypeError(f"must be 0 (no intervals) or at least 2 replicates, got {value}")
-    return n
+    return _checked(int(value), replicates)
 
 
-def _config(args):
-    from .run import EvalConfig
+OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")  # key=value, as `dwb train` takes them
 
-    return EvalConfig(out=args.out, reference=args.reference, inception_weights=args.inception_weights, scorer=args.scorer,
-                      prompts=args.prompts, n_prompts=args.n_prompts, n_per_prompt=args.n_per_prompt,
-                      n_reference=args.n_reference, guidance=args.guidance, steps=args.steps, scheduler=args.sampler,
-                      size=args.size, batch_size=args.batch_size, seed=args.seed, clip=args.clip, cmmd=args.cmmd,
-                      dinov2=args.dinov2, bootstrap=args.bootstrap, ema=args.ema,
-                      kid_subsets=args.kid_subsets, kid_subset_size=args.kid_subset_size, device=args.device,
-                      dtype=args.dtype, allow_fewer_reference=args.allow_fewer_reference, cache=args.cache,
-                      feature_dim=args.inception_features)
+
+def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """(the other arguments, the key=value overrides); an existing path such as ``runs/a=1.pt`` is no override."""
+    overrides = [a for a in items if OVERRIDE.match(a) and not Path(a).exists()]
+    return [a for a in items if a not in overrides], overrides
+
+
+class KeyValueParser(argparse.ArgumentParser):
+    """Takes key=value overrides wherever they stand: argparse gives positionals only their first run of
+    arguments, so ``watch RUN --config F steps=20`` would otherwise refuse ``steps=20``."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if getattr(namespace, "overrides", None) is None:  # a command without overrides
+            return namespace, extras
+        namespace.overrides = namespace.overrides + [a for a in extras if OVERRIDE.match(a)]
+        return namespace, [a for a in extras if not OVERRIDE.match(a)]
+
+
+def config_from_args(args, scoring: bool = True) -> EvalConfig:
+    """The EvalConfig of --config FILE, then the flags given, then key=value overrides (the later wins).
+
+    `run` takes its key=value arguments among the checkpoints: they are moved from ``args.checkpoints`` to
+    ``args.overrides`` here. ``scoring=False`` (compare): --reference is needed only to score what the store
+    does not hold yet, and `cmd_compare` asks for it then."""
+    if hasattr(args, "checkpoints"):
+        args.checkpoints, among = split_overrides(args.checkpoints)
+        args.overrides = among + args.overrides
+    flags = {f.name: getattr(args, f.name) for f in fields(EvalConfig) if getattr(args, f.name, None) is not None}
+    return load_eval_config(args.config, flags, args.overrides, base=None if scoring else {"reference": ""})
 
 
 def _with_interval(r: dict, key: str, fmt: str) -> str:
@@ -73,10 +101,15 @@ def cmd_run(args) -> None:
 
     from .run import evaluate_checkpoints
 
-    rows = evaluate_checkpoints(_config(args), args.checkpoints)
+    cfg = config_from_args(args)
+    if not args.checkpoints:
+        from train.errors import WorkbenchError
+
+        raise WorkbenchError("give at least one checkpoint to score (every argument was a key=value override)")
+    rows = evaluate_checkpoints(cfg, args.checkpoints)
     if dist.get_global_rank() == 0:
         _summary(rows)
-        print(f"results in {args.out}/results.jsonl (CSV: results.csv), report: {args.out}/report/index.html")
+        print(f"results in {cfg.out}/results.jsonl (CSV: results.csv), report: {cfg.out}/report/index.html")
 
 
 def cmd_watch(args) -> None:
@@ -84,12 +117,12 @@ def cmd_watch(args) -> None:
     from .run import Evaluator
     from .watch import Watcher
 
-    ev = Evaluator(_config(args))
+    ev = Evaluator(config_from_args(args))
 
     def score(ckpt) -> None:
         _summary(ev.score(ckpt))
         ev.store.export_csv()
-        write_report(args.out)
+        write_report(ev.cfg.out)
 
     Watcher(args.run_dir, ev.store, score, ev.record_unreadable, settle=args.settle,
             retry_unreadable=args.retry_unreadable).run_forever(interval=args.interval, max_polls=args.max_polls)
@@ -111,26 +144,27 @@ def cmd_compare(args) -> None:
     from .compare import check_replicates, compare_store, rows_of, write_comparison
     from .store import ResultsStore
 
-    check_replicates(args.bootstrap)
-    missing = [c for c in (args.a, args.b) if not rows_of(ResultsStore(args.out).rows(), c)]
+    cfg = config_from_args(args, scoring=False)
+    check_replicates(cfg.bootstrap)
+    missing = [c for c in (args.a, args.b) if not rows_of(ResultsStore(cfg.out).rows(), c)]
     if missing:  # score what the store does not hold yet, with the same prompts and seeds
         from train.errors import WorkbenchError
 
         from .run import evaluate_checkpoints
 
-        if args.reference is None:
-            raise WorkbenchError(f"{missing[0]} has no scored rows in {args.out}/results.jsonl: give --reference and "
+        if not cfg.reference:
+            raise WorkbenchError(f"{missing[0]} has no scored rows in {cfg.out}/results.jsonl: give --reference and "
                                  f"--inception-weights or --scorer to score it")
-        _summary(evaluate_checkpoints(_config(args), missing))
-    for result in compare_store(args.out, args.a, args.b, replicates=args.bootstrap, seed=args.seed):
+        _summary(evaluate_checkpoints(cfg, missing))
+    for result in compare_store(cfg.out, args.a, args.b, replicates=cfg.bootstrap, seed=cfg.seed):
         print(f"A = {result['a']}, B = {result['b']}, guidance {result['guidance']:g}, {result['n_images']} images "
               f"of {result['n_prompts']} prompts, {result['bootstrap']} paired bootstrap replicates:")
         for m in result["metrics"]:
             print(f"  {m['sentence']}")
-        print(f"  (written to {write_comparison(args.out, result)})")
+        print(f"  (written to {write_comparison(cfg.out, result)})")
     from .report import write_report
 
-    print(f"report: {write_report(args.out)}")
+    print(f"report: {write_report(cfg.out)}")
 
 
 def cmd_report(args) -> None:
@@ -142,58 +176,69 @@ def cmd_report(args) -> None:
 
 
 def _common(p, scoring: bool = True) -> None:
-    """The scoring options; ``scoring=False`` (compare): --reference only needed to score what is not scored yet."""
-    p.add_argument("--out", required=True, help="results folder: results.jsonl, results.csv, samples/, report/")
-    p.add_argument("--reference", required=scoring, help="reference images: an MDS folder or an image folder")
+    """The scoring options, each also a config key (its name with underscores); defaults are EvalConfig's.
+    ``scoring=False`` (compare): --reference only needed to score what is not scored yet."""
+    p.add_argument("--config", metavar="FILE", help="a YAML file of these options (keys: the flags' names with "
+                                                    "underscores); flags and key=value arguments win over it")
+    p.add_argument("--out", help="results folder: results.jsonl, results.csv, samples/, report/")
+    p.add_argument("--reference", help="reference images: an MDS folder or an image folder"
+                                       + ("" if scoring else " (needed only to score A or B first)"))
     p.add_argument("--inception-weights",
                    help="path to weights-inception-2015-12-05-6726825d.pth (or its folder); FID on Inception features")
     p.add_argument("--scorer", help="a shapes domain scorer (`dwb evaluate train-scorer`): domain FID on its features "
                                     "and attribute accuracy (colour, shape, count, position) instead of Inception")
-    p.add_argument("--inception-features", type=int, choices=(64, 192, 768, 2048), default=2048,
-                   help="Inception layer: 2048 (pool3, the standard FID) or a smaller, faster one")
-    p.add_argument("--prompts", default="reference",
-                   help="'reference' (its captions), 'shapes', or a CSV/TSV file such as DrawBench or PartiPrompts")
-    p.add_argument("--n-prompts", type=_positive, default=1000, help="first N prompts of the set")
-    p.add_argument("--n-per-prompt", type=_positive, default=1, help="images per prompt")
-    p.add_argument("--n-reference", type=_positive, default=1000, help="reference images for the statistics")
-    p.add_argument("--guidance", type=_guidance, default=(1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0),
-                   help="guidance scales (default 1.5,2,3,4,5,6,7,8)")
-    p.add_argument("--steps", type=_positive, default=25)
+    p.add_argument("--inception-features", type=int, choices=INCEPTION_FEATURES,
+                   help=f"Inception layer: 2048 (pool3, the standard FID) or a smaller, faster one (default "
+                        f"{DEFAULT['inception_features']})")
+    p.add_argument("--prompts", help="'reference' (its captions), 'shapes', or a CSV/TSV file such as DrawBench or "
+                                     f"PartiPrompts (default {DEFAULT['prompts']})")
+    p.add_argument("--n-prompts", type=_positive, help=f"first N prompts of the set (default {DEFAULT['n_prompts']})")
+    p.add_argument("--n-per-prompt", type=_positive, help=f"images per prompt (default {DEFAULT['n_per_prompt']})")
+    p.add_argument("--n-reference", type=_positive, help=f"reference images for the statistics (default {DEFAULT['n_reference']})")
+    p.add_argument("--guidance", type=_guidance,
+                   help=f"guidance scales (default {','.join(f'{g:g}' for g in DEFAULT['guidance'])})")
+    p.add_argument("--steps", type=_positive, help=f"sampler steps (default {DEFAULT['steps']})")
     p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
                    help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's own, DPM++ 2M for training "
-                        "checkpoints); it names the samples' folder and the results' 'scheduler' column")
+                        "checkpoints); it names the samples' folder and the results' 'sampler' column")
     p.add_argument("--size", type=_positive, help="image side (default: the model's native size)")
-    p.add_argument("--batch-size", type=_positive, default=16)
-    p.add_argument("--seed", type=int, default=0, help="base of the per-image seeds")
+    p.add_argument("--batch-size", type=_positive, help=f"generation and feature batch (default {DEFAULT['batch_size']})")
+    p.add_argument("--seed", type=int, help=f"base of the per-image seeds (default {DEFAULT['seed']})")
     p.add_argument("--clip", help="CLIP model folder or hub id for CLIP score (default: no CLIP score)")
-    p.add_argument("--cmmd", action="store_true",
+    p.add_argument("--cmmd", action="store_true", default=None,
                    help="also CMMD (Gaussian-kernel MMD on the --clip model's image embeddings, x1000)")
     p.add_argument("--dinov2", help="DINOv2 model folder or hub id already in the Hugging Face cache (facebook/dinov2-large): "
                                     "FD-DINOv2, precision, recall, density and coverage on its features")
-    p.add_argument("--bootstrap", type=_replicates, default=200,
-                   help="bootstrap replicates for the 95%% intervals (prompts resampled); 0: no intervals")
-    p.add_argument("--ema", action="store_true", help="score the EMA weights")
-    p.add_argument("--kid-subsets", type=_positive, default=100)
-    p.add_argument("--kid-subset-size", type=_positive, default=1000)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                   help="generation precision (default: bf16 on a GPU, fp16 where it has no bf16, fp32 on a CPU)")
-    p.add_argument("--allow-fewer-reference", action="store_true", help="use a reference set smaller than --n-reference")
+    p.add_argument("--bootstrap", type=_replicates,
+                   help=f"bootstrap replicates for the 95%% intervals (prompts resampled; default {DEFAULT['bootstrap']}); "
+                        "0: no intervals")
+    p.add_argument("--ema", action="store_true", default=None, help="score the EMA weights")
+    p.add_argument("--kid-subsets", type=_positive, help=f"KID subsets (default {DEFAULT['kid_subsets']})")
+    p.add_argument("--kid-subset-size", type=_positive, help=f"images per KID subset (default {DEFAULT['kid_subset_size']})")
+    p.add_argument("--device", help=f"auto, cpu or cuda (default {DEFAULT['device']})")
+    p.add_argument("--dtype", choices=GENERATION_DTYPES,
+                   help=f"generation precision (default {DEFAULT['dtype']}: bf16 on a GPU, fp16 where it has no bf16, fp32 "
+                        "on a CPU)")
+    p.add_argument("--allow-fewer-reference", action="store_true", default=None,
+                   help="use a reference set smaller than --n-reference")
     p.add_argument("--cache", help="reference statistics cache (default OUT/cache)")
 
 
 def register(sub) -> None:
     ev = sub.add_parser("evaluate", help="FID, KID and CLIP score of checkpoints, guidance sweeps, sample sets")
-    ev_sub = ev.add_subparsers(dest="evaluate_command", required=True, metavar="EVALUATE_COMMAND")
+    ev_sub = ev.add_subparsers(dest="evaluate_command", required=True, metavar="EVALUATE_COMMAND",
+                               parser_class=KeyValueParser)
 
     p = ev_sub.add_parser("run", help="score the given checkpoints")
-    p.add_argument("checkpoints", nargs="+", help="checkpoints: Composer .pt files (this project's or mosaicml/diffusion's), "
-                                                  "diffusers folders, .safetensors/.ckpt single files, hub ids, s3:// URIs")
+    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT_OR_KEY=VALUE",
+                   help="checkpoints: Composer .pt files (this project's or mosaicml/diffusion's), diffusers folders, "
+                        ".safetensors/.ckpt single files, hub ids, s3:// URIs; and key=value config overrides")
     _common(p)
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, overrides=[])
 
     p = ev_sub.add_parser("watch", help="score each new checkpoint of a run as it appears (once, across restarts)")
     p.add_argument("run_dir", help="a training run's folder or s3:// prefix (or its checkpoints/ folder)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20 guidance=[3,5]")
     _common(p)
     p.add_argument("--interval", type=float, default=30.0, help="seconds between polls")
     p.add_argument("--settle", type=float, default=10.0, help="seconds a file must stay unchanged before scoring")
@@ -206,6 +251,7 @@ def register(sub) -> None:
                                            "and p-value (scores A or B first when the store lacks them)")
     p.add_argument("a", help="model label or checkpoint path (scored in --out, or scored now)")
     p.add_argument("b", help="model label or checkpoint path")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. bootstrap=1000")
     _common(p, scoring=False)
     p.set_defaults(func=cmd_compare)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from train.errors import WorkbenchError
+from train.errors import WorkbenchError, first_line
 from train.latents import fingerprint
 
 DEFAULT_CLIP = "openai/clip-vit-large-patch14"
@@ -30,8 +30,7 @@ def load_clip(ref: str | Path):
     try:
         return CLIPModel.from_pretrained(ref).eval(), CLIPProcessor.from_pretrained(ref)
     except Exception as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise WorkbenchError(f"cannot load CLIP model from {ref}: {first}") from None
+        raise WorkbenchError(f"cannot load CLIP model from {ref}: {first_line(e)}") from None
 
 
 class ClipImageExtractor:

@@ -20,6 +20,7 @@ import torch
 from train.errors import WorkbenchError
 
 from .bootstrap import interval, p_value, prompt_weights, weighted_means
+from .layout import comparison_file
 from .metrics import FeatureStats
 from .reference import ReferenceStats
 from .row import FEATURES, RowImages, VERDICTS, mean_values, set_replicates
@@ -40,7 +41,7 @@ def rows_of(rows: list[dict], who: str) -> dict[tuple, dict]:
     for r in rows:
         if r.get("status") == "ok" and (r["model"] == who or r["checkpoint"] == who
                                         or (target and str(Path(r["checkpoint"]).resolve()) == target)):
-            found[(r["guidance"], r.get("scheduler"))] = r
+            found[(r["guidance"], r.get("sampler"))] = r
     return found
 
 
@@ -133,16 +134,14 @@ def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed:
         sentence, better = describe(name, diff, lo, hi, p, replicates)
         metrics.append({"metric": name, "a": a[name], "b": b[name], "difference": diff, "lo": lo, "hi": hi, "p": p,
                         "better": better, "sentence": sentence})
-    return {"a": a["model"], "b": b["model"], "guidance": a["guidance"], "scheduler_a": a.get("scheduler"),
-            "scheduler_b": b.get("scheduler"), "n_images": a["n_images"], "n_prompts": int(len(np.unique(ia.prompts))),
+    return {"a": a["model"], "b": b["model"], "guidance": a["guidance"], "sampler_a": a.get("sampler"),
+            "sampler_b": b.get("sampler"), "n_images": a["n_images"], "n_prompts": int(len(np.unique(ia.prompts))),
             "bootstrap": replicates, "seed": seed, "metrics": metrics}
 
 
 def write_comparison(out: str | Path, result: dict) -> Path:
     """``OUT/compare/<A>-vs-<B>-cfg<g>.json``; the report lists every file there."""
-    from .run import _slug
-
-    path = Path(out) / "compare" / f"{_slug(result['a'])}-vs-{_slug(result['b'])}-cfg{result['guidance']:g}.json"
+    path = comparison_file(out, result["a"], result["b"], result["guidance"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     return path

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from train.errors import WorkbenchError
+from train.errors import WorkbenchError, first_line
 from train.precompute import fingerprint
 
 from .features import exact_matmul
@@ -45,8 +45,7 @@ def load_dinov2(ref: str | Path):
         raise WorkbenchError(f"DINOv2 model {ref} is not in the local Hugging Face cache and is never downloaded "
                              f"here: fetch it once (`huggingface-cli download {ref}`) or give its folder") from None
     except Exception as e:  # noqa: BLE001 - a config or weights file of another model
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise WorkbenchError(f"cannot load DINOv2 model from {ref}: {first}") from None
+        raise WorkbenchError(f"cannot load DINOv2 model from {ref}: {first_line(e)}") from None
 
 
 class Dinov2Extractor:

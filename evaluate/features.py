@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from train.errors import WorkbenchError
+from train.errors import WorkbenchError, first_line
 
 INCEPTION_WEIGHTS = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_WEIGHTS}"
@@ -93,7 +93,7 @@ class InceptionExtractor:
         try:  # a plain state dict loads safely; only then does torch-fidelity read it
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise WorkbenchError(f"cannot read Inception weights {path}: {str(e).strip().splitlines()[0][:200]}") from None
+            raise WorkbenchError(f"cannot read Inception weights {path}: {first_line(e)}") from None
         if not isinstance(state, dict) or "Mixed_7c.branch_pool.conv.weight" not in state:
             raise WorkbenchError(f"{path} does not hold Inception-v3 weights (expected {INCEPTION_WEIGHTS})")
         del state

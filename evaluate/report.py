@@ -38,8 +38,8 @@ def _axes(ax, xlabel: str, ylabel: str) -> None:
 
 def _sampler_tag(rows: list[dict]):
     """r -> " DDIM" etc. when the rows come from more than one sampler (a sampler sweep), else ""."""
-    several = len({r.get("scheduler") for r in rows}) > 1
-    return lambda r: f" {r.get('scheduler') or 'own sampler'}" if several else ""
+    several = len({r.get("sampler") for r in rows}) > 1
+    return lambda r: f" {r.get('sampler') or 'own sampler'}" if several else ""
 
 
 def _save(plt, fig, out: Path) -> Path:
@@ -189,7 +189,7 @@ def write_report(folder: str | Path) -> Path:
                                                         (plot_tradeoff, "tradeoff.png"),
                                                         (plot_attributes_vs_step, "attributes_vs_step.png"))] if rows else []
     tag = _sampler_tag(rows)
-    first = ["model", "step", "guidance", *(["scheduler"] if any(tag(r) for r in rows) else []), "n_images"]
+    first = ["model", "step", "guidance", *(["sampler"] if any(tag(r) for r in rows) else []), "n_images"]
     parts = ["<!doctype html><meta charset='utf-8'><title>evaluation report</title>",
              "<style>body{font-family:sans-serif;margin:2em;max-width:100%}td,th{padding:2px 6px;text-align:right;"
              "font-size:13px}div.wide{overflow-x:auto}img{max-width:100%}small{color:#555}</style>",

@@ -5,7 +5,6 @@ feature statistics and CLIP sums are gathered on rank 0, which writes the manife
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,47 +15,15 @@ from train.checkpoints import Checkpoint, content_hash, find_checkpoint, load_pi
 from train.device import pick_device, pipeline_dtype
 from train.errors import CheckpointError, WorkbenchError
 from train.generation import Settings, sampler_of
-from train.samplers import check_sampler
 
+from .config import EvalConfig, check_eval_config
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
+from .layout import samples_folder
 from .prompts import Prompt, load_prompts
 from .reference import check_reference_size, reference_stats
 from .row import FEATURES, RowScorer, row_metrics, save_features
 from .samples import Provenance, generate_samples, plan_batches, write_category_grids, write_manifest
 from .store import ResultsStore, checkpoint_identity
-
-DEFAULT_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
-
-
-@dataclass
-class EvalConfig:
-    out: str
-    reference: str
-    inception_weights: str | None = None  # Inception features for FID/KID ...
-    scorer: str | None = None  # ... or the shapes domain scorer's (domain FID), plus attribute accuracy
-    prompts: str = "reference"  # "reference", "shapes", or a CSV/TSV path
-    n_prompts: int | None = 1000
-    n_per_prompt: int = 1
-    n_reference: int = 1000
-    guidance: tuple[float, ...] = DEFAULT_GUIDANCE
-    steps: int = 25
-    scheduler: str | None = None  # a sampler name (train.samplers.SAMPLERS); None: the pipeline's own
-    size: int | None = None  # default: the pipeline's native size
-    batch_size: int = 16  # generation and feature batches; fixed so features do not depend on it
-    seed: int = 0
-    clip: str | None = None  # folder or hub id; None skips CLIP score
-    cmmd: bool = False  # CMMD on the CLIP model's image embeddings (needs clip)
-    dinov2: str | None = None  # folder or cached hub id of a DINOv2 model: FD-DINOv2, precision/recall/density/coverage
-    bootstrap: int = 200  # bootstrap replicates for the 95% intervals; 0: none
-    ema: bool = False
-    kid_subsets: int = 100
-    kid_subset_size: int = 1000
-    feature_dim: int = 2048
-    device: str = "auto"
-    dtype: str = "auto"  # generation precision (train.device.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
-    allow_fewer_reference: bool = False
-    cache: str | None = None  # reference statistics; default OUT/cache
-    progress: bool = True
 
 
 def check_output_folder(out: str | Path) -> None:
@@ -69,11 +36,6 @@ def check_output_folder(out: str | Path) -> None:
         probe.unlink()
     except OSError as e:
         raise WorkbenchError(f"cannot write to the output folder {out} ({e.strerror})") from None
-
-
-def _slug(name: str) -> str:
-    """A folder name from a model label or sampler name."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 def _dist():
@@ -108,7 +70,7 @@ class Evaluator:
     """Holds what every checkpoint shares: extractor, CLIP, prompts and the reference statistics."""
 
     def __init__(self, cfg: EvalConfig, extractor: FeatureExtractor | None = None):
-        self.cfg = cfg
+        self.cfg = check_eval_config(cfg)
         self.device = pick_device(cfg.device)
         self.dtype = pipeline_dtype(cfg.dtype, self.device)  # generation only: features stay float32/float64
         init_distributed(self.device)
@@ -122,7 +84,7 @@ class Evaluator:
             extractor = self.scorer = ShapesScorer(cfg.scorer, device=self.device)
         elif extractor is None and not cfg.inception_weights:
             raise WorkbenchError("give --inception-weights (FID on Inception features) or --scorer (the shapes domain's)")
-        self.extractor = extractor or InceptionExtractor(cfg.inception_weights, dim=cfg.feature_dim, device=self.device)
+        self.extractor = extractor or InceptionExtractor(cfg.inception_weights, dim=cfg.inception_features, device=self.device)
         self.clip = self.clip_images = None
         if cfg.cmmd and not cfg.clip:
             raise WorkbenchError("--cmmd needs a CLIP model: give --clip FOLDER_OR_HUB_ID (CMMD compares its image "
@@ -138,10 +100,6 @@ class Evaluator:
             from .dinov2 import Dinov2Extractor
 
             self.dinov2 = Dinov2Extractor(cfg.dinov2, device=self.device)
-        if cfg.bootstrap < 0:
-            raise WorkbenchError(f"--bootstrap must be 0 (no intervals) or a number of replicates, got {cfg.bootstrap}")
-        if cfg.scheduler is not None:
-            check_sampler(cfg.scheduler)
         self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference)
         check_reference_size(cfg.reference, cfg.n_reference, cfg.allow_fewer_reference)
         check_output_folder(cfg.out)
@@ -212,7 +170,7 @@ class Evaluator:
             references["cmmd"] = self.reference(size, self.clip_images)
         if self.dinov2 is not None:
             references["fd_dinov2"] = self.reference(size, self.dinov2)
-        return Opened(found, source, pipe, sampler_of(pipe, Settings(sampler=cfg.scheduler)), size, references)
+        return Opened(found, source, pipe, sampler_of(pipe, Settings(sampler=cfg.sampler)), size, references)
 
     def score_guidance(self, opened: Opened, guidance: float) -> dict | None:
         """Every rank generates and embeds its share of one guidance scale's images; rank 0 gets the row."""
@@ -222,12 +180,10 @@ class Evaluator:
         scorer = RowScorer(self.extractor, scorer=self.scorer, clip=self.clip, clip_images=self.clip_images,
                            dinov2=self.dinov2, kid_max=cfg.kid_subset_size * 10, seed=rank)
         jobs = iter(plan_batches(self.prompts, cfg.n_per_prompt, cfg.batch_size, rank, world))  # generate_samples' batches
-        # Another sampler than the pipeline's own gets its own folder, so a sampler sweep keeps every set.
-        leaf = f"cfg{guidance:g}" + (f"-{_slug(opened.sampler)}" if cfg.scheduler else "")
-        samples = Path("samples") / _slug(opened.source.model) / leaf
+        samples = samples_folder(opened.source.model, guidance, cfg.sampler)
         records = generate_samples(opened.pipe, self.prompts, Path(cfg.out) / samples, source=opened.source,
                                    n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=cfg.steps,
-                                   size=opened.size, sampler=cfg.scheduler, batch_size=cfg.batch_size, seed=cfg.seed,
+                                   size=opened.size, sampler=cfg.sampler, batch_size=cfg.batch_size, seed=cfg.seed,
                                    rank=rank, world=world, progress=cfg.progress and rank == 0,
                                    on_batch=lambda images, _: scorer.on_batch(images, next(jobs)))
         mine = {"records": records, "features": scorer.part()}
@@ -255,7 +211,7 @@ class Evaluator:
                 "checkpoint_hash": opened.source.checkpoint_hash, "weights": opened.source.weights,
                 "step": opened.found.step or 0, "guidance": float(guidance), "n_images": n_images,
                 "n_reference": fid_reference.stats.n, "reference_skipped": fid_reference.skipped,
-                "prompts": cfg.prompts, "scheduler": opened.sampler, "steps": cfg.steps, "size": opened.size,
+                "prompts": cfg.prompts, "sampler": opened.sampler, "steps": cfg.steps, "size": opened.size,
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}",
                 "resize": resize_policy(opened.size),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -25,7 +24,9 @@ from PIL import Image
 from tqdm import tqdm
 
 from train.generation import ImageRecord, Settings, generate_images, native_size, sampler_of, save_png
+from train.samplers import with_sampler_key
 
+from .layout import grid_file
 from .prompts import Prompt
 
 MANIFEST = "manifest.jsonl"
@@ -48,7 +49,7 @@ class SampleRecord:
     checkpoint: str
     model: str
     guidance: float
-    scheduler: str
+    sampler: str
     steps: int
     width: int
     height: int
@@ -57,7 +58,7 @@ class SampleRecord:
     weights: str = "stored"  # "ema" or "raw" for a Composer checkpoint
 
     def image_record(self) -> ImageRecord:
-        return ImageRecord(self.prompt, "", self.scheduler, self.steps, self.guidance, self.width, self.height,
+        return ImageRecord(self.prompt, "", self.sampler, self.steps, self.guidance, self.width, self.height,
                            self.seed, self.model, self.checkpoint_hash, self.weights)
 
 
@@ -103,7 +104,7 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Pr
     out = Path(out)
     size = size or native_size(pipe)
     settings = Settings(steps=steps, guidance=guidance, width=size, height=size, sampler=sampler)
-    scheduler, model = sampler_of(pipe, settings), source.model
+    sampler, model = sampler_of(pipe, settings), source.model
     batches = plan_batches(prompts, n_per_prompt, batch_size, rank, world)
     records: list[SampleRecord] = []
     bar = tqdm(total=sum(map(len, batches)), desc=f"samples {model} cfg {guidance:g}", unit="img", disable=not progress)
@@ -120,7 +121,7 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Pr
             for (p, i), s, image in zip(chunk, seeds, images):
                 rel = f"images/{p.index:05d}-{i:03d}.png"
                 rec = SampleRecord(p.text, p.index, p.category, i, s, source.checkpoint, model, float(guidance),
-                                   scheduler, steps, size, size, rel, source.checkpoint_hash, source.weights)
+                                   sampler, steps, size, size, rel, source.checkpoint_hash, source.weights)
                 pending.append(pool.submit(write_png, Image.fromarray(image), out, rec))
                 records.append(rec)
             if on_batch is not None:
@@ -159,12 +160,10 @@ def write_manifest(records: list[SampleRecord], out: str | Path,
 
 
 def read_manifest(path: str | Path) -> list[dict]:
+    """One dict per manifest line, keys under their current names (a manifest of an older version says
+    ``scheduler`` for ``sampler``)."""
     path = Path(path)
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "uncategorised"
+    return [with_sampler_key(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 def write_category_grids(records: list[SampleRecord], out: str | Path, max_prompts: int = 8, title: str = "") -> list[Path]:
@@ -180,7 +179,7 @@ def write_category_grids(records: list[SampleRecord], out: str | Path, max_promp
         rows = [sorted(rs, key=lambda r: r.image_index) for _, rs in sorted(by_prompt.items())[:max_prompts]]
         n = min(len(r) for r in rows)
         images = np.stack([[np.asarray(Image.open(out / r.path).convert("RGB")) for r in row[:n]] for row in rows])
-        path = out / "grids" / f"{_slug(category)}.png"
+        path = grid_file(out, category)
         path.parent.mkdir(parents=True, exist_ok=True)
         grid_image(images, [row[0].prompt for row in rows], title=f"{title} {category}".strip()).save(path)
         paths.append(path)

@@ -16,6 +16,8 @@ import logging
 import os
 from pathlib import Path
 
+from train.samplers import with_sampler_key
+
 from .attribute_accuracy import ATTRIBUTE_COLUMNS, COUNT_COLUMNS
 
 log = logging.getLogger("evaluate.store")
@@ -31,11 +33,11 @@ COLUMNS = ["model", "checkpoint", "step", "guidance", *_with_interval("fid"), "f
            *_with_interval("kid_mean"), "kid_std", *_with_interval("clip_score", "cmmd", "fd_dinov2"),
            "precision", "recall", "density", "coverage", *_with_interval(*ATTRIBUTE_COLUMNS),
            *COUNT_COLUMNS, "n_images", "bootstrap",
-           "n_reference", "reference_skipped", "prompts", "scheduler", "steps", "size", "extractor", "dinov2", "resize",
+           "n_reference", "reference_skipped", "prompts", "sampler", "steps", "size", "extractor", "dinov2", "resize",
            "seconds_generate", "seconds_metrics", "seconds_bootstrap", "seconds_total", "seconds_checkpoint", "samples",
            "status", "error",
            "checkpoint_hash", "weights", "dtype", "file_size", "file_mtime_ns", "time"]
-CATEGORY_KEYS = ["model", "checkpoint", "step", "guidance", "scheduler"]
+CATEGORY_KEYS = ["model", "checkpoint", "step", "guidance", "sampler"]
 
 
 def checkpoint_identity(ckpt) -> dict:
@@ -57,9 +59,10 @@ class ResultsStore:
         rows = []
         for line in self.path.read_text().splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a crash: that score is redone
+            rows.append(with_sampler_key(row) if isinstance(row, dict) else row)  # an older store says "scheduler"
         return rows
 
     def append_rows(self, rows: list[dict]) -> None:

@@ -200,7 +200,7 @@ def model_table(votes: list[dict], study: Study, rows: dict[str, dict | None], n
             human[m][q] = {**win_rate(mine, m, study, n_boot, rng), "bt_score": bt.get(m, {}).get("score", math.nan),
                            "bt_interval": bt.get(m, {}).get("interval", (math.nan, math.nan))}
     return [{"model": m, "checkpoint_hash": study.model_info.get(m, {}).get("checkpoint_hash", ""),
-             "study_settings": {k: study.model_info.get(m, {}).get(k) for k in ("guidance", "scheduler")},
+             "study_settings": {k: study.model_info.get(m, {}).get(k) for k in ("guidance", "sampler")},
              "row": {k: rows[m].get(k) for k in ROW_KEYS} if rows.get(m) else None,
              "metrics": metric_values(rows[m]) if rows.get(m) else {}, "human": human[m]} for m in study.models]
 

@@ -103,13 +103,13 @@ def _csv(header: list[str], rows: list[list]) -> str:
 def models_csv(joined: dict) -> str:
     """One line per model and question: human scores, then each metric with its interval."""
     metrics = shown_metrics(joined)
-    header = ["question", "model", "checkpoint_hash", "guidance", "scheduler", "n_images", "bt_score", "bt_lo", "bt_hi",
+    header = ["question", "model", "checkpoint_hash", "guidance", "sampler", "n_images", "bt_score", "bt_lo", "bt_hi",
               "decisive", "win_rate", "win_rate_lo", "win_rate_hi", *(c for m in metrics for c in (m, f"{m}_lo", f"{m}_hi"))]
     rows = []
     for q in joined["questions"]:
         for r in joined["table"]:
             h, row = r["human"][q], r["row"] or {}
-            rows.append([q, r["model"], r["checkpoint_hash"], row.get("guidance"), row.get("scheduler"), row.get("n_images"),
+            rows.append([q, r["model"], r["checkpoint_hash"], row.get("guidance"), row.get("sampler"), row.get("n_images"),
                          h["bt_score"], *h["bt_interval"], h["decisive"], h["win_rate"], *h["bootstrap_prompt"],
                          *(r["metrics"].get(m, {}).get(k) for m in metrics for k in ("value", "lo", "hi"))])
     return _csv(header, rows)

@@ -5,9 +5,9 @@ Both readers return the same thing, a list of `Sample`, so a study can mix them.
 *Manifest* (JSONL, one object per image, written by `dwb evaluate`): ``prompt``, ``image_index`` and
 ``path`` (relative to the manifest's folder, or absolute) are required, plus ``model`` or
 ``checkpoint`` (the model's label defaults to the checkpoint's file stem). ``prompt_set``,
-``prompt_index``, ``category``, ``seed``, ``guidance``, ``scheduler``, ``steps``, ``width``, ``height``,
+``prompt_index``, ``category``, ``seed``, ``guidance``, ``sampler``, ``steps``, ``width``, ``height``,
 ``checkpoint_hash`` and the per-image metrics ``clip_score`` and ``attr_all`` are kept when present; any
-other key is ignored.
+other key is ignored. Manifests written before ``sampler`` was named so say ``scheduler``: read as ``sampler``.
 
 *Prompt identity*: a prompt is its place in a prompt list, not its text. Two images show the same
 prompt when they carry the same ``prompt_set`` (a hash of the list, `prompt_set_id`) and the same
@@ -36,7 +36,9 @@ from .errors import HumanEvalError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 FOLDER_NAME = re.compile(r"^(\d+)_(\d+)$")
-SETTINGS = ("guidance", "scheduler", "steps", "width", "height")
+SETTINGS = ("guidance", "sampler", "steps", "width", "height")
+# Manifests, results rows and studies written before the sampler had one name call it "scheduler".
+OLD_SAMPLER_KEY = "scheduler"
 METRICS = ("clip_score", "attr_all")  # per-image automated scores, kept for joining with human results
 
 
@@ -62,7 +64,7 @@ class Sample:
     seed: int | None = None
     checkpoint: str = ""
     source: str = ""  # the manifest or folder it came from (admin-side only)
-    settings: dict = field(default_factory=dict, compare=False)  # guidance, scheduler, steps, width, height
+    settings: dict = field(default_factory=dict, compare=False)  # guidance, sampler, steps, width, height
     prompt_set: str = ""
     checkpoint_hash: str = ""
     metrics: dict = field(default_factory=dict, compare=False)  # clip_score, attr_all where the manifest has them
@@ -82,6 +84,14 @@ class Sample:
         return f"prompt {self.prompt_index} ({self.prompt!r})" if self.prompt_index is not None else repr(self.prompt)
 
 
+def with_sampler_key(record: dict) -> dict:
+    """``record`` (a manifest line, a results row, a study's model info) with an older file's ``scheduler`` key
+    read as ``sampler``."""
+    if OLD_SAMPLER_KEY in record and "sampler" not in record:
+        record["sampler"] = record.pop(OLD_SAMPLER_KEY)
+    return record
+
+
 def _int(value, what: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise HumanEvalError(f"{where}: '{what}' must be an integer, got {value!r}")
@@ -96,6 +106,7 @@ def _sample_of_line(row, where: str, manifest: Path, model: str | None) -> Sampl
     """One manifest line as a Sample, or a one-line error naming the line and the key."""
     if not isinstance(row, dict):
         raise HumanEvalError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    row = with_sampler_key(row)
     for key in ("prompt", "image_index", "path"):
         if key not in row:
             raise HumanEvalError(f"{where}: missing key '{key}'")

@@ -1,7 +1,7 @@
 """Automated scores beside a study: evaluate's results store read, and each study model's row found by checkpoint hash.
 
 `dwb evaluate run` appends one JSON object per (checkpoint, guidance[, sampler]) row to ``OUT/results.jsonl``
-with the checkpoint's content hash (``checkpoint_hash``), the row's settings (``guidance``, ``scheduler``) and
+with the checkpoint's content hash (``checkpoint_hash``), the row's settings (``guidance``, ``sampler``) and
 its metrics, each with a 95% interval as ``<metric>_lo`` / ``<metric>_hi`` where it was computed. A study keeps
 each model's checkpoint hash and settings from the manifests it was made from (``Study.model_info``). The join
 uses the hash, never the label: two stores may name the same checkpoint differently, and two checkpoints may
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import HumanEvalError
+from .samples import with_sampler_key
 from .study import Study
 
 RESULTS = "results.jsonl"
@@ -25,7 +26,7 @@ METRICS = {"fid": False, "fd_dinov2": False, "clip_score": True, "cmmd": False, 
 LABELS = {"fid": "FID", "fd_dinov2": "FD-DINOv2", "clip_score": "CLIP score", "cmmd": "CMMD", "kid_mean": "KID",
           "fid_infinity": "FD-infinity", "attr_all_all": "attribute accuracy", "precision": "precision",
           "recall": "recall"}
-ROW_KEYS = ("model", "checkpoint", "checkpoint_hash", "step", "guidance", "scheduler", "n_images", "prompts")
+ROW_KEYS = ("model", "checkpoint", "checkpoint_hash", "step", "guidance", "sampler", "n_images", "prompts")
 
 
 @dataclass
@@ -60,7 +61,7 @@ def read_scores(folders: list[str | Path]) -> ScoreRows:
             if not isinstance(row, dict) or row.get("status", "ok") != "ok" or not isinstance(row.get("checkpoint_hash"), str):
                 out.skipped += bool(line.strip())
                 continue
-            out.rows.append(row)
+            out.rows.append(with_sampler_key(row))  # a store of an older version says "scheduler"
     return out
 
 
@@ -75,11 +76,11 @@ def metric_values(row: dict) -> dict[str, dict]:
 
 
 def _same_setting(row: dict, info: dict) -> bool:
-    guidance, scheduler = _number(info.get("guidance")), info.get("scheduler")
+    guidance, sampler = _number(info.get("guidance")), info.get("sampler")
     if guidance is not None and not (_number(row.get("guidance")) is not None
                                      and math.isclose(_number(row.get("guidance")), guidance, abs_tol=1e-9)):
         return False
-    return not scheduler or row.get("scheduler") == scheduler
+    return not sampler or row.get("sampler") == sampler
 
 
 def match_row(model: str, info: dict, rows: list[dict]) -> tuple[dict | None, str]:
@@ -94,9 +95,9 @@ def match_row(model: str, info: dict, rows: list[dict]) -> tuple[dict | None, st
         return None, f"{model}: no evaluate row with checkpoint hash {hashes[0]}, so no metrics"
     setting = [r for r in found if _same_setting(r, info)]
     if not setting:
-        scored = ", ".join(sorted({f"guidance {r.get('guidance')} {r.get('scheduler') or ''}".strip() for r in found}))
+        scored = ", ".join(sorted({f"guidance {r.get('guidance')} {r.get('sampler') or ''}".strip() for r in found}))
         return None, (f"{model}: checkpoint {hashes[0]} was scored at {scored}, not at the study's guidance "
-                      f"{info.get('guidance')} {info.get('scheduler') or ''}".rstrip() + ", so no metrics")
+                      f"{info.get('guidance')} {info.get('sampler') or ''}".rstrip() + ", so no metrics")
     newest = max(setting, key=lambda r: _number(r.get("time")) or 0.0)
     note = (f"{model}: {len(setting)} rows match checkpoint {hashes[0]} at the study's settings; the newest is used"
             if len(setting) > 1 else "")

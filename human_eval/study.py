@@ -30,7 +30,7 @@ from tqdm import tqdm
 from .errors import HumanEvalError
 from .images import clean_image, covariates, degrade
 from .raters import rater_key
-from .samples import Sample
+from .samples import Sample, with_sampler_key
 
 FORMAT = 1
 GOLD_MODEL = "(gold decoy)"  # the label of degraded images in gold pairs; never shown to raters
@@ -155,7 +155,8 @@ def load_study(folder: str | Path) -> Study:
         prompts=[StudyPrompt(**p) for p in data["prompts"]],
         images={token: StudyImage(**image) for token, image in data["images"].items()},
         pairs=[Pair(**p) for p in data["pairs"]], questions=tuple(Question(**q) for q in data["questions"]),
-        per_rater=data.get("per_rater"), model_info=data.get("model_info", {}),
+        per_rater=data.get("per_rater"),
+        model_info={m: with_sampler_key(dict(info)) for m, info in data.get("model_info", {}).items()},
         allocation=data.get("allocation", "uniform"), target_width=data.get("target_width", 0.1),
     )
 

@@ -139,12 +139,6 @@ def tiny_clip(components, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tiny_run) -> Path:
-    """Two 16 px checkpoints of the tiny phase 1 (ep0-ba2, ep0-ba4): the suite's shared run."""
-    return tiny_run
-
-
-@pytest.fixture(scope="session")
 def s3_server():
     """A local S3-compatible store: moto's server on 127.0.0.1, with test credentials in the environment."""
     port = free_port()

@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from .errors import WorkbenchError
+from .errors import WorkbenchError, first_line
 from .architectures import ARCHITECTURES
 
 ARCHITECTURE_NAMES = tuple(ARCHITECTURES)  # the architectures a config may name
@@ -154,6 +154,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(e)
         names = " or ".join(_type_name(a) for a in typing.get_args(tp))
         raise WorkbenchError(f"config key '{key}' must be {names}, got {value!r}")
+    if origin is tuple and typing.get_args(tp)[1:] == (Ellipsis,):  # tuple[float, ...]: a YAML list
+        if not isinstance(value, (list, tuple)):
+            raise WorkbenchError(f"config key '{key}' must be a list, got {value!r}")
+        return tuple(_coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value))
     if origin is list and typing.get_args(tp) and dataclasses.is_dataclass(typing.get_args(tp)[0]):
         if not isinstance(value, list):
             raise WorkbenchError(f"config key '{key}' must be a list, got {value!r}")
@@ -161,7 +165,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise WorkbenchError(f"config key '{key}' must be a mapping, got {value!r}")
-        return _build(tp, value, prefix=f"{key}.")
+        return build_config(tp, value, prefix=f"{key}.")
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):
@@ -179,12 +183,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def _build(cls: type, data: dict, prefix: str = "") -> Any:
+def build_config(cls: type, data: dict, prefix: str = "") -> Any:
+    """Dataclass ``cls`` from a mapping: every key known, every value of its field's type, every field without
+    a default given; each problem a one-line WorkbenchError naming the key."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
     for key in data:
         if key not in names:
             raise WorkbenchError(f"unknown config key '{prefix}{key}' (known: {', '.join(sorted(names))})")
+    for f in fields:
+        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise WorkbenchError(f"config key '{prefix}{f.name}' is required")
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     return cls(**kwargs)
 
@@ -200,6 +210,7 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
 
 
 def parse_overrides(overrides: list[str]) -> dict:
+    """``["a.b=1", "c=[2, 3]"]`` -> ``{"a": {"b": 1}, "c": [2, 3]}``: each value read as YAML, empty as null."""
     out: dict = {}
     for item in overrides:
         if "=" not in item:
@@ -209,10 +220,11 @@ def parse_overrides(overrides: list[str]) -> dict:
     return out
 
 
-def _merge(base: dict, extra: dict) -> dict:
+def merge_config(base: dict, extra: dict) -> dict:
+    """``base`` with ``extra``'s keys on top, nested mappings merged key by key."""
     out = dict(base)
     for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge_config(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -300,21 +312,26 @@ def _check_time(key: str, value: str) -> None:
         raise WorkbenchError(f"config key '{key}' must be a Composer time string such as '1000ba' or '1ep', got {value!r}") from None
 
 
+def read_config_file(path: str | Path | None) -> dict:
+    """The mapping a YAML config file holds ({} for no file); a missing or malformed file is a one-line error."""
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.is_file():
+        raise WorkbenchError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise WorkbenchError(f"config file {path} is not valid YAML: {first_line(e)}") from None
+    if not isinstance(data, dict):
+        raise WorkbenchError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
     """Read a YAML config, apply ``key=value`` overrides and validate every key and type."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise WorkbenchError(f"config file not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise WorkbenchError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(data, dict):
-            raise WorkbenchError(f"config file {path} must hold a mapping at the top level")
-    data = _merge(data, parse_overrides(list(overrides)))
-    return validate(_build(TrainConfig, data))
+    data = merge_config(read_config_file(path), parse_overrides(list(overrides)))
+    return validate(build_config(TrainConfig, data))
 
 
 def config_to_dict(cfg: TrainConfig) -> dict:

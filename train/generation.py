@@ -30,12 +30,15 @@ from .samplers import make_sampler, sampler_name
 StepHook = Callable[[int, int], None]  # (steps done, steps in all) after each denoising step
 
 
+DEFAULT_GUIDANCE = 7.5  # classifier-free guidance of a generation that names none (the app's starting value)
+
+
 @dataclass(frozen=True)
 class Settings:
     """How to sample: the same for every image of one call."""
 
     steps: int = 25
-    guidance: float = 7.5
+    guidance: float = DEFAULT_GUIDANCE
     width: int | None = None  # None: the model's native size
     height: int | None = None
     sampler: str | None = None  # a name in train.samplers.SAMPLERS; None: the pipeline's own

@@ -25,6 +25,17 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
 DEFAULT_SAMPLER = "DPM++ 2M"
 
 
+# Results rows and sample manifests written before the sampler had one name call it "scheduler".
+OLD_SAMPLER_KEY = "scheduler"
+
+
+def with_sampler_key(record: dict) -> dict:
+    """``record`` (a results row, a manifest line) with an older file's ``scheduler`` key read as ``sampler``."""
+    if OLD_SAMPLER_KEY in record and "sampler" not in record:
+        record["sampler"] = record.pop(OLD_SAMPLER_KEY)
+    return record
+
+
 def check_sampler(name: str) -> None:
     """A one-line error for a name that is not in SAMPLERS (callers check before any work starts)."""
     if name not in SAMPLERS:

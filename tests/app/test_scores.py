@@ -24,10 +24,10 @@ def handlers(tree, hashes, tmp_path_factory):
     folder = tmp_path_factory.mktemp("scores")
     beside = tree.ba2.parent / "results.jsonl"
     rows = [dict(checkpoint="/elsewhere/ba2.pt", checkpoint_hash=hashes[BA2], model="tiny", step=2, guidance=5.0,
-                 scheduler="DDIM", weights="ema", status="ok", fid=310.5, fid_lo=290.25, fid_hi=333.0),
+                 sampler="DDIM", weights="ema", status="ok", fid=310.5, fid_lo=290.25, fid_hi=333.0),
             dict(checkpoint="/elsewhere/ba4.pt", checkpoint_hash=hashes[BA4], model="tiny", step=4, guidance=5.0,
                  scheduler="DDIM", weights="ema", status="ok", fid=280.0, fid_lo=262.0, fid_hi=301.0,
-                 clip_score=21.5, clip_score_lo=20.5, clip_score_hi=22.5),
+                 clip_score=21.5, clip_score_lo=20.5, clip_score_hi=22.5),  # "scheduler": an older store's word
             dict(checkpoint_hash=hashes[BA4], step=4, status="error", fid=1.0)]  # a failed row is not a score
     beside.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"torn")
     (folder / "old").mkdir()
@@ -57,7 +57,7 @@ def test_checkpoint_note_shows_metrics_with_intervals_and_win_rates_joined_by_ha
 def test_scores_tab_plots_the_metric_against_step_and_opens_a_checkpoint(handlers, hashes):
     points, table, note = handlers.scores_table("fid")
     assert note == "" and len(table) == 3  # two rows beside the run, one from the older --results store
-    ours = table[table["series"].str.contains("DDIM")]
+    ours = table[table["series"].str.contains("DDIM")]  # one series: "sampler" and an older store's "scheduler"
     assert list(ours["step"]) == [2, 4] and list(ours["FID"]) == [310.5, 280.0]
     assert list(ours["low"]) == [290.25, 262.0] and list(ours["checkpoint"]) == [BA2, BA4]
     assert list(points.columns[:5]) == ["checkpoint", "step", "series", "value", "low"]

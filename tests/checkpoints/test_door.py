@@ -87,7 +87,7 @@ def test_one_generation_path_gives_the_same_image_in_the_grid_evaluate_and_the_a
                                                     height=16, seed=seed))
     assert np.array_equal(evaluated, grid) and np.array_equal(grid, np.asarray(app.images[0]))
     assert app.records[0].checkpoint_hash == records[0].checkpoint_hash == content_hash(ckpt)
-    assert app.records[0].seed == records[0].seed and app.records[0].sampler == records[0].scheduler
+    assert app.records[0].seed == records[0].seed and app.records[0].sampler == records[0].sampler
 
 
 def test_s3_checkpoints_are_fetched_once_per_etag(s3_server, tiny_run, tmp_path, monkeypatch):

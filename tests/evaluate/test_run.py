@@ -22,15 +22,15 @@ def _cfg(tmp_path, shapes_data, inception_weights, **kw) -> EvalConfig:
     base = dict(out=str(tmp_path / "results"), reference=str(shapes_data / "eval/32"),
                 inception_weights=str(inception_weights), prompts="shapes", n_prompts=4, n_per_prompt=1,
                 n_reference=16, guidance=(1.5, 5.0), steps=2, size=16, batch_size=4, kid_subsets=3,
-                kid_subset_size=4, feature_dim=64, device="cpu", progress=False)
+                kid_subset_size=4, inception_features=64, device="cpu", progress=False)
     base.update(kw)
     return EvalConfig(**base)
 
 
-def test_run_scores_checkpoints_and_writes_store_csv_plots_and_samples(checkpoints, shapes_data, inception_weights,
+def test_run_scores_checkpoints_and_writes_store_csv_plots_and_samples(tiny_run, shapes_data, inception_weights,
                                                                        tiny_clip, tmp_path):
     cfg = _cfg(tmp_path, shapes_data, inception_weights, clip=str(tiny_clip))
-    ckpts = [checkpoints / "ep0-ba2-rank0.pt", checkpoints / "ep0-ba4-rank0.pt"]
+    ckpts = [tiny_run / "ep0-ba2-rank0.pt", tiny_run / "ep0-ba4-rank0.pt"]
     rows = evaluate_checkpoints(cfg, ckpts)
     assert [(r["step"], r["guidance"]) for r in rows] == [(2, 1.5), (2, 5.0), (4, 1.5), (4, 5.0)]
     for r in rows:
@@ -98,7 +98,7 @@ def torch_equal(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
-def test_cmmd_on_clip_image_embeddings(checkpoints, shapes_data, inception_weights, tiny_clip, tmp_path):
+def test_cmmd_on_clip_image_embeddings(tiny_run, shapes_data, inception_weights, tiny_clip, tmp_path):
     from itertools import islice
 
     from evaluate.clip import ClipScorer
@@ -106,7 +106,7 @@ def test_cmmd_on_clip_image_embeddings(checkpoints, shapes_data, inception_weigh
     from evaluate.reference import iter_images
 
     cfg = _cfg(tmp_path, shapes_data, inception_weights, clip=str(tiny_clip), cmmd=True, guidance=(1.5, 8.0))
-    rows = evaluate_checkpoints(cfg, [checkpoints / "ep0-ba4-rank0.pt"])
+    rows = evaluate_checkpoints(cfg, [tiny_run / "ep0-ba4-rank0.pt"])
     assert all(np.isfinite(r["cmmd"]) and r["cmmd"] > 0 for r in rows)
     assert rows[0]["cmmd"] != rows[1]["cmmd"]  # guidance changes the images, so their embeddings
     assert "cmmd" in (tmp_path / "results/results.csv").read_text().splitlines()[0].split(",")
@@ -118,11 +118,11 @@ def test_cmmd_on_clip_image_embeddings(checkpoints, shapes_data, inception_weigh
     assert rows[1]["cmmd"] == pytest.approx(cmmd(ref, fake), rel=1e-6)
     with pytest.raises(WorkbenchError, match="--cmmd needs a CLIP model"):
         evaluate_checkpoints(_cfg(tmp_path / "no-clip", shapes_data, inception_weights, cmmd=True),
-                             [checkpoints / "ep0-ba4-rank0.pt"])
+                             [tiny_run / "ep0-ba4-rank0.pt"])
 
 
-def test_generation_precision_is_chosen_and_recorded(checkpoints, shapes_data, inception_weights, tmp_path):
-    ckpt = checkpoints / "ep0-ba4-rank0.pt"
+def test_generation_precision_is_chosen_and_recorded(tiny_run, shapes_data, inception_weights, tmp_path):
+    ckpt = tiny_run / "ep0-ba4-rank0.pt"
     rows = {}
     for dtype, bootstrap in (("auto", 200), ("bf16", 0)):  # auto is float32 on a CPU
         cfg = _cfg(tmp_path / dtype, shapes_data, inception_weights, guidance=(5.0,), dtype=dtype, bootstrap=bootstrap)
@@ -135,24 +135,24 @@ def test_generation_precision_is_chosen_and_recorded(checkpoints, shapes_data, i
         evaluate_checkpoints(_cfg(tmp_path / "bad", shapes_data, inception_weights, dtype="int8"), [ckpt])
 
 
-def test_sampler_is_chosen_recorded_and_kept_apart(checkpoints, shapes_data, inception_weights, tmp_path):
-    ckpt = checkpoints / "ep0-ba4-rank0.pt"
+def test_sampler_is_chosen_recorded_and_kept_apart(tiny_run, shapes_data, inception_weights, tmp_path):
+    ckpt = tiny_run / "ep0-ba4-rank0.pt"
     out = tmp_path / "results"
     own = evaluate_checkpoints(_cfg(tmp_path, shapes_data, inception_weights, guidance=(5.0,)), [ckpt])[0]
-    ddim = evaluate_checkpoints(_cfg(tmp_path, shapes_data, inception_weights, guidance=(5.0,), scheduler="DDIM"),
+    ddim = evaluate_checkpoints(_cfg(tmp_path, shapes_data, inception_weights, guidance=(5.0,), sampler="DDIM"),
                                 [ckpt])[0]
-    assert own["scheduler"] == "DPM++ 2M" and ddim["scheduler"] == "DDIM"  # the pipeline's own, then the asked one
+    assert own["sampler"] == "DPM++ 2M" and ddim["sampler"] == "DDIM"  # the pipeline's own, then the asked one
     assert own["samples"] != ddim["samples"] and own["fid"] != ddim["fid"]  # both sample sets kept, different images
     for row in (own, ddim):
         manifest = [json.loads(line) for line in (out / row["samples"] / "manifest.jsonl").read_text().splitlines()]
-        assert {m["scheduler"] for m in manifest} == {row["scheduler"]}
+        assert {m["sampler"] for m in manifest} == {row["sampler"]}
         with Image.open(out / row["samples"] / manifest[0]["path"]) as im:
-            assert f"Sampler: {row['scheduler']}," in im.text["parameters"]
+            assert f"Sampler: {row['sampler']}," in im.text["parameters"]
     with open(out / "results.csv") as f:
-        assert [r["scheduler"] for r in csv.DictReader(f)] == ["DPM++ 2M", "DDIM"]
-    assert "<th>scheduler</th>" in (out / "report" / "index.html").read_text()  # a sweep's rows told apart
+        assert [r["sampler"] for r in csv.DictReader(f)] == ["DPM++ 2M", "DDIM"]
+    assert "<th>sampler</th>" in (out / "report" / "index.html").read_text()  # a sweep's rows told apart
     with pytest.raises(WorkbenchError, match="unknown sampler 'Karras 9000'; choose one of: DDIM, Euler"):
-        evaluate_checkpoints(_cfg(tmp_path / "bad", shapes_data, inception_weights, scheduler="Karras 9000"), [ckpt])
+        evaluate_checkpoints(_cfg(tmp_path / "bad", shapes_data, inception_weights, sampler="Karras 9000"), [ckpt])
 
 
 def test_corrupt_checkpoint_and_missing_weights_are_one_line_errors(shapes_data, inception_weights, tmp_path, capsys):
@@ -170,11 +170,11 @@ def test_corrupt_checkpoint_and_missing_weights_are_one_line_errors(shapes_data,
     assert len(err.splitlines()) == 1
 
 
-def test_watcher_scores_each_checkpoint_once_across_restarts(checkpoints, tmp_path):
+def test_watcher_scores_each_checkpoint_once_across_restarts(tiny_run, tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    shutil.copy(checkpoints / "ep0-ba2-rank0.pt", run / "checkpoints")
-    full = (checkpoints / "ep0-ba4-rank0.pt").read_bytes()
+    shutil.copy(tiny_run / "ep0-ba2-rank0.pt", run / "checkpoints")
+    full = (tiny_run / "ep0-ba4-rank0.pt").read_bytes()
     partial = run / "checkpoints" / "ep0-ba4-rank0.pt"
     partial.write_bytes(full[: len(full) // 2])  # still being written
     store = ResultsStore(tmp_path / "results")
@@ -211,11 +211,11 @@ def test_watcher_scores_each_checkpoint_once_across_restarts(checkpoints, tmp_pa
     assert "not a Composer checkpoint" in store.rows()[-1]["error"]
 
 
-def test_cli_watch_scores_a_run_once(checkpoints, shapes_data, inception_weights, tmp_path, capsys):
+def test_cli_watch_scores_a_run_once(tiny_run, shapes_data, inception_weights, tmp_path, capsys):
     from dwb import main
 
     run = tmp_path / "run"
-    shutil.copytree(checkpoints, run / "checkpoints")
+    shutil.copytree(tiny_run, run / "checkpoints")
     args = ["evaluate", "watch", str(run), "--out", str(tmp_path / "res"), "--reference", str(shapes_data / "eval/32"),
             "--inception-weights", str(inception_weights), "--inception-features", "64", "--prompts", "shapes",
             "--n-prompts", "3", "--n-reference", "16", "--guidance", "4", "--steps", "2", "--size", "16",
@@ -248,12 +248,12 @@ SETUP_PROBLEMS = {
 
 
 @pytest.mark.parametrize("problem", list(SETUP_PROBLEMS))
-def test_a_setup_problem_stops_the_watcher_at_start_and_records_nothing(problem, checkpoints, shapes_data,
+def test_a_setup_problem_stops_the_watcher_at_start_and_records_nothing(problem, tiny_run, shapes_data,
                                                                         inception_weights, tmp_path, capsys):
     from dwb import main
 
     run, out = tmp_path / "run", tmp_path / "res"
-    shutil.copytree(checkpoints, run / "checkpoints")
+    shutil.copytree(tiny_run, run / "checkpoints")
     (tmp_path / "a-file").write_text("not a folder")
     extra, message = SETUP_PROBLEMS[problem]
     args = _watch_args(run, out, shapes_data, inception_weights, *(a.format(tmp=tmp_path) for a in extra))
@@ -266,15 +266,15 @@ def test_a_setup_problem_stops_the_watcher_at_start_and_records_nothing(problem,
         assert sorted(r["step"] for r in ResultsStore(out).rows()) == [2, 4]
 
 
-def test_watch_marks_a_truncated_checkpoint_scores_the_others_and_retries_on_request(checkpoints, shapes_data,
+def test_watch_marks_a_truncated_checkpoint_scores_the_others_and_retries_on_request(tiny_run, shapes_data,
                                                                                    inception_weights, tmp_path, capsys):
     from dwb import main
 
     run, out = tmp_path / "run", tmp_path / "res"
     (run / "checkpoints").mkdir(parents=True)
     whole = run / "checkpoints" / "ep0-ba2-rank0.pt"
-    shutil.copy(checkpoints / "ep0-ba2-rank0.pt", whole)
-    full = (checkpoints / "ep0-ba4-rank0.pt").read_bytes()
+    shutil.copy(tiny_run / "ep0-ba2-rank0.pt", whole)
+    full = (tiny_run / "ep0-ba4-rank0.pt").read_bytes()
     (run / "checkpoints" / "ep0-ba4-rank0.pt").write_bytes(full[: len(full) // 2])  # a run killed mid-write
     # what an earlier watcher wrote against a whole file when its reference set was too small
     ResultsStore(out).append({"checkpoint": str(whole), "status": "unreadable",
@@ -292,14 +292,14 @@ def test_watch_marks_a_truncated_checkpoint_scores_the_others_and_retries_on_req
     assert capsys.readouterr().out.count("scored ") == 1
 
 
-def test_run_records_an_unreadable_checkpoint_scores_the_others_and_says_so(checkpoints, shapes_data,
+def test_run_records_an_unreadable_checkpoint_scores_the_others_and_says_so(tiny_run, shapes_data,
                                                                           inception_weights, tmp_path):
     torn = tmp_path / "ep0-ba6-rank0.pt"
-    full = (checkpoints / "ep0-ba4-rank0.pt").read_bytes()
+    full = (tiny_run / "ep0-ba4-rank0.pt").read_bytes()
     torn.write_bytes(full[: len(full) // 2])
     cfg = _cfg(tmp_path, shapes_data, inception_weights, guidance=(4.0,), n_prompts=2)
     with pytest.raises(WorkbenchError, match=r"1 of 2 checkpoints could not be scored .*ep0-ba6-rank0.pt"):
-        evaluate_checkpoints(cfg, [torn, checkpoints / "ep0-ba2-rank0.pt"])
+        evaluate_checkpoints(cfg, [torn, tiny_run / "ep0-ba2-rank0.pt"])
     rows = ResultsStore(tmp_path / "results").rows()
     assert [(r["status"], r.get("step")) for r in rows] == [("unreadable", None), ("ok", 2)]
 
@@ -311,12 +311,12 @@ def _args(ckpts, out, shapes_data, inception_weights, *extra) -> list[str]:
             "--batch-size", "8", "--kid-subset-size", "8", "--kid-subsets", "2", "--device", "cpu", *extra]
 
 
-def test_compare_two_checkpoints_with_paired_intervals(checkpoints, shapes_data, inception_weights, tiny_clip,
+def test_compare_two_checkpoints_with_paired_intervals(tiny_run, shapes_data, inception_weights, tiny_clip,
                                                       tiny_dinov2, tmp_path, capsys):
     """`dwb evaluate run A B`, then `dwb evaluate compare A B` on the store."""
     from dwb import main
 
-    a, b = checkpoints / "ep0-ba2-rank0.pt", checkpoints / "ep0-ba4-rank0.pt"
+    a, b = tiny_run / "ep0-ba2-rank0.pt", tiny_run / "ep0-ba4-rank0.pt"
     out = tmp_path / "res"
     scoring = ["--clip", str(tiny_clip), "--cmmd", "--dinov2", str(tiny_dinov2)]
     assert main(["evaluate", "run", *_args([a, b], out, shapes_data, inception_weights, *scoring)]) == 0
@@ -342,7 +342,7 @@ def test_compare_two_checkpoints_with_paired_intervals(checkpoints, shapes_data,
     [same] = compare_store(out, str(a), str(a), replicates=50)  # a checkpoint against itself: no difference at all
     assert [m["sentence"].split(" difference ")[1] for m in same["metrics"]] == ["+0 [+0, +0], not significant (p = 1)"] * 5
 
-    assert main(["evaluate", "compare", str(a), str(checkpoints / "ep9-ba9-rank0.pt"), "--out", str(out)]) != 0
+    assert main(["evaluate", "compare", str(a), str(tiny_run / "ep9-ba9-rank0.pt"), "--out", str(out)]) != 0
     err = capsys.readouterr().err.strip()  # not scored, and nothing to score it with
     assert "ep9-ba9-rank0.pt has no scored rows" in err and "give --reference" in err and "\n" not in err
 
@@ -352,7 +352,7 @@ def test_compare_two_checkpoints_with_paired_intervals(checkpoints, shapes_data,
     assert err.startswith("error: cannot compare") and "n_images differs (8 vs 4)" in err and "\n" not in err
 
 
-def test_attribute_accuracy_per_image_with_intervals_and_categories(checkpoints, shapes_data, tmp_path):
+def test_attribute_accuracy_per_image_with_intervals_and_categories(tiny_run, shapes_data, tmp_path):
     """The shapes scorer's verdicts per image in the manifest, intervals on the accuracies, tables per category.
     The scorer is trained for one epoch (its accuracy does not matter here, only how verdicts travel)."""
     from train.shapes.scorer import train_scorer
@@ -362,7 +362,7 @@ def test_attribute_accuracy_per_image_with_intervals_and_categories(checkpoints,
     cfg = EvalConfig(out=str(tmp_path / "res"), reference=str(shapes_data / "eval/32"), scorer=str(scorer),
                      prompts="shapes", n_prompts=8, n_per_prompt=2, n_reference=16, guidance=(5.0,), steps=2, size=16,
                      batch_size=8, kid_subsets=2, kid_subset_size=8, device="cpu", progress=False)
-    [row] = evaluate_checkpoints(cfg, [checkpoints / "ep0-ba4-rank0.pt"])
+    [row] = evaluate_checkpoints(cfg, [tiny_run / "ep0-ba4-rank0.pt"])
     for key in ("attr_all_all", "attr_single_color", "attr_pair_position", "fid"):
         assert row[f"{key}_lo"] <= row[key] <= row[f"{key}_hi"]
     manifest = [json.loads(line) for line in (tmp_path / "res" / row["samples"] / "manifest.jsonl").read_text().splitlines()]

@@ -15,7 +15,7 @@ from ..conftest import SHARED
 
 PROMPTS = SHARED / "data/prompts"
 MANIFEST_KEYS = {"prompt", "prompt_index", "category", "image_index", "seed", "checkpoint", "model", "guidance",
-                 "scheduler", "steps", "width", "height", "path"}
+                 "sampler", "steps", "width", "height", "path"}
 
 
 def test_drawbench_and_parti_read_with_categories():

@@ -118,11 +118,11 @@ def test_domain_fid_separates_real_from_broken_images(trained, scorer_data):
 
 
 @pytest.mark.slow
-def test_evaluate_with_the_scorer_reports_attributes(trained, checkpoints, shapes_data, tmp_path):
+def test_evaluate_with_the_scorer_reports_attributes(trained, tiny_run, shapes_data, tmp_path):
     cfg = EvalConfig(out=str(tmp_path / "results"), reference=str(shapes_data / "eval/32"), scorer=str(trained[0]),
                      prompts="shapes", n_prompts=6, n_reference=16, guidance=(5.0,), steps=2, size=16, batch_size=3,
                      kid_subsets=3, kid_subset_size=4, device="cpu", progress=False)
-    rows = evaluate_checkpoints(cfg, [checkpoints / "ep0-ba2-rank0.pt", checkpoints / "ep0-ba4-rank0.pt"])
+    rows = evaluate_checkpoints(cfg, [tiny_run / "ep0-ba2-rank0.pt", tiny_run / "ep0-ba4-rank0.pt"])
     for r in rows:
         assert r["extractor"].startswith("shapes-scorer-256@") and np.isfinite(r["fid"])
         assert r["attr_n_single"] + r["attr_n_pair"] == r["n_images"] == 6 and r["attr_n_object"] <= r["attr_n_single"]
@@ -135,7 +135,7 @@ def test_evaluate_with_the_scorer_reports_attributes(trained, checkpoints, shape
     assert float(table[1]["attr_all_all"]) == pytest.approx(rows[1]["attr_all_all"])
     assert "attr_single_color" in (out / "report" / "index.html").read_text()
 
-    r = run_dwb("evaluate", "run", str(checkpoints / "ep0-ba2-rank0.pt"), "--out", str(tmp_path / "cli"),
+    r = run_dwb("evaluate", "run", str(tiny_run / "ep0-ba2-rank0.pt"), "--out", str(tmp_path / "cli"),
                 "--reference", str(shapes_data / "eval/32"), "--scorer", str(trained[0]), "--prompts", "shapes",
                 "--n-prompts", "4", "--n-reference", "16", "--guidance", "5", "--steps", "2", "--size", "16",
                 "--kid-subset-size", "4", "--kid-subsets", "2")

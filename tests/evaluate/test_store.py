@@ -1,4 +1,5 @@
 """The results store survives a torn write; the reference cache key covers what the cache keeps."""
+import csv
 import json
 import os
 
@@ -66,3 +67,30 @@ def test_a_cache_of_fewer_images_is_refused_without_allow_fewer(extractor, tmp_p
     assert fewer.stats.n == 5
     with pytest.raises(WorkbenchError, match="5 readable images, fewer than the 8 requested"):
         reference_stats(folder, extractor, 16, 8, tmp_path / "cache", progress=False)  # the same key, cached
+
+
+def test_a_store_and_a_manifest_of_an_older_version_read_with_sampler(tmp_path):
+    """Before the sampler had one name, rows and manifest lines said "scheduler": read as "sampler", beside new rows."""
+    from evaluate.compare import rows_of
+    from evaluate.samples import read_manifest
+
+    older = {"model": "run/ep0-ba2-rank0", "checkpoint": "run/checkpoints/ep0-ba2-rank0.pt", "step": 2, "guidance": 5.0,
+             "fid": 310.5, "n_images": 4, "prompts": "shapes", "scheduler": "DDIM", "steps": 2, "size": 16,
+             "samples": "samples/run_ep0-ba2-rank0/cfg5-DDIM", "status": "ok", "categories": [
+                 {"category": "one group", "n_prompts": 2, "n_images": 2}]}
+    (tmp_path / "results.jsonl").write_text(json.dumps(older) + "\n")
+    store = ResultsStore(tmp_path)
+    newer = {k: v for k, v in older.items() if k != "scheduler"} | {"sampler": "DPM++ 2M", "samples": "samples/run_ep0-ba2-rank0/cfg5"}
+    store.append_rows([newer])  # a row of this version after them
+    rows = store.rows()
+    assert [r["sampler"] for r in rows] == ["DDIM", "DPM++ 2M"] and not any("scheduler" in r for r in rows)
+    assert set(rows_of(rows, "run/ep0-ba2-rank0")) == {(5.0, "DDIM"), (5.0, "DPM++ 2M")}  # two settings, not one
+    store.export_csv()
+    with open(tmp_path / "results.csv") as f:
+        assert [r["sampler"] for r in csv.DictReader(f)] == ["DDIM", "DPM++ 2M"]
+    with open(tmp_path / "categories.csv") as f:
+        assert [r["sampler"] for r in csv.DictReader(f)] == ["DDIM", "DPM++ 2M"]
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps({"prompt": "a red circle", "prompt_index": 0, "category": "one group",
+                                    "image_index": 0, "seed": 1, "scheduler": "DDIM", "path": "images/00000-000.png"}) + "\n")
+    assert read_manifest(manifest)[0]["sampler"] == "DDIM"

@@ -47,7 +47,7 @@ def write_samples(folder: Path, name: str, prompts: list[tuple[str, str]], image
             Image.fromarray(pixels).save(path, pnginfo=info)
             lines.append({"prompt": prompt, "prompt_index": i, "category": category, "image_index": k, "seed": 1000 + k,
                           "checkpoint": ids["checkpoint"], "model": ids["model"], "guidance": 7.5,
-                          "scheduler": ids["scheduler"], "steps": 50, "width": size, "height": size,
+                          "sampler": ids["scheduler"], "steps": 50, "width": size, "height": size,
                           "path": str(path) if absolute else f"samples/{path.name}", "checkpoint_hash": ids["checkpoint_hash"],
                           "clip_score": round(float(pixels.mean()) / 255, 4)})
     manifest = folder / "manifest.jsonl"

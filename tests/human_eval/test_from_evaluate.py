@@ -84,4 +84,4 @@ def test_evaluate_manifests_with_a_repeated_prompt_become_a_study_that_takes_vot
     for model in joined["table"]:
         row = rows[model["checkpoint_hash"]]
         assert model["row"]["checkpoint"] == row["checkpoint"] and model["metrics"]["fid"]["value"] == row["fid"]
-        assert model["metrics"]["fid"]["lo"] == row["fid_lo"] and model["row"]["scheduler"] == row["scheduler"]
+        assert model["metrics"]["fid"]["lo"] == row["fid_lo"] and model["row"]["sampler"] == row["sampler"]

@@ -36,7 +36,7 @@ def evaluate_row(name: str, step: int, clip: float, **extra) -> dict:
     """One results.jsonl row as `dwb evaluate run` writes it, with intervals; CMMD deliberately ranks backwards."""
     ids = model_secrets(name)
     row = {"model": ids["model"], "checkpoint": ids["checkpoint"], "checkpoint_hash": ids["checkpoint_hash"],
-           "step": 1000 * (step + 1), "guidance": 7.5, "scheduler": ids["scheduler"], "n_images": 20, "status": "ok",
+           "step": 1000 * (step + 1), "guidance": 7.5, "sampler": ids["scheduler"], "n_images": 20, "status": "ok",
            "fid": 60.0 - 8 * step, "fid_lo": 55.0 - 8 * step, "fid_hi": 66.0 - 8 * step, "fid_infinity": 52.0 - 8 * step,
            "fd_dinov2": 400.0 - 30 * step, "fd_dinov2_lo": 380.0 - 30 * step, "fd_dinov2_hi": 425.0 - 30 * step,
            "clip_score": clip, "clip_score_lo": clip - 0.01, "clip_score_hi": clip + 0.01,
@@ -59,7 +59,7 @@ def clip_study(tmp_path_factory) -> tuple[Path, Path]:
     build_study(samples, root / "study", gold=2, seed=0, progress=False)
     rows = [evaluate_row(n, k, clip[n]) for k, n in enumerate(NAMES[:3])]  # m3 was never scored
     rows.append(evaluate_row("m0", 0, clip["m0"], guidance=3.0, fid=999.0))  # another guidance of m0's checkpoint
-    rows.append(evaluate_row("m1", 1, clip["m1"], scheduler="OtherSampler", fid=777.0))  # another sampler of m1's
+    rows.append(evaluate_row("m1", 1, clip["m1"], sampler="OtherSampler", fid=777.0))  # another sampler of m1's
     rows.append({"checkpoint": "/ckpts/broken.pt", "status": "unreadable", "error": "truncated"})
     (root / "eval").mkdir()
     (root / "eval" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"model": "cut sh')
@@ -130,7 +130,7 @@ def test_join_uses_checkpoint_hashes_not_labels(clip_study, tmp_path):
     # of m0's two rows, the one at the study's guidance (7.5, not 3.0)
     joined, notes = join_scores(study, read_scores([eval_out]))
     assert joined[m["m0"]]["guidance"] == 7.5 and joined[m["m0"]]["fid"] == 60.0
-    assert joined[m["m1"]]["scheduler"] == model_secrets("m1")["scheduler"] and joined[m["m1"]]["fid"] == 52.0
+    assert joined[m["m1"]]["sampler"] == model_secrets("m1")["scheduler"] and joined[m["m1"]]["fid"] == 52.0
     assert any("2 lines of the results were not used" in n for n in notes)  # the unreadable row and the torn line
     # images from a folder carry no hash; one label over two checkpoints has no single row
     scores = read_scores([eval_out])
@@ -220,3 +220,36 @@ def test_results_folder_without_a_store_is_a_one_line_error(clip_study, tmp_path
     r = run_dwb("human-eval", "report", str(folder), "--results", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o"))
     assert r.returncode != 0 and "no evaluate results at" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def _as_older_version(record: dict) -> dict:
+    """A manifest line, results row or study model info as written before the sampler had one name."""
+    record["scheduler"] = record.pop("sampler")
+    return record
+
+
+def test_files_of_an_older_version_say_scheduler_and_still_join(tmp_path):
+    """Manifests, a results store and a study.json written when the sampler was called "scheduler": read as
+    ``sampler``, so the join still picks each model's row at the study's sampler."""
+    samples = []
+    for step, name in enumerate(NAMES[:2]):
+        manifest = write_samples(tmp_path / name, name, drawbench()[:4], 1, size=8, seed=step)
+        lines = [_as_older_version(json.loads(line)) for line in manifest.read_text().splitlines()]
+        manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        samples += read_manifest(manifest)
+    assert {s.settings["sampler"] for s in samples} == {model_secrets(n)["scheduler"] for n in NAMES[:2]}
+    build_study(samples, tmp_path / "study", seed=0, progress=False)
+    path = tmp_path / "study" / "study.json"
+    data = json.loads(path.read_text())
+    data["model_info"] = {m: _as_older_version(info) for m, info in data["model_info"].items()}
+    path.write_text(json.dumps(data))
+    rows = [_as_older_version(evaluate_row(n, k, 0.3)) for k, n in enumerate(NAMES[:2])]
+    rows.append(_as_older_version(evaluate_row("m0", 0, 0.3, sampler="OtherSampler", fid=777.0, time=1.8e9)))  # newer
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    study = load_study(tmp_path / "study")
+    joined, notes = join_scores(study, read_scores([tmp_path / "eval"]))
+    m0, m1 = (model_secrets(n)["model"] for n in NAMES[:2])
+    assert study.model_info[m0]["sampler"] == model_secrets("m0")["scheduler"]
+    assert (joined[m0]["fid"], joined[m1]["fid"]) == (60.0, 52.0) and notes == []
+    assert joined[m0]["sampler"] == model_secrets("m0")["scheduler"]

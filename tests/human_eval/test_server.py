@@ -188,7 +188,7 @@ def test_no_model_identifier_in_any_rater_facing_byte(two_model_study, tmp_path)
 
     needles = {s for name in ("alpha", "beta") for s in model_secrets(name).values()}
     needles |= {m for m in study.models} | {"ep3-ba800k-rank0", "secretckpt", "SecretScheduler", "modelname", "gold",
-                                            "decoy", "repeat", "checkpoint", "scheduler", "guidance", "manifest", "seed"}
+                                            "decoy", "repeat", "checkpoint", "scheduler", "sampler", "guidance", "manifest", "seed"}
     needles |= {info_["source"] for info_ in study.model_info.values()} | {img.source for img in study.images.values()}
     needles |= {img.file for img in study.images.values()} | {study.secret, str(study.folder)}
     allowed_keys = {"done", "pair", "prompt", "images", "questions", "id", "text", "answered", "progress", "completed",

@@ -162,7 +162,7 @@ def test_manifest_details(tmp_path):
     manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     samples = read_manifest(manifest)
     assert {s.model for s in samples} == {"ep3-ba800k-rank0"}
-    assert samples[0].settings == {"guidance": 7.5, "scheduler": model_secrets("m")["scheduler"], "steps": 50,
+    assert samples[0].settings == {"guidance": 7.5, "sampler": model_secrets("m")["scheduler"], "steps": 50,
                                    "width": 32, "height": 32}
     assert read_manifest(manifest, model="label")[0].model == "label"
 

@@ -7,11 +7,11 @@ import sys
 
 from composer.utils import dist
 
-from train.config import DataConfig, _build, parse_overrides
+from train.config import DataConfig, build_config, parse_overrides
 from train.data import make_dataset
 
 out, batches, global_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-cfg = _build(DataConfig, parse_overrides(sys.argv[4:]), prefix="data.")
+cfg = build_config(DataConfig, parse_overrides(sys.argv[4:]), prefix="data.")
 world, rank = dist.get_world_size(), dist.get_global_rank()
 dataset = make_dataset(cfg, global_batch // world, seed=7, with_ids=True)
 ids = [sample["sample_id"] for _, sample in zip(range(batches * global_batch // world), dataset)]

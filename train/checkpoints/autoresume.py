@@ -11,7 +11,7 @@ import os
 import zipfile
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from .composer import load_state
 from .find import list_checkpoints
 
@@ -28,7 +28,7 @@ def checkpoint_problem(path: str | Path) -> str | None:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+        return f"{type(e).__name__}: {first_line(e)}"
     return f"corrupt member {bad}" if bad else None
 
 

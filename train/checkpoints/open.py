@@ -57,7 +57,7 @@ def _load_module(module: torch.nn.Module, weights: dict, prefix: str, where) -> 
         module.load_state_dict(sub, strict=True)
     except RuntimeError as e:
         raise CheckpointError(f"{where}: the {prefix.rstrip('.')} weights do not match the model spec "
-                              f"({str(e).splitlines()[0]})") from None
+                              f"({first_line(e)})") from None
 
 
 def pipeline_from_composer(path: str | Path, ema: bool = False):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 import yaml
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from .clip_bpe import END, VOCAB_SIZE, write_clip_tokenizer
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ SD_SCHEDULE = {"linear_start": 0.00085, "linear_end": 0.012, "timesteps": 1000}
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     blocked = re.search(r"unsupported GLOBAL \S+", text)  # a weights-only load naming the object it refused
-    return blocked.group(0) if blocked else (text.splitlines()[0][:200] if text else type(e).__name__)
+    return blocked.group(0) if blocked else first_line(e)
 
 
 def _ckpt_state_dict(path: Path) -> dict:

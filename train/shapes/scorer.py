@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import WorkbenchError
+from ..errors import WorkbenchError, first_line
 from .grammar import COUNTS, Group, Scene, scene_from_meta
 from .scenes import BACKGROUND, COLORS, PLACEMENTS, SHAPES, SIZES
 
@@ -126,7 +126,7 @@ class ShapesScorer:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise WorkbenchError(f"cannot read shapes scorer {path}: {str(e).strip().splitlines()[0][:200]}") from None
+            raise WorkbenchError(f"cannot read shapes scorer {path}: {first_line(e)}") from None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise WorkbenchError(f"{path} is not a shapes scorer (expected format {FORMAT})")
         cfg = json.loads(state["config"])
