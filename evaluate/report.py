@@ -12,11 +12,14 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
 from .store import ResultsStore
+
+ALL_RIGHT = attr_column("all", "all")  # every attribute right over every prompt
 
 STEP_METRICS = (("fid", "FID (lower is better)"), ("clip_score", "CLIP score (higher is better)"),
                 ("cmmd", "CMMD (lower is better)"), ("fd_dinov2", "FD-DINOv2 (lower is better)"))
-TRADEOFF_X = (("clip_score", "CLIP score"), ("attr_all_all", "every attribute right (all prompts)"))
+TRADEOFF_X = (("clip_score", "CLIP score"), (ALL_RIGHT, "every attribute right (all prompts)"))
 
 
 def _plt():
@@ -106,15 +109,14 @@ def plot_tradeoff(rows: list[dict], out: Path) -> Path | None:
     return _save(plt, fig, out)
 
 
-ATTRIBUTE_LINES = (("attr_single_color", "colour (one group)"), ("attr_single_shape", "shape (one group)"),
-                   ("attr_single_count", "count (one group)"), ("attr_pair_position", "position (two groups)"),
-                   ("attr_object_all", "every attribute right (one object)"),
-                   ("attr_all_all", "every attribute right (all prompts)"))
+ATTRIBUTE_LINES = tuple(zip(HEADLINE_COLUMNS, ("colour (one group)", "shape (one group)", "count (one group)",
+                                                "position (two groups)", "every attribute right (one object)",
+                                                "every attribute right (all prompts)")))
 
 
 def plot_attributes_vs_step(rows: list[dict], out: Path) -> Path | None:
     """GenEval-style attribute accuracy against training step, one panel per guidance scale."""
-    rows = [r for r in rows if r.get("attr_all_all") is not None]
+    rows = [r for r in rows if r.get(ALL_RIGHT) is not None]
     if not rows:
         return None
     plt = _plt()
@@ -200,7 +202,7 @@ def write_report(folder: str | Path) -> Path:
     parts += [f"<img src='{p.name}'>" for p in plots if p]
     parts.append(_table(rows, ["fid", "fid_infinity", "kid_mean", "clip_score", "cmmd", "fd_dinov2", "precision",
                                "recall", "density", "coverage", "seconds_total"], first))
-    if any(r.get("attr_all_all") is not None for r in rows):
+    if any(r.get(ALL_RIGHT) is not None for r in rows):
         parts += ["<h2>Attribute accuracy</h2>", _table(rows, [k for k, _ in ATTRIBUTE_LINES], first)]
     parts += _categories(rows, tag) + _comparisons(folder)
     for r in rows:
