@@ -62,8 +62,14 @@ def pretrained_folder(ref: str) -> Path:
     return resolve_hub(ref, allow_download=not hub_offline()) if is_hub_id(ref) else Path(ref)
 
 
-def _load_part(cls, ref: str, subfolder: str, what: str):
-    folder = pretrained_folder(ref) / subfolder
+def is_part_folder(path: Path) -> bool:
+    """A single part saved on its own (``save_pretrained`` of a VAE, text encoder or tokenizer)."""
+    return path.is_dir() and any((path / f).is_file() for f in ("config.json", "tokenizer_config.json", "vocab.json"))
+
+
+def load_part(cls, ref: str, subfolder: str, what: str):
+    """One pretrained part: ``ref`` is the part's own folder, a diffusers-layout root, or a hub id."""
+    folder = Path(ref) if is_part_folder(Path(ref)) else pretrained_folder(ref) / subfolder
     if not folder.is_dir():
         hint = " (run `dwb prepare` to build the tiny components)" if not Path(ref).exists() else ""
         raise WorkbenchError(f"pretrained {what} not found: {folder} does not exist{hint}")
@@ -72,15 +78,14 @@ def _load_part(cls, ref: str, subfolder: str, what: str):
     except WorkbenchError:
         raise
     except Exception as e:  # hub unreachable, missing file, unreadable weights
-        first = first_line(e)
-        raise WorkbenchError(f"cannot load pretrained {what} from '{ref}/{subfolder}': {first}") from None
+        raise WorkbenchError(f"cannot load pretrained {what} from '{folder}': {first_line(e)}") from None
 
 
 def load_frozen_parts(pretrained: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
     """VAE, text encoder and tokenizer from a diffusers-layout folder or hub id."""
-    vae = _load_part(AutoencoderKL, pretrained, "vae", "VAE")
-    text_encoder = _load_part(CLIPTextModel, pretrained, "text_encoder", "text encoder")
-    tokenizer = _load_part(CLIPTokenizer, pretrained, "tokenizer", "tokenizer")
+    vae = load_part(AutoencoderKL, pretrained, "vae", "VAE")
+    text_encoder = load_part(CLIPTextModel, pretrained, "text_encoder", "text encoder")
+    tokenizer = load_part(CLIPTokenizer, pretrained, "tokenizer", "tokenizer")
     return vae, text_encoder, tokenizer
 
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .errors import WorkbenchError, first_line
+from .errors import WorkbenchError
 
 from .latents import LATENTS_FORMAT, META, STORAGE_DTYPES, encode_array, fingerprint, latent_columns
 
@@ -39,30 +39,18 @@ from .latents import LATENTS_FORMAT, META, STORAGE_DTYPES, encode_array, fingerp
 # Loading the encoders
 
 
-def _from(cls, ref: str, subfolder: str, what: str):
-    """``ref`` is the part's own folder (with config.json), a diffusers-layout root, or a hub id."""
-    from .components import _load_part
-
-    p = Path(ref)
-    if p.is_dir() and ((p / "config.json").is_file() or (p / "tokenizer_config.json").is_file() or (p / "vocab.json").is_file()):
-        try:
-            return cls.from_pretrained(str(p))
-        except Exception as e:  # noqa: BLE001
-            first = first_line(e)
-            raise WorkbenchError(f"cannot load {what} from {p}: {first}") from None
-    return _load_part(cls, ref, subfolder, what)
-
-
 def load_encoders(vae_ref: str, text_encoder_ref: str, tokenizer_ref: str | None):
     from diffusers import AutoencoderKL
     from transformers import CLIPTextModel, CLIPTokenizer
 
-    vae = _from(AutoencoderKL, vae_ref, "vae", "VAE")
-    text_encoder = _from(CLIPTextModel, text_encoder_ref, "text_encoder", "text encoder")
+    from .components import load_part
+
+    vae = load_part(AutoencoderKL, vae_ref, "vae", "VAE")
+    text_encoder = load_part(CLIPTextModel, text_encoder_ref, "text_encoder", "text encoder")
     if tokenizer_ref is None:  # next to the text encoder: ROOT/tokenizer, or a sibling of ROOT/text_encoder
         p = Path(text_encoder_ref)
         tokenizer_ref = str(p.parent) if (p / "config.json").is_file() else text_encoder_ref
-    tokenizer = _from(CLIPTokenizer, tokenizer_ref, "tokenizer", "tokenizer")
+    tokenizer = load_part(CLIPTokenizer, tokenizer_ref, "tokenizer", "tokenizer")
     return vae.eval().requires_grad_(False), text_encoder.eval().requires_grad_(False), tokenizer
 
 
