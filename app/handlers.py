@@ -9,13 +9,13 @@ from __future__ import annotations
 import html
 import logging
 import os
-from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
 from train.checkpoints import content_hash
 from train.errors import WorkbenchError, first_line
+from train.prompts import read_prompt_table
 
 from .generate import GenerationParams, Stopped
 from .png_info import read_parameters, settings_from
@@ -221,7 +221,7 @@ class Handlers:
         if not path:
             return (gr.update(),) * 7
         try:
-            prompts = read_prompt_file(path, self.limits.max_cells)
+            prompts = [p.text for p in read_prompt_table(path, self.limits.max_cells, shown_as="upload")]
         except WorkbenchError as e:
             raise one_line(e) from None
         finally:
@@ -319,24 +319,3 @@ def newest_first(found: list) -> list:
             return 0.0
 
     return sorted(found, key=mtime, reverse=True)
-
-
-def read_prompt_file(path: str | Path, limit: int) -> list[str]:
-    """The prompts of a CSV (DrawBench: ``prompt,category``) or TSV (PartiPrompts: ``Prompt<TAB>Category...``)."""
-    import csv
-
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            sample = f.read(4096)
-            f.seek(0)
-            rows = list(csv.reader(f, delimiter="\t" if "\t" in sample.splitlines()[0] else ","))
-    except (OSError, UnicodeDecodeError, csv.Error, IndexError) as e:
-        raise WorkbenchError(f"cannot read the prompt file ({type(e).__name__})") from None
-    header = [h.strip().lower() for h in rows[0]] if rows else []
-    column = next((i for i, h in enumerate(header) if h in ("prompt", "prompts", "text", "caption")), None)
-    if column is None:
-        raise WorkbenchError("the prompt file needs a header with a 'prompt' column (DrawBench CSV, Parti TSV)")
-    prompts = [row[column].strip() for row in rows[1:] if len(row) > column and row[column].strip()]
-    if not prompts:
-        raise WorkbenchError("the prompt file holds a header but no prompts")
-    return prompts[:limit]

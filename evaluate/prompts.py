@@ -7,49 +7,10 @@
 """
 from __future__ import annotations
 
-import csv
-from dataclasses import dataclass
 from pathlib import Path
 
 from train.errors import WorkbenchError
-
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str
-    category: str
-    index: int  # position in the prompt set; with the image index it fixes the seed
-
-
-def read_prompt_table(path: str | Path, limit: int | None = None) -> list[Prompt]:
-    """Prompts from a CSV (``.csv``) or TSV (``.tsv``/``.txt``) file with ``prompt`` and ``category`` columns."""
-    path = Path(path)
-    if not path.is_file():
-        raise WorkbenchError(f"prompt file not found: {path}")
-    delimiter = "," if path.suffix.lower() == ".csv" else "\t"
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f, delimiter=delimiter))
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise WorkbenchError(f"cannot read prompt file {path}: {e}") from None
-    if not rows:
-        raise WorkbenchError(f"prompt file {path} is empty (expected a header with prompt and category columns)")
-    header = [h.strip().lower() for h in rows[0]]
-    col = {name: next((i for i, h in enumerate(header) if h in names), None)
-           for name, names in (("prompt", ("prompt", "prompts", "text", "caption")), ("category", ("category",)))}
-    if col["prompt"] is None:
-        raise WorkbenchError(f"prompt file {path} has no prompt column (header: {', '.join(rows[0]) or 'empty'})")
-    prompts = []
-    for line, row in enumerate(rows[1:], start=2):
-        if not any(cell.strip() for cell in row):
-            continue
-        if len(row) <= col["prompt"] or not row[col["prompt"]].strip():
-            raise WorkbenchError(f"{path}, line {line}: no prompt")
-        category = row[col["category"]].strip() if col["category"] is not None and len(row) > col["category"] else ""
-        prompts.append(Prompt(row[col["prompt"]].strip(), category or "uncategorised", len(prompts)))
-    if not prompts:
-        raise WorkbenchError(f"prompt file {path} holds a header but no prompts")
-    return prompts[:limit] if limit else prompts
+from train.prompts import Prompt, read_prompt_table  # noqa: F401  (the table reader is shared with the app)
 
 
 def shapes_prompts(limit: int | None = 64, seed: int = 0) -> list[Prompt]:

@@ -1,0 +1,38 @@
+"""The one prompt-table reader: DrawBench's CSV and PartiPrompts' TSV from ../shared, whatever the file's suffix,
+and errors that name the file only as the caller shows it (the app never shows a server path)."""
+import shutil
+
+import pytest
+
+from train.errors import WorkbenchError
+from train.prompts import read_prompt_table
+
+from ..conftest import REPO
+
+PROMPTS = REPO.parent / "shared" / "data" / "prompts"
+
+
+@pytest.mark.parametrize("name", ["drawbench.csv", "parti_prompts.tsv"])
+def test_tables_read_the_same_under_any_suffix(name, tmp_path):
+    """A browser upload keeps no trustworthy suffix: the header line tells CSV from TSV."""
+    table = read_prompt_table(PROMPTS / name)
+    renamed = shutil.copy(PROMPTS / name, tmp_path / "upload.txt")
+    assert read_prompt_table(renamed) == table
+    with open(PROMPTS / name, encoding="utf-8") as f:
+        lines = [line for line in f.read().splitlines()[1:] if line.strip()]
+    assert len(table) == len(lines) and [p.index for p in table] == list(range(len(table)))
+    assert len({p.category for p in table}) > 5 and "uncategorised" not in {p.category for p in table}
+    assert read_prompt_table(renamed, limit=7) == table[:7]
+
+
+@pytest.mark.parametrize("content", ["", "prompt,category\n", "text_missing,category\nfoo,bar\n",
+                                     "prompt,category\n,Colors\n", b"\xff\xfe\x00bad"])
+def test_errors_name_the_file_as_shown(content, tmp_path):
+    path = tmp_path / "secret-server-folder" / "prompts.csv"
+    path.parent.mkdir()
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(WorkbenchError) as e:
+        read_prompt_table(path, shown_as="upload")
+    assert "upload" in str(e.value) and "secret-server-folder" not in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(WorkbenchError, match="secret-server-folder"):
+        read_prompt_table(path)  # the command line names the path

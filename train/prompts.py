@@ -1,0 +1,59 @@
+"""Prompt tables: DrawBench's CSV (``prompt,category``), PartiPrompts' TSV (``Prompt<TAB>Category<TAB>...``), or any
+CSV/TSV with a prompt column (``prompt``, ``prompts``, ``text`` or ``caption``) and an optional ``category`` column.
+One reader for evaluate's prompt sets and the app's uploaded prompt files."""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import WorkbenchError
+
+PROMPT_HEADERS = ("prompt", "prompts", "text", "caption")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    category: str
+    index: int  # position in the prompt set; with the image index it fixes the seed
+
+
+def _read_rows(path: Path, shown: str) -> list[list[str]]:
+    """The table's rows; TSV when the header line holds a tab, CSV otherwise."""
+    if not path.is_file():
+        raise WorkbenchError(f"prompt file not found: {shown}")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = f.readline()
+            f.seek(0)
+            rows = list(csv.reader(f, delimiter="\t" if "\t" in header else ","))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise WorkbenchError(f"cannot read prompt file {shown} ({type(e).__name__})") from None
+    if not rows:
+        raise WorkbenchError(f"prompt file {shown} is empty (expected a header with prompt and category columns)")
+    return rows
+
+
+def read_prompt_table(path: str | Path, limit: int | None = None, shown_as: str | None = None) -> list[Prompt]:
+    """The prompts of a CSV or TSV file, in order. Errors name the file as ``shown_as`` (default: its path;
+    the app passes a name, so a server's paths never reach a browser)."""
+    path = Path(path)
+    shown = shown_as or str(path)
+    rows = _read_rows(path, shown)
+    header = [h.strip().lower() for h in rows[0]]
+    column = next((i for i, h in enumerate(header) if h in PROMPT_HEADERS), None)
+    category = next((i for i, h in enumerate(header) if h == "category"), None)
+    if column is None:
+        raise WorkbenchError(f"prompt file {shown} has no prompt column (header: {', '.join(rows[0]) or 'empty'})")
+    prompts = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) <= column or not row[column].strip():
+            raise WorkbenchError(f"{shown}, line {line}: no prompt")
+        kind = row[category].strip() if category is not None and len(row) > category else ""
+        prompts.append(Prompt(row[column].strip(), kind or "uncategorised", len(prompts)))
+    if not prompts:
+        raise WorkbenchError(f"prompt file {shown} holds a header but no prompts")
+    return prompts[:limit] if limit else prompts
