@@ -22,6 +22,7 @@ from train.errors import WorkbenchError
 from .bootstrap import interval, p_value, prompt_weights, weighted_means
 from .layout import comparison_file
 from .metrics import FeatureStats
+from .attribute_accuracy import attr_column
 from .reference import ReferenceStats
 from .row import FEATURES, RowImages, VERDICTS, mean_values, set_replicates
 from .samples import MANIFEST, read_manifest
@@ -30,7 +31,7 @@ from .store import ATTRIBUTE_COLUMNS, ResultsStore
 SIGNIFICANCE = 0.05
 LOWER_IS_BETTER = {"fid", "kid_mean", "cmmd", "fd_dinov2"}
 METRIC_NAMES = {"fid": "FID", "kid_mean": "KID", "clip_score": "CLIP score", "cmmd": "CMMD", "fd_dinov2": "FD-DINOv2",
-                "attr_all_all": "every attribute right"}
+                attr_column("all", "all"): "every attribute right"}
 MUST_MATCH = ("prompts", "n_images", "size", "extractor", "n_reference", "dinov2")
 
 
