@@ -19,12 +19,12 @@ import torch
 
 from train.errors import WorkbenchError
 
+from .attribute_accuracy import attr_column
 from .bootstrap import interval, p_value, prompt_weights, weighted_means
 from .layout import comparison_file
 from .metrics import FeatureStats
-from .attribute_accuracy import attr_column
 from .reference import ReferenceStats
-from .row import FEATURES, RowImages, VERDICTS, mean_values, set_replicates
+from .row import FEATURES, VERDICTS, RowImages, mean_values, set_replicates
 from .samples import MANIFEST, read_manifest
 from .store import ATTRIBUTE_COLUMNS, ResultsStore
 
