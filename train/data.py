@@ -1,7 +1,6 @@
 """Reading image-caption MDS datasets for training: crop to the phase's resolution, tokenize captions."""
 from __future__ import annotations
 
-import time
 from functools import partial
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
 from .errors import WorkbenchError, first_line
-from .mds import check_safe_columns, count_samples
+from .mds import check_safe_columns, count_samples, open_streaming
 
 
 def crop_to_array(img: Image.Image, resolution: int, center_crop: bool = True,
@@ -204,20 +203,6 @@ def latent_meta(data_cfg) -> dict:
     return metas[0]
 
 
-def _open_streaming(open_dataset, attempts: int = 5):
-    """Open a StreamingDataset, again when another process took its shared-memory name first. Streaming picks
-    the first free name, then creates it: two datasets opened at the same moment on one machine (two runs, or
-    a run beside a benchmark) can pick the same one, and the second fails with FileExistsError; reopening
-    picks the next free name."""
-    for attempt in range(attempts):
-        try:
-            return open_dataset()
-        except FileExistsError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.05 * (attempt + 1))
-
-
 def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -> StreamingDataset:
     """The Streaming dataset of a data config: one dataset or a mixture of streams, images or latents."""
     from streaming import Stream
@@ -241,7 +226,7 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -
     else:
         common.update(local=data_cfg.path or None, remote=data_cfg.remote)
     try:
-        dataset = _open_streaming(lambda: LatentDataset(with_ids=with_ids, **common) if data_cfg.precomputed else
+        dataset = open_streaming(lambda: LatentDataset(with_ids=with_ids, **common) if data_cfg.precomputed else
                                   ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
                                                       with_ids=with_ids, **common))
         check_safe_columns(dataset, "config key 'data.path'" if not data_cfg.streams else "config key 'data.streams'")

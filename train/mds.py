@@ -7,6 +7,7 @@ A dataset folder holds one subfolder per resolution bucket, named by its side in
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from .errors import WorkbenchError
@@ -67,3 +68,17 @@ def open_local(folder: str | Path, where: str | None = None):
     dataset = LocalDataset(local=str(folder))
     check_safe_columns(dataset, where or str(folder))
     return dataset
+
+
+def open_streaming(open_dataset, attempts: int = 5):
+    """Open a StreamingDataset, again when another process took its shared-memory name first. Streaming picks
+    the first free name, then creates it: two datasets opened at the same moment on one machine (two runs, or
+    a run beside a benchmark) can pick the same one, and the second fails with FileExistsError; reopening
+    picks the next free name."""
+    for attempt in range(attempts):
+        try:
+            return open_dataset()
+        except FileExistsError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))

@@ -169,13 +169,13 @@ def _open_source(local: str, remote: str | None):
     """The source bucket as a Streaming dataset (columns checked), and its sample count."""
     from streaming import StreamingDataset
 
-    from .mds import check_safe_columns, count_samples
+    from .mds import check_safe_columns, count_samples, open_streaming
 
     try:
         n = count_samples(local) if remote is None else None
     except WorkbenchError:
         n = None
-    dataset = StreamingDataset(local=local or None, remote=remote, shuffle=False, batch_size=1)
+    dataset = open_streaming(lambda: StreamingDataset(local=local or None, remote=remote, shuffle=False, batch_size=1))
     check_safe_columns(dataset, f"the source dataset {remote or local}")
     n = len(dataset) if n is None else n
     if n == 0:
