@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from train.errors import WorkbenchError
-from train.prompts import Prompt, read_prompt_table  # noqa: F401  (the table reader is shared with the app)
+from train.prompts import Prompt, read_prompt_table  # one table reader, shared with the app
 
 
 def shapes_prompts(limit: int | None = 64, seed: int = 0) -> list[Prompt]:
