@@ -113,3 +113,12 @@ def test_a_bad_file_is_named(text, message, tmp_path, capsys):
 def test_a_missing_file_is_named(tmp_path, capsys):
     error = one_line_error(["run", "ck.pt", "--config", str(tmp_path / "nope.yaml")], capsys)
     assert error.strip() == f"error: config file not found: {tmp_path / 'nope.yaml'}"
+
+
+def test_run_with_only_overrides_names_the_missing_checkpoint(tmp_path, capsys):
+    """`run steps=5 ...` parses (key=value may stand among the checkpoints), but then holds no checkpoint."""
+    file = tmp_path / "sweep.yaml"
+    file.write_text(yaml.safe_dump({"out": str(tmp_path / "out"), "reference": "r", "scorer": "s.pt"}))
+    error = one_line_error(["run", "steps=5", "--config", str(file)], capsys)
+    assert error.strip() == "error: give at least one checkpoint to score (every argument was a key=value override)"
+    assert not (tmp_path / "out").exists()
