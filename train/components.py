@@ -1,7 +1,8 @@
 """Building and loading the parts of a latent-diffusion model: UNet, VAE, text encoder, tokenizer, schedulers.
 
 ``pretrained`` is a folder or hub id in the diffusers layout (``vae/``, ``text_encoder/``,
-``tokenizer/``). A missing part is one clear error naming the folder and the part.
+``tokenizer/``), or a single-file checkpoint in the original Stable Diffusion layout (``.safetensors``,
+``.ckpt``: ``train.checkpoints.single_file``). A missing part is one clear error naming the folder and the part.
 """
 from __future__ import annotations
 
@@ -67,8 +68,25 @@ def is_part_folder(path: Path) -> bool:
     return path.is_dir() and any((path / f).is_file() for f in ("config.json", "tokenizer_config.json", "vocab.json"))
 
 
+def is_single_file(ref: str) -> bool:
+    from .checkpoints.single_file import SUFFIXES
+
+    return Path(ref).suffix in SUFFIXES and Path(ref).is_file()
+
+
+def single_file_parts(ref: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
+    """VAE, text encoder and tokenizer of a single-file checkpoint (its UNet is read, then dropped)."""
+    from .checkpoints.single_file import load_single_file
+
+    pipe = load_single_file(Path(ref))
+    return pipe.vae, pipe.text_encoder, pipe.tokenizer
+
+
 def load_part(cls, ref: str, subfolder: str, what: str):
-    """One pretrained part: ``ref`` is the part's own folder, a diffusers-layout root, or a hub id."""
+    """One pretrained part: ``ref`` is the part's own folder, a diffusers-layout root, a hub id or a single file
+    (which is read whole for each part)."""
+    if is_single_file(ref):
+        return single_file_parts(ref)[("vae", "text_encoder", "tokenizer").index(subfolder)]
     folder = Path(ref) if is_part_folder(Path(ref)) else pretrained_folder(ref) / subfolder
     if not folder.is_dir():
         hint = " (run `dwb prepare` to build the tiny components)" if not Path(ref).exists() else ""
@@ -82,7 +100,9 @@ def load_part(cls, ref: str, subfolder: str, what: str):
 
 
 def load_frozen_parts(pretrained: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
-    """VAE, text encoder and tokenizer from a diffusers-layout folder or hub id."""
+    """VAE, text encoder and tokenizer from a diffusers-layout folder, a hub id or a single file."""
+    if is_single_file(pretrained):
+        return single_file_parts(pretrained)
     vae = load_part(AutoencoderKL, pretrained, "vae", "VAE")
     text_encoder = load_part(CLIPTextModel, pretrained, "text_encoder", "text encoder")
     tokenizer = load_part(CLIPTokenizer, pretrained, "tokenizer", "tokenizer")

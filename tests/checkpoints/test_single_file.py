@@ -245,3 +245,46 @@ def test_a_text_tower_of_another_vocabulary_is_one_line(single_files, tmp_path):
     with pytest.raises(CheckpointError) as excinfo:
         load_single_file(path)
     assert "1000 token embeddings" in _one_line(excinfo) and str(path) in str(excinfo.value)
+
+
+@pytest.mark.parametrize("kind", ["hub id", "single file"])
+def test_training_takes_its_frozen_parts_from_a_hub_id_or_a_single_file(kind, hub_cache, single_files, shapes_data,
+                                                                       tmp_path, monkeypatch):
+    """``model.pretrained`` names the SD2 parts the way every other command does: a hub id from the offline
+    cache, or a single file in the original layout. The run trains on them and its checkpoint carries them."""
+    from diffusers import StableDiffusionPipeline
+
+    from train.checkpoints import load_pipeline
+    from train.config import load_config
+    from train.trainer import build_model, train
+
+    from ..conftest import REPO
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache.cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ref = hub_cache.repo if kind == "hub id" else str(single_files["sd2"][0])
+    same = StableDiffusionPipeline.from_pretrained(single_files["sd2"][1], safety_checker=None)
+    over = [f"model.pretrained={ref}", "model.prediction_type=v_prediction", f"data.path={shapes_data / '32'}",
+            "data.resolution=32", "global_train_batch_size=8", "device_train_microbatch_size=8", "max_duration=2ba",
+            "save_interval=2ba", f"save_folder={tmp_path / 'run'}", "ema.enabled=false", "scheduler.t_warmup=1ba"]
+    model = build_model(load_config(REPO / "configs/tiny-phase1.yaml", over))
+    for part in ("vae", "text_encoder"):
+        ours, theirs = getattr(model, part).state_dict(), getattr(same, part).state_dict()
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), part
+    assert model.tokenizer("a red circle").input_ids == same.tokenizer("a red circle").input_ids
+
+    train(load_config(REPO / "configs/tiny-phase1.yaml", over))
+    trained = load_pipeline(str(next((tmp_path / "run").glob("ep*-ba2-rank0.pt"))))
+    assert torch.equal(trained.vae.decoder.conv_out.weight, same.vae.decoder.conv_out.weight)
+    assert trained.tokenizer.pad_token == "!"  # SD2's tokenizer, carried into the checkpoint
+
+
+def test_a_missing_single_file_as_pretrained_is_one_line(tmp_path):
+    from train.config import load_config
+    from train.errors import WorkbenchError
+    from train.trainer import build_model
+
+    from ..conftest import REPO
+
+    with pytest.raises(WorkbenchError, match=r"pretrained VAE not found: .*sd2\.safetensors/vae does not exist"):
+        build_model(load_config(REPO / "configs/tiny-phase1.yaml", [f"model.pretrained={tmp_path / 'sd2.safetensors'}"]))
