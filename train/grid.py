@@ -31,19 +31,29 @@ def generate(pipe, prompts: list[str], seeds: list[int], *, steps: int = 25, gui
     return np.concatenate(out).reshape(len(prompts), len(seeds), *out[0].shape[1:])
 
 
-def grid_image(images: np.ndarray, prompts: list[str], title: str = "", cell: int = 96) -> Image.Image:
+MIN_CELL = 96  # the tiny models' 16-32 px images are enlarged pixel for pixel to at least this
+
+
+def cell_size(height: int, width: int) -> tuple[int, int]:
+    """A cell's (width, height): small images enlarged by a whole factor to MIN_CELL, larger ones as they are."""
+    scale = max(1, -(-MIN_CELL // min(height, width)))
+    return width * scale, height * scale
+
+
+def grid_image(images: np.ndarray, prompts: list[str], title: str = "") -> Image.Image:
     """Lay out (P, S, H, W, 3) images with each row's prompt on its left."""
     n_prompts, n_seeds = images.shape[:2]
+    cell_w, cell_h = cell_size(*images.shape[2:4])
     label_w, head = 300, 24 if title else 0
-    grid = Image.new("RGB", (label_w + n_seeds * cell, head + n_prompts * cell), (255, 255, 255))
+    grid = Image.new("RGB", (label_w + n_seeds * cell_w, head + n_prompts * cell_h), (255, 255, 255))
     draw = ImageDraw.Draw(grid)
     if title:
         draw.text((6, 6), title, fill=(0, 0, 0))
     for i, prompt in enumerate(prompts):
-        draw.text((6, head + i * cell + cell // 2 - 6), prompt, fill=(0, 0, 0))
+        draw.text((6, head + i * cell_h + cell_h // 2 - 6), prompt, fill=(0, 0, 0))
         for j in range(n_seeds):
-            tile = Image.fromarray(images[i, j]).resize((cell, cell), Image.Resampling.NEAREST)
-            grid.paste(tile, (label_w + j * cell, head + i * cell))
+            tile = Image.fromarray(images[i, j]).resize((cell_w, cell_h), Image.Resampling.NEAREST)
+            grid.paste(tile, (label_w + j * cell_w, head + i * cell_h))
     return grid
 
 

@@ -32,3 +32,13 @@ def test_write_grid_lays_out_prompts_by_seeds(components, tmp_path):
                      title="t", steps=2, size=16)
     image = Image.open(out)
     assert image.size == (300 + 2 * 96, 24 + 3 * 96)
+
+
+def test_large_images_keep_their_size_and_shape_in_the_grid():
+    """A full-size model's 256x192 images are laid out pixel for pixel (not squeezed into small square cells)."""
+    from train.grid import grid_image
+
+    images = np.random.default_rng(0).integers(0, 256, (2, 3, 192, 256, 3), dtype=np.uint8)
+    grid = np.asarray(grid_image(images, ["a", "b"], title="t"))
+    assert grid.shape == (24 + 2 * 192, 300 + 3 * 256, 3)
+    assert np.array_equal(grid[24 + 192:, 300 + 2 * 256:], images[1, 2])
