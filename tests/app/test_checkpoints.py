@@ -137,8 +137,16 @@ def test_pipeline_cache_is_lru_and_frees_evicted_pipelines(tree):
     assert service.pipeline(service.open(str(tree.ba2)), "ema") is a  # a is now the most recently used
     unet_b = weakref.ref(b.unet)
     del b
+    alive_while_loading = []
+    load = service.cache.get
+
+    def get(key, loader):  # the cache's get, noting whether b still lives while the new pipeline loads
+        return load(key, lambda: (alive_while_loading.append(unet_b() is not None), loader())[1])
+
+    service.cache.get = get
     service.pipeline(service.open(str(tree.export)), "ema")  # evicts b, the least recently used
-    gc.collect()
+    assert alive_while_loading == [False]  # b's memory was handed back before the new one loaded
+    del service.cache.get
     assert unet_b() is None  # its memory is gone, not just its cache entry
     assert service.cache.stats.loads == 3 and service.cache.stats.evictions == 1 and service.cache.stats.hits == 2
     raw = service.pipeline(service.open(str(tree.ba2)), "raw")
