@@ -52,9 +52,12 @@ def describe(ckpt: Checkpoint) -> CheckpointInfo:
 
 
 def _load_module(module: torch.nn.Module, weights: dict, prefix: str, where) -> None:
-    sub = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    """``module`` (built without weights: see ``pipeline_from_composer``) takes a copy of the checkpoint's tensors,
+    floating ones as float32: memory of its own, not pages of the file, which training may replace or delete."""
+    sub = {k[len(prefix):]: v.to(torch.float32 if v.is_floating_point() else v.dtype, copy=True)
+           for k, v in weights.items() if k.startswith(prefix)}
     try:
-        module.load_state_dict(sub, strict=True)
+        module.load_state_dict(sub, strict=True, assign=True)
     except RuntimeError as e:
         raise CheckpointError(f"{where}: the {prefix.rstrip('.')} weights do not match the model spec "
                               f"({first_line(e)})") from None
@@ -62,6 +65,7 @@ def _load_module(module: torch.nn.Module, weights: dict, prefix: str, where) -> 
 
 def pipeline_from_composer(path: str | Path, ema: bool = False):
     """A Composer checkpoint (this project's, or mosaicml/diffusion's) rebuilt from its spec and weights."""
+    from accelerate import init_empty_weights
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -70,10 +74,11 @@ def pipeline_from_composer(path: str | Path, ema: bool = False):
     ckpt = read_checkpoint(path)
     spec = ckpt["spec"]
     weights = model_weights(ckpt, ema=ema)
-    try:
-        unet = UNet2DConditionModel.from_config(spec["unet"])
-        vae = AutoencoderKL.from_config(spec["vae"])
-        text_encoder = CLIPTextModel(CLIPTextConfig.from_dict(spec["text_encoder"]))
+    try:  # parameters without storage: a random initialisation the weights replace cost most of the open
+        with init_empty_weights(include_buffers=False):
+            unet = UNet2DConditionModel.from_config(spec["unet"])
+            vae = AutoencoderKL.from_config(spec["vae"])
+            text_encoder = CLIPTextModel(CLIPTextConfig.from_dict(spec["text_encoder"]))
     except Exception as e:  # noqa: BLE001 - a foreign spec's configs
         raise CheckpointError(f"{path}: its model spec does not build ({type(e).__name__}: {e})") from None
     for module, prefix in ((unet, "unet."), (vae, "vae."), (text_encoder, "text_encoder.")):
