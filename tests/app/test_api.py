@@ -135,11 +135,19 @@ def _wait_until(condition, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def press_stop(client) -> None:
+    """What the page's Stop button sends: a direct POST for the client's session, outside the queue's event
+    stream (``client.submit(api_name="/stop")`` would share that stream with the running generation, and
+    under load the stream was seen to end with ``session_not_found`` before the stopped job's result came)."""
+    r = httpx.post(f"{client.src_prefixed}run/stop", json={"data": [], "session_hash": client.session_hash})
+    assert r.status_code == 200, r.text
+
+
 def test_stop_ends_a_running_generation_early(client, tree):
     job = client.submit(str(tree.ba4), "ema", "a red circle", "", "DDIM", 150, 5.0, 64, 64, 1, 1, api_name="/generate")
     _wait_until(lambda: (s := job.status()).code == Status.PROGRESS and s.progress_data
                 and s.progress_data[0].index and s.progress_data[0].index >= 1)
-    client.submit(api_name="/stop")  # fire and forget, as the Stop button does
+    press_stop(client)
     with pytest.raises(AppError, match=r"stopped after (\d+) of 150 steps") as e:
         job.result(timeout=60)
     assert int(str(e.value).split("after ")[1].split(" ")[0]) < 150
@@ -167,7 +175,7 @@ def test_queue_refuses_requests_beyond_its_size(server, tree):
         for c, j in zip(clients, jobs):
             if not j.done():
                 j.cancel()
-                c.submit(api_name="/stop")
+                press_stop(c)
         time.sleep(0.2)
 
 
