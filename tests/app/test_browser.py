@@ -216,3 +216,29 @@ def test_drop_a_png_and_send_it_to_generate(page, server, tmp_path):
     page.locator("#gallery img").first.wait_for()
     again = Image.open(io.BytesIO(page.request.get(page.get_attribute("#gallery img >> nth=0", "src")).body()))
     assert np.array_equal(np.asarray(again.convert("RGB")), np.asarray(Image.open(made).convert("RGB")))
+
+
+def test_a_prompt_file_fills_the_first_free_axis_with_its_prompts(page, tmp_path):
+    """PartiPrompts' TSV dropped on the X/Y/Z tab: its prompts, in file order and cut to the plot's cell limit,
+    become the first free axis (Z: X and Y hold seed and guidance); a file without a prompt column is one
+    message that names no server path."""
+    import csv
+
+    from ..conftest import SHARED
+
+    parti = SHARED / "data/prompts/parti_prompts.tsv"
+    with open(parti, newline="", encoding="utf-8") as f:
+        expected = [row["Prompt"].strip() for row in csv.DictReader(f, delimiter="\t")][:100]  # --max-cells' default
+    page.get_by_role("tab", name="X/Y/Z plot").click()
+    page.set_input_files("#xyz-prompt-file input[type=file]", parti)
+    page.wait_for_function("document.querySelector('#xyz-z-values textarea').value.length > 0")
+    assert page.input_value("#xyz-z-values textarea").split("\n") == expected
+    assert page.input_value("#xyz-z-type input") == "prompt"
+    assert page.input_value("#xyz-x-type input") == "seed" and page.input_value("#xyz-y-type input") == "guidance"
+
+    no_prompts = tmp_path / "scores.csv"
+    no_prompts.write_text("model,fid\na,1.0\n")
+    page.set_input_files("#xyz-prompt-file input[type=file]", no_prompts)
+    shown = error_toast(page, "no prompt column")
+    assert "prompt file upload has no prompt column (header: model, fid)" in shown
+    assert "/tmp" not in shown and str(tmp_path) not in shown
