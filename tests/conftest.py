@@ -173,16 +173,23 @@ def upload_folder(folder: Path, bucket: str, prefix: str) -> str:
     return f"s3://{bucket}/{prefix}"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--full-size", action="store_true",
+                     help="also run the tests marked full_size (SD2-base at full size: 16 GB of RAM, tens of minutes)")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` run where a CUDA GPU is visible and are skipped, with the reason, elsewhere."""
+    """Tests marked `gpu` run where a CUDA GPU is visible and are skipped, with the reason, elsewhere; tests
+    marked `full_size` run only with --full-size."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (FSDP, low-precision norms, xformers, auto microbatching)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (FSDP, low-precision norms, xformers, auto microbatching)")
+    skip_full = pytest.mark.skip(reason="SD2-base at full size: run alone with --full-size (16 GB of RAM)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+        if "full_size" in item.keywords and not config.getoption("--full-size"):
+            item.add_marker(skip_full)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -287,4 +287,5 @@ def test_a_missing_single_file_as_pretrained_is_one_line(tmp_path):
     from ..conftest import REPO
 
     with pytest.raises(WorkbenchError, match=r"pretrained VAE not found: .*sd2\.safetensors/vae does not exist"):
-        build_model(load_config(REPO / "configs/tiny-phase1.yaml", [f"model.pretrained={tmp_path / 'sd2.safetensors'}"]))
+        build_model(load_config(REPO / "configs/tiny-phase1.yaml",
+                                [f"model.pretrained={tmp_path / 'sd2.safetensors'}"]))
