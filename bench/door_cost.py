@@ -51,10 +51,13 @@ def full_size_checkpoints() -> dict[str, str]:
 
 
 def clear_door_caches() -> None:
-    from train.checkpoints import find, hashing
+    from train.checkpoints import composer, find, hashing, single_file, ziphead
 
     find._kinds.clear()
     hashing._cache.clear()
+    single_file._cached_shapes.cache_clear()
+    ziphead._read.cache_clear()
+    composer._summary.cache_clear()
 
 
 def time_door(ref: str) -> float:

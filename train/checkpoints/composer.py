@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
+import io
 import pickle
 import zipfile
 from pathlib import Path
@@ -22,6 +24,7 @@ import torch
 
 from ..errors import CheckpointError, first_line
 from ..spec import SPEC_FORMAT
+from .ziphead import zip_head
 
 # Plain data types Composer's checkpoints hold besides tensors (RNG states, timestamps, versions).
 SAFE_TYPES = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, datetime.timedelta,
@@ -117,13 +120,23 @@ class _Skeleton(pickle.Unpickler):
 
 def read_summary(path: str | Path) -> dict:
     """``{'kind', 'spec', 'model'  (names -> shape stubs), 'ema_state', 'timestamp'}`` as ``read_checkpoint``
-    gives them, from the pickle alone: what listing, naming and describing a checkpoint need."""
+    gives them, from the pickle alone: what listing, naming and describing a checkpoint need (read once per
+    version of the file: finding a checkpoint and describing it both ask)."""
     path = Path(path)
     try:
-        with zipfile.ZipFile(path) as z:
-            name = next(n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
-            with z.open(name) as f:
-                ckpt = _Skeleton(f).load()
+        st = path.stat()
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {first_line(e)}") from None
+    return dict(_summary(str(path), st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=16)
+def _summary(path: str, size: int, mtime_ns: int) -> dict:
+    try:
+        data = zip_head(path).pickle
+        if data is None:
+            raise StopIteration
+        ckpt = _Skeleton(io.BytesIO(data)).load()
     except (zipfile.BadZipFile, StopIteration, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: corrupt, not a PyTorch file, or holding more than "
                               f"plain data ({type(e).__name__})") from None

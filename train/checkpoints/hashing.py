@@ -21,6 +21,8 @@ import threading
 import zipfile
 from pathlib import Path
 
+from .ziphead import zip_head
+
 SHORT = 12  # hex digits shown and stored
 SAMPLES, SAMPLE_BYTES = 128, 4 * 1024
 _cache: dict[tuple[str, int, int], str] = {}
@@ -29,13 +31,13 @@ _lock = threading.Lock()
 
 def _zip_digest(path: Path, h) -> bool:
     try:
-        with zipfile.ZipFile(path) as z:
-            for info in sorted(z.infolist(), key=lambda i: i.filename.split("/", 1)[-1]):
-                # the archive's top folder is named after the file it was first saved as: leave it out
-                h.update(f"{info.filename.split('/', 1)[-1]}:{info.CRC}:{info.file_size}\n".encode())
-        return True
+        members = zip_head(path).members
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
         return False
+    # the archive's top folder is named after the file it was first saved as: leave it out
+    for name, crc, size in sorted(((n.split("/", 1)[-1], c, s) for n, c, s in members)):
+        h.update(f"{name}:{crc}:{size}\n".encode())
+    return True
 
 
 def _sampled_digest(path: Path, h) -> None:
