@@ -1,5 +1,4 @@
 """Allowed roots: discovery, refusing paths outside them (symlinks too) before reading a byte, hashes, the LRU cache."""
-import gc
 import os
 import shutil
 import sys
