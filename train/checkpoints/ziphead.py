@@ -96,10 +96,10 @@ def _read_fast(path: str, size: int) -> ZipHead | None:
             if pickle_at is None and _is_pickle(name):
                 pickle_at = (local, csize, method, crc)
             at += 46 + n + m + k
-        return ZipHead(tuple(members), _stored_member(f, *pickle_at, size) if pickle_at else None)
+        return ZipHead(tuple(members), _stored_member(f, *pickle_at) if pickle_at else None)
 
 
-def _stored_member(f, local: int, csize: int, method: int, crc: int, size: int) -> bytes:
+def _stored_member(f, local: int, csize: int, method: int, crc: int) -> bytes:
     """A member written without compression, checked against its CRC-32 (else ``BadZipFile`` via the fallback)."""
     f.seek(local)
     header = f.read(30)
