@@ -68,7 +68,9 @@ def is_part_folder(path: Path) -> bool:
     return path.is_dir() and any((path / f).is_file() for f in ("config.json", "tokenizer_config.json", "vocab.json"))
 
 
-def is_single_file(ref: str) -> bool:
+def names_a_single_file(ref: str) -> bool:
+    """``ref`` is a file with a single-file suffix (what it holds is checked when it loads, in one line);
+    ``single_file.is_single_file`` also reads its keys."""
     from .checkpoints.single_file import SUFFIXES
 
     return Path(ref).suffix in SUFFIXES and Path(ref).is_file()
@@ -85,7 +87,7 @@ def single_file_parts(ref: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPToken
 def load_part(cls, ref: str, subfolder: str, what: str):
     """One pretrained part: ``ref`` is the part's own folder, a diffusers-layout root, a hub id or a single file
     (which is read whole for each part)."""
-    if is_single_file(ref):
+    if names_a_single_file(ref):
         return single_file_parts(ref)[("vae", "text_encoder", "tokenizer").index(subfolder)]
     folder = Path(ref) if is_part_folder(Path(ref)) else pretrained_folder(ref) / subfolder
     if not folder.is_dir():
@@ -101,7 +103,7 @@ def load_part(cls, ref: str, subfolder: str, what: str):
 
 def load_frozen_parts(pretrained: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
     """VAE, text encoder and tokenizer from a diffusers-layout folder, a hub id or a single file."""
-    if is_single_file(pretrained):
+    if names_a_single_file(pretrained):
         return single_file_parts(pretrained)
     vae = load_part(AutoencoderKL, pretrained, "vae", "VAE")
     text_encoder = load_part(CLIPTextModel, pretrained, "text_encoder", "text encoder")
