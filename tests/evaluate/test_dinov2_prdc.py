@@ -38,6 +38,22 @@ def test_prdc_follows_the_papers_formulas():
         prdc(torch.from_numpy(real), torch.from_numpy(fake[:5]))
 
 
+@pytest.mark.parametrize("n, dim", [(40, 5), (200, 64), (500, 768)])
+def test_a_set_against_itself_scores_exactly_one_whatever_the_blocks(n, dim):
+    """Each ball's k-th neighbour lies exactly on its edge: the comparison must not depend on which way round, or
+    in which block, BLAS computed that distance (through a matrix product it did: density 1.002-1.01 here)."""
+    x = torch.randn(n, dim, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    for block in (7, 64, 1024):
+        assert prdc(x, x, block=block) == {"precision": 1.0, "recall": 1.0, "density": 1.0, "coverage": 1.0}
+
+
+def test_ties_everywhere_follow_the_papers_formulas():
+    """Features on a small integer grid: many equal distances, duplicates, balls of radius 0."""
+    rng = np.random.default_rng(1)
+    real, fake = rng.integers(0, 3, size=(60, 3)).astype(float), rng.integers(0, 4, size=(50, 3)).astype(float)
+    assert prdc(torch.from_numpy(real), torch.from_numpy(fake), block=16) == _papers_prdc(real, fake, 5)
+
+
 def test_dinov2_features_are_varied_and_fd_separates_sets(tiny_dinov2):
     extractor = Dinov2Extractor(tiny_dinov2)
     assert extractor.dim == 32 and extractor.name == f"dinov2:{tiny_dinov2.name}" and len(extractor.weights_hash) == 16
