@@ -13,8 +13,8 @@ from typing import Callable
 from PIL import Image
 
 from train.errors import WorkbenchError
-from train.generation import DEFAULT_GUIDANCE, ImageRecord, Settings, StepHook, Stopped, generate_images  # noqa: F401 - app's names
-from train.samplers import DEFAULT_SAMPLER, check_sampler
+from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, ImageRecord, Settings, StepHook,  # noqa: F401 - app's names
+                              Stopped, check_sampler, generate_images)
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a random one
 

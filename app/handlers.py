@@ -15,7 +15,7 @@ import pandas as pd
 
 from train.checkpoints import content_hash
 from train.errors import WorkbenchError, first_line
-from train.prompts import read_prompt_table
+from train.generation import read_prompt_table
 
 from .generate import GenerationParams, Stopped
 from .png_info import read_parameters, settings_from
@@ -204,7 +204,7 @@ class Handlers:
 
     def axis_picker(self, kind: str):
         """The pick list beside an axis: checkpoints or samplers, for the axis types that name them."""
-        from train.samplers import SAMPLERS
+        from train.generation import SAMPLERS
 
         if kind == "checkpoint":
             return gr.update(choices=self.choices()[0], value=[], visible=True)

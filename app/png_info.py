@@ -14,8 +14,7 @@ from pathlib import Path
 from PIL import Image
 
 from train.errors import WorkbenchError
-from train.generation import parse_parameters
-from train.samplers import SAMPLERS
+from train.generation import SAMPLERS, parse_parameters
 
 MAX_PIXELS = 4096 * 4096
 WEIGHTS = {"EMA": "ema", "raw": "raw"}

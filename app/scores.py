@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from train.samplers import with_sampler_key
+from train.generation import with_sampler_key
 
 log = logging.getLogger("app")
 RESULTS = "results.jsonl"

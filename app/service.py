@@ -56,7 +56,7 @@ class Runtime:
 
     @classmethod
     def pick(cls, device: str = "auto", dtype: str = "auto") -> "Runtime":
-        from train.device import pick_device, pipeline_dtype
+        from train.generation import pick_device, pipeline_dtype
 
         chosen = pick_device(device)
         return cls(str(chosen), pipeline_dtype(dtype, chosen))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from train.compat import calm_gradio_queue
-from train.samplers import DEFAULT_SAMPLER, SAMPLERS
+from train.generation import DEFAULT_SAMPLER, SAMPLERS
 
 from .generate import DEFAULT_GUIDANCE, MAX_SEED
 from .handlers import Handlers

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, replace
 
 from train.errors import WorkbenchError
-from train.samplers import check_sampler
+from train.generation import check_sampler
 
 from .generate import MAX_SEED, GenerationParams, Limits, whole_number, shown, text, validate
 

@@ -71,7 +71,7 @@ def building():
 def fixtures(n: int = 4096, vae_steps: int = 20) -> tuple[Path, Path]:
     """(shapes dataset, tiny components); the VAE's quality does not matter for timing. A smoke run
     builds ``SMOKE_IMAGES`` samples and a VAE of 3 steps on 64 of them, whatever it asks for."""
-    from train.prepare import prepare_tiny
+    from train.shapes.prepare import prepare_tiny
     from train.shapes import write_shapes_dataset
 
     n, vae_steps, vae_images = (SMOKE_IMAGES, 3, 64) if RUN.smoke else (n, vae_steps, 1024)
@@ -107,8 +107,8 @@ def random_sd2_base(captions: list[str]):
     a tokenizer fitted on ``captions``: a float32 pipeline on the CPU, for timing (weights do not matter)."""
     import torch
 
-    from train.components import build_pipeline, build_unet, random_text_encoder, random_vae
-    from train.prepare import fit_tokenizer
+    from train.checkpoints.components import build_pipeline, build_unet, random_text_encoder, random_vae
+    from train.shapes.prepare import fit_tokenizer
 
     torch.manual_seed(0)
     tokenizer = fit_tokenizer(captions, max_length=77)

@@ -28,7 +28,7 @@ def composer_steps(cfg, steps: int) -> list[float]:
 
 
 def bare_steps(cfg, steps: int) -> list[float]:
-    from train.data import build_dataloader
+    from train.data.loader import build_dataloader
     from train.trainer import build_model
 
     torch.manual_seed(cfg.seed)

@@ -25,7 +25,7 @@ def full_size_checkpoints() -> dict[str, str]:
 
     from tests.checkpoints.original_layout import write_single_file
     from train.config import load_config
-    from train.spec import ModelSpec, make_spec
+    from train.checkpoints.spec import ModelSpec, make_spec
     from train.trainer import build_model
 
     out = RUN.out / "door-sd2"

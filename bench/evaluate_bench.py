@@ -61,7 +61,7 @@ def batching(ckpt: Path, n: int, batch_size: int, rounds: int, steps: int) -> di
     from evaluate.prompts import shapes_prompts
     from evaluate.samples import image_seed
     from train.checkpoints import load_pipeline
-    from train.samplers import make_sampler
+    from train.generation.samplers import make_sampler
 
     pipe = load_pipeline(ckpt)
     pipe.scheduler = make_sampler(SAMPLER, pipe.scheduler.config)

@@ -18,7 +18,7 @@ After each run the votes in the store are compared with the votes sent: every on
 
 Run: .venv/bin/python bench/human_eval_latency.py [--raters 50 --votes 40 --think 0.5]
 Smoke: .venv/bin/python bench/human_eval_latency.py --smoke (12 prompts, 3 raters x 4 votes; every answer 200)
-DrawBench's CSV is read from ../shared beside the checkout, or from $DWB_SHARED.
+DrawBench's prompts are the set the workbench ships (``--prompts drawbench``).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from _common import ROOT, RUN, parse_args, report
 
-DRAWBENCH = Path(os.environ.get("DWB_SHARED", ROOT.parent / "shared")) / "data" / "prompts" / "drawbench.csv"
+DRAWBENCH = ROOT / "train" / "generation" / "prompt_sets" / "drawbench.csv"
 MODELS = ("model-a", "model-b", "model-c")
 ADMIN_TOKEN = "bench-admin-token-0123"  # the server refuses tokens under 16 characters
 

@@ -52,7 +52,7 @@ def check(ok: bool, what: str) -> None:
 
 def fixtures(work: Path, n: int, vae_steps: int) -> tuple[Path, Path]:
     """(shapes dataset of ``n`` samples, tiny components): built once in ``work``, reused after."""
-    from train.prepare import prepare_tiny
+    from train.shapes.prepare import prepare_tiny
     from train.shapes import write_shapes_dataset
 
     data, parts = work / "shapes", work / "components"

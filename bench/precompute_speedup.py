@@ -26,12 +26,12 @@ def main() -> None:
     args = parse_args(ap, smoke=dict(steps=WARM + 2, rounds=1, batch=8))
 
     from train.config import load_config
-    from train.precompute import precompute
+    from train.data.precompute import precompute_latents
 
     data, parts = fixtures()
     latents = RUN.out / "precomputed-latents"
     t0 = time.perf_counter()
-    summary = precompute(str(data), str(latents), vae_ref=str(parts), text_encoder_ref=str(parts), resolutions=[32],
+    summary = precompute_latents(str(data), str(latents), vae_ref=str(parts), text_encoder_ref=str(parts), resolutions=[32],
                          batch_size=64, progress=False)[0]
     precompute_s = time.perf_counter() - t0
     common = [f"model.pretrained={parts}", "data.resolution=32", "load_path=null", "progress_bar=false", "loggers=[]",

@@ -40,8 +40,8 @@ def main() -> None:
     from streaming.base.util import clean_stale_shared_memory
 
     from train.config import load_config
-    from train.data import build_dataloader
-    from train.mds import count_samples
+    from train.data.loader import build_dataloader
+    from train.data.mds import count_samples
     from train.trainer import build_model
 
     clean_stale_shared_memory()

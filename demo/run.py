@@ -62,10 +62,8 @@ def label(phase: str, ckpt) -> str:
 
 def prepare_stages(out: Path, p: dict, seed: int, quick: bool, stages: list) -> dict:
     """Data, the tiny parts, the shapes scorer and phase 2's precomputed latents; the scorer's summary."""
-    from train.precompute import precompute
-    from train.prepare import prepare_tiny
-    from train.shapes import write_shapes_dataset
-    from train.shapes.scorer import train_scorer
+    from train.data import precompute_latents
+    from train.shapes import prepare_tiny, train_scorer, write_shapes_dataset
 
     with measured("data: shapes dataset", stages):
         write_shapes_dataset(out / "shapes", p["n"], seed, sizes=(16, 32), n_eval=p["n_eval"], progress=not quick)
@@ -78,7 +76,7 @@ def prepare_stages(out: Path, p: dict, seed: int, quick: bool, stages: list) -> 
     # than an epoch and encodes on the fly (both paths in one demo).
     with measured("precompute: VAE latents and text states (32 px bucket)", stages):
         parts = str(out / "components")
-        precompute(str(out / "shapes"), str(out / "latents"), vae_ref=parts, text_encoder_ref=parts,
+        precompute_latents(str(out / "shapes"), str(out / "latents"), vae_ref=parts, text_encoder_ref=parts,
                    tokenizer_ref=parts, resolutions=[32], batch_size=256, progress=not quick)
     return scorer
 
@@ -108,7 +106,7 @@ def train_phases(out: Path, p: dict, seed: int, quick: bool, stages: list) -> tu
 def write_grids(out: Path, phase_dirs: dict, resolutions: dict, steps: int) -> list[Path]:
     """One grid PNG per checkpoint of both phases (EMA weights)."""
     from train.checkpoints import load_pipeline
-    from train.grid import write_grid
+    from train.generation import write_grid
 
     grids = []
     for phase, folder in phase_dirs.items():

@@ -7,7 +7,7 @@ an image's scene is ``train.shapes.scorer``.
 """
 from __future__ import annotations
 
-from train.shapes.grammar import ATTRIBUTES, KINDS, Scene, asked_attributes, kinds_of
+from train.shapes import ATTRIBUTES, KINDS, Scene, asked_attributes, kinds_of
 
 PREFIX = "attr_"
 VERDICTS = (*ATTRIBUTES, "all")  # per image: each attribute asked for, and all of them right

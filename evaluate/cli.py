@@ -6,7 +6,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from train.samplers import SAMPLERS
+from train.generation import SAMPLERS
 
 from .config import (GENERATION_DTYPES, INCEPTION_FEATURES, EvalConfig, guidance_scales, load_eval_config, positive,
                      replicates)
@@ -129,7 +129,7 @@ def cmd_watch(args) -> None:
 
 
 def cmd_train_scorer(args) -> None:
-    from train.shapes.scorer import train_scorer
+    from train.shapes import train_scorer
 
     info = train_scorer(args.data, args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, progress=not args.no_progress)
@@ -190,8 +190,8 @@ def _common(p, scoring: bool = True) -> None:
     p.add_argument("--inception-features", type=int, choices=INCEPTION_FEATURES,
                    help=f"Inception layer: 2048 (pool3, the standard FID) or a smaller, faster one (default "
                         f"{DEFAULT['inception_features']})")
-    p.add_argument("--prompts", help="'reference' (its captions), 'shapes', or a CSV/TSV file such as DrawBench or "
-                                     f"PartiPrompts (default {DEFAULT['prompts']})")
+    p.add_argument("--prompts", help="'reference' (its captions), 'shapes', 'drawbench' or 'parti' (shipped), or a "
+                                     f"CSV/TSV file with a prompt column (default {DEFAULT['prompts']})")
     p.add_argument("--n-prompts", type=_positive, help=f"first N prompts of the set (default {DEFAULT['n_prompts']})")
     p.add_argument("--n-per-prompt", type=_positive, help=f"images per prompt (default {DEFAULT['n_per_prompt']})")
     p.add_argument("--n-reference", type=_positive, help=f"reference images for the statistics (default {DEFAULT['n_reference']})")

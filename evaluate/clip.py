@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from train.errors import WorkbenchError, first_line
-from train.latents import fingerprint
+from train.checkpoints import fingerprint
 
 DEFAULT_CLIP = "openai/clip-vit-large-patch14"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from train.config import build_config, merge_config, parse_overrides, read_config_file
 from train.errors import WorkbenchError
-from train.samplers import check_sampler
+from train.generation import check_sampler
 
 GUIDANCE_SWEEP = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)  # the default guidance scales
 INCEPTION_FEATURES = (64, 192, 768, 2048)  # Inception's layers: 2048 is pool3, the standard FID
@@ -25,13 +25,13 @@ class EvalConfig:
     reference: str
     inception_weights: str | None = None  # Inception features for FID/KID ...
     scorer: str | None = None  # ... or the shapes domain scorer's (domain FID), plus attribute accuracy
-    prompts: str = "reference"  # "reference", "shapes", or a CSV/TSV path
+    prompts: str = "reference"  # "reference", "shapes", "drawbench", "parti", or a CSV/TSV path
     n_prompts: int | None = 1000
     n_per_prompt: int = 1
     n_reference: int = 1000
     guidance: tuple[float, ...] = GUIDANCE_SWEEP
     steps: int = 25
-    sampler: str | None = None  # a name in train.samplers.SAMPLERS; None: the pipeline's own
+    sampler: str | None = None  # a name in train.generation.SAMPLERS; None: the pipeline's own
     size: int | None = None  # default: the pipeline's native size
     batch_size: int = 16  # generation and feature batches; fixed so features do not depend on it
     seed: int = 0
@@ -44,7 +44,7 @@ class EvalConfig:
     kid_subset_size: int = 1000
     inception_features: int = 2048  # one of INCEPTION_FEATURES
     device: str = "auto"
-    dtype: str = "auto"  # generation precision (train.device.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
+    dtype: str = "auto"  # generation precision (train.generation.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
     allow_fewer_reference: bool = False
     cache: str | None = None  # reference statistics; default OUT/cache
     progress: bool = True
@@ -75,7 +75,7 @@ def one_of(*choices):
 RULES = {"n_prompts": positive, "n_per_prompt": positive, "n_reference": positive, "steps": positive,
          "size": positive, "batch_size": positive, "kid_subsets": positive, "kid_subset_size": positive,
          "bootstrap": replicates, "guidance": guidance_scales, "inception_features": one_of(*INCEPTION_FEATURES)}
-# dtype and device are checked where they are resolved (train.device), before anything is scored
+# dtype and device are checked where they are resolved (train.generation.device), before anything is scored
 
 
 def check_eval_config(cfg: EvalConfig) -> EvalConfig:

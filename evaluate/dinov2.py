@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from train.errors import WorkbenchError, first_line
-from train.precompute import fingerprint
+from train.checkpoints import fingerprint
 
 from .features import exact_matmul
 

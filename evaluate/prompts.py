@@ -1,7 +1,8 @@
 """Prompt sets. Every loader returns ``list[Prompt]`` so sets can be swapped by name.
 
-- ``drawbench`` / ``parti``: any CSV or TSV with a prompt column and a category column
-  (DrawBench: ``prompt,category``; PartiPrompts: ``Prompt<TAB>Category<TAB>...``), matched by name.
+- ``drawbench`` / ``parti``: the sets shipped with the workbench (``train.generation``), or any CSV or TSV
+  with a prompt column and a category column (DrawBench: ``prompt,category``; PartiPrompts:
+  ``Prompt<TAB>Category<TAB>...``).
 - ``shapes``: captions of the shapes domain's held-out split (no files needed).
 - ``reference``: the captions of the reference set (an MDS folder, or an image folder with ``.txt`` sidecars).
 """
@@ -10,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from train.errors import WorkbenchError
-from train.prompts import Prompt, read_prompt_table  # one table reader, shared with the app
+from train.generation import Prompt, read_prompt_table  # one table reader, shared with the app
 
 
 def shapes_prompts(limit: int | None = 64, seed: int = 0) -> list[Prompt]:
     """Captions of the shapes domain's held-out scenes (``train.shapes.prompts``); category = one group or two groups."""
-    from train.shapes.prompts import shapes_prompts as held_out_captions
+    from train.shapes import shapes_prompts as held_out_captions
 
     return [Prompt(text, category, i) for i, (text, category) in enumerate(held_out_captions(limit or 64, seed))]
 
@@ -31,7 +32,7 @@ def reference_prompts(path: str | Path, limit: int | None = None) -> list[Prompt
 
 
 def load_prompts(name_or_path: str, limit: int | None = None, reference: str | Path | None = None) -> list[Prompt]:
-    """``shapes``, ``reference`` (captions of ``reference``) or a CSV/TSV path (DrawBench, PartiPrompts, your own)."""
+    """``shapes``, ``reference`` (captions of ``reference``), ``drawbench``, ``parti`` or a CSV/TSV path (your own)."""
     if name_or_path == "shapes":
         return shapes_prompts(limit)
     if name_or_path == "reference":

@@ -47,7 +47,7 @@ def count_images(path: str | Path) -> int:
     path = Path(path)
     _check(path)
     if _is_mds(path):
-        from train.mds import count_samples
+        from train.data import count_samples
 
         try:
             return count_samples(path)
@@ -71,7 +71,7 @@ def iter_captions(path: str | Path, limit: int | None = None) -> Iterator[str]:
     _check(path)
     n = 0
     if _is_mds(path):
-        from train.mds import open_local
+        from train.data import open_local
 
         ds = open_local(path)
         for i in range(len(ds)):
@@ -94,7 +94,7 @@ def iter_images(path: str | Path, size: int, limit: int | None = None) -> Iterat
     path = Path(path)
     _check(path)
     if _is_mds(path):
-        from train.mds import open_local
+        from train.data import open_local
 
         ds = open_local(path)
         for i in range(min(len(ds), limit) if limit else len(ds)):

@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.shapes.grammar import parse_caption
-from train.shapes.scorer import read_scenes
+from train.shapes import parse_caption, read_scenes
 
 from .attribute_accuracy import VERDICTS, AttributeTally, attribute_values, judge
 from .bootstrap import interval, prompt_weights, weighted_means

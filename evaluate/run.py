@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from train.checkpoints import Checkpoint, content_hash, find_checkpoint, load_pipeline
-from train.device import pick_device, pipeline_dtype
+from train.generation import pick_device, pipeline_dtype
 from train.errors import CheckpointError, WorkbenchError
 from train.generation import Settings, sampler_of
 
@@ -79,7 +79,7 @@ class Evaluator:
             raise WorkbenchError("give either --inception-weights (FID on Inception features) or --scorer (the shapes "
                                  "domain's), not both: each row has one feature extractor")
         if extractor is None and cfg.scorer:
-            from train.shapes.scorer import ShapesScorer
+            from train.shapes import ShapesScorer
 
             extractor = self.scorer = ShapesScorer(cfg.scorer, device=self.device)
         elif extractor is None and not cfg.inception_weights:
@@ -223,7 +223,7 @@ def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extract
     """`dwb evaluate run`: score each checkpoint, then refresh the CSV and the report."""
     from .report import write_report
 
-    from train.checkpoints.hub import is_hub_id
+    from train.checkpoints import is_hub_id
 
     missing = [str(c) for c in checkpoints if not ("://" in str(c) or Path(c).exists() or is_hub_id(str(c)))]
     if missing:  # a typo is the setup's problem: nothing is scored

@@ -23,8 +23,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from train.generation import ImageRecord, Settings, generate_images, native_size, sampler_of, save_png
-from train.samplers import with_sampler_key
+from train.generation import ImageRecord, Settings, generate_images, native_size, sampler_of, save_png, with_sampler_key
 
 from .layout import grid_file
 from .prompts import Prompt
@@ -168,7 +167,7 @@ def read_manifest(path: str | Path) -> list[dict]:
 
 def write_category_grids(records: list[SampleRecord], out: str | Path, max_prompts: int = 8, title: str = "") -> list[Path]:
     """One grid PNG per category under ``out/grids``: up to ``max_prompts`` prompts x their images."""
-    from train.grid import grid_image
+    from train.generation import grid_image
 
     out = Path(out)
     by_category: dict[str, dict[int, list[SampleRecord]]] = {}

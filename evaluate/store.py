@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from train.samplers import with_sampler_key
+from train.generation import with_sampler_key
 
 from .attribute_accuracy import ATTRIBUTE_COLUMNS, COUNT_COLUMNS
 

@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from train.checkpoints import Checkpoint, list_checkpoints
-from train.checkpoints.find import raise_reason
+from train.checkpoints import Checkpoint, list_checkpoints, raise_reason
 from train.errors import CheckpointError, WorkbenchError
 
 from .store import ResultsStore, checkpoint_identity

@@ -15,8 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2`: one core per worker 
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-# Shared data (DrawBench, PartiPrompts) lives beside the checkout; DWB_SHARED points elsewhere.
-SHARED = Path(os.environ.get("DWB_SHARED", REPO.parent / "shared"))
+PROMPT_SETS = REPO / "train" / "generation" / "prompt_sets"  # DrawBench and PartiPrompts, as the workbench ships them
 DWB = Path(sys.executable).parent / "dwb"  # the console script users run
 
 
@@ -31,7 +30,7 @@ def shapes_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def components(shapes_data, tmp_path_factory) -> Path:
-    from train.prepare import prepare_tiny
+    from train.shapes.prepare import prepare_tiny
 
     out = tmp_path_factory.mktemp("components")
     prepare_tiny(shapes_data, out, vae_steps=3, max_images=192, progress=False)

@@ -74,7 +74,7 @@ def test_missing_pretrained_weights_named(tmp_path, dwb):
 def test_data_shapes_writes_buckets(tmp_path):
     r = run_dwb("data", "shapes", str(tmp_path / "s"), "--n", "12", "--n-eval", "3", "--sizes", "16,32")
     assert r.returncode == 0, r.stderr
-    from train.mds import count_samples
+    from train.data.mds import count_samples
 
     assert count_samples(tmp_path / "s" / "16") == count_samples(tmp_path / "s" / "32") == 12
     assert count_samples(tmp_path / "s" / "eval" / "32") == 3

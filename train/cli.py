@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .samplers import SAMPLERS
+from .generation import SAMPLERS
 
 
 def _positive(value: str) -> int:
@@ -33,9 +33,9 @@ def cmd_shapes(args) -> None:
 
 
 def cmd_convert(args) -> None:
-    from .convert import convert
+    from .data import convert_to_mds
 
-    summary = convert(args.src, args.out, buckets=args.buckets, image_format=args.image_format,
+    summary = convert_to_mds(args.src, args.out, buckets=args.buckets, image_format=args.image_format,
                       image_column=args.image_column, caption_column=args.caption_column,
                       min_aesthetic=args.min_aesthetic, aesthetic_column=args.aesthetic_column,
                       language_column=args.language_column, languages=args.languages.split(",") if args.languages else None,
@@ -44,7 +44,7 @@ def cmd_convert(args) -> None:
 
 
 def cmd_precompute(args) -> None:
-    from .precompute import precompute
+    from .data import precompute_latents
 
     vae = args.vae or args.pretrained
     text_encoder = args.text_encoder or args.pretrained
@@ -52,7 +52,7 @@ def cmd_precompute(args) -> None:
         from .errors import WorkbenchError
 
         raise WorkbenchError("give --pretrained ROOT (a diffusers folder or hub id), or both --vae and --text-encoder")
-    summaries = precompute(args.src, args.out, vae_ref=vae, text_encoder_ref=text_encoder,
+    summaries = precompute_latents(args.src, args.out, vae_ref=vae, text_encoder_ref=text_encoder,
                            tokenizer_ref=args.tokenizer or (args.pretrained if not args.text_encoder else None),
                            resolutions=args.resolution, batch_size=args.batch_size, dtype=args.dtype,
                            device=args.device, chunk_size=args.chunk_size, cache=args.cache)
@@ -67,7 +67,7 @@ def cmd_precompute(args) -> None:
 
 
 def cmd_prepare(args) -> None:
-    from .prepare import prepare_tiny
+    from .shapes import prepare_tiny
 
     report = prepare_tiny(args.data, args.out, vae_steps=args.vae_steps, seed=args.seed)
     print(f"tiny components in {args.out}: tokenizer of {report['vocab_size']} tokens, text encoder, "
@@ -93,7 +93,7 @@ def cmd_export(args) -> None:
 
 def cmd_sample(args) -> None:
     from .checkpoints import content_hash, find_checkpoint, load_pipeline
-    from .grid import DEMO_PROMPTS, write_grid
+    from .generation import DEMO_PROMPTS, write_grid
 
     ckpt = find_checkpoint(args.checkpoint)
     pipe = load_pipeline(ckpt, ema=args.ema)

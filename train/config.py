@@ -15,7 +15,8 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import WorkbenchError, first_line
-from .architectures import ARCHITECTURES
+from .checkpoints import ARCHITECTURES
+from .data import StreamConfig
 
 ARCHITECTURE_NAMES = tuple(ARCHITECTURES)  # the architectures a config may name
 PREDICTION_TYPES = ("epsilon", "v_prediction")
@@ -37,17 +38,6 @@ class ModelConfig:
     attention: str = "auto"  # auto | sdpa | xformers
     gradient_checkpointing: bool = False
     unet: dict = field(default_factory=dict)  # overrides of the architecture's UNet config
-
-
-@dataclass
-class StreamConfig:
-    """One MDS dataset in a mixture (Streaming's ``Stream``): local, or remote with a local cache."""
-
-    path: str = ""  # the local folder, or the cache folder of a remote (empty: a temporary cache)
-    remote: Optional[str] = None  # s3://bucket/prefix or any remote Streaming reads
-    proportion: Optional[float] = None  # share of each epoch (all streams or none; they sum to 1)
-    repeat: Optional[float] = None  # or: how many times each sample is seen per epoch
-    choose: Optional[int] = None  # or: how many samples this stream gives per epoch
 
 
 @dataclass

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from composer.models import ComposerModel
 
-from .components import ddpm_scheduler
+from .checkpoints import ddpm_scheduler
 
 
 class LatentDiffusion(ComposerModel):

@@ -17,14 +17,14 @@ import torch
 from .config import TrainConfig, config_to_dict
 from .errors import WorkbenchError
 from .model import LatentDiffusion
-from .spec import ModelSpec, make_spec
+from .checkpoints import ModelSpec, make_spec
 
 log = logging.getLogger(__name__)
 
 
 def resolve_device(cfg: TrainConfig) -> str:
-    """Composer's name ("gpu" or "cpu") for config key 'device' (``train.device.pick_device``'s rule)."""
-    from .device import pick_device
+    """Composer's name ("gpu" or "cpu") for config key 'device' (``train.generation.pick_device``'s rule)."""
+    from .generation import pick_device
 
     try:
         chosen = pick_device({"gpu": "cuda"}.get(cfg.device, cfg.device))
@@ -74,7 +74,7 @@ def set_attention(unet, backend: str, device: str) -> str:
 
 
 def build_model(cfg: TrainConfig) -> LatentDiffusion:
-    from .components import build_unet, load_frozen_parts, random_text_encoder, random_vae
+    from .checkpoints import build_unet, load_frozen_parts, random_text_encoder, random_vae
 
     m = cfg.model
     if m.pretrained is None:
@@ -111,11 +111,11 @@ def checked_load_path(cfg: TrainConfig, spec: dict) -> str | None:
     as plain data (``weights_only``) and hold this run's architecture, before Composer touches it."""
     if not cfg.load_path:
         return None
-    from .checkpoints.composer import read_checkpoint
+    from .checkpoints import read_checkpoint
 
     local = cfg.load_path
     if "://" in local:
-        from .checkpoints.remote import fetch
+        from .checkpoints import fetch
 
         local = str(fetch(local))
     try:
@@ -191,9 +191,7 @@ def _newest_local(save_folder: str) -> str | None:
 
 
 def _newest_remote(save_folder: str) -> str | None:
-    from .checkpoints import list_checkpoints
-    from .checkpoints.autoresume import resume_problem
-    from .checkpoints.remote import fetch
+    from .checkpoints import fetch, list_checkpoints, resume_problem
 
     for remote in reversed(list_checkpoints(save_folder)):
         local = fetch(remote.ref)
@@ -208,8 +206,7 @@ def attach_latents(cfg: TrainConfig, model: LatentDiffusion) -> dict | None:
     """Precomputed data: refuse latents of another VAE/text encoder, and hand the model the empty caption."""
     if not cfg.data.precomputed:
         return None
-    from .data import latent_meta
-    from .latents import check_compatible, decode_array
+    from .data import check_compatible, decode_array, latent_meta
 
     meta = latent_meta(cfg.data)
     check_compatible(meta, vae=model.vae, text_encoder=model.text_encoder, resolution=cfg.data.resolution,

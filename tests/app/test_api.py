@@ -12,7 +12,7 @@ from gradio_client.utils import QueueError, Status
 from PIL import Image
 
 from train.checkpoints import content_hash, find_checkpoint
-from train.generation import parse_parameters
+from train.generation.png import parse_parameters
 
 
 def call(client, tree, api_name="/generate", **kw):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from train.generation import parse_parameters
+from train.generation.png import parse_parameters
 
 from ..conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, needs_chromium
 
@@ -224,9 +224,9 @@ def test_a_prompt_file_fills_the_first_free_axis_with_its_prompts(page, tmp_path
     message that names no server path."""
     import csv
 
-    from ..conftest import SHARED
+    from ..conftest import PROMPT_SETS
 
-    parti = SHARED / "data/prompts/parti_prompts.tsv"
+    parti = PROMPT_SETS / "parti_prompts.tsv"
     with open(parti, newline="", encoding="utf-8") as f:
         expected = [row["Prompt"].strip() for row in csv.DictReader(f, delimiter="\t")][:100]  # --max-cells' default
     page.get_by_role("tab", name="X/Y/Z plot").click()

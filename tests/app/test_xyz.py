@@ -9,7 +9,8 @@ from app.labelled_grid import MIN_CELL, labelled_grid
 from app.service import Service
 from app.xyz import Axis, parse_axis, plan
 from train.errors import WorkbenchError
-from train.generation import Settings, generate_images, parse_parameters
+from train.generation.images import Settings, generate_images
+from train.generation.png import parse_parameters
 
 LIMITS = Limits(max_steps=150, max_size=1024, max_batch=8, max_cells=24)
 BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"

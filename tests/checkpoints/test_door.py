@@ -11,7 +11,7 @@ import torch
 from train.checkpoints import (checkpoint_problem, content_hash, find_checkpoint, list_checkpoints, load_pipeline,
                                select_resume_checkpoint)
 from train.errors import CheckpointError, WorkbenchError
-from train.generation import Settings, generate_images
+from train.generation.images import Settings, generate_images
 
 from ..conftest import REPO, tiny_overrides, upload_folder
 
@@ -70,7 +70,7 @@ def test_one_generation_path_gives_the_same_image_in_the_grid_evaluate_and_the_a
     from evaluate.prompts import Prompt
     from evaluate.samples import Provenance, generate_samples, image_seed
     from PIL import Image
-    from train.grid import generate
+    from train.generation.grid import generate
 
     ckpt = find_checkpoint(tiny_run / "ep0-ba4-rank0.pt")
     pipe = load_pipeline(ckpt, ema=True)
@@ -251,7 +251,7 @@ def test_a_pickle_column_in_an_mds_dataset_is_refused_by_name(components, tmp_pa
     from evaluate.reference import count_images, iter_images
 
     assert count_images(data) == 16
-    # reference sets, the scorer's and prepare's reads: LocalDataset has no such check; train.mds adds it
+    # reference sets, the scorer's and prepare's reads: LocalDataset has no such check; train.data.mds adds it
     with pytest.raises(WorkbenchError, match="column 'caption' is stored with pickle \\('pkl'\\), which runs code"):
         next(iter_images(data, 16))
     assert not marker.exists()
@@ -318,7 +318,7 @@ def test_a_mosaicml_diffusion_checkpoint_opens_with_its_architecture_from_the_we
 
     from train.checkpoints import describe
     from train.checkpoints.architecture import sd2_tokenizer_files
-    from train.components import inference_scheduler
+    from train.checkpoints.components import inference_scheduler
 
     path, (unet, vae, text_encoder) = mosaicml_checkpoint
     found = find_checkpoint(path)

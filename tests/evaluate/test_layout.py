@@ -4,7 +4,7 @@ from pathlib import Path
 from evaluate.layout import category_file_stem, comparison_file, grid_file, safe_path_part, samples_folder
 from evaluate.prompts import read_prompt_table
 
-from ..conftest import SHARED
+from ..conftest import PROMPT_SETS
 
 
 def test_the_demos_sample_folders_and_grids_keep_their_names():
@@ -22,7 +22,7 @@ def test_labels_samplers_and_categories_keep_their_rules():
     assert safe_path_part("Euler a") == "Euler_a" and safe_path_part("v1.5-ema") == "v1.5-ema"
     assert comparison_file("out", "run/ep0-ba2-rank0", "run/ep0-ba4-rank0", 5.0) == Path(
         "out/compare/run_ep0-ba2-rank0-vs-run_ep0-ba4-rank0-cfg5.json")
-    stems = {p.category: category_file_stem(p.category) for p in read_prompt_table(SHARED / "data/prompts/drawbench.csv")}
+    stems = {p.category: category_file_stem(p.category) for p in read_prompt_table(PROMPT_SETS / "drawbench.csv")}
     assert stems["Gary Marcus et al."] == "gary-marcus-et-al" and stems["DALL-E"] == "dall-e"
     assert all(s and s == s.lower() and " " not in s for s in stems.values())
     assert category_file_stem("") == "uncategorised" and category_file_stem("Food & Beverage") == "food-beverage"

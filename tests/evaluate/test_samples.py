@@ -11,21 +11,21 @@ from evaluate.samples import (MANIFEST, Provenance, generate_samples, image_seed
 from train.errors import WorkbenchError
 from train.checkpoints import content_hash, find_checkpoint, load_pipeline
 
-from ..conftest import SHARED
+from ..conftest import PROMPT_SETS
 
-PROMPTS = SHARED / "data/prompts"
+PROMPTS = PROMPT_SETS
 MANIFEST_KEYS = {"prompt", "prompt_index", "category", "image_index", "seed", "checkpoint", "model", "guidance",
                  "sampler", "steps", "width", "height", "path"}
 
 
 def test_drawbench_and_parti_read_with_categories():
-    drawbench = read_prompt_table(PROMPTS / "drawbench.csv")
-    parti = read_prompt_table(PROMPTS / "parti_prompts.tsv")
+    drawbench = read_prompt_table("drawbench")
+    parti = read_prompt_table("parti")
     assert len(drawbench) == 200 and len({p.category for p in drawbench}) == 11  # per SOURCES.md
     assert len(parti) == 1632 and len({p.category for p in parti}) == 12
     assert drawbench[0].text == "A red colored car." and drawbench[0].category == "Colors"
     assert [p.index for p in parti[:3]] == [0, 1, 2]
-    assert len(load_prompts(str(PROMPTS / "drawbench.csv"), limit=5)) == 5
+    assert load_prompts("drawbench", limit=5) == load_prompts(str(PROMPTS / "drawbench.csv"), limit=5) == drawbench[:5]
 
 
 def test_shapes_prompts_are_the_held_out_captions():

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from ..conftest import DWB, REPO, SHARED
+from ..conftest import DWB, PROMPT_SETS, REPO
 from ..servers import ServerProcess, free_port
 
-DRAWBENCH = SHARED / "data" / "prompts" / "drawbench.csv"
+DRAWBENCH = PROMPT_SETS / "drawbench.csv"
 
 
 def model_secrets(name: str) -> dict:

@@ -8,7 +8,7 @@ import sys
 from composer.utils import dist
 
 from train.config import DataConfig, build_config, parse_overrides
-from train.data import make_dataset
+from train.data.loader import make_dataset
 
 out, batches, global_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cfg = build_config(DataConfig, parse_overrides(sys.argv[4:]), prefix="data.")

@@ -13,7 +13,7 @@ from PIL import Image
 from streaming import StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 
-from train.convert import ConvertSummary, convert
+from train.data.convert import ConvertSummary, convert_to_mds
 from train.errors import WorkbenchError
 
 
@@ -60,7 +60,7 @@ def test_image_folder_sidecars_corrupt_and_buckets(tmp_path):
     photo(400, 300, 8).save(src / "blank.jpg")
     (src / "blank.txt").write_text("  \n")
 
-    summary = convert(src, out, progress=False)
+    summary = convert_to_mds(src, out, progress=False)
 
     assert isinstance(summary, ConvertSummary)
     assert (summary.seen, summary.written, summary.corrupt) == (9, {256: 3, 512: 2}, 3)
@@ -86,7 +86,7 @@ def test_jpeg_draft_and_exif_orientation(tmp_path):
     photo(2400, 1800).save(src / "cam.jpg", exif=exif, quality=95)
     (src / "cam.txt").write_text("a phone photo")
 
-    convert(src, out, image_format="png", progress=False)
+    convert_to_mds(src, out, image_format="png", progress=False)
 
     (small,), (large,) = read(out / "256"), read(out / "512")
     assert (small["image"].size, large["image"].size) == ((256, 341), (512, 683))
@@ -121,7 +121,7 @@ def test_parquet_struct_images_with_filters(tmp_path):
         (200, "a newt", 9.0, "en"),  # too small
     ]), src / "part-00001.parquet")
 
-    summary = convert(src, out, min_aesthetic=5.0, languages=["en", "fr"], progress=False)
+    summary = convert_to_mds(src, out, min_aesthetic=5.0, languages=["en", "fr"], progress=False)
 
     assert summary.line() == ("converted 2 of 7 images: 256px 2, 512px 1; skipped 0 corrupt, 0 without caption, "
                               "1 empty caption, 1 too small, 3 filtered")
@@ -136,18 +136,18 @@ def test_parquet_raw_bytes_autodetect_and_column_errors(tmp_path):
     src = tmp_path / "shard.parquet"
     pq.write_table(pa.table({"jpg": [encoded(photo(256, 300))], "TEXT": ["a hill"], "key": ["000"]}), src)
 
-    summary = convert(src, tmp_path / "out", buckets=[256], limit=5, progress=False)
+    summary = convert_to_mds(src, tmp_path / "out", buckets=[256], limit=5, progress=False)
     (sample,) = read(tmp_path / "out" / "256")
     assert summary.written == {256: 1}
     assert (sample["caption"], sample["meta"]["key"], sample["meta"]["source"]) == ("a hill", "000", "shard.parquet:0")
 
     with pytest.raises(WorkbenchError, match="aesthetic"):
-        convert(src, tmp_path / "out2", min_aesthetic=5.0, progress=False)
+        convert_to_mds(src, tmp_path / "out2", min_aesthetic=5.0, progress=False)
     assert not (tmp_path / "out2").exists()  # failed before opening writers
     metadata = tmp_path / "metadata.parquet"  # LAION metadata: urls, no image bytes
     pq.write_table(pa.table({"URL": ["https://example.com/a.jpg"], "TEXT": ["a hill"]}), metadata)
     with pytest.raises(WorkbenchError, match="no image column.*URL, TEXT"):
-        convert(metadata, tmp_path / "out3", progress=False)
+        convert_to_mds(metadata, tmp_path / "out3", progress=False)
 
 
 def test_saved_datasets_with_image_feature(tmp_path):
@@ -163,7 +163,7 @@ def test_saved_datasets_with_image_feature(tmp_path):
     datasets.DatasetDict({"train": train, "validation": held_out}).save_to_disk(str(tmp_path / "hf"))
     train.save_to_disk(str(tmp_path / "hf_train"))
 
-    summary = convert(tmp_path / "hf", tmp_path / "out", progress=False)
+    summary = convert_to_mds(tmp_path / "hf", tmp_path / "out", progress=False)
 
     assert (summary.written, summary.corrupt) == ({256: 2, 512: 1}, 1)
     small, large = read(tmp_path / "out" / "256"), read(tmp_path / "out" / "512")
@@ -172,11 +172,11 @@ def test_saved_datasets_with_image_feature(tmp_path):
     assert [(s["caption"], s["image"].size) for s in large] == [("a red barn", (512, 591))]
     assert small[1]["meta"] == {"score": 3.0, "source": 2, "original_size": [260, 260]}
 
-    validation = convert(tmp_path / "hf", tmp_path / "val", split="validation", progress=False)
+    validation = convert_to_mds(tmp_path / "hf", tmp_path / "val", split="validation", progress=False)
     assert validation.written == {256: 1, 512: 0}
-    assert convert(tmp_path / "hf_train", tmp_path / "plain", buckets=[512], progress=False).written == {512: 1}
+    assert convert_to_mds(tmp_path / "hf_train", tmp_path / "plain", buckets=[512], progress=False).written == {512: 1}
     with pytest.raises(WorkbenchError, match="no split 'test'"):
-        convert(tmp_path / "hf", tmp_path / "x", split="test", progress=False)
+        convert_to_mds(tmp_path / "hf", tmp_path / "x", split="test", progress=False)
 
 
 def test_limit_and_transparency(tmp_path):
@@ -184,7 +184,7 @@ def test_limit_and_transparency(tmp_path):
     rows = [encoded(clear, "PNG")] + [encoded(photo(300, 300, i)) for i in range(3)]
     pq.write_table(pa.table({"png": rows, "prompt": ["clear", "one", "two", "three"]}), tmp_path / "rows.parquet")
 
-    summary = convert(tmp_path / "rows.parquet", tmp_path / "out", buckets=[256], limit=2, progress=False)
+    summary = convert_to_mds(tmp_path / "rows.parquet", tmp_path / "out", buckets=[256], limit=2, progress=False)
 
     assert (summary.seen, summary.written) == (2, {256: 2})
     first, _ = read(tmp_path / "out" / "256")
@@ -194,14 +194,14 @@ def test_limit_and_transparency(tmp_path):
 def test_missing_source_and_hub_failure(tmp_path, monkeypatch):
     missing = tmp_path / "nowhere"
     with pytest.raises(WorkbenchError, match=str(missing)):
-        convert(missing, tmp_path / "out", progress=False)
+        convert_to_mds(missing, tmp_path / "out", progress=False)
 
     def offline(*args, **kwargs):
         raise ConnectionError("hub unreachable\nmore detail")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(WorkbenchError, match="someone/pictures does not exist locally .*hub.*hub unreachable\\)$"):
-        convert("someone/pictures", tmp_path / "out", progress=False)
+        convert_to_mds("someone/pictures", tmp_path / "out", progress=False)
 
 
 def test_no_usable_images_and_existing_output(tmp_path):
@@ -212,12 +212,12 @@ def test_no_usable_images_and_existing_output(tmp_path):
     photo(64, 64).save(src / "small.png")
     (src / "small.txt").write_text("a caption")
     with pytest.raises(WorkbenchError, match="no usable images in .*1 corrupt.*1 too small"):
-        convert(src, tmp_path / "out", progress=False)
+        convert_to_mds(src, tmp_path / "out", progress=False)
 
     photo(256, 256).save(src / "ok.png")
     (src / "ok.txt").write_text("fine")
-    convert(src, tmp_path / "good", progress=False)
+    convert_to_mds(src, tmp_path / "good", progress=False)
     with pytest.raises(WorkbenchError, match="already holds an MDS dataset"):
-        convert(src, tmp_path / "good", progress=False)
+        convert_to_mds(src, tmp_path / "good", progress=False)
     with pytest.raises(WorkbenchError, match="without .json sidecars"):
-        convert(src, tmp_path / "filtered", languages=["en"], progress=False)
+        convert_to_mds(src, tmp_path / "filtered", languages=["en"], progress=False)

@@ -2,8 +2,8 @@ import numpy as np
 import torch
 
 from train.config import DataConfig
-from train.data import build_dataloader, predownload_for
-from train.mds import count_samples
+from train.data.loader import build_dataloader, predownload_for
+from train.data.mds import count_samples
 
 
 def test_loader_batches_images_and_token_ids(shapes_data, components):
@@ -40,7 +40,7 @@ def test_predownload_covers_a_local_epoch(shapes_data):
 def test_collate_token_ids_equal_each_caption_and_its_other_phrasing_tokenized_alone(shapes_data, components):
     from transformers import CLIPTokenizer
 
-    from train.data import TokenizingCollate, other_phrasing
+    from train.data.loader import TokenizingCollate, other_phrasing
     from train.shapes import make_sample
 
     tok = CLIPTokenizer.from_pretrained(components / "tokenizer")

@@ -49,13 +49,13 @@ def test_two_process_training_resumes_bit_identically_from_an_epochs_last_batch(
 def test_two_process_precompute_equals_one_process(shapes_data, components, tmp_path):
     from streaming import StreamingDataset
 
-    from train.precompute import precompute
+    from train.data.precompute import precompute_latents
 
     args = ["data", "precompute", str(shapes_data), "--pretrained", str(components), "--resolution", "16",
             "--chunk-size", "40"]
     two = _composer(str(BIN / "dwb"), *args[:2], args[2], str(tmp_path / "two"), *args[3:])
     assert two.returncode == 0, two.stderr[-2000:]
-    precompute(str(shapes_data), str(tmp_path / "one"), vae_ref=str(components), text_encoder_ref=str(components),
+    precompute_latents(str(shapes_data), str(tmp_path / "one"), vae_ref=str(components), text_encoder_ref=str(components),
                resolutions=[16], chunk_size=40, progress=False)
     a = StreamingDataset(local=str(tmp_path / "one" / "16"), shuffle=False, batch_size=1)
     b = StreamingDataset(local=str(tmp_path / "two" / "16"), shuffle=False, batch_size=1)

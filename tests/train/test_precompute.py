@@ -7,12 +7,13 @@ import pytest
 import torch
 from streaming import StreamingDataset
 
-from train.components import load_frozen_parts
+from train.checkpoints.components import load_frozen_parts
 from train.config import DataConfig, load_config
-from train.data import build_dataloader, crop_to_array, latent_meta, other_phrasing, to_model_range
+from train.data.loader import build_dataloader, crop_to_array, latent_meta, other_phrasing, to_model_range
 from train.errors import WorkbenchError
-from train.latents import META, decode_array, fingerprint
-from train.precompute import precompute
+from train.data.latents import META, decode_array
+from train.checkpoints.hashing import fingerprint
+from train.data.precompute import precompute_latents
 from train.trainer import attach_latents, build_model, train
 
 from ..conftest import REPO, tiny_overrides
@@ -24,7 +25,7 @@ PHASE1 = REPO / "configs/tiny-phase1.yaml"
 def latents(shapes_data, components, tmp_path_factory):
     out = tmp_path_factory.mktemp("latents")
     for dtype in ("float16", "float32"):
-        precompute(str(shapes_data), str(out / dtype), vae_ref=str(components), text_encoder_ref=str(components),
+        precompute_latents(str(shapes_data), str(out / dtype), vae_ref=str(components), text_encoder_ref=str(components),
                    tokenizer_ref=str(components), batch_size=16, dtype=dtype, chunk_size=50, progress=False)
     return out
 
@@ -194,7 +195,7 @@ def test_interrupted_precompute_redoes_only_unfinished_chunks(latents, shapes_da
     out = tmp_path / "lat"
     kw = dict(vae_ref=str(components), text_encoder_ref=str(components), tokenizer_ref=str(components),
               resolutions=[16], batch_size=16, chunk_size=50, progress=False)
-    precompute(str(shapes_data), str(out), **kw)
+    precompute_latents(str(shapes_data), str(out), **kw)
     reference = [s["latent_mean"].tobytes() for s in _stored(out / "16", 192)]
     # As if killed: chunk 2 unfinished (a partial folder), no merged index, metadata not complete.
     shutil.rmtree(out / "16" / "chunks" / "00002")
@@ -205,14 +206,14 @@ def test_interrupted_precompute_redoes_only_unfinished_chunks(latents, shapes_da
     (out / "16" / META).write_text(json.dumps(meta))
     with pytest.raises(WorkbenchError, match="unfinished"):
         latent_meta(DataConfig(path=str(out / "16"), precomputed=True, resolution=16))
-    summary = precompute(str(shapes_data), str(out), **kw)[0]
+    summary = precompute_latents(str(shapes_data), str(out), **kw)[0]
     assert summary["encoded"] == 50 and summary["resumed_chunks"] == 3
     assert [s["latent_mean"].tobytes() for s in _stored(out / "16", 192)] == reference
     assert not (out / "16" / "chunks" / "00002.part").exists()
-    assert precompute(str(shapes_data), str(out), **kw)[0]["already_done"]
+    assert precompute_latents(str(shapes_data), str(out), **kw)[0]["already_done"]
     # Another encoder into the same folder is refused instead of mixing latents.
     with pytest.raises(WorkbenchError, match="another source, encoder or setting"):
-        precompute(str(shapes_data), str(out), **{**kw, "dtype": "float32"})
+        precompute_latents(str(shapes_data), str(out), **{**kw, "dtype": "float32"})
 
 
 def test_empty_caption_states_are_the_text_encoders(latents, components):

@@ -6,7 +6,7 @@ from ..conftest import REPO
 
 FIT = """
 import json, sys
-from train.prepare import fit_tokenizer
+from train.shapes.prepare import fit_tokenizer
 from train.shapes import make_sample
 captions = [make_sample(0, "train", i, (16,))["caption"] for i in range(1500)]
 tok = fit_tokenizer(captions, max_length=20)

@@ -1,15 +1,29 @@
-"""The one prompt-table reader: DrawBench's CSV and PartiPrompts' TSV from ../shared, whatever the file's suffix,
-and errors that name the file only as the caller shows it (the app never shows a server path)."""
+"""The one prompt-table reader: DrawBench's CSV and PartiPrompts' TSV, shipped with the workbench and read by name,
+whatever the file's suffix, and errors that name the file only as the caller shows it (the app never shows a server
+path)."""
+import hashlib
+import re
 import shutil
 
 import pytest
 
 from train.errors import WorkbenchError
-from train.prompts import read_prompt_table
+from train.generation.prompts import prompt_set_path, read_prompt_table
 
-from ..conftest import REPO
+PROMPTS = prompt_set_path("drawbench").parent
 
-PROMPTS = REPO.parent / "shared" / "data" / "prompts"
+
+@pytest.mark.parametrize("name, file, n, categories", [("drawbench", "drawbench.csv", 200, 11),
+                                                       ("parti", "parti_prompts.tsv", 1632, 12)])
+def test_shipped_sets_are_the_published_ones_and_read_by_name(name, file, n, categories):
+    """The bytes its provenance (SOURCES.md) records, and the published counts."""
+    sources = (PROMPTS / "SOURCES.md").read_text()
+    section = sources[sources.index(f"## {file}"):]
+    recorded = re.search(r"sha256[^`]*`([0-9a-f]{64})`", section)[1]
+    assert hashlib.sha256((PROMPTS / file).read_bytes()).hexdigest() == recorded
+    table = read_prompt_table(name)
+    assert len(table) == n and len({p.category for p in table}) == categories
+    assert table == read_prompt_table(PROMPTS / file)
 
 
 @pytest.mark.parametrize("name", ["drawbench.csv", "parti_prompts.tsv"])

@@ -30,9 +30,9 @@ def test_training_streams_a_remote_dataset_into_a_local_cache(s3_server, shapes_
 
 
 def test_remote_precomputed_latents(s3_server, shapes_data, components, tmp_path):
-    from train.precompute import precompute
+    from train.data.precompute import precompute_latents
 
-    precompute(str(shapes_data), str(tmp_path / "lat"), vae_ref=str(components), text_encoder_ref=str(components),
+    precompute_latents(str(shapes_data), str(tmp_path / "lat"), vae_ref=str(components), text_encoder_ref=str(components),
                resolutions=[16], chunk_size=100, progress=False)
     remote = upload_folder(tmp_path / "lat" / "16", "data", "latents/16")
     over = tiny_overrides(shapes_data, components, tmp_path / "ckpt", max_duration="2ba", save_interval="2ba")
@@ -87,12 +87,12 @@ def test_a_missing_remote_dataset_is_one_clear_error(s3_server, shapes_data, com
 def test_precompute_reads_a_remote_source(s3_server, shapes_data, components, tmp_path):
     from streaming import StreamingDataset
 
-    from train.precompute import precompute
+    from train.data.precompute import precompute_latents
 
     remote = upload_folder(shapes_data / "16", "data", "precompute-src/16")
     kw = dict(vae_ref=str(components), text_encoder_ref=str(components), resolutions=[16], chunk_size=100, progress=False)
-    precompute(remote, str(tmp_path / "remote-src"), cache=str(tmp_path / "cache"), **kw)
-    precompute(str(shapes_data), str(tmp_path / "local-src"), **kw)
+    precompute_latents(remote, str(tmp_path / "remote-src"), cache=str(tmp_path / "cache"), **kw)
+    precompute_latents(str(shapes_data), str(tmp_path / "local-src"), **kw)
     a = StreamingDataset(local=str(tmp_path / "remote-src" / "16"), shuffle=False, batch_size=1)
     b = StreamingDataset(local=str(tmp_path / "local-src" / "16"), shuffle=False, batch_size=1)
     assert len(a) == len(b) == 192

@@ -1,7 +1,7 @@
 import numpy as np
 from streaming import StreamingDataset
 
-from train.mds import count_samples
+from train.data.mds import count_samples
 from train.shapes import COLORS, RELATIONS, SHAPES, make_sample, write_shapes_dataset
 from train.shapes.grammar import parse_caption, scene_from_meta
 from train.shapes.prompts import shapes_prompts
@@ -115,7 +115,7 @@ def test_captions_parse_back_to_the_stored_scene():
 def test_vae_foreground_mask_covers_the_shapes_and_their_edges_only():
     import torch
 
-    from train.prepare import foreground_mask
+    from train.shapes.prepare import foreground_mask
     from train.shapes import BACKGROUND, make_sample
 
     images = [np.asarray(make_sample(4, "train", i, (32,))["images"][32], dtype=np.float32) for i in range(8)]

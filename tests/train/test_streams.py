@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 
 from train.config import DataConfig, StreamConfig, load_config
-from train.data import make_dataset
+from train.data.loader import make_dataset
 from train.errors import WorkbenchError
 
 from ..conftest import REPO
@@ -28,19 +28,19 @@ def test_proportions_and_repeats_set_each_streams_share(shapes_data):
 
 
 def test_mixing_precomputed_streams_of_different_encoders_is_refused(shapes_data, components, tmp_path):
-    from train.precompute import precompute
+    from train.data.precompute import precompute_latents
 
     kw = dict(vae_ref=str(components), text_encoder_ref=str(components), tokenizer_ref=str(components),
               resolutions=[16], chunk_size=1000, progress=False)
-    precompute(str(shapes_data), str(tmp_path / "f16"), dtype="float16", **kw)
-    precompute(str(shapes_data), str(tmp_path / "f32"), dtype="float32", **kw)
+    precompute_latents(str(shapes_data), str(tmp_path / "f16"), dtype="float16", **kw)
+    precompute_latents(str(shapes_data), str(tmp_path / "f32"), dtype="float32", **kw)
     import json
 
     meta_file = tmp_path / "f32" / "16" / "precompute.json"
     meta = json.loads(meta_file.read_text())
     meta["vae"]["fingerprint"] = "0" * 16
     meta_file.write_text(json.dumps(meta))
-    from train.data import latent_meta
+    from train.data.loader import latent_meta
 
     cfg = DataConfig(resolution=16, precomputed=True, streams=[StreamConfig(path=str(tmp_path / "f16" / "16")),
                                                               StreamConfig(path=str(tmp_path / "f32" / "16"))])

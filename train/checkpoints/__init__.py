@@ -7,17 +7,27 @@ Diffusion layout, ``.safetensors``/``.ckpt``, SD 1.x and 2.x) and ``hub`` (a Hug
 cache, or downloaded where allowed); Composer checkpoints may also be ``s3://`` URIs, fetched once into a
 local cache. No other module parses checkpoint file names or reads a checkpoint folder's layout.
 
+The room also holds what a checkpoint is made of and how it describes itself: the architectures, the
+parts a model is built from (``components``), the noise schedule (``schedules``) and the spec a
+checkpoint carries (``spec``).
+
     ckpt = find_checkpoint("runs/tiny-phase2/checkpoints/ep5-ba1100-rank0.pt")
     ckpt.kind, ckpt.label, ckpt.step, content_hash(ckpt)
     pipe = load_pipeline(ckpt, ema=True, device="cpu")
 """
-from .autoresume import checkpoint_problem, select_resume_checkpoint
-from .composer import has_ema, model_weights, read_checkpoint
-from .find import discover, find_checkpoint, label_under, list_checkpoints, resolve_roots
-from .hashing import content_hash
-from .names import KINDS, Checkpoint
-from .open import CheckpointInfo, describe, export_pipeline, load_pipeline
+from ..faces import face
 
-__all__ = ["KINDS", "Checkpoint", "CheckpointInfo", "checkpoint_problem", "content_hash", "describe", "discover",
-           "export_pipeline", "find_checkpoint", "has_ema", "label_under", "list_checkpoints", "load_pipeline",
-           "model_weights", "read_checkpoint", "resolve_roots", "select_resume_checkpoint"]
+__getattr__, __all__ = face(__name__, {
+    "architectures": "ARCHITECTURES TINY unet_config",
+    "autoresume": "checkpoint_problem resume_problem select_resume_checkpoint",
+    "components": "build_pipeline build_unet load_frozen_parts load_part random_text_encoder random_vae",
+    "composer": "has_ema model_weights read_checkpoint",
+    "find": "discover find_checkpoint label_under list_checkpoints raise_reason resolve_roots",
+    "hashing": "content_hash fingerprint",
+    "hub": "is_hub_id",
+    "names": "KINDS Checkpoint",
+    "open": "CheckpointInfo describe export_pipeline load_pipeline",
+    "remote": "fetch",
+    "schedules": "NOISE_SCHEDULE ddpm_scheduler inference_scheduler",
+    "spec": "SPEC_FORMAT ModelSpec make_spec",
+})

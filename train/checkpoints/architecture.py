@@ -1,7 +1,7 @@
 """A model spec from weights alone: the architecture of a checkpoint that does not say what it is.
 
 mosaicml/diffusion's Composer checkpoints hold diffusers-format ``unet.*``, ``vae.*`` and ``text_encoder.*``
-weights and nothing else. A known architecture (``train.architectures``: SD2-base, tiny) is recognised
+weights and nothing else. A known architecture (``train.checkpoints.architectures``: SD2-base, tiny) is recognised
 when every weight's name and shape match it, and then its configs are used whole. Otherwise the configs
 are read off the shapes, which fix everything but three settings the weights cannot show; those follow the
 SD2 family: 64-channel attention heads, GroupNorm of 32 groups, OpenCLIP's GELU text tower.
@@ -12,9 +12,9 @@ import re
 
 import torch
 
-from ..architectures import ARCHITECTURES
+from .architectures import ARCHITECTURES
 from ..errors import CheckpointError
-from ..spec import SPEC_FORMAT, _plain
+from .spec import SPEC_FORMAT, _plain
 
 HEAD_CHANNELS = 64  # SD2's attention heads (diffusers' attention_head_dim lists head counts: 320/5 = 64)
 NORM_GROUPS = 32
@@ -87,7 +87,7 @@ def _known(shapes: dict[str, dict]) -> str | None:
 
 
 def spec_from_weights(weights: dict, where: str, prediction_type: str = "epsilon") -> dict:
-    """A ``train.spec`` dict for a spec-less checkpoint (its tokenizer: the SD CLIP BPE one, shipped)."""
+    """A ``spec`` dict for a spec-less checkpoint (its tokenizer: the SD CLIP BPE one, shipped)."""
     shapes = {p: _part(weights, p + ".") for p in ("unet", "vae", "text_encoder")}
     name = _known(shapes)
     try:

@@ -1,6 +1,6 @@
 """Composer checkpoints, read safely (``torch.load(weights_only=True)``): this project's and mosaicml/diffusion's.
 
-*This project's* carry a model spec (``train.spec``) in the ``ModelSpec`` callback's state, so they are
+*This project's* carry a model spec (``train.checkpoints.spec``) in the ``ModelSpec`` callback's state, so they are
 rebuilt without their config or data. *mosaicml/diffusion's* (the trainer of MosaicML's SD2 replication:
 its ``StableDiffusion`` ComposerModel) hold ``unet.*``, ``vae.*`` and ``text_encoder.*`` weights under
 ``state.model`` and no spec; their architecture is inferred from the weights (``architecture.py``).
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, first_line
-from ..spec import SPEC_FORMAT
+from .spec import SPEC_FORMAT
 from .ziphead import zip_head
 
 # Plain data types Composer's checkpoints hold besides tensors (RNG states, timestamps, versions).

@@ -84,3 +84,16 @@ def content_hash(ckpt) -> str:
     """The short content hash of a found ``Checkpoint`` (``SHORT`` hex digits)."""
     path = ckpt.path
     return (folder_hash(path) if path.is_dir() else file_hash(path))[:SHORT]
+
+
+def fingerprint(module: "torch.nn.Module") -> str:
+    """A hash of a module's weights (names, dtypes, shapes and bytes), independent of the file format: what
+    precomputed latents and the scoring models' results name their weights by."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-d tensors too
+    return h.hexdigest()[:16]

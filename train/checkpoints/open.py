@@ -69,7 +69,7 @@ def pipeline_from_composer(path: str | Path, ema: bool = False):
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from ..components import build_pipeline
+    from .components import build_pipeline
 
     ckpt = read_checkpoint(path)
     spec = ckpt["spec"]

@@ -288,11 +288,11 @@ def _quiet_diffusers():
 def load_single_file(path: Path) -> StableDiffusionPipeline:
     """A ``StableDiffusionPipeline`` (float32, CPU, no safety checker) from a single-file checkpoint.
 
-    Sampler: the workbench's default over the SD noise schedule (``train.components.inference_scheduler``).
+    Sampler: the workbench's default over the SD noise schedule (``schedules.inference_scheduler``).
     """
     from diffusers import StableDiffusionPipeline
 
-    from ..components import inference_scheduler
+    from .schedules import inference_scheduler  # diffusers' schedulers: imported when a file is opened, not listed
 
     path = Path(path)
     shapes, family, config, about = _inspect(path)

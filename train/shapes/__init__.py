@@ -6,12 +6,17 @@ A scene is one or two groups of identical shapes ("two small red circles above a
 - ``grammar``: the captions, written from a scene and parsed back to its attributes from one definition;
 - ``dataset``: one sample (scene, caption, images) as a pure function of (seed, split, index), the MDS dataset;
 - ``prompts``: prompt sets of held-out captions, from the dataset's own sampling function;
-- ``scorer``: the small CNN that reads a scene's attributes back from an image (torch; imported on its own).
+- ``scorer``: the small CNN that reads a scene's attributes back from an image;
+- ``prepare``: the tiny architecture's frozen parts (tokenizer, text encoder, VAE) fitted on a shapes dataset.
 """
-from .dataset import SPLITS, make_sample, sample_meta, write_shapes_dataset
-from .grammar import COUNTS, RELATIONS, captions_for, describe_group, parse_caption
-from .scenes import BACKGROUND, COLORS, SHAPES, SIZES, SUPERSAMPLE, layout, render, sample_scene
+from ..faces import face
 
-__all__ = ["BACKGROUND", "COLORS", "COUNTS", "RELATIONS", "SHAPES", "SIZES", "SPLITS", "SUPERSAMPLE", "captions_for",
-           "describe_group", "layout", "make_sample", "parse_caption", "render", "sample_meta", "sample_scene",
-           "write_shapes_dataset"]
+__getattr__, __all__ = face(__name__, {
+    "dataset": "SPLITS make_sample sample_meta write_shapes_dataset",
+    "grammar": "ATTRIBUTES COUNTS KINDS RELATIONS Scene asked_attributes captions_for describe_group kinds_of "
+               "parse_caption",
+    "prepare": "fit_tokenizer prepare_tiny",
+    "prompts": "shapes_prompts",
+    "scenes": "BACKGROUND COLORS SHAPES SIZES SUPERSAMPLE layout render sample_scene",
+    "scorer": "ShapesScorer read_scenes train_scorer",
+})

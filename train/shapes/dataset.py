@@ -41,7 +41,7 @@ def write_shapes_dataset(out, n: int, seed: int, sizes: tuple[int, ...] = (16, 3
     """Write ``n`` training samples per bucket under ``out/<size>`` and ``n_eval`` under ``out/eval/<size>``."""
     from tqdm import tqdm
 
-    from ..mds import open_writer
+    from ..data import open_writer
 
     out = Path(out)
     eval_size = eval_size or max(sizes)

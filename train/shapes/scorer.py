@@ -160,7 +160,7 @@ class ShapesScorer:
 
 def load_split(folder: str | Path, limit: int | None = None, progress: bool = False) -> tuple[torch.Tensor, list[Scene]]:
     """All images of a shapes MDS bucket as (N, 3, S, S) uint8, and their scenes."""
-    from ..mds import open_local
+    from ..data import open_local
     from tqdm import tqdm
 
     folder = Path(folder)

@@ -22,7 +22,7 @@ from PIL import ExifTags, Image, ImageOps
 from streaming import MDSWriter
 from tqdm import tqdm
 
-from .errors import WorkbenchError
+from ..errors import WorkbenchError
 from .mds import image_columns, open_writer
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
@@ -258,7 +258,7 @@ def _open_writers(out: Path, sides: Sequence[int], image_format: str) -> dict[in
     return writers
 
 
-def convert(src: str | Path, out: str | Path, *, buckets: Sequence[int] = (256, 512), image_format: str = "jpeg",
+def convert_to_mds(src: str | Path, out: str | Path, *, buckets: Sequence[int] = (256, 512), image_format: str = "jpeg",
             image_column: str | None = None, caption_column: str | None = None,
             min_aesthetic: float | None = None, aesthetic_column: str | None = None,
             languages: Sequence[str] | None = None, language_column: str | None = None,

@@ -31,9 +31,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .errors import WorkbenchError
+from ..errors import WorkbenchError
 
-from .latents import LATENTS_FORMAT, META, STORAGE_DTYPES, encode_array, fingerprint, latent_columns
+from .latents import LATENTS_FORMAT, META, STORAGE_DTYPES, encode_array, latent_columns
+from ..checkpoints import fingerprint
 
 # ---------------------------------------------------------------------------------------------
 # Loading the encoders
@@ -43,7 +44,7 @@ def load_encoders(vae_ref: str, text_encoder_ref: str, tokenizer_ref: str | None
     from diffusers import AutoencoderKL
     from transformers import CLIPTextModel, CLIPTokenizer
 
-    from .components import load_part
+    from ..checkpoints import load_part
 
     vae = load_part(AutoencoderKL, vae_ref, "vae", "VAE")
     text_encoder = load_part(CLIPTextModel, text_encoder_ref, "text_encoder", "text encoder")
@@ -127,7 +128,7 @@ class Encoding:
     progress: bool
 
 
-def precompute(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, tokenizer_ref: str | None = None,
+def precompute_latents(src: str, out: str, *, vae_ref: str, text_encoder_ref: str, tokenizer_ref: str | None = None,
                resolutions: list[int] | None = None, batch_size: int = 32, dtype: str = "float16",
                device: str = "auto", chunk_size: int = 2048, cache: str | None = None,
                progress: bool = True) -> list[dict]:
@@ -153,7 +154,7 @@ def _join_ranks(device: str) -> str:
     """The device this rank encodes on; under `composer -n N`, the process group joined (gloo or NCCL)."""
     from composer.utils import dist
 
-    from .device import pick_device
+    from ..generation import pick_device
 
     device = pick_device(device).type if device == "auto" else device
     if dist.get_world_size() > 1 and not dist.is_initialized():
@@ -185,7 +186,7 @@ def _open_source(local: str, remote: str | None):
 
 def _bucket_meta(enc: Encoding, dataset, side: int, n: int, source: str) -> dict:
     """``precompute.json`` of one bucket (unfinished), with shapes read off one encoded sample."""
-    from .data import crop_to_array, to_model_range
+    from .loader import crop_to_array, to_model_range
 
     probe = to_model_range(crop_to_array(dataset[0]["image"], side))[None]
     mean, _, text = encode_batch(enc.vae, enc.text_encoder, enc.tokenizer, probe, [""])
@@ -259,7 +260,7 @@ def encode_chunk(enc: Encoding, dataset, side: int, indices: range, folder: Path
     """Samples ``indices`` of the source into the MDS folder ``folder``, which appears only when whole."""
     from streaming import MDSWriter
 
-    from .data import crop_to_array, other_phrasing, to_model_range
+    from .loader import crop_to_array, other_phrasing, to_model_range
 
     shutil.rmtree(folder, ignore_errors=True)  # an unfinished chunk from an interrupted run
     part = folder.with_name(folder.name + ".part")

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .errors import WorkbenchError
-from .mds import count_samples
+from ..errors import WorkbenchError
+from ..data import count_samples
 
 SPECIAL = ["<|startoftext|>", "<|endoftext|>"]
 
@@ -67,8 +67,7 @@ def _canonical_ids(folder: Path) -> None:
 
 def read_bucket(folder: str | Path, resolution: int, limit: int):
     """Up to ``limit`` (images (N, 3, R, R) in [-1, 1], captions) from an MDS bucket, in order."""
-    from .data import image_to_tensor  # with Streaming, which imports transformers' auto classes: seconds
-    from .mds import open_local  # LocalDataset: no shared-memory registry, so parallel runs never collide
+    from ..data import image_to_tensor, open_local  # with Streaming, which imports transformers' auto classes: seconds
 
     n = min(limit, count_samples(folder))
     ds = open_local(folder)
@@ -148,8 +147,7 @@ def fold_latent_normalization(vae, images: torch.Tensor, batch_size: int = 256) 
 def prepare_tiny(data: str | Path, out: str | Path, *, vae_steps: int = 1200, max_images: int = 10000,
                  seed: int = 0, progress: bool = True) -> dict:
     """Write ``out/{vae,text_encoder,tokenizer}`` and ``out/prepare.json``; returns the report."""
-    from .architectures import TINY
-    from .components import random_text_encoder, random_vae  # diffusers: 10+ s of imports that fitting a tokenizer never needs
+    from ..checkpoints import TINY, random_text_encoder, random_vae  # diffusers: 10+ s of imports that fitting a tokenizer never needs
 
     data, out = Path(data), Path(out)
     resolution = TINY["vae"]["sample_size"]

@@ -8,9 +8,22 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-from .errors import WorkbenchError
+from ..errors import WorkbenchError
+
+
+@dataclass
+class StreamConfig:
+    """One MDS dataset in a mixture (Streaming's ``Stream``): local, or remote with a local cache."""
+
+    path: str = ""  # the local folder, or the cache folder of a remote (empty: a temporary cache)
+    remote: Optional[str] = None  # s3://bucket/prefix or any remote Streaming reads
+    proportion: Optional[float] = None  # share of each epoch (all streams or none; they sum to 1)
+    repeat: Optional[float] = None  # or: how many times each sample is seen per epoch
+    choose: Optional[int] = None  # or: how many samples this stream gives per epoch
 
 
 def image_columns(image_format: str) -> dict[str, str]:

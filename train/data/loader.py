@@ -10,8 +10,8 @@ from PIL import Image
 from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
-from .errors import WorkbenchError, first_line
-from .mds import check_safe_columns, count_samples, open_streaming
+from ..errors import WorkbenchError, first_line
+from .mds import StreamConfig, check_safe_columns, count_samples, open_streaming
 
 
 def crop_to_array(img: Image.Image, resolution: int, center_crop: bool = True,
@@ -141,8 +141,6 @@ def fast_tokenizer(tokenizer):
 
 def stream_list(data_cfg) -> list:
     """The datasets to read: ``data.streams``, or the one ``data.path``/``data.remote``."""
-    from .config import StreamConfig
-
     return list(data_cfg.streams) or [StreamConfig(path=data_cfg.path, remote=data_cfg.remote)]
 
 

@@ -9,28 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKL, DDIMScheduler, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
 from .architectures import ARCHITECTURES, unet_config
-from .errors import WorkbenchError, first_line
-from .samplers import DEFAULT_SAMPLER, make_sampler
-
-# The SD2 training noise schedule: DDPM, scaled-linear betas 0.00085 to 0.012 over 1000 steps.
-NOISE_SCHEDULE = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
-
-
-def ddpm_scheduler(prediction_type: str) -> DDPMScheduler:
-    return DDPMScheduler(**NOISE_SCHEDULE, prediction_type=prediction_type, clip_sample=False)
-
-
-def inference_scheduler(prediction_type: str):
-    """The pipeline's default sampler (DEFAULT_SAMPLER) over the training schedule, with SD2's timestep
-    spacing: "leading", offset 1 (20 steps: 951, 901, ..., 1)."""
-    base = DDIMScheduler(**NOISE_SCHEDULE, prediction_type=prediction_type, clip_sample=False,
-                         set_alpha_to_one=False, steps_offset=1, timestep_spacing="leading")
-    return make_sampler(DEFAULT_SAMPLER, base.config)
-
+from ..errors import WorkbenchError, first_line
+from .schedules import inference_scheduler
 
 def build_unet(architecture: str, overrides: dict | None = None) -> UNet2DConditionModel:
     return UNet2DConditionModel(**unet_config(architecture, overrides))
@@ -58,7 +42,7 @@ def random_vae(architecture: str) -> AutoencoderKL:
 def pretrained_folder(ref: str) -> Path:
     """The local folder of ``model.pretrained``: a folder as given, or a hub id's snapshot (``train.checkpoints.hub``:
     from the local cache, downloaded when online and ``HF_HUB_OFFLINE`` is not set)."""
-    from .checkpoints.hub import hub_offline, is_hub_id, resolve_hub
+    from .hub import hub_offline, is_hub_id, resolve_hub
 
     return resolve_hub(ref, allow_download=not hub_offline()) if is_hub_id(ref) else Path(ref)
 
@@ -71,14 +55,14 @@ def is_part_folder(path: Path) -> bool:
 def names_a_single_file(ref: str) -> bool:
     """``ref`` is a file with a single-file suffix (what it holds is checked when it loads, in one line);
     ``single_file.is_single_file`` also reads its keys."""
-    from .checkpoints.single_file import SUFFIXES
+    from .single_file import SUFFIXES
 
     return Path(ref).suffix in SUFFIXES and Path(ref).is_file()
 
 
 def single_file_parts(ref: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
     """VAE, text encoder and tokenizer of a single-file checkpoint (its UNet is read, then dropped)."""
-    from .checkpoints.single_file import load_single_file
+    from .single_file import load_single_file
 
     pipe = load_single_file(Path(ref))
     return pipe.vae, pipe.text_encoder, pipe.tokenizer

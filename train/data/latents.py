@@ -7,28 +7,16 @@ shapes and the empty caption's hidden states. Training refuses latents of other 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from .errors import WorkbenchError, first_line
+from ..errors import WorkbenchError, first_line
 
 LATENTS_FORMAT = "diffusion-workbench/latents/1"
 META = "precompute.json"
 STORAGE_DTYPES = ("float16", "float32")
-
-
-def fingerprint(module: torch.nn.Module) -> str:
-    """A hash of a module's weights (names, dtypes, shapes and bytes), independent of the file format."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-d tensors too
-    return h.hexdigest()[:16]
 
 
 def encode_array(a: np.ndarray) -> dict:

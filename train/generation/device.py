@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from .errors import WorkbenchError
+from ..errors import WorkbenchError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}

@@ -5,7 +5,7 @@ Light to import (diffusers loads on first use), so command lines can list the na
 """
 from __future__ import annotations
 
-from .errors import WorkbenchError
+from ..errors import WorkbenchError
 
 # name -> (diffusers scheduler class, settings on top of the base config)
 SAMPLERS: dict[str, tuple[str, dict]] = {

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .generation import Settings, generate_images
+from .images import Settings, generate_images
 
 DEMO_PROMPTS = [
     "a red circle",

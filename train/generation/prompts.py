@@ -1,15 +1,27 @@
 """Prompt tables: DrawBench's CSV (``prompt,category``), PartiPrompts' TSV (``Prompt<TAB>Category<TAB>...``), or any
 CSV/TSV with a prompt column (``prompt``, ``prompts``, ``text`` or ``caption``) and an optional ``category`` column.
-One reader for evaluate's prompt sets and the app's uploaded prompt files."""
+One reader for evaluate's prompt sets, human-eval's studies and the app's prompt files.
+
+DrawBench (200 prompts, Imagen) and PartiPrompts (1,632, Parti) ship with the workbench (``prompt_sets/``,
+provenance and checksums in its SOURCES.md): ``read_prompt_table("drawbench")`` and ``"parti"`` read them by name.
+"""
 from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import WorkbenchError
+from ..errors import WorkbenchError
 
 PROMPT_HEADERS = ("prompt", "prompts", "text", "caption")
+PROMPT_SETS = {"drawbench": "drawbench.csv", "parti": "parti_prompts.tsv"}  # the sets shipped in prompt_sets/
+
+
+def prompt_set_path(name_or_path: str | Path) -> Path:
+    """The file of a shipped prompt set named ``drawbench`` or ``parti``; any other name is a path."""
+    if str(name_or_path) in PROMPT_SETS:
+        return Path(__file__).with_name("prompt_sets") / PROMPT_SETS[str(name_or_path)]
+    return Path(name_or_path)
 
 
 @dataclass(frozen=True)
@@ -36,10 +48,10 @@ def _read_rows(path: Path, shown: str) -> list[list[str]]:
 
 
 def read_prompt_table(path: str | Path, limit: int | None = None, shown_as: str | None = None) -> list[Prompt]:
-    """The prompts of a CSV or TSV file, in order. Errors name the file as ``shown_as`` (default: its path;
-    the app passes a name, so a server's paths never reach a browser)."""
-    path = Path(path)
+    """The prompts of a CSV or TSV file (or of the shipped set ``drawbench`` or ``parti``), in order. Errors name
+    the file as ``shown_as`` (default: its path; the app passes a name, so a server's paths never reach a browser)."""
     shown = shown_as or str(path)
+    path = prompt_set_path(path)
     rows = _read_rows(path, shown)
     header = [h.strip().lower() for h in rows[0]]
     column = next((i for i, h in enumerate(header) if h in PROMPT_HEADERS), None)

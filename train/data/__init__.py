@@ -1,0 +1,18 @@
+"""What goes in: image-caption data converted to Streaming's MDS format, read back for training, and
+precomputed VAE latents and text hidden states.
+
+- ``convert``: image folders, Parquet and Hugging Face datasets into MDS resolution buckets (`dwb data convert`);
+- ``mds``: the MDS columns, writing, opening and checking datasets, one dataset of a mixture (``StreamConfig``);
+- ``loader``: the streaming datasets and dataloader of a training phase (crop, tokenize, caption dropout);
+- ``latents``: the precomputed-latents format and its compatibility checks;
+- ``precompute``: encoding a dataset once with the VAE and text encoder (`dwb data precompute`).
+"""
+from ..faces import face
+
+__getattr__, __all__ = face(__name__, {
+    "convert": "ConvertSummary convert_to_mds",
+    "latents": "META check_compatible decode_array read_meta",
+    "loader": "build_dataloader check_remote_access image_to_tensor latent_meta",
+    "mds": "StreamConfig bucket_dirs count_samples open_local open_writer",
+    "precompute": "precompute_latents",
+})

@@ -1,0 +1,83 @@
+"""One way from prompts and seeds to images.
+
+Everything that generates goes through ``generate_images``: the grids (`dwb sample`, the demo), evaluate's
+sample sets and the app. So the same (checkpoint, prompt, seed, settings) gives the same image in each.
+
+**Seeds.** Every image has its own seed, and its starting noise is drawn from
+``torch.Generator("cpu").manual_seed(seed)`` alone: a CPU generator, so a seed means the same noise on any
+device, and one generator per image, so its noise does not depend on what else is in the batch. Callers
+choose the seeds (the app: the typed seed + i; evaluate: one per (prompt, image) from its base seed; the
+grids: one per column). A batch is one pipeline call; an image made in a batch equals the one made alone
+with its seed up to float rounding in batched kernels, and bit for bit with the same batch composition.
+How an image was made is written into its PNG by ``train.generation.png``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .samplers import make_sampler, sampler_name
+
+StepHook = Callable[[int, int], None]  # (steps done, steps in all) after each denoising step
+
+
+DEFAULT_GUIDANCE = 7.5  # classifier-free guidance of a generation that names none (the app's starting value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to sample: the same for every image of one call."""
+
+    steps: int = 25
+    guidance: float = DEFAULT_GUIDANCE
+    width: int | None = None  # None: the model's native size
+    height: int | None = None
+    sampler: str | None = None  # a name in train.generation.SAMPLERS; None: the pipeline's own
+    negative_prompt: str = ""
+
+
+class Stopped(Exception):
+    """``should_stop`` said so; raised from the step callback, so the pipeline call ends there."""
+
+
+def native_size(pipe) -> int:
+    return pipe.unet.config.sample_size * pipe.vae_scale_factor
+
+
+def sampler_of(pipe, settings: Settings) -> str:
+    """The sampler's name a call with these settings uses."""
+    return settings.sampler or sampler_name(pipe.scheduler)
+
+
+@torch.no_grad()
+def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settings, *,
+                    on_step: StepHook | None = None, should_stop: Callable[[], bool] | None = None) -> np.ndarray:
+    """(B, H, W, 3) uint8 images, image i from ``prompts[i]`` and ``seeds[i]``, in one pipeline call.
+
+    The pipeline is never modified: the call runs on a lightweight pipeline sharing its modules with a
+    fresh scheduler, so concurrent calls with different samplers do not interfere.
+    """
+    if len(prompts) != len(seeds):
+        raise ValueError("one seed per prompt")
+    base = pipe.scheduler.config
+    scheduler = make_sampler(settings.sampler, base) if settings.sampler else type(pipe.scheduler).from_config(base)
+    run = type(pipe)(**{**pipe.components, "scheduler": scheduler}, requires_safety_checker=False)
+    run.set_progress_bar_config(disable=True)
+
+    def step_end(p, i: int, t, tensors: dict) -> dict:
+        if should_stop is not None and should_stop():
+            raise Stopped(f"stopped after {i + 1} of {p.num_timesteps} steps")
+        if on_step is not None:
+            on_step(i + 1, p.num_timesteps)
+        return {}
+
+    negative = [settings.negative_prompt] * len(prompts) if settings.negative_prompt else None
+    images = run(list(prompts), negative_prompt=negative, num_inference_steps=settings.steps,
+                 guidance_scale=settings.guidance, width=settings.width or native_size(pipe),
+                 height=settings.height or native_size(pipe),
+                 generator=[torch.Generator("cpu").manual_seed(int(s)) for s in seeds], output_type="np",
+                 callback_on_step_end=step_end).images
+    return (images * 255).round().astype(np.uint8)
