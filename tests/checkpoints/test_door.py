@@ -317,7 +317,7 @@ def test_a_mosaicml_diffusion_checkpoint_opens_with_its_architecture_from_the_we
     from transformers import CLIPTokenizer
 
     from train.checkpoints import describe
-    from train.checkpoints.architecture import sd2_tokenizer_files
+    from train.checkpoints.spec_from_weights import sd2_tokenizer_files
     from train.checkpoints.components import inference_scheduler
 
     path, (unet, vae, text_encoder) = mosaicml_checkpoint

@@ -3,7 +3,7 @@
 *This project's* carry a model spec (``train.checkpoints.spec``) in the ``ModelSpec`` callback's state, so they are
 rebuilt without their config or data. *mosaicml/diffusion's* (the trainer of MosaicML's SD2 replication:
 its ``StableDiffusion`` ComposerModel) hold ``unet.*``, ``vae.*`` and ``text_encoder.*`` weights under
-``state.model`` and no spec; their architecture is inferred from the weights (``architecture.py``).
+``state.model`` and no spec; their architecture is inferred from the weights (``spec_from_weights.py``).
 
 A checkpoint written while Composer's EMA runs stores the EMA weights as the model's weights (EMA swaps
 them in for saving) and the raw training weights inside the EMA algorithm's state; the
@@ -69,7 +69,7 @@ def _interpret(state: dict, path) -> dict:
         if not is_mosaicml_state(state):
             raise CheckpointError(f"{path} is neither a diffusion-workbench checkpoint (no model spec inside) nor "
                                   "a mosaicml/diffusion one (no unet., vae. and text_encoder. weights)")
-        from .architecture import spec_from_weights
+        from .spec_from_weights import spec_from_weights
 
         spec, kind = spec_from_weights(state["model"], where=str(path)), "mosaicml"
     ema_state = next((s for name, s in state.get("algorithms", []) if name in EMA_ALGORITHMS), None)
