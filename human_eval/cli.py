@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 from .errors import HumanEvalError
+from .network import proxy_address
 
 TOKEN_ENV = "DWB_HUMAN_EVAL_TOKEN"
 
@@ -144,6 +145,7 @@ def cmd_serve(args) -> None:
 
     import uvicorn
 
+    from .network import uvicorn_config
     from .server import create_app
     from .store import Store, database_url
 
@@ -159,9 +161,7 @@ def cmd_serve(args) -> None:
     print(f"serving {len(study.pairs)} pairs of {study.folder} (votes: {url})\n"
           f"  raters: http://{shown}:{port}/   (or /?rater=ID)\n"
           f"  admin:  http://{shown}:{port}/admin?token={token}", flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False, lifespan="off",
-                            timeout_keep_alive=30, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(uvicorn_config(app, trusted_proxies=args.trusted_proxy)).run(sockets=[sock])
 
 
 def cmd_links(args) -> None:
@@ -257,6 +257,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--per-rater", type=_positive, help="override the study's cap on pairs per rater")
     p.add_argument("--new-raters-per-minute", type=_count, default=60,
                    help="new raters one client address may start a minute (default 60; 0: no limit)")
+    p.add_argument("--trusted-proxy", nargs="+", type=proxy_address, default=[], metavar="ADDR",
+                   help="reverse proxies (IP addresses or networks) whose X-Forwarded-For and X-Forwarded-Proto are "
+                        "believed (default: none; the header of anyone else is ignored)")
     p.set_defaults(func=cmd_serve)
 
 

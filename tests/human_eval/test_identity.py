@@ -109,10 +109,15 @@ def test_new_raters_are_rate_limited_per_address(two_model_study):
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert session(c, made[0]["rater"], made[0]["key"])["resumed"] is True  # returning raters are not limited
         before = len(made)
+        # a varied X-Forwarded-For is no new address: without --trusted-proxy nobody's header is read
+        forged = [c.post("/api/session", json={"rater": f"forged{i}"}, headers={"X-Forwarded-For": f"203.0.113.{i}"})
+                  for i in range(8)]
+        assert [r.status_code for r in forged] == [429] * 8
     import sqlite3
 
     with sqlite3.connect(two_model_study / "votes.sqlite") as conn:
         labels = [row[0] for row in conn.execute("SELECT label FROM raters WHERE label LIKE 'burst%'")]
+        assert not conn.execute("SELECT count(*) FROM raters WHERE label LIKE 'forged%'").fetchone()[0]
     assert len(labels) == before
 
 

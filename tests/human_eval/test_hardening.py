@@ -1,0 +1,51 @@
+"""The rating server's edges under attack: forged client addresses.
+
+One `dwb human-eval serve` takes the attacks over real sockets: a study of a 16 px and a 32 px model, 127.0.0.2
+as its reverse proxy and 5 new raters a minute. All of 127.0.0.0/8 is loopback, so a client bound to 127.0.0.2
+or 127.0.0.3 reaches it from another address.
+"""
+from pathlib import Path
+
+import httpx
+import pytest
+
+from human_eval.samples import read_manifest
+from human_eval.study import build_study
+
+from .conftest import Server, drawbench, write_samples
+
+PROXY, OUTSIDER = "127.0.0.2", "127.0.0.3"
+
+
+@pytest.fixture(scope="module")
+def mixed_study(tmp_path_factory) -> Path:
+    """A 16 px model against a 32 px model on 4 prompts (4 pairs)."""
+    root = tmp_path_factory.mktemp("mixed")
+    samples = read_manifest(write_samples(root / "small", "small", drawbench(4), size=16, seed=1))
+    samples += read_manifest(write_samples(root / "big", "big", drawbench(4), size=32, seed=2))
+    build_study(samples, root / "study", progress=False)
+    return root / "study"
+
+
+@pytest.fixture(scope="module")
+def server(mixed_study):
+    with Server(mixed_study, "--trusted-proxy", PROXY, "--new-raters-per-minute", "5") as s:
+        yield s
+
+
+def client(server: Server, address: str = "127.0.0.1") -> httpx.Client:
+    """An HTTP client whose connections come from `address`."""
+    return httpx.Client(base_url=server.url, transport=httpx.HTTPTransport(local_address=address))
+
+
+def test_forwarded_for_counts_only_from_a_trusted_proxy(server):
+    def new_rater(c: httpx.Client, forwarded: str) -> int:
+        return c.post("/api/session", json={"rater": None}, headers={"X-Forwarded-For": forwarded}).status_code
+
+    with client(server, PROXY) as proxy, client(server, OUTSIDER) as outsider:
+        assert [new_rater(proxy, "203.0.113.7") for _ in range(6)] == [200] * 5 + [429]  # one rater behind the proxy
+        # what that rater writes into the header before the proxy appends their address changes nothing
+        assert new_rater(proxy, "198.51.100.1, 203.0.113.7") == 429
+        assert new_rater(proxy, "203.0.113.8") == 200  # another rater behind the same proxy has their own limit
+        # a client that is not a listed proxy: its header is ignored, it gets 5 however it varies the header
+        assert [new_rater(outsider, f"198.51.100.{i}") for i in range(8)] == [200] * 5 + [429] * 3
