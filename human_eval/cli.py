@@ -88,11 +88,10 @@ def cmd_create(args) -> None:
 
 
 def _checked_token(token: str, source: str) -> str:
-    from .admin import MIN_TOKEN
+    from .admin import token_problem
 
-    if len(token) < MIN_TOKEN:
-        raise HumanEvalError(f"the admin token from {source} is too short: {len(token)} characters, it needs at least "
-                             f"{MIN_TOKEN} characters (a shorter one can be guessed)")
+    if problem := token_problem(token):
+        raise HumanEvalError(f"the admin token from {source} {problem}")
     return token
 
 
@@ -112,15 +111,16 @@ def _write_token_file(path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _admin_token(args, study_dir: Path) -> str:
+def _admin_token(args, study_dir: Path) -> tuple[str, str]:
+    """The dashboard's token and where it comes from, for the start-up line (which never shows the token)."""
     if args.admin_token is not None:
-        return _checked_token(args.admin_token, "--admin-token")
+        return _checked_token(args.admin_token, "--admin-token"), "the one given with --admin-token"
     if os.environ.get(TOKEN_ENV):
-        return _checked_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}")
+        return _checked_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}"), f"${TOKEN_ENV}"
     path = study_dir / "admin_token"
     if not path.exists():
         _write_token_file(path)
-    return _checked_token(path.read_text().strip(), f"{path} (delete it to get a new one)")
+    return _checked_token(path.read_text().strip(), f"{path} (delete it to get a new one)"), f"in {path}"
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -141,7 +141,7 @@ def cmd_serve(args) -> None:
     from .study import load_study
 
     study = load_study(args.study)
-    token = _admin_token(args, study.folder)  # before the database is touched: a bad token changes nothing
+    token, token_source = _admin_token(args, study.folder)  # before the database is touched: a bad token changes nothing
 
     import uvicorn
 
@@ -154,13 +154,14 @@ def cmd_serve(args) -> None:
         raise HumanEvalError(f"{len(missing)} study images are missing, e.g. {missing[0]} (copy the whole study folder)")
     url = database_url(args.db or study.folder / "votes.sqlite")
     store = Store(url, study.id)
-    app = create_app(study, store, token, per_rater=args.per_rater, new_raters_per_minute=args.new_raters_per_minute)
+    app = create_app(study, store, token, per_rater=args.per_rater, new_raters_per_minute=args.new_raters_per_minute,
+                     secure_cookie=args.secure_cookie)
     sock = _listen(args.host, args.port)
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {len(study.pairs)} pairs of {study.folder} (votes: {url})\n"
           f"  raters: http://{shown}:{port}/   (or /?rater=ID)\n"
-          f"  admin:  http://{shown}:{port}/admin?token={token}", flush=True)
+          f"  admin:  http://{shown}:{port}/admin?token=TOKEN   (TOKEN: {token_source})", flush=True)
     uvicorn.Server(uvicorn_config(app, trusted_proxies=args.trusted_proxy)).run(sockets=[sock])
 
 
@@ -254,6 +255,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: STUDY/votes.sqlite); "
                                 "postgresql+psycopg://... lets several instances share one store")
     p.add_argument("--admin-token", help=f"the dashboard's token (default: ${TOKEN_ENV}, else STUDY/admin_token)")
+    p.add_argument("--secure-cookie", action="store_true",
+                   help="mark the admin cookie Secure, sent over https only (default: only for requests that came "
+                        "over https, as a --trusted-proxy's X-Forwarded-Proto says)")
     p.add_argument("--per-rater", type=_positive, help="override the study's cap on pairs per rater")
     p.add_argument("--new-raters-per-minute", type=_count, default=60,
                    help="new raters one client address may start a minute (default 60; 0: no limit)")

@@ -232,12 +232,12 @@ class RatingService:
 
 
 def create_app(study: Study, store: Store, admin_token: str, per_rater: int | None = None,
-               new_raters_per_minute: int = NEW_RATERS_PER_MINUTE) -> Guard:
+               new_raters_per_minute: int = NEW_RATERS_PER_MINUTE, secure_cookie: bool = False) -> Guard:
     """The ASGI app for one study: rater routes, admin routes, security headers and body limits."""
-    from .admin import MIN_TOKEN, add_admin_routes
+    from .admin import add_admin_routes, token_problem
 
-    if len(admin_token) < MIN_TOKEN:
-        raise HumanEvalError(f"the admin token must have at least {MIN_TOKEN} characters")
+    if problem := token_problem(admin_token):
+        raise HumanEvalError(f"the admin token {problem}")
     service = RatingService(study, store, per_rater, new_raters_per_minute)
     app = FastAPI(title="human-eval", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
@@ -289,5 +289,5 @@ def create_app(study: Study, store: Store, admin_token: str, per_rater: int | No
             raise HTTPException(404, "not found")
         return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=86400, immutable"})
 
-    add_admin_routes(app, service, admin_token)
+    add_admin_routes(app, service, admin_token, secure_cookie)
     return Guard(app)

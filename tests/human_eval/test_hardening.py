@@ -1,4 +1,4 @@
-"""The rating server's edges under attack: forged client addresses.
+"""The rating server's edges under attack: forged client addresses, the admin cookie behind a proxy.
 
 One `dwb human-eval serve` takes the attacks over real sockets: a study of a 16 px and a 32 px model, 127.0.0.2
 as its reverse proxy and 5 new raters a minute. All of 127.0.0.0/8 is loopback, so a client bound to 127.0.0.2
@@ -12,7 +12,7 @@ import pytest
 from human_eval.samples import read_manifest
 from human_eval.study import build_study
 
-from .conftest import Server, drawbench, write_samples
+from .conftest import Server, cookie_attributes, drawbench, write_samples
 
 PROXY, OUTSIDER = "127.0.0.2", "127.0.0.3"
 
@@ -49,3 +49,13 @@ def test_forwarded_for_counts_only_from_a_trusted_proxy(server):
         assert new_rater(proxy, "203.0.113.8") == 200  # another rater behind the same proxy has their own limit
         # a client that is not a listed proxy: its header is ignored, it gets 5 however it varies the header
         assert [new_rater(outsider, f"198.51.100.{i}") for i in range(8)] == [200] * 5 + [429] * 3
+
+
+def test_the_admin_cookie_is_secure_behind_an_https_proxy(server):
+    with client(server, PROXY) as proxy:
+        r = proxy.get("/admin", params={"token": server.token}, headers={"X-Forwarded-Proto": "https"},
+                      follow_redirects=False)
+    assert r.status_code == 303
+    cookie = cookie_attributes(r.headers["set-cookie"])
+    assert "secure" in cookie and "httponly" in cookie and cookie["samesite"].lower() == "strict"
+    assert server.token not in cookie["value"]
