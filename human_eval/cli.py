@@ -43,6 +43,14 @@ def _fraction(value: str) -> float:
     return x
 
 
+def _image_size(value: str) -> tuple[int, int]:
+    """`N` (square) or `WIDTHxHEIGHT`, in pixels."""
+    parts = value.lower().split("x")
+    if len(parts) in (1, 2) and all(p.isdigit() and 0 < int(p) <= 8192 for p in parts):
+        return int(parts[0]), int(parts[-1])
+    raise argparse.ArgumentTypeError(f"must be N or WIDTHxHEIGHT in pixels (1 to 8192), got {value}")
+
+
 def _covariates(value: str) -> tuple[str, ...]:
     from .style_control import COVARIATES
 
@@ -77,10 +85,11 @@ def cmd_create(args) -> None:
         samples += read_folder(path, args.prompts, model=label)
     study, summary = build_study(samples, args.study, gold=args.gold, repeats=args.repeats, per_rater=args.per_rater,
                                  images_per_prompt=args.images_per_prompt, seed=args.seed, allocation=args.allocation,
-                                 target_width=args.target_width)
+                                 target_width=args.target_width, image_size=args.image_size)
     per_pair = ", ".join(f"{k}: {v}" for k, v in summary["pairs_per_model_pair"].items())
     print(f"study {study.folder}: {len(summary['models'])} models, {summary['prompts']} prompts, {summary['pairs']} pairs "
-          f"({per_pair}), {summary['gold']} gold, {summary['repeats']} repeated; {summary['images_written']} images")
+          f"({per_pair}), {summary['gold']} gold, {summary['repeats']} repeated; {summary['images_written']} images "
+          f"at {'x'.join(map(str, summary['image_size']))} px")
     for model, n in summary["unmatched_images"].items():
         if n:
             print(f"note: {n} images of '{model}' have no counterpart in another model and are not used")
@@ -244,6 +253,9 @@ def _add_create(sub) -> None:
                         "from 50%% (default: uniform)")
     p.add_argument("--target-width", type=_fraction, default=0.1,
                    help="the stopping rule's interval width, e.g. 0.1 for +-5 points (default)")
+    p.add_argument("--image-size", type=_image_size, metavar="N|WxH",
+                   help="the one size every image is shown at, so that size tells no model apart "
+                        "(default: the largest image's; others are resized with Lanczos)")
     p.set_defaults(func=cmd_create)
 
 

@@ -112,7 +112,7 @@ class RatingService:
     def __init__(self, study: Study, store: Store, per_rater: int | None = None,
                  new_raters_per_minute: int = NEW_RATERS_PER_MINUTE):
         self.study, self.store = study, store
-        self.images = ImageCache(study.image_files())
+        self.images = ImageCache(study.image_files(), study.image_size)
         cap = per_rater or study.per_rater or len(study.pairs)
         self.cap = min(cap, len(study.pairs))
         self.n_questions = len(study.questions)

@@ -1,18 +1,22 @@
-"""The rating server's edges under attack: forged client addresses, the admin cookie behind a proxy.
+"""The rating server's edges under attack: forged client addresses, the admin cookie behind a proxy, image sizes
+that name the model.
 
 One `dwb human-eval serve` takes the attacks over real sockets: a study of a 16 px and a 32 px model, 127.0.0.2
 as its reverse proxy and 5 new raters a minute. All of 127.0.0.0/8 is loopback, so a client bound to 127.0.0.2
 or 127.0.0.3 reaches it from another address.
 """
+import json
 from pathlib import Path
 
 import httpx
 import pytest
 
+from human_eval.images import PIXEL_CHUNKS, png_chunk_types
 from human_eval.samples import read_manifest
 from human_eval.study import build_study
 
-from .conftest import Server, cookie_attributes, drawbench, write_samples
+from .conftest import Server, cookie_attributes, drawbench, start_rater, write_samples
+from .test_blind import ihdr
 
 PROXY, OUTSIDER = "127.0.0.2", "127.0.0.3"
 
@@ -59,3 +63,31 @@ def test_the_admin_cookie_is_secure_behind_an_https_proxy(server):
     cookie = cookie_attributes(r.headers["set-cookie"])
     assert "secure" in cookie and "httponly" in cookie and cookie["samesite"].lower() == "strict"
     assert server.token not in cookie["value"]
+
+
+def test_every_image_a_rater_sees_has_the_studys_size(server, mixed_study):
+    sizes, pairs = set(), 0
+    with client(server) as c:
+        rater = start_rater(c)
+        while not (p := c.get("/api/next", params={"rater": rater}).json())["done"]:
+            for url in p["images"]:
+                data = c.get(url).content
+                sizes.add(ihdr(data)[:2])
+                assert set(png_chunk_types(data)) <= PIXEL_CHUNKS
+            for q in p["questions"]:
+                c.post("/api/vote", json={"rater": rater, "pair": p["pair"], "question": q["id"], "answer": "none"})
+            pairs += 1
+    assert pairs == 4 and sizes == {(32, 32)}
+    assert json.loads((mixed_study / "study.json").read_text())["image_size"] == [32, 32]  # the largest image's
+
+
+def test_create_takes_the_image_size_it_is_given(mixed_study, tmp_path, dwb):
+    manifests = [str(mixed_study.parent / name / "manifest.jsonl") for name in ("small", "big")]
+    r = dwb("human-eval", "create", str(tmp_path / "s"), "--samples", manifests[0], "--samples", manifests[1],
+            "--image-size", "24")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "s" / "study.json").read_text())["image_size"] == [24, 24]
+    assert {ihdr(f.read_bytes())[:2] for f in (tmp_path / "s" / "images").iterdir()} == {(24, 24)}
+    bad = dwb("human-eval", "create", str(tmp_path / "t"), "--samples", manifests[0], "--samples", manifests[1],
+              "--image-size", "0")
+    assert bad.returncode == 2 and "--image-size" in bad.stderr and not (tmp_path / "t").exists()
