@@ -150,6 +150,9 @@ def cmd_serve(args) -> None:
     from .study import load_study
 
     study = load_study(args.study)
+    missing = [f for f in study.image_files().values() if not f.is_file()]  # image_files refuses any outside the study
+    if missing:
+        raise HumanEvalError(f"{len(missing)} study images are missing, e.g. {missing[0]} (copy the whole study folder)")
     token, token_source = _admin_token(args, study.folder)  # before the database is touched: a bad token changes nothing
 
     import uvicorn
@@ -158,9 +161,6 @@ def cmd_serve(args) -> None:
     from .server import create_app
     from .store import Store, database_url
 
-    missing = [f for f in study.image_files().values() if not f.is_file()]
-    if missing:
-        raise HumanEvalError(f"{len(missing)} study images are missing, e.g. {missing[0]} (copy the whole study folder)")
     url = database_url(args.db or study.folder / "votes.sqlite")
     store = Store(url, study.id)
     app = create_app(study, store, token, per_rater=args.per_rater, new_raters_per_minute=args.new_raters_per_minute,

@@ -122,7 +122,17 @@ class Study:
         return rater_key(self.secret, rater)
 
     def image_files(self) -> dict[str, Path]:
-        return {token: self.folder / image.file for token, image in self.images.items()}
+        """Each image token's file, symlinks followed; an entry that leads outside STUDY/images is refused
+        (a symlinked or absolute entry served any PNG on the server's disk, and ../../etc/hostname gave a 500)."""
+        inside = self.folder.resolve() / "images"
+        files = {}
+        for token, image in self.images.items():
+            path = (self.folder / image.file).resolve()
+            if not path.is_relative_to(inside):
+                raise HumanEvalError(f"{self.folder / 'study.json'} names image {image.file}, which is {path}, outside "
+                                     f"{inside}: a study serves only the images inside it")
+            files[token] = path
+        return files
 
     def save(self) -> Path:
         data = {
@@ -239,7 +249,7 @@ class _Images:
     def write(self, folder: Path, size: tuple[int, int], progress: bool) -> int:
         """Encode every image at `size` into `folder/images` (real ones first: decoys take their file size);
         returns the number of files."""
-        (folder / "images").mkdir(parents=True, exist_ok=True)
+        images_folder(folder).mkdir(parents=True, exist_ok=True)
         clean: dict[Path, bytes] = {}
         written: dict[tuple, tuple[str, dict]] = {}
         order = sorted(self.sources, key=lambda t: self.sources[t][0] != "clean")
@@ -255,13 +265,32 @@ class _Images:
                 except (OSError, ValueError) as e:
                     raise HumanEvalError(f"cannot read image {src[1]}: {e}") from None
                 name = f"images/{hashlib.sha256(data).hexdigest()[:24]}.png"
-                (folder / name).write_bytes(data)
+                _write_new(folder / name, data)
                 written[src] = (name, covariates(data))
             image = self.images[token]
             name, cov = written[src]
             self.images[token] = StudyImage(model=image.model, file=name, seed=image.seed, source=image.source,
                                             covariates=cov, metrics=image.metrics)
         return len({name for name, _ in written.values()})
+
+
+def images_folder(folder: Path) -> Path:
+    """STUDY/images, refused if it is a link: the study's images are written inside the study, never elsewhere."""
+    images = folder / "images"
+    if images.is_symlink():
+        raise HumanEvalError(f"{images} is a link to {images.resolve()}: a study keeps its images inside its own folder "
+                             "(remove the link or choose a new folder)")
+    return images
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """`data` into `path`, never through a link that is already there."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise HumanEvalError(f"cannot write {path}: {e.strerror} (a link where a study image goes?)") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def _main_pairs(models: list[str], by_model: dict, prompt_index: dict, images: _Images) -> tuple[list[Pair], dict]:

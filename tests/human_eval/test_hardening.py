@@ -1,11 +1,13 @@
 """The rating server's edges under attack: forged client addresses, the admin cookie behind a proxy, image sizes
-that name the model.
+that name the model, image paths that leave the study.
 
 One `dwb human-eval serve` takes the attacks over real sockets: a study of a 16 px and a 32 px model, 127.0.0.2
 as its reverse proxy and 5 new raters a minute. All of 127.0.0.0/8 is loopback, so a client bound to 127.0.0.2
 or 127.0.0.3 reaches it from another address.
 """
 import json
+import os
+import shutil
 from pathlib import Path
 
 import httpx
@@ -15,8 +17,10 @@ from human_eval.images import PIXEL_CHUNKS, png_chunk_types
 from human_eval.samples import read_manifest
 from human_eval.study import build_study
 
+from ..servers import ServerExited
 from .conftest import Server, cookie_attributes, drawbench, start_rater, write_samples
 from .test_blind import ihdr
+from .test_cli import one_line_error
 
 PROXY, OUTSIDER = "127.0.0.2", "127.0.0.3"
 
@@ -91,3 +95,38 @@ def test_create_takes_the_image_size_it_is_given(mixed_study, tmp_path, dwb):
     bad = dwb("human-eval", "create", str(tmp_path / "t"), "--samples", manifests[0], "--samples", manifests[1],
               "--image-size", "0")
     assert bad.returncode == 2 and "--image-size" in bad.stderr and not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("escape", ["symlink", "absolute", "parent"])
+def test_images_outside_the_study_are_refused_at_serve(mixed_study, tmp_path, escape):
+    study = tmp_path / "study"
+    shutil.copytree(mixed_study, study, ignore=shutil.ignore_patterns("votes.sqlite*", "admin_token"))
+    data = json.loads((study / "study.json").read_text())
+    image = next(iter(data["images"].values()))
+    private = tmp_path / "private.png"  # any PNG elsewhere on the server's disk
+    shutil.copy(study / image["file"], private)
+    if escape == "symlink":  # as a study unpacked from an archive may hold
+        (study / image["file"]).unlink()
+        (study / image["file"]).symlink_to(private)
+    else:
+        image["file"] = str(private) if escape == "absolute" else os.path.relpath("/etc/hostname", study)
+        (study / "study.json").write_text(json.dumps(data))
+    try:
+        with Server(study):
+            said = "served"
+    except ServerExited as e:
+        said = e.output.strip()
+    lines = said.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and image["file"] in lines[0], said
+    assert "Traceback" not in said
+
+
+def test_create_writes_nothing_outside_the_study(mixed_study, tmp_path, dwb):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "images").symlink_to(elsewhere)
+    manifests = [str(mixed_study.parent / name / "manifest.jsonl") for name in ("small", "big")]
+    one_line_error(dwb("human-eval", "create", str(tmp_path / "s"), "--samples", manifests[0], "--samples", manifests[1]),
+                   f"{tmp_path / 's' / 'images'}")
+    assert not list(elsewhere.iterdir()) and not (tmp_path / "s" / "study.json").exists()
