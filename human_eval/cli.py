@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import secrets
 import socket
 from pathlib import Path
 
 from .errors import HumanEvalError
-from .network import proxy_address
 
 TOKEN_ENV = "DWB_HUMAN_EVAL_TOKEN"
+REQUEST_TIMEOUT_S = 10.0  # a request is under 5 KiB (bodies over 4 KiB are refused): 10 s allows 4 kbit/s
+MAX_CONNECTIONS = 1000  # a browser opens up to 6 connections to one server: room for 160 raters at once
 
 
 def _positive(value: str) -> int:
@@ -49,6 +51,26 @@ def _image_size(value: str) -> tuple[int, int]:
     if len(parts) in (1, 2) and all(p.isdigit() and 0 < int(p) <= 8192 for p in parts):
         return int(parts[0]), int(parts[-1])
     raise argparse.ArgumentTypeError(f"must be N or WIDTHxHEIGHT in pixels (1 to 8192), got {value}")
+
+
+def _seconds(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = 0.0
+    if not 0 < x <= 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (at most 3600), got {value}")
+    return x
+
+
+def _proxy_address(value: str) -> str:
+    """An IP address or a network (CIDR), written as uvicorn compares it (it takes 10.0.0.1/8 for a name)."""
+    try:
+        if "/" in value:
+            return str(ipaddress.ip_network(value, strict=False))
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address or network: {value!r}") from None
 
 
 def _covariates(value: str) -> tuple[str, ...]:
@@ -157,10 +179,11 @@ def cmd_serve(args) -> None:
 
     import uvicorn
 
-    from .network import uvicorn_config
+    from .network import allow_open_files, uvicorn_config
     from .server import create_app
     from .store import Store, database_url
 
+    allow_open_files(args.max_connections)
     url = database_url(args.db or study.folder / "votes.sqlite")
     store = Store(url, study.id)
     app = create_app(study, store, token, per_rater=args.per_rater, new_raters_per_minute=args.new_raters_per_minute,
@@ -171,7 +194,9 @@ def cmd_serve(args) -> None:
     print(f"serving {len(study.pairs)} pairs of {study.folder} (votes: {url})\n"
           f"  raters: http://{shown}:{port}/   (or /?rater=ID)\n"
           f"  admin:  http://{shown}:{port}/admin?token=TOKEN   (TOKEN: {token_source})", flush=True)
-    uvicorn.Server(uvicorn_config(app, trusted_proxies=args.trusted_proxy)).run(sockets=[sock])
+    config = uvicorn_config(app, trusted_proxies=args.trusted_proxy, request_timeout=args.request_timeout,
+                            max_connections=args.max_connections)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def cmd_links(args) -> None:
@@ -273,9 +298,14 @@ def _add_serve(sub) -> None:
     p.add_argument("--per-rater", type=_positive, help="override the study's cap on pairs per rater")
     p.add_argument("--new-raters-per-minute", type=_count, default=60,
                    help="new raters one client address may start a minute (default 60; 0: no limit)")
-    p.add_argument("--trusted-proxy", nargs="+", type=proxy_address, default=[], metavar="ADDR",
+    p.add_argument("--trusted-proxy", nargs="+", type=_proxy_address, default=[], metavar="ADDR",
                    help="reverse proxies (IP addresses or networks) whose X-Forwarded-For and X-Forwarded-Proto are "
                         "believed (default: none; the header of anyone else is ignored)")
+    p.add_argument("--request-timeout", type=_seconds, default=REQUEST_TIMEOUT_S, metavar="SECONDS",
+                   help="close a connection whose request (head and body) has not arrived this long after its first "
+                        f"byte or the connection (default {REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--max-connections", type=_positive, default=MAX_CONNECTIONS, metavar="N",
+                   help=f"close connections beyond N open at once as they open (default {MAX_CONNECTIONS})")
     p.set_defaults(func=cmd_serve)
 
 

@@ -1,13 +1,16 @@
 """The rating server's edges under attack: forged client addresses, the admin cookie behind a proxy, image sizes
-that name the model, image paths that leave the study.
+that name the model, image paths that leave the study, and requests that are never finished.
 
 One `dwb human-eval serve` takes the attacks over real sockets: a study of a 16 px and a 32 px model, 127.0.0.2
-as its reverse proxy and 5 new raters a minute. All of 127.0.0.0/8 is loopback, so a client bound to 127.0.0.2
-or 127.0.0.3 reaches it from another address.
+as its reverse proxy, 5 new raters a minute, a 2 s request timeout and a cap of 100 connections. All of
+127.0.0.0/8 is loopback, so a client bound to 127.0.0.2 or 127.0.0.3 reaches it from another address.
 """
 import json
 import os
+import selectors
 import shutil
+import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -23,6 +26,7 @@ from .test_blind import ihdr
 from .test_cli import one_line_error
 
 PROXY, OUTSIDER = "127.0.0.2", "127.0.0.3"
+REQUEST_TIMEOUT, MAX_CONNECTIONS = 2, 100
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,8 @@ def mixed_study(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(mixed_study):
-    with Server(mixed_study, "--trusted-proxy", PROXY, "--new-raters-per-minute", "5") as s:
+    with Server(mixed_study, "--trusted-proxy", PROXY, "--new-raters-per-minute", "5",
+                "--request-timeout", str(REQUEST_TIMEOUT), "--max-connections", str(MAX_CONNECTIONS)) as s:
         yield s
 
 
@@ -130,3 +135,63 @@ def test_create_writes_nothing_outside_the_study(mixed_study, tmp_path, dwb):
     one_line_error(dwb("human-eval", "create", str(tmp_path / "s"), "--samples", manifests[0], "--samples", manifests[1]),
                    f"{tmp_path / 's' / 'images'}")
     assert not list(elsewhere.iterdir()) and not (tmp_path / "s" / "study.json").exists()
+
+
+HALF_SENT = (
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nUser-Agent: slo",  # a head cut mid-line
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\n",  # a head without its closing blank line
+    b"POST /api/vote HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 90\r\n\r\n{\"rater\"",
+)
+
+
+def connect(port: int, data: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(data)
+    return sock
+
+
+def still_open(sockets: list[socket.socket], seconds: float) -> list[socket.socket]:
+    """The sockets the server has not closed (no EOF, no reset) after watching them for `seconds`."""
+    left = set(sockets)
+    with selectors.DefaultSelector() as watch:
+        for sock in sockets:
+            watch.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + seconds
+        while left and (wait := deadline - time.monotonic()) > 0:
+            for key, _ in watch.select(wait):
+                try:
+                    data = key.fileobj.recv(65536)
+                except ConnectionError:
+                    data = b""
+                if not data:
+                    watch.unregister(key.fileobj)
+                    left.discard(key.fileobj)
+    return [s for s in sockets if s in left]
+
+
+def test_requests_not_sent_in_time_are_closed_and_connections_are_capped(server):
+    """Runs last in this module: it fills the server's connections."""
+    half_sent = [connect(server.port, HALF_SENT[i % 3]) for i in range(90)]
+    try:
+        assert httpx.get(server.url + "/healthz").status_code == 200  # raters are served meanwhile
+        with connect(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n") as slow:  # slow, but in time
+            time.sleep(0.5)
+            slow.sendall(b"Connection: close\r\n\r\n")
+            assert slow.recv(65536).startswith(b"HTTP/1.1 200")
+        assert len(still_open(half_sent, 0.2)) == 90  # not cut before the timeout
+        assert not still_open(half_sent, REQUEST_TIMEOUT + 3)
+    finally:
+        for sock in half_sent:
+            sock.close()
+
+    started = time.monotonic()
+    idle = [connect(server.port) for _ in range(3 * MAX_CONNECTIONS)]
+    try:
+        held = still_open(idle, 0.5)
+        assert time.monotonic() - started < REQUEST_TIMEOUT  # counted before the timeout closes any
+        assert 0 < len(held) <= MAX_CONNECTIONS
+        assert not still_open(held, REQUEST_TIMEOUT + 3)
+    finally:
+        for sock in idle:
+            sock.close()
+    assert httpx.get(server.url + "/healthz").status_code == 200
