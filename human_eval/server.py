@@ -8,7 +8,7 @@ Rater-facing routes (nothing in them names a model, a checkpoint or a manifest f
                            {"rater": id, "key": key} -> that rater again (a returning browser, a rater link)
     GET  /api/next         ?rater=ID -> the rater's next pair (or the unfinished one), or {"done": true}
     POST /api/vote         {"rater", "pair", "question", "answer": "A"|"B"|"none", "response_ms"}
-    GET  /img/{token}      an image by opaque token: PNG pixels only, no metadata
+    GET  /img/{token}      an image by opaque token: PNG pixels only, at the study's one size, no metadata
 
 `next` and `vote` need the rater's key in the ``X-Rater-Key`` header (`human_eval.raters`); without it
 they answer 401 whether or not the id exists. Each rater walks the pairs in their own random order
