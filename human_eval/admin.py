@@ -1,11 +1,15 @@
 """The admin dashboard: live results, the chart and the exports, behind a token.
 
-The token comes as ``Authorization: Bearer <token>``, as the ``dwb_admin`` cookie, or once as
-``/admin?token=<token>``, which sets the cookie and redirects to a URL without it. Tokens are compared
-in constant time. Everything here may name models; none of it is reachable without the token.
+The token comes as ``Authorization: Bearer <token>``, or once as ``/admin?token=<token>``, which sets the
+``dwb_admin`` cookie and redirects to a URL without it. The cookie is not the token: it is an expiry time and
+an HMAC of it under the token (`session_cookie`), so a cookie read off a browser opens the dashboard until it
+expires and reveals nothing that opens it for longer; every instance with the same token accepts it, and a new
+token ends every session. Tokens and cookies are compared in constant time. Everything here may name models;
+none of it is reachable without the token.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import io
 import json
@@ -21,6 +25,8 @@ from .report import results_csv, stopping_lines, summary, votes_csv, votes_json
 
 COOKIE = "dwb_admin"
 MIN_TOKEN = 16  # characters; shorter tokens (an empty token file opened the pages to anyone) are refused
+MIN_DISTINCT = 8  # different characters in a token: 16 spaces or "aaaaaaaabbbbbbbb" passed the length check
+SESSION_S = 12 * 3600  # an admin cookie opens the dashboard for this long
 REFRESH_S = 30.0  # the dashboard's results are at most this old (the page reloads itself as often)
 
 
@@ -82,24 +88,58 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
     return "".join(parts)
 
 
-class AdminGate:
-    """The dashboard's token: a bearer header or the cookie ``/admin?token=`` sets, compared in constant time."""
+def token_problem(token: str) -> str | None:
+    """What makes `token` unfit to guard the dashboard (to follow "the admin token ..."), or None."""
+    if not token.strip():
+        return f"is empty or blank; it needs at least {MIN_TOKEN} characters"
+    if len(token) < MIN_TOKEN:
+        return (f"is too short: {len(token)} characters, it needs at least {MIN_TOKEN} characters "
+                "(a shorter one can be guessed)")
+    if not all("!" <= c <= "~" for c in token):
+        return "has spaces or characters other than visible ASCII (it travels in a header and an address)"
+    if len(set(token)) < MIN_DISTINCT:
+        return (f"uses only {len(set(token))} different characters, it needs at least {MIN_DISTINCT} "
+                "(a repetitive token can be guessed)")
+    return None
 
-    def __init__(self, token: str):
-        self.token, self.expected = token, token.encode()
+
+def session_cookie(token: str, study_id: str, expires: int) -> str:
+    """The admin cookie's value: its expiry (Unix time) and an HMAC-SHA256 of it and the study under the token."""
+    message = f"dwb-admin-session\0{study_id}\0{expires}".encode()
+    return f"{expires}.{hmac.new(token.encode(), message, hashlib.sha256).hexdigest()}"
+
+
+class AdminGate:
+    """The dashboard's token as a bearer header, or the session cookie ``/admin?token=`` sets."""
+
+    def __init__(self, token: str, study_id: str, secure_cookie: bool = False):
+        self.token, self.study_id, self.secure_cookie = token, study_id, secure_cookie
 
     def require(self, request: Request) -> None:
-        supplied = request.headers.get("authorization", "")
-        supplied = supplied[7:] if supplied.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
-        if not hmac.compare_digest(supplied.encode(), self.expected):
+        bearer = request.headers.get("authorization", "")
+        allowed = (self.token_matches(bearer[7:]) if bearer.lower().startswith("bearer ")
+                   else self.cookie_valid(request.cookies.get(COOKIE, "")))
+        if not allowed:
             raise HTTPException(401, "admin token required", headers={"WWW-Authenticate": "Bearer"})
 
-    def login(self, supplied: str) -> Response:
-        """``/admin?token=...``: the cookie set, and the token taken out of the address bar."""
-        if not hmac.compare_digest(supplied.encode(), self.expected):
+    def token_matches(self, supplied: str) -> bool:
+        return hmac.compare_digest(supplied.encode(), self.token.encode())
+
+    def cookie_valid(self, cookie: str) -> bool:
+        expires = cookie.partition(".")[0]
+        if not expires.isdigit() or int(expires) < time.time():
+            return False
+        return hmac.compare_digest(cookie.encode(), session_cookie(self.token, self.study_id, int(expires)).encode())
+
+    def login(self, request: Request, supplied: str) -> Response:
+        """``/admin?token=...``: a session cookie set, and the token taken out of the address bar. The cookie is
+        Secure when asked (``--secure-cookie``) or when the request came over https."""
+        if not self.token_matches(supplied):
             raise HTTPException(401, "wrong admin token")
         response = RedirectResponse("/admin", status_code=303)
-        response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict", path="/admin")
+        response.set_cookie(COOKIE, session_cookie(self.token, self.study_id, int(time.time()) + SESSION_S),
+                            max_age=SESSION_S, path="/admin", httponly=True, samesite="strict",
+                            secure=self.secure_cookie or request.url.scheme == "https")
         return response
 
 
@@ -129,9 +169,9 @@ def _download(body: str, media_type: str, filename: str) -> Response:
     return Response(body, media_type=media_type, headers={"Content-Disposition": f"attachment; filename={filename}"})
 
 
-def add_admin_routes(app: FastAPI, service, token: str) -> None:
+def add_admin_routes(app: FastAPI, service, token: str, secure_cookie: bool = False) -> None:
     """Mount /admin, /admin/results.json, /admin/results.csv, /admin/votes.csv, /admin/votes.json, /admin/chart.png."""
-    gate, analysis = AdminGate(token), AnalysisCache(service)
+    gate, analysis = AdminGate(token, service.study.id, secure_cookie), AnalysisCache(service)
 
     async def results(request: Request, exclude: int) -> dict:
         gate.require(request)
@@ -144,7 +184,7 @@ def add_admin_routes(app: FastAPI, service, token: str) -> None:
     @app.get("/admin", response_class=HTMLResponse)
     async def dashboard(request: Request, exclude: int = 0) -> Response:
         if request.query_params.get("token") is not None:
-            return gate.login(request.query_params["token"])
+            return gate.login(request, request.query_params["token"])
         data = await results(request, exclude)
         counts = await run_in_threadpool(service.store.counts)
         return HTMLResponse(dashboard_html(data, counts, bool(exclude)))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import secrets
 import socket
@@ -10,6 +11,8 @@ from pathlib import Path
 from .errors import HumanEvalError
 
 TOKEN_ENV = "DWB_HUMAN_EVAL_TOKEN"
+REQUEST_TIMEOUT_S = 10.0  # a request is under 5 KiB (bodies over 4 KiB are refused): 10 s allows 4 kbit/s
+MAX_CONNECTIONS = 1000  # a browser opens up to 6 connections to one server: room for 160 raters at once
 
 
 def _positive(value: str) -> int:
@@ -40,6 +43,34 @@ def _fraction(value: str) -> float:
     if not 0 < x < 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
     return x
+
+
+def _image_size(value: str) -> tuple[int, int]:
+    """`N` (square) or `WIDTHxHEIGHT`, in pixels."""
+    parts = value.lower().split("x")
+    if len(parts) in (1, 2) and all(p.isdigit() and 0 < int(p) <= 8192 for p in parts):
+        return int(parts[0]), int(parts[-1])
+    raise argparse.ArgumentTypeError(f"must be N or WIDTHxHEIGHT in pixels (1 to 8192), got {value}")
+
+
+def _seconds(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = 0.0
+    if not 0 < x <= 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (at most 3600), got {value}")
+    return x
+
+
+def _proxy_address(value: str) -> str:
+    """An IP address or a network (CIDR), written as uvicorn compares it (it takes 10.0.0.1/8 for a name)."""
+    try:
+        if "/" in value:
+            return str(ipaddress.ip_network(value, strict=False))
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address or network: {value!r}") from None
 
 
 def _covariates(value: str) -> tuple[str, ...]:
@@ -76,10 +107,11 @@ def cmd_create(args) -> None:
         samples += read_folder(path, args.prompts, model=label)
     study, summary = build_study(samples, args.study, gold=args.gold, repeats=args.repeats, per_rater=args.per_rater,
                                  images_per_prompt=args.images_per_prompt, seed=args.seed, allocation=args.allocation,
-                                 target_width=args.target_width)
+                                 target_width=args.target_width, image_size=args.image_size)
     per_pair = ", ".join(f"{k}: {v}" for k, v in summary["pairs_per_model_pair"].items())
     print(f"study {study.folder}: {len(summary['models'])} models, {summary['prompts']} prompts, {summary['pairs']} pairs "
-          f"({per_pair}), {summary['gold']} gold, {summary['repeats']} repeated; {summary['images_written']} images")
+          f"({per_pair}), {summary['gold']} gold, {summary['repeats']} repeated; {summary['images_written']} images "
+          f"at {'x'.join(map(str, summary['image_size']))} px")
     for model, n in summary["unmatched_images"].items():
         if n:
             print(f"note: {n} images of '{model}' have no counterpart in another model and are not used")
@@ -87,11 +119,10 @@ def cmd_create(args) -> None:
 
 
 def _checked_token(token: str, source: str) -> str:
-    from .admin import MIN_TOKEN
+    from .admin import token_problem
 
-    if len(token) < MIN_TOKEN:
-        raise HumanEvalError(f"the admin token from {source} is too short: {len(token)} characters, it needs at least "
-                             f"{MIN_TOKEN} characters (a shorter one can be guessed)")
+    if problem := token_problem(token):
+        raise HumanEvalError(f"the admin token from {source} {problem}")
     return token
 
 
@@ -111,15 +142,16 @@ def _write_token_file(path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _admin_token(args, study_dir: Path) -> str:
+def _admin_token(args, study_dir: Path) -> tuple[str, str]:
+    """The dashboard's token and where it comes from, for the start-up line (which never shows the token)."""
     if args.admin_token is not None:
-        return _checked_token(args.admin_token, "--admin-token")
+        return _checked_token(args.admin_token, "--admin-token"), "the one given with --admin-token"
     if os.environ.get(TOKEN_ENV):
-        return _checked_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}")
+        return _checked_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}"), f"${TOKEN_ENV}"
     path = study_dir / "admin_token"
     if not path.exists():
         _write_token_file(path)
-    return _checked_token(path.read_text().strip(), f"{path} (delete it to get a new one)")
+    return _checked_token(path.read_text().strip(), f"{path} (delete it to get a new one)"), f"in {path}"
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -140,27 +172,30 @@ def cmd_serve(args) -> None:
     from .study import load_study
 
     study = load_study(args.study)
-    token = _admin_token(args, study.folder)  # before the database is touched: a bad token changes nothing
+    missing = [f for f in study.image_files().values() if not f.is_file()]  # image_files refuses any outside the study
+    if missing:
+        raise HumanEvalError(f"{len(missing)} study images are missing, e.g. {missing[0]} (copy the whole study folder)")
+    token, token_source = _admin_token(args, study.folder)  # before the database is touched: a bad token changes nothing
 
     import uvicorn
 
+    from .network import allow_open_files, uvicorn_config
     from .server import create_app
     from .store import Store, database_url
 
-    missing = [f for f in study.image_files().values() if not f.is_file()]
-    if missing:
-        raise HumanEvalError(f"{len(missing)} study images are missing, e.g. {missing[0]} (copy the whole study folder)")
+    allow_open_files(args.max_connections)
     url = database_url(args.db or study.folder / "votes.sqlite")
     store = Store(url, study.id)
-    app = create_app(study, store, token, per_rater=args.per_rater, new_raters_per_minute=args.new_raters_per_minute)
+    app = create_app(study, store, token, per_rater=args.per_rater, new_raters_per_minute=args.new_raters_per_minute,
+                     secure_cookie=args.secure_cookie)
     sock = _listen(args.host, args.port)
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {len(study.pairs)} pairs of {study.folder} (votes: {url})\n"
           f"  raters: http://{shown}:{port}/   (or /?rater=ID)\n"
-          f"  admin:  http://{shown}:{port}/admin?token={token}", flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False, lifespan="off",
-                            timeout_keep_alive=30, timeout_graceful_shutdown=5)
+          f"  admin:  http://{shown}:{port}/admin?token=TOKEN   (TOKEN: {token_source})", flush=True)
+    config = uvicorn_config(app, trusted_proxies=args.trusted_proxy, request_timeout=args.request_timeout,
+                            max_connections=args.max_connections)
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -243,6 +278,9 @@ def _add_create(sub) -> None:
                         "from 50%% (default: uniform)")
     p.add_argument("--target-width", type=_fraction, default=0.1,
                    help="the stopping rule's interval width, e.g. 0.1 for +-5 points (default)")
+    p.add_argument("--image-size", type=_image_size, metavar="N|WxH",
+                   help="the one size every image is shown at, so that size tells no model apart "
+                        "(default: the largest image's; others are resized with Lanczos)")
     p.set_defaults(func=cmd_create)
 
 
@@ -254,9 +292,20 @@ def _add_serve(sub) -> None:
     p.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: STUDY/votes.sqlite); "
                                 "postgresql+psycopg://... lets several instances share one store")
     p.add_argument("--admin-token", help=f"the dashboard's token (default: ${TOKEN_ENV}, else STUDY/admin_token)")
+    p.add_argument("--secure-cookie", action="store_true",
+                   help="mark the admin cookie Secure, sent over https only (default: only for requests that came "
+                        "over https, as a --trusted-proxy's X-Forwarded-Proto says)")
     p.add_argument("--per-rater", type=_positive, help="override the study's cap on pairs per rater")
     p.add_argument("--new-raters-per-minute", type=_count, default=60,
                    help="new raters one client address may start a minute (default 60; 0: no limit)")
+    p.add_argument("--trusted-proxy", nargs="+", type=_proxy_address, default=[], metavar="ADDR",
+                   help="reverse proxies (IP addresses or networks) whose X-Forwarded-For and X-Forwarded-Proto are "
+                        "believed (default: none; the header of anyone else is ignored)")
+    p.add_argument("--request-timeout", type=_seconds, default=REQUEST_TIMEOUT_S, metavar="SECONDS",
+                   help="close a connection whose request (head and body) has not arrived this long after its first "
+                        f"byte or the connection (default {REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--max-connections", type=_positive, default=MAX_CONNECTIONS, metavar="N",
+                   help=f"close connections beyond N open at once as they open (default {MAX_CONNECTIONS})")
     p.set_defaults(func=cmd_serve)
 
 

@@ -7,11 +7,14 @@ pixels, and the server passes those bytes through `strip_png_metadata` again bef
 The encoding itself must not tell models apart either: one model's images saved as RGBA (PNG colour
 type 6) and another's as RGB (type 2) are told apart by a byte of the header. Every image becomes 8-bit
 RGB (`rgb8`) and is written by one encoder with fixed settings, so two sources with the same pixels give
-the same bytes. Gold decoys are made as large, as PNG files, as the real image they stand against.
+the same bytes. Nor may the size: a 16 px model's images beside a 32 px model's named the model in the
+PNG header, so every image of a study is brought to the study's one size (`fit`). Gold decoys are made
+as large, as PNG files, as the real image they stand against.
 """
 from __future__ import annotations
 
 import io
+import os
 import struct
 import threading
 from collections import OrderedDict
@@ -79,20 +82,55 @@ def rgb8(image: Image.Image) -> Image.Image:
     return Image.frombytes("RGB", rgb.size, rgb.tobytes())
 
 
-def encode_png(image: Image.Image) -> bytes:
-    """8-bit RGB PNG bytes of the image's pixels, always with the same encoder settings."""
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    if not data.startswith(PNG_SIGNATURE) or data[12:16] != b"IHDR":
+        raise ValueError("not a PNG file")
+    return struct.unpack(">II", data[16:24])
+
+
+def image_size(path: str | Path) -> tuple[int, int]:
+    """(width, height) of an image file, from its header."""
+    with Image.open(path) as image:
+        return image.size
+
+
+def largest_size(sizes) -> tuple[int, int]:
+    """The size with the most pixels (then the widest): what a study's images are brought to by default."""
+    return max(sizes, key=lambda wh: (wh[0] * wh[1], wh))
+
+
+def fit(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """An RGB image at exactly `size`: scaled by one factor to fit inside it (Lanczos, which also
+    antialiases when shrinking), centred on `BACKDROP` where its aspect ratio is not the study's."""
+    if image.size == size:
+        return image
+    w, h = image.size
+    scale = min(size[0] / w, size[1] / h)
+    inner = (max(1, round(w * scale)), max(1, round(h * scale)))
+    resized = image.resize(inner, Image.Resampling.LANCZOS)
+    if inner == size:
+        return resized
+    canvas = Image.new("RGB", size, BACKDROP)
+    canvas.paste(resized, ((size[0] - inner[0]) // 2, (size[1] - inner[1]) // 2))
+    return canvas
+
+
+def encode_png(image: Image.Image, size: tuple[int, int] | None = None) -> bytes:
+    """8-bit RGB PNG bytes of the image's pixels (brought to `size` if given), always with the same encoder settings."""
+    image = rgb8(image)
     buf = io.BytesIO()
-    rgb8(image).save(buf, format="PNG", compress_level=COMPRESS_LEVEL, optimize=False)
+    (fit(image, size) if size else image).save(buf, format="PNG", compress_level=COMPRESS_LEVEL, optimize=False)
     return strip_png_metadata(buf.getvalue())
 
 
-def clean_image(path: str | Path) -> bytes:
-    """The image at `path` (PNG, JPEG, WebP, any mode) as 8-bit RGB PNG bytes with its pixels only."""
+def clean_image(path: str | Path, size: tuple[int, int] | None = None) -> bytes:
+    """The image at `path` (PNG, JPEG, WebP, any mode) as 8-bit RGB PNG bytes with its pixels only, at `size`."""
     with Image.open(path) as image:
-        return encode_png(image)
+        return encode_png(image, size)
 
 
-def degrade(path: str | Path, seed: int, target_bytes: int) -> bytes:
+def degrade(path: str | Path, seed: int, target_bytes: int, size: tuple[int, int] | None = None) -> bytes:
     """A clearly worse copy of an image for gold (attention-check) pairs, about `target_bytes` as a PNG.
 
     The image is made coarse (1/16 of its size) and blurred, then given Gaussian noise whose strength is
@@ -102,6 +140,8 @@ def degrade(path: str | Path, seed: int, target_bytes: int) -> bytes:
     """
     with Image.open(path) as image:
         image = rgb8(image)
+    if size:
+        image = fit(image, size)
     w, h = image.size
     small = image.resize((max(1, w // 16), max(1, h // 16)), Image.Resampling.BILINEAR)
     image = small.resize((w, h), Image.Resampling.NEAREST).filter(ImageFilter.GaussianBlur(radius=max(1, w // 64)))
@@ -135,11 +175,13 @@ def covariates(data: bytes) -> dict[str, float]:
 class ImageCache:
     """Study images in memory, least recently used out first once `max_bytes` is reached.
 
-    Each file is read and stripped once; later requests are a dictionary lookup.
+    Each file is read, stripped and checked for the study's size once (a file of another size, from a study
+    made before sizes were fixed or changed since, is re-encoded to it); later requests are a dictionary lookup.
     """
 
-    def __init__(self, files: dict[str, Path], max_bytes: int = 256 << 20):
+    def __init__(self, files: dict[str, Path], size: tuple[int, int] | None = None, max_bytes: int = 256 << 20):
         self.files = files  # opaque token -> file inside the study folder
+        self.size = size or largest_size(map(image_size, files.values()))
         self.max_bytes = max_bytes
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._size = 0
@@ -155,7 +197,11 @@ class ImageCache:
         path = self.files.get(token)
         if path is None:
             return None
-        data = strip_png_metadata(path.read_bytes())
+        try:  # the study's checked path, never a link put there since
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+                data = self.served(f.read())
+        except OSError:
+            return None
         with self._lock:
             if token not in self._cache:
                 self._cache[token] = data
@@ -164,3 +210,11 @@ class ImageCache:
                     _, old = self._cache.popitem(last=False)
                     self._size -= len(old)
         return data
+
+    def served(self, data: bytes) -> bytes:
+        """A file's bytes as raters get them: pixels only, at the study's size."""
+        data = strip_png_metadata(data)
+        if png_size(data) == self.size:
+            return data
+        with Image.open(io.BytesIO(data)) as image:
+            return encode_png(image, self.size)

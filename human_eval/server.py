@@ -8,7 +8,7 @@ Rater-facing routes (nothing in them names a model, a checkpoint or a manifest f
                            {"rater": id, "key": key} -> that rater again (a returning browser, a rater link)
     GET  /api/next         ?rater=ID -> the rater's next pair (or the unfinished one), or {"done": true}
     POST /api/vote         {"rater", "pair", "question", "answer": "A"|"B"|"none", "response_ms"}
-    GET  /img/{token}      an image by opaque token: PNG pixels only, no metadata
+    GET  /img/{token}      an image by opaque token: PNG pixels only, at the study's one size, no metadata
 
 `next` and `vote` need the rater's key in the ``X-Rater-Key`` header (`human_eval.raters`); without it
 they answer 401 whether or not the id exists. Each rater walks the pairs in their own random order
@@ -112,7 +112,7 @@ class RatingService:
     def __init__(self, study: Study, store: Store, per_rater: int | None = None,
                  new_raters_per_minute: int = NEW_RATERS_PER_MINUTE):
         self.study, self.store = study, store
-        self.images = ImageCache(study.image_files())
+        self.images = ImageCache(study.image_files(), study.image_size)
         cap = per_rater or study.per_rater or len(study.pairs)
         self.cap = min(cap, len(study.pairs))
         self.n_questions = len(study.questions)
@@ -232,12 +232,12 @@ class RatingService:
 
 
 def create_app(study: Study, store: Store, admin_token: str, per_rater: int | None = None,
-               new_raters_per_minute: int = NEW_RATERS_PER_MINUTE) -> Guard:
+               new_raters_per_minute: int = NEW_RATERS_PER_MINUTE, secure_cookie: bool = False) -> Guard:
     """The ASGI app for one study: rater routes, admin routes, security headers and body limits."""
-    from .admin import MIN_TOKEN, add_admin_routes
+    from .admin import add_admin_routes, token_problem
 
-    if len(admin_token) < MIN_TOKEN:
-        raise HumanEvalError(f"the admin token must have at least {MIN_TOKEN} characters")
+    if problem := token_problem(admin_token):
+        raise HumanEvalError(f"the admin token {problem}")
     service = RatingService(study, store, per_rater, new_raters_per_minute)
     app = FastAPI(title="human-eval", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
@@ -289,5 +289,5 @@ def create_app(study: Study, store: Store, admin_token: str, per_rater: int | No
             raise HTTPException(404, "not found")
         return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=86400, immutable"})
 
-    add_admin_routes(app, service, admin_token)
+    add_admin_routes(app, service, admin_token, secure_cookie)
     return Guard(app)

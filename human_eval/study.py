@@ -1,7 +1,8 @@
 """A study: the pairs raters compare, the questions they answer, and the images, in one folder.
 
     STUDY/study.json      prompts, opaque image tokens, pairs, questions, models (server-side only)
-    STUDY/images/*.png    every image re-encoded from its pixels (no metadata), named by content hash
+    STUDY/images/*.png    every image re-encoded from its pixels (no metadata) at the study's one size,
+                          named by content hash
     STUDY/votes.sqlite    the default vote store, created by `dwb human-eval serve`
 
 Pairs are matched by prompt identity (the prompt set and prompt index, `Sample.prompt_id`) and
@@ -28,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .errors import HumanEvalError
-from .images import clean_image, covariates, degrade
+from .images import clean_image, covariates, degrade, image_size, largest_size
 from .raters import rater_key
 from .samples import Sample, with_sampler_key
 
@@ -96,6 +97,7 @@ class Study:
     model_info: dict[str, dict] = field(default_factory=dict)
     allocation: str = "uniform"  # uniform | adaptive (human_eval.allocation)
     target_width: float = 0.1  # the stopping rule's interval width
+    image_size: tuple[int, int] | None = None  # (width, height) of every image; None in studies made before
     by_id: dict[str, Pair] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -120,14 +122,24 @@ class Study:
         return rater_key(self.secret, rater)
 
     def image_files(self) -> dict[str, Path]:
-        return {token: self.folder / image.file for token, image in self.images.items()}
+        """Each image token's file, symlinks followed; an entry that leads outside STUDY/images is refused
+        (a symlinked or absolute entry served any PNG on the server's disk, and ../../etc/hostname gave a 500)."""
+        inside = self.folder.resolve() / "images"
+        files = {}
+        for token, image in self.images.items():
+            path = (self.folder / image.file).resolve()
+            if not path.is_relative_to(inside):
+                raise HumanEvalError(f"{self.folder / 'study.json'} names image {image.file}, which is {path}, outside "
+                                     f"{inside}: a study serves only the images inside it")
+            files[token] = path
+        return files
 
     def save(self) -> Path:
         data = {
             "format": FORMAT, "id": self.id, "secret": self.secret, "created": self.created,
             "questions": [asdict(q) for q in self.questions], "per_rater": self.per_rater,
             "models": self.models, "model_info": self.model_info, "allocation": self.allocation,
-            "target_width": self.target_width,
+            "target_width": self.target_width, "image_size": list(self.image_size) if self.image_size else None,
             "prompts": [asdict(p) for p in self.prompts],
             "images": {token: asdict(image) for token, image in self.images.items()},
             "pairs": [asdict(p) for p in self.pairs],
@@ -158,6 +170,7 @@ def load_study(folder: str | Path) -> Study:
         per_rater=data.get("per_rater"),
         model_info={m: with_sampler_key(dict(info)) for m, info in data.get("model_info", {}).items()},
         allocation=data.get("allocation", "uniform"), target_width=data.get("target_width", 0.1),
+        image_size=tuple(data["image_size"]) if data.get("image_size") else None,
     )
 
 
@@ -225,9 +238,18 @@ class _Images:
         self.sources[token] = ("clean", sample.path) if decoy is None else ("decoy", sample.path, *decoy)
         return token
 
-    def write(self, folder: Path, progress: bool) -> int:
-        """Encode every image into `folder/images` (real ones first: decoys take their size); returns the files."""
-        (folder / "images").mkdir(parents=True, exist_ok=True)
+    def largest_size(self) -> tuple[int, int]:
+        """The largest (width, height) among the images shown as they are (decoys are made at the study's size)."""
+        paths = {src[1] for src in self.sources.values() if src[0] == "clean"}
+        try:
+            return largest_size(map(image_size, paths))
+        except OSError as e:
+            raise HumanEvalError(f"cannot read image: {e}") from None
+
+    def write(self, folder: Path, size: tuple[int, int], progress: bool) -> int:
+        """Encode every image at `size` into `folder/images` (real ones first: decoys take their file size);
+        returns the number of files."""
+        images_folder(folder).mkdir(parents=True, exist_ok=True)
         clean: dict[Path, bytes] = {}
         written: dict[tuple, tuple[str, dict]] = {}
         order = sorted(self.sources, key=lambda t: self.sources[t][0] != "clean")
@@ -236,20 +258,39 @@ class _Images:
             if src not in written:
                 try:
                     if src[0] == "clean":
-                        data = clean[src[1]] = clean.get(src[1]) or clean_image(src[1])
+                        data = clean[src[1]] = clean.get(src[1]) or clean_image(src[1], size)
                     else:
-                        real = clean.get(src[3]) or clean_image(src[3])
-                        data = degrade(src[1], src[2], target_bytes=round(len(real) * src[4]))
+                        real = clean.get(src[3]) or clean_image(src[3], size)
+                        data = degrade(src[1], src[2], target_bytes=round(len(real) * src[4]), size=size)
                 except (OSError, ValueError) as e:
                     raise HumanEvalError(f"cannot read image {src[1]}: {e}") from None
                 name = f"images/{hashlib.sha256(data).hexdigest()[:24]}.png"
-                (folder / name).write_bytes(data)
+                _write_new(folder / name, data)
                 written[src] = (name, covariates(data))
             image = self.images[token]
             name, cov = written[src]
             self.images[token] = StudyImage(model=image.model, file=name, seed=image.seed, source=image.source,
                                             covariates=cov, metrics=image.metrics)
         return len({name for name, _ in written.values()})
+
+
+def images_folder(folder: Path) -> Path:
+    """STUDY/images, refused if it is a link: the study's images are written inside the study, never elsewhere."""
+    images = folder / "images"
+    if images.is_symlink():
+        raise HumanEvalError(f"{images} is a link to {images.resolve()}: a study keeps its images inside its own folder "
+                             "(remove the link or choose a new folder)")
+    return images
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """`data` into `path`, never through a link that is already there."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise HumanEvalError(f"cannot write {path}: {e.strerror} (a link where a study image goes?)") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def _main_pairs(models: list[str], by_model: dict, prompt_index: dict, images: _Images) -> tuple[list[Pair], dict]:
@@ -302,8 +343,11 @@ def _gold_pairs(main: list[Pair], n: int, by_model: dict, keys: dict[str, tuple]
 
 def build_study(samples: list[Sample], folder: str | Path, *, gold: int = 0, repeats: int = 0,
                 per_rater: int | None = None, images_per_prompt: int | None = None, seed: int = 0,
-                allocation: str = "uniform", target_width: float = 0.1, progress: bool = True) -> tuple[Study, dict]:
-    """Write a study folder from samples of two or more models; returns the study and a summary."""
+                allocation: str = "uniform", target_width: float = 0.1, image_size: tuple[int, int] | None = None,
+                progress: bool = True) -> tuple[Study, dict]:
+    """Write a study folder from samples of two or more models; returns the study and a summary.
+
+    Every image is brought to `image_size` (width, height), by default the largest of the study's images."""
     folder = Path(folder)
     if (folder / "study.json").exists():
         raise HumanEvalError(f"{folder} already holds a study; choose a new folder (its votes refer to these pairs)")
@@ -331,14 +375,16 @@ def build_study(samples: list[Sample], folder: str | Path, *, gold: int = 0, rep
         pairs += _gold_pairs(main, gold, by_model, keys, images, rng, seed)
     rng.shuffle(pairs)
     unmatched = {m: sum(1 for k in by_model[m] if all(k not in by_model[o] for o in models if o != m)) for m in models}
-    files = images.write(folder, progress)
+    size = image_size or images.largest_size()
+    files = images.write(folder, size, progress)
     study = Study(
         folder=folder, id=_token(12), secret=secrets.token_hex(32), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         models=models, prompts=prompts, images=images.images, pairs=pairs, per_rater=per_rater,
         model_info={m: _model_info(list(by_model[m].values())) for m in models}, allocation=allocation,
-        target_width=target_width,
+        target_width=target_width, image_size=size,
     )
     study.save()
     summary = {"models": models, "prompts": len(prompts), "pairs": len(main), "pairs_per_model_pair": counts,
-               "gold": gold, "repeats": repeats, "unmatched_images": unmatched, "images_written": files}
+               "gold": gold, "repeats": repeats, "unmatched_images": unmatched, "images_written": files,
+               "image_size": size}
     return study, summary

@@ -86,6 +86,12 @@ def start_rater(client: httpx.Client, label: str | None = None) -> str:
     return r.json()["rater"]
 
 
+def cookie_attributes(set_cookie: str) -> dict[str, str]:
+    """A Set-Cookie header's value and attributes, attribute names in lower case ('' for flags such as secure)."""
+    first, *attributes = (part.strip() for part in set_cookie.split(";"))
+    return {"value": first.split("=", 1)[1], **{k.lower(): v for k, _, v in (a.partition("=") for a in attributes)}}
+
+
 class Server(ServerProcess):
     """`dwb human-eval serve STUDY --admin-token TOKEN EXTRA...` on 127.0.0.1, ready when /healthz answers
     (``token=None``: no --admin-token, so the server takes it from the environment or the study's file)."""

@@ -13,14 +13,14 @@ from human_eval.study import load_study
 
 from ..conftest import run_dwb
 from ..servers import ServerExited
-from .conftest import Server
+from .conftest import Server, cookie_attributes
 
 KEY = "X-Rater-Key"
 
 
 @pytest.fixture(scope="module")
 def server(two_model_study):
-    with Server(two_model_study, "--per-rater", "6") as s:
+    with Server(two_model_study, "--per-rater", "6", "--secure-cookie") as s:
         yield s
 
 
@@ -109,11 +109,33 @@ def test_new_raters_are_rate_limited_per_address(two_model_study):
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert session(c, made[0]["rater"], made[0]["key"])["resumed"] is True  # returning raters are not limited
         before = len(made)
+        # a varied X-Forwarded-For is no new address: without --trusted-proxy nobody's header is read
+        forged = [c.post("/api/session", json={"rater": f"forged{i}"}, headers={"X-Forwarded-For": f"203.0.113.{i}"})
+                  for i in range(8)]
+        assert [r.status_code for r in forged] == [429] * 8
     import sqlite3
 
     with sqlite3.connect(two_model_study / "votes.sqlite") as conn:
         labels = [row[0] for row in conn.execute("SELECT label FROM raters WHERE label LIKE 'burst%'")]
+        assert not conn.execute("SELECT count(*) FROM raters WHERE label LIKE 'forged%'").fetchone()[0]
     assert len(labels) == before
+
+
+def test_the_admin_cookie_is_secure_when_asked_and_is_not_the_token(server):
+    r = httpx.get(server.url + "/admin", params={"token": server.token}, follow_redirects=False)
+    assert r.status_code == 303
+    cookie = cookie_attributes(r.headers["set-cookie"])
+    assert "secure" in cookie and "httponly" in cookie and cookie["samesite"].lower() == "strict"
+    assert server.token not in cookie["value"]
+    url = server.url + "/admin/votes.json"
+    assert httpx.get(url, cookies={"dwb_admin": cookie["value"]}).status_code == 200
+    assert httpx.get(url, headers={"Authorization": f"Bearer {cookie['value']}"}).status_code == 401  # not a token
+    assert httpx.get(url, cookies={"dwb_admin": server.token}).status_code == 401  # the token is not a cookie
+
+
+def test_the_start_up_line_does_not_show_the_token(server):
+    said = server.output()
+    assert "--admin-token" in said and server.token not in said
 
 
 def test_rater_links_open_the_raters_session(server, two_model_study):
@@ -146,28 +168,38 @@ def outcome(server: Server) -> str:
         return "exited: " + e.output.strip()
 
 
-@pytest.mark.parametrize("source", ["file", "option", "environment"])
-def test_short_or_empty_admin_tokens_are_refused(two_model_study, tmp_path, source):
+@pytest.mark.parametrize("source, token, needle", [
+    ("file", "", "at least 16 characters"),  # an empty token file used to open the admin pages to anyone
+    ("option", "short-token-15c", "at least 16 characters"),
+    ("environment", "x" * 15, "at least 16 characters"),
+    ("option", " " * 16, "blank"),  # sixteen spaces used to be a token
+    ("environment", "aaaaaaaabbbbbbbb", "different characters"),
+    ("option", "correct horse battery", "spaces"),
+])
+def test_short_blank_or_weak_admin_tokens_are_refused(two_model_study, tmp_path, source, token, needle):
     study = tmp_path / "study"
     shutil.copytree(two_model_study, study, ignore=shutil.ignore_patterns("votes.sqlite*", "admin_token"))
     args, env = [], {"DWB_HUMAN_EVAL_TOKEN": ""}
     if source == "file":
-        (study / "admin_token").write_text("")  # an empty token file used to open the admin pages to anyone
+        (study / "admin_token").write_text(token)
     elif source == "option":
-        args = ["--admin-token", "short-token-15c"]
+        args = ["--admin-token", token]
     else:
-        env = {"DWB_HUMAN_EVAL_TOKEN": "x" * 15}
+        env = {"DWB_HUMAN_EVAL_TOKEN": token}
     got = outcome(Server(study, *args, token=None, env=env))
-    assert got.startswith("exited: error: ") and "at least 16 characters" in got, got
+    assert got.startswith("exited: error: ") and needle in got, got
     assert len(got.splitlines()) == 1 and "Traceback" not in got
 
 
 def test_a_new_admin_token_file_is_private_and_long(two_model_study, tmp_path):
     study = tmp_path / "study"
     shutil.copytree(two_model_study, study, ignore=shutil.ignore_patterns("votes.sqlite*", "admin_token"))
-    assert outcome(Server(study, token=None, env={"DWB_HUMAN_EVAL_TOKEN": ""})) == "served 401"
+    with Server(study, token=None, env={"DWB_HUMAN_EVAL_TOKEN": ""}) as server:
+        assert httpx.get(server.url + "/admin/votes.json").status_code == 401
+        said = server.output()
     path = study / "admin_token"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(path.read_text().strip()) >= 32
+    assert path.read_text().strip() not in said and str(path) in said  # the start-up line says where, not what
     assert not [p for p in study.iterdir() if p.name.startswith("admin_token") and p != path]  # no temporary left
     from human_eval import HumanEvalError
     from human_eval.server import create_app

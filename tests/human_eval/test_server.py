@@ -10,7 +10,7 @@ import pytest
 from human_eval.images import PIXEL_CHUNKS, png_chunk_types
 from human_eval.study import load_study
 
-from .conftest import Server, model_secrets, start_rater
+from .conftest import Server, cookie_attributes, model_secrets, start_rater
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,10 @@ def test_bad_input_and_abuse_get_4xx_and_store_nothing(server, two_model_study):
 def test_admin_token_opens_the_dashboard(server, two_model_study):
     with httpx.Client(base_url=server.url) as c:
         r = c.get("/admin", params={"token": server.token}, follow_redirects=False)
-        assert r.status_code == 303 and r.headers["location"] == "/admin" and "httponly" in r.headers["set-cookie"].lower()
+        assert r.status_code == 303 and r.headers["location"] == "/admin"
+        cookie = cookie_attributes(r.headers["set-cookie"])
+        assert "httponly" in cookie and cookie["samesite"].lower() == "strict" and server.token not in cookie["value"]
+        assert "secure" not in cookie  # served over plain http: a browser would not send a Secure cookie back
         page = c.get("/admin")  # the cookie from the redirect
         assert page.status_code == 200 and "Preference" in page.text
         results = c.get("/admin/results.json", headers={"Authorization": f"Bearer {server.token}"}).json()
