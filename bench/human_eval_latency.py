@@ -37,9 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import ROOT, RUN, parse_args, report
+from _common import RUN, parse_args, report
 
-DRAWBENCH = ROOT / "train" / "generation" / "prompt_sets" / "drawbench.csv"
 MODELS = ("model-a", "model-b", "model-c")
 ADMIN_TOKEN = "bench-admin-token-0123"  # the server refuses tokens under 16 characters
 
@@ -49,13 +48,13 @@ def build_study(n_prompts: int) -> Path:
     `dwb human-eval create`."""
     from PIL import Image
 
-    from human_eval.samples import read_prompts_csv
+    from human_eval.samples import read_prompts
 
     root = RUN.out / f"human-eval-{n_prompts}"
     study = root / "study"
     if (study / "study.json").is_file():
         return study
-    prompts = read_prompts_csv(DRAWBENCH)[:n_prompts]
+    prompts = read_prompts("drawbench")[:n_prompts]
     args = []
     yy, xx = np.mgrid[0:128, 0:128] / 127.0
     for m, name in enumerate(MODELS):

@@ -97,9 +97,10 @@ def cmd_create(args) -> None:
     from .study import build_study
 
     if not args.samples and not args.folder:
-        raise HumanEvalError("nothing to compare: pass --samples MANIFEST (from `dwb evaluate`) or --folder DIR --prompts CSV")
+        raise HumanEvalError("nothing to compare: pass --samples MANIFEST (from `dwb evaluate`) or --folder DIR --prompts SET")
     if args.folder and not args.prompts:
-        raise HumanEvalError("--folder needs --prompts CSV (a 'prompt' column, optionally 'category')")
+        raise HumanEvalError("--folder needs --prompts: drawbench, parti, or a CSV/TSV with a 'prompt' column "
+                             "(optionally 'category')")
     samples = []
     for label, path in map(_labelled, args.samples or []):
         samples += read_manifest(path, model=label)
@@ -267,7 +268,8 @@ def _add_create(sub) -> None:
                    help="a manifest.jsonl from `dwb evaluate` (repeatable; one per model, or several models in one)")
     p.add_argument("--folder", action="append", metavar="[LABEL=]DIR",
                    help="a folder of one model's images named <prompt_index>_<image_index>.png (repeatable)")
-    p.add_argument("--prompts", metavar="CSV", help="the prompts of --folder images ('prompt' and 'category' columns)")
+    p.add_argument("--prompts", metavar="SET", help="the prompts of --folder images: drawbench or parti (shipped), or "
+                                                   "a CSV/TSV file with 'prompt' and 'category' columns")
     p.add_argument("--gold", type=_count, default=0, help="gold pairs (attention checks with a known answer)")
     p.add_argument("--repeats", type=_count, default=0, help="pairs shown twice, for self-consistency")
     p.add_argument("--per-rater", type=_positive, help="the most pairs one rater is given (default: all)")

@@ -14,17 +14,17 @@ prompt when they carry the same ``prompt_set`` (a hash of the list, `prompt_set_
 ``prompt_index``; a caption that appears twice in a list is two prompts. Without ``prompt_index`` the
 caption text is all there is to go by.
 
-*Folder*: one folder of images per model plus a CSV of prompts. The CSV has a header with a ``prompt``
-column and optionally a ``category`` column (DrawBench's ``prompt,category`` and PartiPrompts'
-``Prompt,Category`` both work). Images are named ``<prompt_index>_<image_index>.<ext>``, where
-``prompt_index`` is the 0-based data row of the CSV and ``image_index`` numbers the images of one prompt
+*Folder*: one folder of images per model plus its prompts: ``drawbench`` or ``parti`` (the sets the workbench
+ships), or a CSV/TSV with a prompt column and optionally a ``category`` column (DrawBench's
+``prompt,category`` and PartiPrompts' ``Prompt<TAB>Category`` both work). Images are named
+``<prompt_index>_<image_index>.<ext>``, where ``prompt_index`` is the 0-based place of the prompt in the
+table and ``image_index`` numbers the images of one prompt
 (``0_0.png``, ``0_1.png``, ``17_0.jpg``; leading zeros allowed); ``.png``, ``.jpg``, ``.jpeg`` and
-``.webp`` are read, other files are ignored. The model's label is the folder's name. The CSV's rows are
-the prompts' identity: its ``prompt_set`` is `prompt_set_id` of the CSV's prompt column.
+``.webp`` are read, other files are ignored. The model's label is the folder's name. The table's rows are
+the prompts' identity: its ``prompt_set`` is `prompt_set_id` of its prompt column.
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import math
@@ -160,33 +160,21 @@ def read_manifest(path: str | Path, model: str | None = None) -> list[Sample]:
     return samples
 
 
-def read_prompts_csv(path: str | Path) -> list[tuple[str, str]]:
-    """(prompt, category) per data row of a prompt CSV with a `prompt` column and an optional `category`."""
-    path = Path(path)
-    if not path.is_file():
-        raise HumanEvalError(f"prompt CSV not found: {path}")
-    with path.open(encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        columns = {name.strip().lower(): name for name in reader.fieldnames or []}
-        if "prompt" not in columns:
-            raise HumanEvalError(f"{path}: needs a 'prompt' column (found: {', '.join(reader.fieldnames or []) or 'none'})")
-        rows = [((row[columns["prompt"]] or "").strip(), (row.get(columns.get("category", ""), "") or "").strip())
-                for row in reader]
-    for i, (prompt, _) in enumerate(rows):
-        if not prompt:
-            raise HumanEvalError(f"{path}: data row {i} has an empty prompt")
-    if not rows:
-        raise HumanEvalError(f"{path}: no prompts")
-    return rows
+def read_prompts(name_or_path: str | Path) -> list[tuple[str, str]]:
+    """(prompt, category) per prompt of a shipped set (``drawbench``, ``parti``) or a CSV/TSV prompt table: the
+    workbench's one table reader (``train.generation.read_prompt_table``)."""
+    from train.generation import read_prompt_table  # a CSV reader; the face loads nothing else
+
+    return [(p.text, p.category if p.category != "uncategorised" else "") for p in read_prompt_table(name_or_path)]
 
 
-def read_folder(folder: str | Path, prompts_csv: str | Path, model: str | None = None) -> list[Sample]:
+def read_folder(folder: str | Path, prompts: str | Path, model: str | None = None) -> list[Sample]:
     """Samples of one model's image folder named `<prompt_index>_<image_index>.<ext>` (see the module doc)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise HumanEvalError(f"image folder not found: {folder}")
-    prompts = read_prompts_csv(prompts_csv)
-    prompt_set = prompt_set_id([text for text, _ in prompts])
+    table = read_prompts(prompts)
+    prompt_set = prompt_set_id([text for text, _ in table])
     label = model or folder.resolve().name
     samples, seen = [], {}
     for image in sorted(folder.iterdir()):
@@ -194,13 +182,13 @@ def read_folder(folder: str | Path, prompts_csv: str | Path, model: str | None =
         if image.suffix.lower() not in IMAGE_SUFFIXES or not match or not image.is_file():
             continue
         prompt_index, image_index = int(match.group(1)), int(match.group(2))
-        if prompt_index >= len(prompts):
-            raise HumanEvalError(f"{image}: prompt index {prompt_index} is past the {len(prompts)} prompts of {prompts_csv}")
+        if prompt_index >= len(table):
+            raise HumanEvalError(f"{image}: prompt index {prompt_index} is past the {len(table)} prompts of {prompts}")
         if (prompt_index, image_index) in seen:
             raise HumanEvalError(f"{image}: a second image for prompt {prompt_index}, image {image_index} "
                                  f"(also {seen[prompt_index, image_index].name})")
         seen[prompt_index, image_index] = image
-        prompt, category = prompts[prompt_index]
+        prompt, category = table[prompt_index]
         samples.append(Sample(model=label, prompt=prompt, image_index=image_index, path=image,
                               prompt_index=prompt_index, category=category, source=str(folder), prompt_set=prompt_set))
     if not samples:

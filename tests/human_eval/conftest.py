@@ -72,9 +72,9 @@ def photo_like(rng: np.random.Generator, size: int) -> np.ndarray:
 
 
 def drawbench(n: int | None = None) -> list[tuple[str, str]]:
-    from human_eval.samples import read_prompts_csv
+    from human_eval.samples import read_prompts
 
-    prompts = read_prompts_csv(DRAWBENCH)
+    prompts = read_prompts("drawbench")
     return prompts if n is None else prompts[:n]
 
 

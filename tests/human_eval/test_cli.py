@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from ..conftest import run_dwb
-from .conftest import DRAWBENCH, Server, drawbench, free_port, model_secrets, start_rater, write_samples
+from .conftest import Server, drawbench, free_port, model_secrets, start_rater, write_samples
 
 
 def one_line_error(r, needle: str) -> None:
@@ -38,14 +38,14 @@ def test_create_from_manifests_with_labels(tmp_path):
     assert len(data["pairs"]) == 8 and {p["image_index"] for p in data["pairs"]} == {0}
 
 
-def test_create_from_folders_and_a_prompt_csv(tmp_path):
+def test_create_from_folders_and_a_shipped_prompt_set(tmp_path):
     for name, seed in (("sd2", 1), ("ours", 2)):
         (tmp_path / name).mkdir()
         rng = np.random.default_rng(seed)
         for i in range(3):
             Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / name / f"{i}_0.png")
     r = run_dwb("human-eval", "create", str(tmp_path / "study"), "--folder", str(tmp_path / "sd2"),
-                "--folder", f"mine={tmp_path / 'ours'}", "--prompts", str(DRAWBENCH))
+                "--folder", f"mine={tmp_path / 'ours'}", "--prompts", "drawbench")
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "study" / "study.json").read_text())
     assert data["models"] == ["sd2", "mine"] and len(data["pairs"]) == 3
