@@ -281,9 +281,6 @@ def start_processes(cfg: TrainConfig) -> tuple[str, str]:
     precision = resolve_precision(cfg, device)
     if dist.get_world_size() > 1 and not dist.is_initialized():
         dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())
-    if cfg.global_train_batch_size % dist.get_world_size():
-        raise WorkbenchError(f"config key 'global_train_batch_size' ({cfg.global_train_batch_size}) must divide by "
-                             f"the number of processes ({dist.get_world_size()})")
     return device, precision
 
 
