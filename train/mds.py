@@ -70,18 +70,20 @@ def _read_index(folder: Path) -> dict:
 
 
 def _check_shard(folder: Path, shard: dict) -> None:
-    """One shard against its index entry: present (uncompressed, or else compressed), its size, its samples."""
+    """One shard against its index entry: inside the dataset folder, present (uncompressed, or else its
+    compressed file, which Streaming unpacks on first read), its size, and an MDS shard's own sample count."""
     raw, packed = shard["raw_data"], shard.get("zip_data")
-    path = folder / raw["basename"]
-    if not path.is_file() and packed and (folder / packed["basename"]).is_file():
-        raw, path = packed, folder / packed["basename"]  # Streaming unpacks it on first read
-    where = f"MDS dataset {folder}: shard {raw['basename']}"
+    unpacked = (folder / raw["basename"]).is_file() or not (packed and (folder / packed["basename"]).is_file())
+    file = raw if unpacked else packed
+    path, where = folder / file["basename"], f"MDS dataset {folder}: shard {file['basename']}"
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise WorkbenchError(f"{where} lies outside the dataset folder")
     if not path.is_file():
         raise WorkbenchError(f"{where} is missing (index.json lists it)")
     size = path.stat().st_size
-    if size != raw["bytes"]:
-        raise WorkbenchError(f"{where} is {size} bytes, but index.json says {raw['bytes']} (cut short or replaced)")
-    if shard.get("format") == "mds" and raw is shard["raw_data"]:
+    if size != file["bytes"]:
+        raise WorkbenchError(f"{where} is {size} bytes, but index.json says {file['bytes']} (cut short or replaced)")
+    if unpacked and shard.get("format") == "mds":
         held, end = _mds_header(path)
         if held != shard["samples"]:
             raise WorkbenchError(f"{where} holds {held} samples, but index.json says {shard['samples']}")

@@ -37,10 +37,14 @@ def lying(shapes_data, tmp_path_factory):
     deleted = _copy(shapes_data, root / "deleted")
     (deleted / SHARD).unlink()
     cut = _copy(shapes_data, root / "cut")
+    full = (cut / SHARD).stat().st_size
     with open(cut / SHARD, "r+b") as f:
-        f.truncate(f.seek(0, 2) // 2)
-    return {"inflated": (inflated, "holds 192 samples, but index.json says 192000"),
-            "deleted": (deleted, "is missing"), "cut": (cut, "bytes, but index.json says")}
+        f.truncate(full // 2)
+    escaped = _copy(shapes_data, root / "escaped")  # a shard named by a path out of the dataset folder
+    _edit_index(escaped, lambda shard: shard["raw_data"].update(basename=f"../../inflated/16/{SHARD}"))
+    return {"inflated": (inflated, f"{SHARD} holds 192 samples, but index.json says 192000"),
+            "deleted": (deleted, f"{SHARD} is missing"), "cut": (cut, f"{SHARD} is {full // 2} bytes, but index.json says {full}"),
+            "escaped": (escaped, f"../../inflated/16/{SHARD} lies outside the dataset folder")}
 
 
 def _refusal(call) -> str:
@@ -69,12 +73,12 @@ def _readers(components):
     }
 
 
-@pytest.mark.parametrize("lie", ["inflated", "deleted", "cut"])
+@pytest.mark.parametrize("lie", ["inflated", "deleted", "cut", "escaped"])
 def test_every_reader_refuses_a_lying_index_naming_folder_and_shard(lie, lying, components):
     folder, says = lying[lie]
     for reader, read in _readers(components).items():
         message = _refusal(lambda: read(folder))
-        assert f"MDS dataset {folder}: shard {SHARD} " in message and says in message, (reader, message)
+        assert f"MDS dataset {folder}: shard {says}" in message, (reader, message)
     assert not (folder.parent / "latents").exists()  # precompute stopped before writing
 
 
@@ -85,8 +89,8 @@ def test_dwb_train_on_a_lying_index_is_one_line_and_writes_nothing(lying, shapes
         over = tiny_overrides(shapes_data, components, save, max_duration="2ba", save_interval="1ba")
         r = dwb("train", str(REPO / "configs/tiny-phase1.yaml"), *over, f"data.path={folder}")
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
-        assert r.stderr.startswith(f"error: config key 'data.path': MDS dataset {folder}: shard {SHARD} ")
-        assert says in r.stderr and not list(save.glob("*.pt"))
+        assert r.stderr.startswith(f"error: config key 'data.path': MDS dataset {folder}: shard {says}")
+        assert not list(save.glob("*.pt"))
 
 
 def test_a_true_index_still_opens_everywhere(shapes_data, components, tmp_path):
