@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from train.errors import WorkbenchError
+from train.files import write_text_whole
 
 from .attribute_accuracy import attr_column
 from .bootstrap import interval, p_value, prompt_weights, weighted_means
@@ -144,8 +145,7 @@ def write_comparison(out: str | Path, result: dict) -> Path:
     """``OUT/compare/<A>-vs-<B>-cfg<g>.json``; the report lists every file there."""
     path = comparison_file(out, result["a"], result["b"], result["guidance"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
-    return path
+    return write_text_whole(path, json.dumps(result, indent=1))
 
 
 def check_replicates(replicates: int) -> None:

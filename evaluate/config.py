@@ -2,52 +2,21 @@
 
 A key is its flag's name with underscores (``--n-prompts`` is ``n_prompts``, ``--sampler`` is ``sampler``).
 The file is read first, then the flags given, then ``key=value`` overrides: the later wins. Loading, types
-and unknown keys are ``train.config``'s (one machinery for every stage); the value rules below are checked
-for the flags as they are parsed and for every config before anything is scored.
+and unknown keys are ``train.typed_config``'s (one machinery for every stage), and so is the check of each key's
+value against the rule on its field (``checked``); the same rules check the flags as they are parsed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.config import build_config, merge_config, parse_overrides, read_config_file
-from train.errors import WorkbenchError
 from train.generation import check_sampler
+from train.typed_config import (NON_NEGATIVE, build_config, check_rules, checked, merge_config, one_of, parse_overrides,
+                                read_config_file)
 
 GUIDANCE_SWEEP = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)  # the default guidance scales
 INCEPTION_FEATURES = (64, 192, 768, 2048)  # Inception's layers: 2048 is pool3, the standard FID
 GENERATION_DTYPES = ("auto", "fp32", "bf16", "fp16")  # the flag's choices
-
-
-@dataclass
-class EvalConfig:
-    out: str
-    reference: str
-    inception_weights: str | None = None  # Inception features for FID/KID ...
-    scorer: str | None = None  # ... or the shapes domain scorer's (domain FID), plus attribute accuracy
-    prompts: str = "reference"  # "reference", "shapes", "drawbench", "parti", or a CSV/TSV path
-    n_prompts: int | None = 1000
-    n_per_prompt: int = 1
-    n_reference: int = 1000
-    guidance: tuple[float, ...] = GUIDANCE_SWEEP
-    steps: int = 25
-    sampler: str | None = None  # a name in train.generation.SAMPLERS; None: the pipeline's own
-    size: int | None = None  # default: the pipeline's native size
-    batch_size: int = 16  # generation and feature batches; fixed so features do not depend on it
-    seed: int = 0
-    clip: str | None = None  # folder or hub id; None skips CLIP score
-    cmmd: bool = False  # CMMD on the CLIP model's image embeddings (needs clip)
-    dinov2: str | None = None  # folder or cached hub id of a DINOv2 model: FD-DINOv2, precision/recall/density/coverage
-    bootstrap: int = 200  # bootstrap replicates for the 95% intervals; 0: none
-    ema: bool = False
-    kid_subsets: int = 100
-    kid_subset_size: int = 1000
-    inception_features: int = 2048  # one of INCEPTION_FEATURES
-    device: str = "auto"
-    dtype: str = "auto"  # generation precision (train.generation.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
-    allow_fewer_reference: bool = False
-    cache: str | None = None  # reference statistics; default OUT/cache
-    progress: bool = True
 
 
 def positive(n: int) -> str | None:
@@ -64,27 +33,41 @@ def guidance_scales(scales: tuple[float, ...]) -> str | None:
     return None if all(g >= 0 for g in scales) else f"must be non-negative guidance scales, got {list(scales)}"
 
 
-def one_of(*choices):
-    def rule(value) -> str | None:
-        return None if value in choices else f"must be one of {', '.join(map(str, choices))}, got {value!r}"
-
-    return rule
-
-
-# key -> its rule: None when the value is fine, else what is wrong ("must be ...")
-RULES = {"n_prompts": positive, "n_per_prompt": positive, "n_reference": positive, "steps": positive,
-         "size": positive, "batch_size": positive, "kid_subsets": positive, "kid_subset_size": positive,
-         "bootstrap": replicates, "guidance": guidance_scales, "inception_features": one_of(*INCEPTION_FEATURES)}
-# dtype and device are checked where they are resolved (train.generation.device), before anything is scored
+@dataclass
+class EvalConfig:
+    out: str
+    reference: str
+    inception_weights: str | None = None  # Inception features for FID/KID ...
+    scorer: str | None = None  # ... or the shapes domain scorer's (domain FID), plus attribute accuracy
+    prompts: str = "reference"  # "reference", "shapes", "drawbench", "parti", or a CSV/TSV path
+    n_prompts: int | None = checked(1000, positive)
+    n_per_prompt: int = checked(1, positive)
+    n_reference: int = checked(1000, positive)
+    guidance: tuple[float, ...] = checked(GUIDANCE_SWEEP, guidance_scales)
+    steps: int = checked(25, positive)
+    sampler: str | None = None  # a name in train.generation.SAMPLERS; None: the pipeline's own
+    size: int | None = checked(None, positive)  # default: the pipeline's native size
+    batch_size: int = checked(16, positive)  # generation and feature batches; fixed so features do not depend on it
+    seed: int = checked(0, NON_NEGATIVE)  # the bootstrap's numpy generator takes no negative seed
+    clip: str | None = None  # folder or hub id; None skips CLIP score
+    cmmd: bool = False  # CMMD on the CLIP model's image embeddings (needs clip)
+    dinov2: str | None = None  # folder or cached hub id of a DINOv2 model: FD-DINOv2, precision/recall/density/coverage
+    bootstrap: int = checked(200, replicates)  # bootstrap replicates for the 95% intervals; 0: none
+    ema: bool = False
+    kid_subsets: int = checked(100, positive)
+    kid_subset_size: int = checked(1000, positive)
+    inception_features: int = checked(2048, one_of(*INCEPTION_FEATURES))
+    # dtype and device are checked where they are resolved (train.generation.device), before anything is scored
+    device: str = "auto"
+    dtype: str = "auto"  # generation precision (train.generation.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
+    allow_fewer_reference: bool = False
+    cache: str | None = None  # reference statistics; default OUT/cache
+    progress: bool = True
 
 
 def check_eval_config(cfg: EvalConfig) -> EvalConfig:
-    """Every value within its rule (None, where a key allows it, is always fine); one line naming the key."""
-    for key, rule in RULES.items():
-        value = getattr(cfg, key)
-        problem = rule(value) if value is not None else None
-        if problem:
-            raise WorkbenchError(f"config key '{key}' {problem}")
+    """Every value within its field's rule (``train.typed_config.check_rules``); one line naming the key."""
+    check_rules(cfg)
     if cfg.sampler is not None:
         check_sampler(cfg.sampler)
     return cfg

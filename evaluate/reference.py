@@ -20,6 +20,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from train.errors import WorkbenchError
+from train.files import torch_save_whole
 
 from .features import FeatureExtractor, prepare_image, resize_policy, to_batch
 from .metrics import FeatureStats, FrechetReference
@@ -50,9 +51,9 @@ def count_images(path: str | Path) -> int:
         from train.data import count_samples
 
         try:
-            return count_samples(path)
-        except (ValueError, KeyError, TypeError) as e:
-            raise WorkbenchError(f"reference set {path}: unreadable MDS index.json ({type(e).__name__}: {e})") from None
+            return count_samples(path)  # the index checked against its shards
+        except WorkbenchError as e:
+            raise WorkbenchError(f"reference set {path}: {e}") from None
     return len(_image_files(path))
 
 
@@ -188,7 +189,5 @@ def reference_stats(path: str | Path, extractor: FeatureExtractor, size: int, n:
         log.warning("warning: skipped %d unreadable image(s) in %s", skipped, path)
     _check_count(path, stats.n, n, skipped, allow_fewer)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    torch.save({**stats.state_dict(), "skipped": skipped, "meta": json.dumps(meta)}, tmp)
-    tmp.replace(cache)
+    torch_save_whole({**stats.state_dict(), "skipped": skipped, "meta": json.dumps(meta)}, cache)
     return ReferenceStats(stats, skipped, key, False, cache)

@@ -12,6 +12,8 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from train.files import whole_file, write_text_whole
+
 from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
 from .store import ResultsStore
 
@@ -47,7 +49,8 @@ def _sampler_tag(rows: list[dict]):
 
 def _save(plt, fig, out: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with whole_file(out) as tmp:
+        fig.savefig(tmp, dpi=110, format=out.suffix.lstrip("."))
     plt.close(fig)
     return out
 
@@ -211,5 +214,4 @@ def write_report(folder: str | Path) -> Path:
             parts.append(f"<h2>{html.escape(r['model'])}, guidance {r['guidance']:g}{html.escape(tag(r))}</h2>")
             parts += [f"<p>{html.escape(g.stem)}<br><img src='{html.escape(os.path.relpath(g, out))}'></p>" for g in grids]
     page = out / "index.html"
-    page.write_text("\n".join(parts))
-    return page
+    return write_text_whole(page, "\n".join(parts))

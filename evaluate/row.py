@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from train.files import torch_save_whole
 from train.shapes import parse_caption, read_scenes
 
 from .attribute_accuracy import VERDICTS, AttributeTally, attribute_values, judge
@@ -235,7 +236,4 @@ def save_features(path: Path, images: RowImages, references: dict) -> Path:
     image index) keys and the reference statistics files they were scored against (read with weights_only)."""
     state = {"keys": torch.tensor(images.keys, dtype=torch.int64).reshape(-1, 2), "features": images.features,
              "references": {k: str(r.path) for k, r in references.items() if k in images.features}}
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
-    return path
+    return torch_save_whole(state, path)

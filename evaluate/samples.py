@@ -23,6 +23,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from train.files import whole_file, write_text_whole
 from train.generation import ImageRecord, Settings, generate_images, native_size, sampler_of, save_png, with_sampler_key
 
 from .layout import grid_file
@@ -150,12 +151,9 @@ def write_manifest(records: list[SampleRecord], out: str | Path,
     texts = {r.prompt_index: r.prompt for r in records}  # every prompt of the set has images in a run
     prompt_set = prompt_set_id([texts[i] for i in sorted(texts)])
     extra = extra or {}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps({**asdict(r), "prompt_set": prompt_set,
-                                       **extra.get((r.prompt_index, r.image_index), {})}) + "\n"
-                           for r in records))
-    tmp.replace(path)
-    return path
+    return write_text_whole(path, "".join(json.dumps({**asdict(r), "prompt_set": prompt_set,
+                                                      **extra.get((r.prompt_index, r.image_index), {})}) + "\n"
+                                          for r in records))
 
 
 def read_manifest(path: str | Path) -> list[dict]:
@@ -180,6 +178,8 @@ def write_category_grids(records: list[SampleRecord], out: str | Path, max_promp
         images = np.stack([[np.asarray(Image.open(out / r.path).convert("RGB")) for r in row[:n]] for row in rows])
         path = grid_file(out, category)
         path.parent.mkdir(parents=True, exist_ok=True)
-        grid_image(images, [row[0].prompt for row in rows], title=f"{title} {category}".strip()).save(path)
+        grid = grid_image(images, [row[0].prompt for row in rows], title=f"{title} {category}".strip())
+        with whole_file(path) as tmp:
+            grid.save(tmp, format="PNG")
         paths.append(path)
     return paths

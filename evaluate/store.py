@@ -16,6 +16,7 @@ import logging
 import os
 from pathlib import Path
 
+from train.files import disk_full_error, is_disk_full, whole_file
 from train.generation import with_sampler_key
 
 from .attribute_accuracy import ATTRIBUTE_COLUMNS, COUNT_COLUMNS
@@ -66,15 +67,22 @@ class ResultsStore:
         return rows
 
     def append_rows(self, rows: list[dict]) -> None:
-        """Append rows in one write, synced to disk."""
+        """Append rows in one write, synced to disk. A write that fails partway (a full disk writes what fits,
+        then fails) is cut back off, so the store never ends inside a line; a full disk is one line."""
         self.folder.mkdir(parents=True, exist_ok=True)
         self._cut_torn_tail()
         data = memoryview("".join(json.dumps(row) + "\n" for row in rows).encode())
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
         try:
             while data:  # one write(2) for a regular file; the loop only covers an interrupted one
                 data = data[os.write(fd, data):]
             os.fsync(fd)
+        except OSError as e:
+            os.ftruncate(fd, size)
+            if is_disk_full(e):
+                raise disk_full_error(self.folder, f"{RESULTS} rows ({len(rows)})", e) from None
+            raise
         finally:
             os.close(fd)
 
@@ -116,7 +124,7 @@ class ResultsStore:
 
 
 def _write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
+    with whole_file(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for row in rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,23 @@ def tiny_overrides(shapes_data: Path, components: Path, save_folder: Path, res: 
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+@contextmanager
+def file_size_limit(nbytes: int):
+    """Writes of this process past ``nbytes`` into any file fail as on a full disk (EFBIG, "File too large"):
+    the kernel's file-size limit (RLIMIT_FSIZE), with SIGXFSZ ignored so the write returns the error."""
+    import resource
+    import signal
+
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
 
 
 def run_dwb(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:

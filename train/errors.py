@@ -16,6 +16,16 @@ class WorkbenchError(Exception):
 
     user_facing = True  # `dwb` shows any exception class with this flag as one line
 
+    def __str__(self) -> str:
+        """The message; for one raised in a DataLoader worker process, the worker's own message: PyTorch
+        re-raises it in the main process as "Caught WorkbenchError in DataLoader worker process 0.", a line
+        break and the worker's whole traceback, whose last line is "...WorkbenchError: <message>"."""
+        text = super().__str__()
+        if text.startswith("Caught ") and "\nOriginal Traceback" in text:
+            last = text.rstrip().splitlines()[-1]
+            return last.split("Error: ", 1)[1] if "Error: " in last else last
+        return text
+
 
 class CheckpointError(WorkbenchError):
     """A problem of one checkpoint itself (truncated, corrupt, of an unknown kind): other checkpoints may be fine.

@@ -16,6 +16,7 @@ import torch
 
 from .config import TrainConfig, config_to_dict
 from .errors import WorkbenchError
+from .files import disk_full_error, is_disk_full
 from .model import LatentDiffusion
 from .checkpoints import ModelSpec, make_spec
 
@@ -278,9 +279,6 @@ def start_processes(cfg: TrainConfig) -> tuple[str, str]:
     precision = resolve_precision(cfg, device)
     if dist.get_world_size() > 1 and not dist.is_initialized():
         dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())
-    if cfg.global_train_batch_size % dist.get_world_size():
-        raise WorkbenchError(f"config key 'global_train_batch_size' ({cfg.global_train_batch_size}) must divide by "
-                             f"the number of processes ({dist.get_world_size()})")
     return device, precision
 
 
@@ -358,6 +356,23 @@ def train(cfg: TrainConfig) -> Path:
     trainer = build_trainer(cfg)
     if int(trainer.state.timestamp.batch) > 0 and dist.get_global_rank() == 0:
         print(f"resuming at batch {int(trainer.state.timestamp.batch)} from {cfg.resolved_save_folder()}", flush=True)
-    trainer.fit()
+    try:
+        trainer.fit()
+    except Exception as e:
+        if is_disk_full(e):
+            raise checkpoint_disk_full(cfg.resolved_save_folder(), e) from None
+        raise
     trainer.close()
     return Path(cfg.resolved_save_folder())
+
+
+def checkpoint_disk_full(save_folder: str, e: BaseException) -> WorkbenchError:
+    """A checkpoint cut short by a full disk: Composer writes it in place, so the torn file is set aside as
+    ``*.corrupt`` now (as autoresume would) and ``latest`` points at the newest whole one; one line says so."""
+    from composer.utils import dist
+
+    if "://" not in save_folder and dist.get_global_rank() == 0:
+        from .checkpoints import select_resume_checkpoint
+
+        select_resume_checkpoint(save_folder)
+    return disk_full_error(save_folder, "a checkpoint (the cut-short file is set aside as *.corrupt)", e)

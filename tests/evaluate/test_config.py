@@ -87,6 +87,8 @@ def test_flags_and_key_value_win_over_the_file():
     ("guidance=7.5", "error: config key 'guidance' must be a list, got 7.5"),
     ("guidance=[3, -1]", "error: config key 'guidance' must be non-negative guidance scales, got [3.0, -1.0]"),
     ("bootstrap=1", "error: config key 'bootstrap' must be 0 (no intervals) or at least 2 replicates, got 1"),
+    ("seed=-1", "error: config key 'seed' must be >= 0, got -1"),
+    ("inception_features=100", "error: config key 'inception_features' must be one of 64, 192, 768, 2048, got 100"),
     ("ema=maybe", "error: config key 'ema' must be true or false, got 'maybe'"),
     ("sampler=Karras 9000", "error: unknown sampler 'Karras 9000'; choose one of: DDIM, Euler"),
     ("scheduler=DDIM", "error: unknown config key 'scheduler'"),

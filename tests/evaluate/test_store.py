@@ -10,6 +10,7 @@ from evaluate.reference import reference_stats
 from evaluate.store import ResultsStore
 from train.errors import WorkbenchError
 
+from ..conftest import file_size_limit
 from .test_run import _image_folder
 
 
@@ -94,3 +95,36 @@ def test_a_store_and_a_manifest_of_an_older_version_read_with_sampler(tmp_path):
     manifest.write_text(json.dumps({"prompt": "a red circle", "prompt_index": 0, "category": "one group",
                                     "image_index": 0, "seed": 1, "scheduler": "DDIM", "path": "images/00000-000.png"}) + "\n")
     assert read_manifest(manifest)[0]["sampler"] == "DDIM"
+
+
+def _disk_full(call, folder) -> str:
+    with pytest.raises(WorkbenchError) as refused:
+        call()
+    message = str(refused.value)
+    assert message.startswith(f"the disk is full under {folder} (File too large); ") and "\n" not in message
+    return message
+
+
+def test_a_full_disk_is_one_line_and_leaves_every_result_file_whole_or_absent(extractor, tmp_path):
+    """Each way evaluate writes results, past a file-size limit (EFBIG, as ENOSPC on a full disk)."""
+    from PIL import Image
+
+    from train.generation import ImageRecord, save_png
+
+    out = tmp_path / "out"
+    store = ResultsStore(out)
+    store.append_rows([{"checkpoint": "a.pt", "guidance": 3.0, "error": "x" * 3000}])
+    store.export_csv()
+    kept = {p.name: p.read_bytes() for p in out.iterdir()}
+    folder = _image_folder(tmp_path, 4, 0)
+    record = ImageRecord("a red circle", "", "DDIM", 2, 3.0, 64, 64, 1, "a.pt", "0123456789ab", "ema")
+    with file_size_limit(store.path.stat().st_size + 100):
+        assert "results.jsonl rows (1) not written" in _disk_full(
+            lambda: store.append_rows([{"checkpoint": "b.pt", "guidance": 3.0, "error": "y" * 3000}]), out)
+        assert "results.csv not written" in _disk_full(store.export_csv, out)  # the old csv is kept
+        _disk_full(lambda: reference_stats(folder, extractor, 16, 4, out / "cache", progress=False), out / "cache")
+        noise = Image.effect_noise((64, 64), 60).convert("RGB")
+        _disk_full(lambda: save_png(noise, out / "sample.png", record), out)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept  # nothing torn, nothing half-new
+    assert list((out / "cache").iterdir()) == []
+    assert [r["checkpoint"] for r in store.rows()] == ["a.pt"]

@@ -66,3 +66,114 @@ def test_missing_and_malformed_config_files(tmp_path):
     bad.write_text("model: [unclosed")
     with pytest.raises(WorkbenchError, match="not valid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("override, refusal", [
+    # the measured attacks: each ran to rc 0 (uphill training, EMA weights of 6.5e4 saved as the model, no checkpoint)
+    ("grad_clip_norm=-1", "'grad_clip_norm' must be > 0 (null turns clipping off), got -1.0"),
+    ("ema.smoothing=2", "'ema.smoothing' must be in (0, 1), got 2.0"),
+    ("save_interval=0ba", "'save_interval' must be a Composer time > 0 such as '1000ba' or '1ep', got '0ba'"),
+    # every other number and duration a run cannot mean
+    ("grad_clip_norm=0", "'grad_clip_norm' must be > 0 (null turns clipping off), got 0.0"),
+    ("ema.smoothing=0", "'ema.smoothing' must be in (0, 1), got 0.0"),
+    ("ema.update_interval=0ba", "'ema.update_interval' must be a Composer time > 0 such as '1000ba' or '1ep', got '0ba'"),
+    ("ema.update_interval=10sp", "'ema.update_interval' must be a Composer time in ba, ep, got '10sp'"),
+    ("ema.ema_start=-5ba", "'ema.ema_start' must be a Composer time >= 0 such as '0ba' or '1ep', got '-5ba'"),
+    ("optimizer.lr=0", "'optimizer.lr' must be > 0, got 0.0"),
+    ("optimizer.lr=-1e-4", "'optimizer.lr' must be > 0, got -0.0001"),
+    ("optimizer.lr=.nan", "'optimizer.lr' must be > 0, got nan"),
+    ("optimizer.betas=[0.9, 1.0]", "'optimizer.betas' must be 2 values, each in [0, 1), got [0.9, 1.0]"),
+    ("optimizer.betas=[0.9]", "'optimizer.betas' must be 2 values, each in [0, 1), got [0.9]"),
+    ("optimizer.eps=0", "'optimizer.eps' must be > 0, got 0.0"),
+    ("optimizer.weight_decay=-0.01", "'optimizer.weight_decay' must be >= 0, got -0.01"),
+    ("model.caption_dropout=1.5", "'model.caption_dropout' must be in [0, 1), got 1.5"),
+    ("model.other_phrasing=-0.1", "'model.other_phrasing' must be in [0, 1], got -0.1"),
+    ("model.min_snr_gamma=0", "'model.min_snr_gamma' must be > 0 (null turns the weighting off), got 0.0"),
+    ("scheduler.t_warmup=-1ba", "'scheduler.t_warmup' must be a Composer time >= 0 such as '0ba' or '1ep', got '-1ba'"),
+    ("scheduler.alpha_f=2", "'scheduler.alpha_f' must be in [0, 1], got 2.0"),
+    ("max_duration=0ba", "'max_duration' must be a Composer time > 0 such as '1000ba' or '1ep', got '0ba'"),
+    ("max_duration=0.5dur", "'max_duration' must be a Composer time in ba, ep, sp, tok, got '0.5dur'"),
+    ("log_interval=0ba", "'log_interval' must be a Composer time > 0 such as '1000ba' or '1ep', got '0ba'"),
+    ("save_interval=2dur", "'save_interval' must be a fraction of the run, at most 1dur, got '2dur'"),
+    ("global_train_batch_size=0", "'global_train_batch_size' must be >= 1, got 0"),
+    ("device_train_microbatch_size=0", "'device_train_microbatch_size' must be an integer >= 1 or 'auto', got 0"),
+    ("save_num_checkpoints_to_keep=-2", "'save_num_checkpoints_to_keep' must be >= -1 (-1 keeps every checkpoint), got -2"),
+    ("max_consecutive_nonfinite=0", "'max_consecutive_nonfinite' must be >= 1, got 0"),
+    ("seed=-1", "'seed' must be in [0, 4294967295], got -1"),
+    ("data.num_workers=-1", "'data.num_workers' must be >= 0, got -1"),
+    ("data.predownload=-8", "'data.predownload' must be >= 0, got -8"),
+    ("data.num_canonical_nodes=0", "'data.num_canonical_nodes' must be >= 1, got 0"),
+    ("data.streams=[{path: a, proportion: -0.5}, {path: b, proportion: 1.5}]",
+     "'data.streams[0].proportion' must be >= 0, got -0.5"),
+    ("loggers=[file, csv]", "'loggers' must be a list of values, each one of file, tensorboard, wandb, got ['file', 'csv']"),
+])
+def test_out_of_range_values_are_refused_with_key_value_and_range(override, refusal):
+    extra = ["data.path="] if override.startswith("data.streams") else []
+    with pytest.raises(WorkbenchError) as refused:
+        load_config(CONFIGS / "tiny-phase1.yaml", [override, *extra])
+    assert str(refused.value) == f"config key {refusal}"
+
+
+@pytest.mark.parametrize("override", [
+    "grad_clip_norm=null", "model.min_snr_gamma=null", "scheduler.t_warmup=0ba", "ema.ema_start=0ba",
+    "model.caption_dropout=0", "model.other_phrasing=1", "optimizer.weight_decay=0", "optimizer.betas=[0,0.5]",
+    "scheduler.alpha_f=1", "data.num_workers=0", "data.predownload=0", "save_num_checkpoints_to_keep=-1",
+    "save_interval=0.5dur", "seed=0", "device_train_microbatch_size=auto", "device_train_microbatch_size=16",
+    "save_folder=s3://bucket/run save_num_checkpoints_to_keep=0",
+])
+def test_values_that_mean_off_none_or_all_still_load(override):
+    load_config(CONFIGS / "tiny-phase1.yaml", override.split(" "))
+
+
+def test_microbatches_split_each_process_batch(monkeypatch):
+    """A microbatch that does not divide a process's batch (or exceeds it) is a global and a per-device size
+    taken for each other; `composer -n N` sets WORLD_SIZE before the config is read."""
+    with pytest.raises(WorkbenchError, match=r"'device_train_microbatch_size' \(48\) must divide each process's batch"):
+        load_config(CONFIGS / "tiny-phase1.yaml", ["device_train_microbatch_size=48"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    load_config(CONFIGS / "tiny-phase1.yaml", ["device_train_microbatch_size=32"])
+    with pytest.raises(WorkbenchError, match=r"\(64\) must divide each process's batch .*64 over 2 processes: 32"):
+        load_config(CONFIGS / "tiny-phase1.yaml", ["device_train_microbatch_size=64"])
+    with pytest.raises(WorkbenchError, match=r"'global_train_batch_size' \(63\) must divide by the number of processes"):
+        load_config(CONFIGS / "tiny-phase1.yaml", ["global_train_batch_size=63", "device_train_microbatch_size=1"])
+
+
+def test_keeping_no_checkpoint_in_a_local_folder_is_refused():
+    with pytest.raises(WorkbenchError, match="'save_num_checkpoints_to_keep' is 0, which deletes every checkpoint"):
+        load_config(CONFIGS / "tiny-phase1.yaml", ["save_num_checkpoints_to_keep=0"])
+
+
+def test_every_number_and_duration_key_has_a_rule():
+    """One place for ranges: each numeric or time-string key of every section carries its rule."""
+    import dataclasses
+    import typing
+
+    from train.config import TrainConfig
+    from train.typed_config import RULE
+
+    def keys(cls, prefix=""):
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            inner = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+            if dataclasses.is_dataclass(inner[0]) or (typing.get_args(inner[0]) and
+                                                      dataclasses.is_dataclass(typing.get_args(inner[0])[0])):
+                yield from keys(inner[0] if dataclasses.is_dataclass(inner[0]) else typing.get_args(inner[0])[0],
+                                f"{prefix}{f.name}.")
+            else:
+                yield prefix + f.name, inner, f
+
+    numeric = {key: f for key, inner, f in keys(TrainConfig)
+               if any(t in (int, float) or typing.get_args(t) == (float,) for t in inner)
+               or key.endswith(("duration", "interval", "warmup", "start"))}
+    assert {"optimizer.lr", "ema.smoothing", "save_interval", "grad_clip_norm", "data.streams.proportion"} <= set(numeric)
+    assert [key for key, f in numeric.items() if f.metadata.get(RULE) is None] == []
+
+
+def test_out_of_range_training_value_stops_dwb_train_in_one_line(dwb, tmp_path):
+    """The attacks as run: `dwb train` stops before anything is built, with one line and no run folder."""
+    for override in ("grad_clip_norm=-1", "ema.smoothing=2", "save_interval=0ba"):
+        save = tmp_path / override.split("=")[0] / "checkpoints"
+        r = dwb("train", str(CONFIGS / "tiny-phase1.yaml"), override, f"save_folder={save}")
+        assert r.returncode != 0 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+        assert r.stderr.startswith(f"error: config key '{override.split('=')[0]}' must be ")
+        assert not save.parent.exists()

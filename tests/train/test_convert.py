@@ -66,7 +66,7 @@ def test_image_folder_sidecars_corrupt_and_buckets(tmp_path):
     assert (summary.seen, summary.written, summary.corrupt) == (9, {256: 3, 512: 2}, 3)
     assert (summary.no_caption, summary.empty_caption, summary.too_small, summary.filtered) == (1, 1, 1, 0)
     assert summary.line() == ("converted 3 of 9 images: 256px 3, 512px 2; skipped 3 corrupt, 1 without caption, "
-                              "1 empty caption, 1 too small, 0 filtered")
+                              "1 empty caption, 1 too small, 0 too large, 0 filtered")
     small, large = read(out / "256"), read(out / "512")
     assert [s["caption"] for s in small] == ["a red fox in the snow", "a blue bird", "a wide harbour at dusk"]
     assert [s["caption"] for s in large] == ["a blue bird", "a wide harbour at dusk"]
@@ -124,7 +124,7 @@ def test_parquet_struct_images_with_filters(tmp_path):
     summary = convert_to_mds(src, out, min_aesthetic=5.0, languages=["en", "fr"], progress=False)
 
     assert summary.line() == ("converted 2 of 7 images: 256px 2, 512px 1; skipped 0 corrupt, 0 without caption, "
-                              "1 empty caption, 1 too small, 3 filtered")
+                              "1 empty caption, 1 too small, 0 too large, 3 filtered")
     small, large = read(out / "256"), read(out / "512")
     assert [s["caption"] for s in small] == ["a cat", "a fish"]
     assert [(s["caption"], s["image"].size) for s in large] == [("a fish", (512, 512))]
@@ -221,3 +221,69 @@ def test_no_usable_images_and_existing_output(tmp_path):
         convert_to_mds(src, tmp_path / "good", progress=False)
     with pytest.raises(WorkbenchError, match="without .json sidecars"):
         convert_to_mds(src, tmp_path / "filtered", languages=["en"], progress=False)
+
+
+def flat_png(path, w: int, h: int, rgb=(200, 80, 40)) -> None:
+    """A real w x h PNG of one colour, written row by row, never held whole in memory: 13000 x 13000 is
+    2 MB on disk."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    z, row = zlib.compressobj(1), b"\x00" + bytes(rgb) * w  # filter byte 0, then the row's pixels
+    pixels = b"".join(z.compress(row) for _ in range(h)) + z.flush()
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+
+
+def _convert_measured(src, out, queue) -> None:
+    """In a forked process: convert, then the growth of its peak resident memory (MiB) and the summary."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        line = convert_to_mds(src, out, buckets=[256], progress=False).line()
+    except WorkbenchError as e:
+        line = str(e)
+    queue.put(((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, line))
+
+
+def test_a_huge_image_is_counted_and_skipped_before_decoding(tmp_path):
+    """A 13000 x 13000 PNG (169 MP) decoded in full took 1.9 GB; its header alone says it is over the limit."""
+    import multiprocessing
+
+    src = tmp_path / "src"
+    src.mkdir()
+    flat_png(src / "huge.png", 13000, 13000)
+    (src / "huge.txt").write_text("an orange wall")
+    photo(300, 300).save(src / "ok.jpg")
+    (src / "ok.txt").write_text("a photo")
+
+    fork = multiprocessing.get_context("fork")  # a fresh peak, without a new interpreter's imports
+    queue = fork.Queue()
+    child = fork.Process(target=_convert_measured, args=(src, tmp_path / "out", queue))
+    child.start()
+    grown_mib, line = queue.get(timeout=120)
+    child.join()
+    assert grown_mib < 150, f"peak memory grew by {grown_mib:.0f} MiB"  # the decoded image alone is 484 MiB
+    assert line == ("converted 1 of 2 images: 256px 1; skipped 0 corrupt, 0 without caption, 0 empty caption, "
+                    "0 too small, 1 too large, 0 filtered")
+
+
+def test_the_pixel_limit_counts_what_is_decoded_jpegs_after_draft(tmp_path, dwb):
+    """9 MP over a 4 MP limit: the PNG is skipped; the JPEG decodes at a quarter of each side (0.56 MP)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    flat_png(src / "wide.png", 3000, 3000)
+    (src / "wide.txt").write_text("a flat png")
+    photo(3000, 3000).save(src / "cam.jpg", quality=90)
+    (src / "cam.txt").write_text("a camera jpeg")
+
+    r = dwb("data", "convert", str(src), str(tmp_path / "out"), "--buckets", "256", "--max-megapixels", "4")
+    assert r.returncode == 0 and "converted 1 of 2 images: 256px 1;" in r.stdout and "1 too large" in r.stdout
+    assert [s["caption"] for s in read(tmp_path / "out" / "256")] == ["a camera jpeg"]
+    assert convert_to_mds(src, tmp_path / "default", buckets=[256], progress=False).written == {256: 2}  # 64 MP admits both
+    r = dwb("data", "convert", str(src), str(tmp_path / "none"), "--max-megapixels", "0")
+    assert r.returncode == 2 and "--max-megapixels: must be positive, got 0" in r.stderr

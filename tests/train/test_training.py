@@ -11,7 +11,7 @@ from train.errors import WorkbenchError
 from train.checkpoints import export_pipeline, load_pipeline
 from train.trainer import build_trainer
 
-from ..conftest import REPO, tiny_overrides
+from ..conftest import REPO, file_size_limit, tiny_overrides
 
 PHASE1 = REPO / "configs/tiny-phase1.yaml"
 PHASE2 = REPO / "configs/tiny-phase2.yaml"
@@ -98,6 +98,27 @@ def test_export_round_trip_is_bit_identical(tiny_run, tmp_path):
         b = ours(**kw, generator=[torch.Generator().manual_seed(s) for s in (0, 1)]).images
         assert a.shape == (2, 16, 16, 3) and np.array_equal(a, b)
         assert load_pipeline(out).unet.state_dict().keys() == ours.unet.state_dict().keys()
+
+
+def test_a_full_disk_stops_export_and_training_in_one_line_and_leaves_nothing_torn(tiny_run, shapes_data, components,
+                                                                                    tmp_path):
+    """Past a file-size limit (EFBIG, as ENOSPC on a full disk): no half export folder, no checkpoint file that
+    autoresume would have to find torn later."""
+    from train.trainer import train
+
+    with file_size_limit(2**20):  # the tiny VAE's weights alone are 2.7 MB, a checkpoint 20 MB
+        with pytest.raises(WorkbenchError) as refused:
+            export_pipeline(tiny_run / "ep0-ba4-rank0.pt", tmp_path / "export")
+        assert str(refused.value).startswith(f"the disk is full under {tmp_path} (File too large); export not written")
+        assert list(tmp_path.iterdir()) == []
+
+        save = tmp_path / "run" / "checkpoints"
+        cfg = load_config(PHASE1, tiny_overrides(shapes_data, components, save, max_duration="2ba", save_interval="1ba"))
+        with pytest.raises(WorkbenchError) as refused:
+            train(cfg)
+    assert str(refused.value).startswith(f"the disk is full under {save} (File too large); a checkpoint")
+    assert "\n" not in str(refused.value)
+    assert [p.name for p in save.iterdir()] == ["ep0-ba1-rank0.pt.corrupt"]  # set aside; no latest link to it
 
 
 def test_bad_checkpoints_give_one_line_errors(tmp_path):

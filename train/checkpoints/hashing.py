@@ -20,8 +20,12 @@ import hashlib
 import threading
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .ziphead import zip_head
+
+if TYPE_CHECKING:
+    import torch
 
 SHORT = 12  # hex digits shown and stored
 SAMPLES, SAMPLE_BYTES = 128, 4 * 1024
@@ -86,7 +90,7 @@ def content_hash(ckpt) -> str:
     return (folder_hash(path) if path.is_dir() else file_hash(path))[:SHORT]
 
 
-def fingerprint(module: "torch.nn.Module") -> str:
+def fingerprint(module: torch.nn.Module) -> str:
     """A hash of a module's weights (names, dtypes, shapes and bytes), independent of the file format: what
     precomputed latents and the scoring models' results name their weights by."""
     import torch

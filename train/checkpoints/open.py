@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, WorkbenchError, first_line
+from ..files import whole_folder
 from .composer import has_ema, model_weights, read_checkpoint, read_summary
 from .find import Checkpoint, find_checkpoint
 from .tokenizer_files import check_pipeline_folder, tokenizer_from_files
@@ -136,5 +137,7 @@ def export_pipeline(ref: str | Path, out: str | Path, ema: bool = False) -> Path
     if out.exists() and any(out.iterdir()):
         raise WorkbenchError(f"export folder {out} is not empty")
     pipe = load_pipeline(ref, ema=ema)
-    pipe.save_pretrained(out, safe_serialization=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with whole_folder(out) as partial:  # a full disk leaves no half export behind
+        pipe.save_pretrained(partial, safe_serialization=True)
     return out

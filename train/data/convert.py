@@ -33,6 +33,11 @@ LANGUAGE_COLUMNS = ("language", "lang", "LANGUAGE")
 HF_DISK_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 HUB_ID = re.compile(r"^[\w-][\w.-]*(/[\w.-]+)?$")  # "name" or "owner/name"; not ./x, ~/x, /x
 SWAPPED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
+# Images with more pixels to decode are skipped and counted, not decoded: a 13000 x 13000 PNG (169 MP, a few
+# MB on disk when flat) decoded in full took 1.9 GB. 64 MP admits the photos of today's cameras (61 MP
+# full-frame, 48-50 MP phones); one of 64 MP takes 0.49 GB to convert. A JPEG counts at the size it decodes
+# to after draft (1/2 to 1/8 per side), so larger JPEGs pass where the buckets need less.
+DEFAULT_MAX_MEGAPIXELS = 64.0
 
 
 @dataclass
@@ -43,17 +48,19 @@ class ConvertSummary:
     no_caption: int = 0
     empty_caption: int = 0
     too_small: int = 0
+    too_large: int = 0  # more pixels to decode than max_megapixels
     filtered: int = 0
 
     @property
     def converted(self) -> int:  # images written to at least one bucket
-        return self.seen - self.corrupt - self.no_caption - self.empty_caption - self.too_small - self.filtered
+        return (self.seen - self.corrupt - self.no_caption - self.empty_caption - self.too_small - self.too_large
+                - self.filtered)
 
     def line(self) -> str:
         buckets = ", ".join(f"{side}px {n}" for side, n in sorted(self.written.items()))
         return (f"converted {self.converted} of {self.seen} images: {buckets}; skipped {self.corrupt} corrupt, "
                 f"{self.no_caption} without caption, {self.empty_caption} empty caption, "
-                f"{self.too_small} too small, {self.filtered} filtered")
+                f"{self.too_small} too small, {self.too_large} too large, {self.filtered} filtered")
 
 
 @dataclass
@@ -222,23 +229,35 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def _load(value: Any, sides: Sequence[int]) -> tuple[Image.Image | None, tuple[int, int]]:
+class TooLarge(Exception):
+    """An image with more pixels to decode than the limit: skipped and counted, never decoded."""
+
+
+def _load(value: Any, sides: Sequence[int], max_pixels: float) -> tuple[Image.Image | None, tuple[int, int]]:
     """Decode to upright RGB at no more resolution than the buckets need, and the original (w, h).
 
-    The image is None when it is smaller than every bucket (then nothing is decoded); raises on bad data.
-    JPEG may skip detail the largest fitting bucket does not need, via DCT scaling (draft).
+    The image is None when it is smaller than every bucket (then nothing is decoded); raises TooLarge, before
+    decoding, when it has more than ``max_pixels`` to decode, and anything else on bad data. JPEG may skip
+    detail the largest fitting bucket does not need, via DCT scaling (draft), and is counted at that size.
     """
-    with _open(value) as img:
+    try:
+        img = _open(value)  # the header only
+    except Image.DecompressionBombError:  # PIL's own limit (twice Image.MAX_IMAGE_PIXELS), checked on opening
+        raise TooLarge from None
+    with img:
         size = img.size
         fits = [s for s in sides if s <= min(size)]
         if not fits:
             return None, size
-        if img.getexif().get(ExifTags.Base.Orientation) in SWAPPED_ORIENTATIONS:
-            size = size[::-1]
         scale = 2 * max(fits) / min(img.size)  # 2x headroom, as Image.thumbnail, so Lanczos still antialiases
         img.draft(None, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
+        if img.width * img.height > max_pixels:  # before getexif, which decodes a PNG to find its eXIf chunk
+            raise TooLarge
+        if img.getexif().get(ExifTags.Base.Orientation) in SWAPPED_ORIENTATIONS:
+            size = size[::-1]
         img.load()
-        return _to_rgb(ImageOps.exif_transpose(img)), size
+        ImageOps.exif_transpose(img, in_place=True)  # a copy fewer: a 64 MP PNG took 0.73 GB, in place 0.49 GB
+        return _to_rgb(img), size  # an image apart from the file closed here
 
 
 def _fit(img: Image.Image, side: int, original_size: tuple[int, int]) -> Image.Image:
@@ -262,13 +281,17 @@ def convert_to_mds(src: str | Path, out: str | Path, *, buckets: Sequence[int] =
             image_column: str | None = None, caption_column: str | None = None,
             min_aesthetic: float | None = None, aesthetic_column: str | None = None,
             languages: Sequence[str] | None = None, language_column: str | None = None,
-            split: str = "train", limit: int | None = None, progress: bool = True) -> ConvertSummary:
-    """Convert SRC into one MDS folder per bucket, ``OUT/<side>``; ``limit`` caps the images converted."""
+            split: str = "train", limit: int | None = None, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
+            progress: bool = True) -> ConvertSummary:
+    """Convert SRC into one MDS folder per bucket, ``OUT/<side>``; ``limit`` caps the images converted, and
+    images with more than ``max_megapixels`` to decode are skipped and counted (``DEFAULT_MAX_MEGAPIXELS``)."""
     sides = sorted({int(b) for b in buckets})
     if not sides or sides[0] <= 0:
         raise WorkbenchError(f"buckets must be positive sides in pixels, got {list(buckets)}")
     if limit is not None and limit < 1:
         raise WorkbenchError(f"limit must be at least 1, got {limit}")
+    if not max_megapixels > 0:
+        raise WorkbenchError(f"max_megapixels must be positive, got {max_megapixels}")
     image_columns(image_format)  # validates the format before any work
     filters = []
     if min_aesthetic is not None:
@@ -294,7 +317,10 @@ def convert_to_mds(src: str | Path, out: str | Path, *, buckets: Sequence[int] =
             summary.filtered += 1
             continue
         try:
-            img, original_size = _load(record.image, sides)
+            img, original_size = _load(record.image, sides, max_megapixels * 1e6)
+        except TooLarge:
+            summary.too_large += 1
+            continue
         except Exception:  # PIL raises OSError, SyntaxError, ValueError, ... on bad data; one file must not stop a run
             summary.corrupt += 1
             continue

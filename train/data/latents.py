@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoints import fingerprint
 from ..errors import WorkbenchError, first_line
 
 LATENTS_FORMAT = "diffusion-workbench/latents/1"

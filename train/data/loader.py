@@ -54,7 +54,50 @@ def other_phrasing(sample: dict) -> str:
     return caption
 
 
-class ImageCaptionDataset(StreamingDataset):
+class NamedStreamingDataset(StreamingDataset):
+    """A StreamingDataset whose read failures are one line naming its data (``where``).
+
+    Streaming reports a failed download or shard read in a background thread as a logged traceback, and
+    the reader then as "RuntimeError: Background thread failed. Check other traceback."; here the thread's
+    own error is kept instead and becomes the reader's one-line WorkbenchError.
+    """
+
+    def __init__(self, *, where: str, **kwargs):
+        self.where = where
+        self._failure: BaseException | None = None
+        super().__init__(**kwargs)
+
+    def on_exception(self, future) -> None:
+        """A background thread's failure: kept for the reader's message and signalled to the other threads
+        (Streaming's own re-raises it inside the thread pool, which only logs it)."""
+        if future.exception() is not None:
+            self._failure = future.exception()
+            self._event.set()
+
+    def __getitem__(self, index: int):
+        try:
+            return super().__getitem__(index)
+        except WorkbenchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a missing, cut or unreachable shard: one line naming the data
+            raise self.read_error(e) from None
+
+    def __iter__(self):
+        try:
+            yield from super().__iter__()
+        except WorkbenchError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise self.read_error(e) from None
+        if self._failure is not None:  # Streaming ends the epoch early, without a word, when its thread fails
+            raise self.read_error(self._failure)
+
+    def read_error(self, e: BaseException) -> WorkbenchError:
+        cause = self._failure or e
+        return WorkbenchError(f"cannot read {self.where}: {type(cause).__name__}: {first_line(cause)}")
+
+
+class ImageCaptionDataset(NamedStreamingDataset):
     """An MDS image-caption dataset yielding ``{'image': (R, R, 3) uint8, 'caption': str}``."""
 
     def __init__(self, *, resolution: int, center_crop: bool = True, with_ids: bool = False, **kwargs):
@@ -73,7 +116,7 @@ class ImageCaptionDataset(StreamingDataset):
         return out
 
 
-class LatentDataset(StreamingDataset):
+class LatentDataset(NamedStreamingDataset):
     """A dataset from `dwb data precompute`: ``{'latent_mean', 'latent_std', 'text'}`` as stored (fp16 or fp32)."""
 
     def __init__(self, *, with_ids: bool = False, **kwargs):
@@ -170,9 +213,11 @@ def _check_local(path: str, key: str, precomputed: bool) -> None:
     from .latents import META
 
     p = Path(path)
-    if not (p / "index.json").is_file():
-        raise WorkbenchError(f"config key '{key}': no MDS dataset at {p} (index.json missing)")
-    if count_samples(p) == 0:
+    try:
+        n = count_samples(p)  # the index checked against the shards, before any sample is read
+    except WorkbenchError as e:
+        raise WorkbenchError(f"config key '{key}': {e}") from None
+    if n == 0:
         raise WorkbenchError(f"config key '{key}': the dataset at {p} is empty")
     if (p / META).is_file() and not precomputed:
         raise WorkbenchError(f"config key '{key}': {p} holds precomputed latents; set data.precomputed=true")
@@ -223,18 +268,17 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -
                                     choose=s.choose) for s in streams]
     else:
         common.update(local=data_cfg.path or None, remote=data_cfg.remote)
+    where = f"the training data ({', '.join(s.remote or s.path for s in streams)})"
     try:
-        dataset = open_streaming(lambda: LatentDataset(with_ids=with_ids, **common) if data_cfg.precomputed else
-                                  ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
-                                                      with_ids=with_ids, **common))
+        dataset = open_streaming(lambda: LatentDataset(with_ids=with_ids, where=where, **common) if data_cfg.precomputed
+                                 else ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
+                                                          with_ids=with_ids, where=where, **common))
         check_safe_columns(dataset, "config key 'data.path'" if not data_cfg.streams else "config key 'data.streams'")
         return dataset
     except WorkbenchError:
         raise
     except Exception as e:  # noqa: BLE001 - storage and index errors become one line naming the data
-        where = ", ".join(s.remote or s.path for s in streams)
-        first = first_line(e)
-        raise WorkbenchError(f"cannot open the training data ({where}): {first}") from None
+        raise WorkbenchError(f"cannot open {where}: {first_line(e)}") from None
 
 
 def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last: bool = True,

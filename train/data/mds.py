@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..errors import WorkbenchError
+from ..errors import WorkbenchError, first_line
+from ..typed_config import NON_NEGATIVE, checked
 
 
 @dataclass
@@ -21,9 +22,9 @@ class StreamConfig:
 
     path: str = ""  # the local folder, or the cache folder of a remote (empty: a temporary cache)
     remote: Optional[str] = None  # s3://bucket/prefix or any remote Streaming reads
-    proportion: Optional[float] = None  # share of each epoch (all streams or none; they sum to 1)
-    repeat: Optional[float] = None  # or: how many times each sample is seen per epoch
-    choose: Optional[int] = None  # or: how many samples this stream gives per epoch
+    proportion: Optional[float] = checked(None, NON_NEGATIVE)  # share of each epoch (all streams or none; they sum to 1)
+    repeat: Optional[float] = checked(None, NON_NEGATIVE)  # or: how many times each sample is seen per epoch
+    choose: Optional[int] = checked(None, NON_NEGATIVE)  # or: how many samples this stream gives per epoch
 
 
 def image_columns(image_format: str) -> dict[str, str]:
@@ -50,10 +51,71 @@ def bucket_dirs(root: str | Path) -> dict[int, Path]:
 
 
 def count_samples(folder: str | Path) -> int:
-    index = Path(folder) / "index.json"
-    if not index.is_file():
+    """Samples of a local MDS dataset, from its index once checked against its shards (``checked_index``)."""
+    return sum(shard["samples"] for shard in checked_index(folder)["shards"])
+
+
+def checked_index(folder: str | Path) -> dict:
+    """The ``index.json`` of a local MDS dataset, checked against its shard files before any sample is read.
+
+    Each shard the index lists must be present with the size the index gives, and an uncompressed MDS shard's
+    own sample count (its first four bytes) and end (its last offset) must agree with it. An index that
+    claimed 1000x its samples failed later as "ValueError: not enough values to unpack", a deleted shard as
+    "RuntimeError: Background thread failed"; neither named the dataset. Costs two small reads per shard.
+    """
+    folder = Path(folder)
+    index = _read_index(folder)
+    for shard in index["shards"]:
+        _check_shard(folder, shard)
+    return index
+
+
+def _read_index(folder: Path) -> dict:
+    path = folder / "index.json"
+    if not path.is_file():
         raise WorkbenchError(f"no MDS dataset at {folder} (index.json missing)")
-    return sum(shard["samples"] for shard in json.loads(index.read_text())["shards"])
+    try:
+        index = json.loads(path.read_text())
+        for shard in index["shards"]:
+            int(shard["samples"]), str(shard["raw_data"]["basename"]), int(shard["raw_data"]["bytes"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise WorkbenchError(f"MDS dataset {folder}: index.json is unreadable ({type(e).__name__}: {first_line(e)})") from None
+    return index
+
+
+def _check_shard(folder: Path, shard: dict) -> None:
+    """One shard against its index entry: inside the dataset folder, present (uncompressed, or else its
+    compressed file, which Streaming unpacks on first read), its size, and an MDS shard's own sample count."""
+    raw, packed = shard["raw_data"], shard.get("zip_data")
+    unpacked = (folder / raw["basename"]).is_file() or not (packed and (folder / packed["basename"]).is_file())
+    file = raw if unpacked else packed
+    path, where = folder / file["basename"], f"MDS dataset {folder}: shard {file['basename']}"
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise WorkbenchError(f"{where} lies outside the dataset folder")
+    if not path.is_file():
+        raise WorkbenchError(f"{where} is missing (index.json lists it)")
+    size = path.stat().st_size
+    if size != file["bytes"]:
+        raise WorkbenchError(f"{where} is {size} bytes, but index.json says {file['bytes']} (cut short or replaced)")
+    if unpacked and shard.get("format") == "mds":
+        held, end = _mds_header(path)
+        if held != shard["samples"]:
+            raise WorkbenchError(f"{where} holds {held} samples, but index.json says {shard['samples']}")
+        if end != size:
+            raise WorkbenchError(f"{where}: its sample table ends at byte {end}, but the file has {size}")
+
+
+def _mds_header(path: Path) -> tuple[int, int]:
+    """(samples, end of the last sample) from an MDS shard's header: a uint32 count, then count + 1 uint32
+    offsets into the file (``MDSWriter.encode_joint_shard``)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+        if len(head) < 4:
+            return 0, -1
+        held = int.from_bytes(head, "little")
+        f.seek(4 + 4 * held)
+        last = f.read(4)
+    return held, int.from_bytes(last, "little") if len(last) == 4 else -1
 
 
 # Streaming's pickle encoding: decoding a sample of such a column runs whatever the pickle says.
@@ -75,9 +137,11 @@ def check_safe_columns(dataset, where: str) -> None:
 
 
 def open_local(folder: str | Path, where: str | None = None):
-    """A ``LocalDataset`` of an MDS folder, its columns checked (``check_safe_columns``)."""
+    """A ``LocalDataset`` of an MDS folder, its index checked against its shards (``checked_index``) and its
+    columns checked (``check_safe_columns``)."""
     from streaming import LocalDataset
 
+    checked_index(folder)
     dataset = LocalDataset(local=str(folder))
     check_safe_columns(dataset, where or str(folder))
     return dataset

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..errors import WorkbenchError
+from ..errors import WorkbenchError, first_line
 
 from .latents import LATENTS_FORMAT, META, STORAGE_DTYPES, encode_array, latent_columns
 from ..checkpoints import fingerprint
@@ -167,20 +167,22 @@ def _join_ranks(device: str) -> str:
 
 
 def _open_source(local: str, remote: str | None):
-    """The source bucket as a Streaming dataset (columns checked), and its sample count."""
-    from streaming import StreamingDataset
-
+    """The source bucket as a Streaming dataset (a local one's index checked against its shards, columns
+    checked, read errors one line naming it), and its sample count."""
+    from .data import NamedStreamingDataset
     from .mds import check_safe_columns, count_samples, open_streaming
 
+    where = f"the source dataset {remote or local}"
+    n = count_samples(local) if remote is None else None
     try:
-        n = count_samples(local) if remote is None else None
-    except WorkbenchError:
-        n = None
-    dataset = open_streaming(lambda: StreamingDataset(local=local or None, remote=remote, shuffle=False, batch_size=1))
-    check_safe_columns(dataset, f"the source dataset {remote or local}")
+        dataset = open_streaming(lambda: NamedStreamingDataset(where=where, local=local or None, remote=remote,
+                                                               shuffle=False, batch_size=1))
+    except Exception as e:  # noqa: BLE001 - an unreachable or unreadable remote index: one line naming it
+        raise WorkbenchError(f"cannot open {where}: {first_line(e)}") from None
+    check_safe_columns(dataset, where)
     n = len(dataset) if n is None else n
     if n == 0:
-        raise WorkbenchError(f"the source dataset {remote or local} is empty")
+        raise WorkbenchError(f"{where} is empty")
     return dataset, n
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ..files import whole_file
 from .images import Settings, generate_images
 
 DEMO_PROMPTS = [
@@ -61,5 +62,7 @@ def write_grid(pipe, out: str | Path, prompts: list[str] = DEMO_PROMPTS, seeds=(
                **kwargs) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    grid_image(generate(pipe, prompts, list(seeds), **kwargs), prompts, title).save(out)
+    grid = grid_image(generate(pipe, prompts, list(seeds), **kwargs), prompts, title)
+    with whole_file(out) as tmp:
+        grid.save(tmp, format=Image.registered_extensions().get(out.suffix.lower(), "PNG"))  # as OUT names it
     return out

@@ -72,10 +72,14 @@ def with_metadata(image: Image.Image, record: ImageRecord) -> Image.Image:
 
 
 def save_png(image: Image.Image, path, record: ImageRecord, extra: dict | None = None) -> None:
+    """The PNG with its record as text chunks, written whole or not at all (``train.files``)."""
+    from ..files import whole_file
+
     info = PngImagePlugin.PngInfo()
     for key, value in record.pnginfo(extra).items():
         info.add_text(key, value)
-    image.save(path, format="PNG", pnginfo=info)
+    with whole_file(path) as tmp:
+        image.save(tmp, format="PNG", pnginfo=info)
 
 
 def parse_parameters(text: str) -> dict[str, str]:
