@@ -169,7 +169,7 @@ def _join_ranks(device: str) -> str:
 def _open_source(local: str, remote: str | None):
     """The source bucket as a Streaming dataset (a local one's index checked against its shards, columns
     checked, read errors one line naming it), and its sample count."""
-    from .data import NamedStreamingDataset
+    from .loader import NamedStreamingDataset
     from .mds import check_safe_columns, count_samples, open_streaming
 
     where = f"the source dataset {remote or local}"
