@@ -80,7 +80,7 @@ class DataConfig:
 
 @dataclass
 class OptimizerConfig:
-    lr: float = checked(1.0e-4, POSITIVE)  # 0 trains nothing; < 0 trains uphill
+    lr: float = checked(1.0e-4, NON_NEGATIVE)  # < 0 trains uphill; 0 keeps the weights (a loss-only pass)
     weight_decay: float = checked(0.01, NON_NEGATIVE)
     # AdamW's moment decay rates: 1 or more never forgets (or grows without bound)
     betas: list[float] = checked(rule=Each(Range(0, 1, high_open=True), length=2), factory=lambda: [0.9, 0.999])

@@ -79,9 +79,8 @@ def test_missing_and_malformed_config_files(tmp_path):
     ("ema.update_interval=0ba", "'ema.update_interval' must be a Composer time > 0 such as '1000ba' or '1ep', got '0ba'"),
     ("ema.update_interval=10sp", "'ema.update_interval' must be a Composer time in ba, ep, got '10sp'"),
     ("ema.ema_start=-5ba", "'ema.ema_start' must be a Composer time >= 0 such as '0ba' or '1ep', got '-5ba'"),
-    ("optimizer.lr=0", "'optimizer.lr' must be > 0, got 0.0"),
-    ("optimizer.lr=-1e-4", "'optimizer.lr' must be > 0, got -0.0001"),
-    ("optimizer.lr=.nan", "'optimizer.lr' must be > 0, got nan"),
+    ("optimizer.lr=-1e-4", "'optimizer.lr' must be >= 0, got -0.0001"),
+    ("optimizer.lr=.nan", "'optimizer.lr' must be >= 0, got nan"),
     ("optimizer.betas=[0.9, 1.0]", "'optimizer.betas' must be 2 values, each in [0, 1), got [0.9, 1.0]"),
     ("optimizer.betas=[0.9]", "'optimizer.betas' must be 2 values, each in [0, 1), got [0.9]"),
     ("optimizer.eps=0", "'optimizer.eps' must be > 0, got 0.0"),
@@ -116,8 +115,8 @@ def test_out_of_range_values_are_refused_with_key_value_and_range(override, refu
 
 @pytest.mark.parametrize("override", [
     "grad_clip_norm=null", "model.min_snr_gamma=null", "scheduler.t_warmup=0ba", "ema.ema_start=0ba",
-    "model.caption_dropout=0", "model.other_phrasing=1", "optimizer.weight_decay=0", "optimizer.betas=[0,0.5]",
-    "scheduler.alpha_f=1", "data.num_workers=0", "data.predownload=0", "save_num_checkpoints_to_keep=-1",
+    "model.caption_dropout=0", "model.other_phrasing=1", "optimizer.lr=0", "optimizer.weight_decay=0",
+    "optimizer.betas=[0,0.5]", "scheduler.alpha_f=1", "data.num_workers=0", "data.predownload=0", "save_num_checkpoints_to_keep=-1",
     "save_interval=0.5dur", "seed=0", "device_train_microbatch_size=auto", "device_train_microbatch_size=16",
     "save_folder=s3://bucket/run save_num_checkpoints_to_keep=0",
 ])
