@@ -18,6 +18,10 @@ from train.generation import parse_parameters
 from train.samplers import SAMPLERS
 
 MAX_PIXELS = 4096 * 4096
+# Our text is two prompts of at most 2,000 characters and a settings line of a few hundred; AUTOMATIC1111's with
+# its extensions' fields a few thousand. PIL reads text chunks of up to 1 MB, which the upload cap lets through:
+# longer text is refused before it is parsed.
+MAX_PARAMETERS_CHARS = 64 * 1024
 WEIGHTS = {"EMA": "ema", "raw": "raw"}
 
 
@@ -35,6 +39,9 @@ def read_parameters(path: str | Path) -> str:
         raise WorkbenchError(f"not a readable PNG image ({type(e).__name__})") from None
     if not isinstance(text, str) or not text.strip():
         raise WorkbenchError("this PNG carries no generation parameters (no 'parameters' text chunk)")
+    if len(text) > MAX_PARAMETERS_CHARS:
+        raise WorkbenchError(f"this PNG's parameters text is {len(text):,} characters long; at most "
+                             f"{MAX_PARAMETERS_CHARS:,} are read")
     return text
 
 

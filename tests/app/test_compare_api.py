@@ -90,6 +90,29 @@ def test_png_info_round_trip_regenerates_the_same_image(api, net, tmp_path):
     assert np.array_equal(pixels(again), pixels(made))
 
 
+def png_with(path: Path, **chunks: str) -> Path:
+    """An 8x8 PNG carrying the given text chunks (compressed: a megabyte of text in a small file)."""
+    info = PngImagePlugin.PngInfo()
+    for key, value in chunks.items():
+        info.add_text(key, value, zip=True)
+    Image.new("RGB", (8, 8)).save(path, pnginfo=info)
+    return path
+
+
+def test_png_info_reads_any_parameters_text_at_once_and_refuses_long_ones(api, tmp_path):
+    spaces = png_with(tmp_path / "spaces.png", parameters="p\n" + " " * 2400)  # took 54 s, stalling every route
+    t0 = time.perf_counter()
+    text, values, notes = api.predict(image=handle_file(str(spaces)), api_name="/png_info")
+    assert time.perf_counter() - t0 < 2.0 and values["prompt"] == "p"
+
+    megabyte = png_with(tmp_path / "megabyte.png", parameters="p\n" + "Steps: 1, " * 100_000)
+    t0 = time.perf_counter()
+    with pytest.raises(AppError) as e:
+        api.predict(image=handle_file(str(megabyte)), api_name="/png_info")
+    assert time.perf_counter() - t0 < 2.0
+    assert str(e.value) == "this PNG's parameters text is 1,000,002 characters long; at most 65,536 are read"
+
+
 def test_huge_prompts_and_lists_are_refused_at_once_with_nothing_written(api, net):
     before = files(net.temp) | files(net.written)
     cases = [(dict(prompt="x" * 1_000_000), "prompt is 1,000,000 characters long; at most 2,000 are accepted"),

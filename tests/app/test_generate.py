@@ -1,5 +1,6 @@
 """Generation without Gradio: validation messages, samplers, per-image seeds, stopping, PNG parameters."""
 import json
+import time
 
 import numpy as np
 import pytest
@@ -123,3 +124,32 @@ def test_png_parameters_round_trip(tmp_path):
     assert parsed["CFG scale"] == "7.5" and parsed["Size"] == "24x32" and parsed["Model hash"] == "ab" * 6
     assert parsed["Model"] == "runs/a, b/ep0-ba4-rank0.pt" and parsed["Weights"] == "EMA"
     assert data["seed"] == 102 and data["checkpoint_hash"] == "ab" * 6 and data["width"] == 24
+
+
+A1111_QUOTED = ('two cats\nNegative prompt: dogs, "birds"\nSteps: 20, Sampler: Euler a, CFG scale: 7, Seed: 5, '
+                'Size: 512x512, Lora hashes: "add_detail: 7c6bad76eb54, x: 1", Model: "a, b: c", Version: v1.9.4')
+
+
+def test_parameters_of_automatic1111_are_read_key_by_key():
+    parsed = parse_parameters(A1111_QUOTED)
+    assert parsed["prompt"] == "two cats" and parsed["negative_prompt"] == 'dogs, "birds"'
+    assert (parsed["Steps"], parsed["Sampler"], parsed["CFG scale"], parsed["Seed"], parsed["Size"]) == (
+        "20", "Euler a", "7", "5", "512x512")
+    assert parsed["Lora hashes"] == "add_detail: 7c6bad76eb54, x: 1" and parsed["Model"] == "a, b: c"
+    assert parsed["Version"] == "v1.9.4"
+
+
+@pytest.mark.parametrize("settings", [
+    " " * 2400,  # "p\n" + 2,400 spaces took 54 s under the backtracking pattern, holding the GIL
+    " " * 1_000_000,
+    "a" * 1_000_000,
+    "a " * 500_000,
+    "a:" * 500_000,
+    'a: "' + "\\x" * 500_000,
+    "a: " + '"' * 1_000_000,
+    ", " * 500_000,
+])
+def test_parameters_are_read_in_linear_time_whatever_the_text(settings):
+    t0 = time.perf_counter()
+    parse_parameters("p\n" + settings)
+    assert time.perf_counter() - t0 < 1.0  # 1 MB, the largest text chunk PIL reads: milliseconds when linear
