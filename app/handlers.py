@@ -18,7 +18,7 @@ from train.errors import WorkbenchError, first_line
 from train.prompts import read_prompt_table
 
 from .generate import GenerationParams, Stopped
-from .png_info import read_parameters, settings_from
+from .png_info import read_png_info, settings_from
 from .scores import METRICS, scores_of, setting_text
 from .service import Result, Service
 from .xyz import NONE
@@ -239,12 +239,12 @@ class Handlers:
         if not image:
             return "", {}, ""
         try:
-            text = read_parameters(image)
+            text, record = read_png_info(image)
         except WorkbenchError as e:
             raise one_line(e) from None
         finally:
             self.discard(image)
-        values, notes = settings_from(text, self.service.label_of_hash)
+        values, notes = settings_from(text, self.service.label_of_hash, record)
         lines = [f"- checkpoint `{html.escape(values['checkpoint'])}`, found by its model hash"] \
             if values["checkpoint"] else []
         return text, values, "\n".join(lines + [f"- {html.escape(n)}" for n in notes])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import numpy as np
 import torch
@@ -117,10 +117,13 @@ class ImageRecord:
                    size[1], int(seed), checkpoint, checkpoint_hash, weights)
 
     def parameters(self) -> str:
-        """The text A1111 writes (and its PNG Info tab reads): prompt, negative prompt, settings line."""
-        lines = [self.prompt]
+        """The text A1111 writes (and its PNG Info tab reads): prompt, negative prompt, settings line.
+
+        Line breaks in the prompts are written as spaces, so no prompt can add a "Negative prompt:" or a
+        settings line of its own; the exact prompts are in the ``dwb`` record."""
+        lines = [as_one_line(self.prompt)]
         if self.negative_prompt:
-            lines.append(f"Negative prompt: {self.negative_prompt}")
+            lines.append(f"Negative prompt: {as_one_line(self.negative_prompt)}")
         weights = {"ema": "EMA", "raw": "raw"}.get(self.weights, self.weights)
         settings = [("Steps", self.steps), ("Sampler", self.sampler), ("CFG scale", f"{self.guidance:g}"),
                     ("Seed", self.seed), ("Size", f"{self.width}x{self.height}"),
@@ -135,12 +138,39 @@ class ImageRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> "ImageRecord":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        """The record a ``dwb`` chunk holds (other keys ignored); ValueError for a missing field or one of
+        another type: the chunk may come from anywhere."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a record is a JSON object, got {type(data).__name__}")
+        values = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.default is MISSING:
+                    raise ValueError(f"the record has no {f.name}")
+                continue
+            value = data[f.name]
+            if isinstance(value, bool) or not isinstance(value, _RECORD_TYPES[f.type]):
+                raise ValueError(f"the record's {f.name} is not {f.type}")
+            values[f.name] = float(value) if f.type == "float" else value
+        return cls(**values)
+
+
+_RECORD_TYPES = {"str": str, "int": int, "float": (int, float)}  # ImageRecord's field annotations
+
+
+# The line breaks a prompt may hold that CLIP's tokenizer reads as one space, like every run of whitespace
+# (the same token ids with either, for SD2's tokenizer and the tiny one: tests/app/test_generate.py). Other
+# characters some readers take for line breaks (U+0085, form feed) are tokens to CLIP and stay.
+LINE_BREAKS = re.compile("[\r\n\u2028\u2029]+")
+
+
+def as_one_line(prompt: str) -> str:
+    """A prompt for the ``parameters`` text: line breaks as spaces (the same image; see LINE_BREAKS)."""
+    return LINE_BREAKS.sub(" ", prompt)
 
 
 def _quote(value: str) -> str:
-    return json.dumps(value) if re.search(r'[,:"\n]', value) else value
+    return json.dumps(value) if re.search(r'[,:"]', value) or LINE_BREAKS.search(value) else value
 
 
 def with_metadata(image: Image.Image, record: ImageRecord) -> Image.Image:

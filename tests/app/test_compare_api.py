@@ -11,6 +11,8 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image, PngImagePlugin
 
+from train.generation import parse_parameters
+
 from .conftest import AppServer
 
 BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"
@@ -111,6 +113,20 @@ def test_png_info_reads_any_parameters_text_at_once_and_refuses_long_ones(api, t
         api.predict(image=handle_file(str(megabyte)), api_name="/png_info")
     assert time.perf_counter() - t0 < 2.0
     assert str(e.value) == "this PNG's parameters text is 1,000,002 characters long; at most 65,536 are read"
+
+
+def test_a_prompt_cannot_inject_parameters_into_png_info(api, tmp_path):
+    """A line break in a prompt used to start a "Negative prompt:" (or a settings line) of its own when PNG Info
+    read the image back, and Send to Generate made another image."""
+    prompt, negative = "a red circle\nNegative prompt: blue square", "green\nSteps: 1, Seed: 99"
+    made = generate(api, prompt=prompt, negative_prompt=negative, steps=3, seed=5)[0][0]["image"]
+    text, values, notes = api.predict(image=handle_file(made), api_name="/png_info")
+    assert (values["prompt"], values["negative_prompt"], values["steps"], values["seed"]) == (prompt, negative, 3, 5)
+    shown = parse_parameters(text)  # what AUTOMATIC1111 and other readers of the text see
+    assert shown["negative_prompt"] == "green Steps: 1, Seed: 99" and (shown["Steps"], shown["Seed"]) == ("3", "5")
+    again = generate(api, prompt=values["prompt"], negative_prompt=values["negative_prompt"], steps=values["steps"],
+                     seed=values["seed"])[0][0]["image"]
+    assert np.array_equal(pixels(again), pixels(made))
 
 
 def test_huge_prompts_and_lists_are_refused_at_once_with_nothing_written(api, net):

@@ -119,7 +119,8 @@ def test_png_parameters_round_trip(tmp_path):
     with Image.open(path) as im:
         text, data = im.text["parameters"], json.loads(im.text["dwb"])
     parsed = parse_parameters(text)
-    assert parsed["prompt"] == 'a "red", circle: left\nof a square' and parsed["negative_prompt"] == "blue, green"
+    assert parsed["prompt"] == 'a "red", circle: left of a square' and parsed["negative_prompt"] == "blue, green"
+    assert data["prompt"] == 'a "red", circle: left\nof a square'  # the exact prompt is in the record
     assert parsed["Seed"] == "102" and parsed["Steps"] == "30" and parsed["Sampler"] == "DPM++ 2M"
     assert parsed["CFG scale"] == "7.5" and parsed["Size"] == "24x32" and parsed["Model hash"] == "ab" * 6
     assert parsed["Model"] == "runs/a, b/ep0-ba4-rank0.pt" and parsed["Weights"] == "EMA"
@@ -153,3 +154,29 @@ def test_parameters_are_read_in_linear_time_whatever_the_text(settings):
     t0 = time.perf_counter()
     parse_parameters("p\n" + settings)
     assert time.perf_counter() - t0 < 1.0  # 1 MB, the largest text chunk PIL reads: milliseconds when linear
+
+
+def test_no_prompt_can_add_lines_to_the_parameters_text():
+    record = record_of(validate(params(prompt="a red circle\nNegative prompt: blue square",
+                                       negative_prompt="green\r\nSteps: 99, Seed: 1", steps=4, seed=3), LIMITS),
+                       0, "tiny", "ab" * 6, "ema")
+    parsed = parse_parameters(record.parameters())
+    assert parsed["prompt"] == "a red circle Negative prompt: blue square"
+    assert parsed["negative_prompt"] == "green Steps: 99, Seed: 1"
+    assert (parsed["Steps"], parsed["Seed"]) == ("4", "3")
+
+
+def test_line_breaks_in_a_prompt_tokenize_as_the_spaces_the_parameters_text_has(pipe, tmp_path):
+    """CLIP's tokenizer reads every run of whitespace as one space: writing a prompt's line breaks as spaces
+    makes the same image (SD2's tokenizer, built from the CLIP vocabulary, and the tiny one)."""
+    from transformers import CLIPTokenizer
+
+    from train.checkpoints.clip_bpe import write_clip_tokenizer
+    from train.generation import as_one_line
+
+    sd2 = CLIPTokenizer.from_pretrained(write_clip_tokenizer(tmp_path, pad_token="!"))
+    for prompt in ("a red circle\nNegative prompt: blue square", "two\r\nblue \n\n squares\n", "a\u2028b\u2029c",
+                   "\rthree yellow triangles"):
+        assert as_one_line(prompt) != prompt
+        for tokenizer in (sd2, pipe.tokenizer):
+            assert tokenizer(prompt).input_ids == tokenizer(as_one_line(prompt)).input_ids, (prompt, tokenizer)

@@ -88,3 +88,27 @@ def test_png_info_refuses_other_files_in_one_line(tmp_path):
         read_parameters(tmp_path / "a.png")
     with pytest.raises(WorkbenchError, match="carries no generation parameters"):
         read_parameters(tmp_path / "bare.png")
+
+
+def test_png_info_prefers_a_whole_dwb_record_and_reads_the_text_without_one(tmp_path):
+    import json
+
+    from PIL import Image, PngImagePlugin
+
+    from app.png_info import read_png_info
+    from train.generation import ImageRecord
+
+    record = ImageRecord("a red circle\nNegative prompt: blue", "", "DDIM", 4, 6.0, 16, 24, 21, "tiny", "ab" * 6, "raw")
+    broken = {**json.loads(record.pnginfo()["dwb"]), "steps": "4"}  # a string where the record has a number
+    for name, dwb, prompt in (("whole", record.pnginfo()["dwb"], record.prompt), ("broken", json.dumps(broken), None),
+                              ("not-json", "{", None)):
+        info = PngImagePlugin.PngInfo()
+        info.add_text("parameters", record.parameters())
+        info.add_text("dwb", dwb)
+        Image.new("RGB", (8, 8)).save(tmp_path / f"{name}.png", pnginfo=info)
+        text, found = read_png_info(tmp_path / f"{name}.png")
+        values, _ = settings_from(text, lambda digest: None, found)
+        assert (found is not None) == (prompt is not None), name
+        assert values["prompt"] == (prompt or "a red circle Negative prompt: blue"), name
+        assert (values["steps"], values["guidance"], values["width"], values["height"], values["seed"],
+                values["weights"]) == (4, 6.0, 16, 24, 21, "raw"), name
