@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import logging
 import os
+import re
 
 import gradio as gr
 import pandas as pd
@@ -26,6 +27,24 @@ from .xyz import NONE
 log = logging.getLogger("app")
 KIND_NAMES = {"composer": "Composer checkpoint", "mosaicml": "mosaicml/diffusion checkpoint",
               "diffusers": "diffusers folder", "single-file": "single-file checkpoint", "hub": "Hugging Face hub model"}
+
+
+MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]~$|])")  # what makes images, links, code, emphasis, tables, maths
+BLOCK_START = re.compile(r"^(\s*[#+=-]|\s*\d+[.)])")  # what starts a heading or a list at the start of a line
+
+
+def as_markdown(text, *, code: bool = False) -> str:
+    """User-controlled text (a typed name, a PNG's fields, a results file's or a study's words, a label) for a
+    ``gr.Markdown``, shown as itself on one line: no image, link, HTML or formatting of its own. (Notes render as
+    Markdown; a PNG whose Model field held ``![x](http://host/x.png)`` made every viewer's browser fetch it.)
+    ``code``: as a code span, whose text Markdown shows as it is, fenced by more backticks than it holds."""
+    line = " ".join(str(text).splitlines())
+    if code:
+        fence = "`" * (max(map(len, re.findall(r"`+", line)), default=0) + 1)
+        pad = " " if line.startswith("`") or line.endswith("`") else ""
+        return f"{fence}{pad}{line}{pad}{fence}"
+    escaped = MARKDOWN_PUNCTUATION.sub(r"\\\1", html.escape(line, quote=False))
+    return BLOCK_START.sub(lambda m: f"{m.group(1)[:-1]}\\{m.group(1)[-1]}", escaped)  # \# and 1\. are text
 
 
 def one_line(e: Exception) -> gr.Error:
@@ -84,10 +103,10 @@ class Handlers:
         try:
             ckpt, info = self.service.info(text)
         except WorkbenchError as e:
-            return f"**Cannot use this checkpoint:** {html.escape(str(e))}", gr.update(), gr.update()
-        parts = [f"`{html.escape(ckpt.label)}`", KIND_NAMES.get(info.kind, info.kind)]
+            return f"**Cannot use this checkpoint:** {as_markdown(e)}", gr.update(), gr.update()
+        parts = [as_markdown(ckpt.label, code=True), as_markdown(KIND_NAMES.get(info.kind, info.kind))]
         if info.architecture:
-            parts.append(f"architecture {info.architecture}")
+            parts.append(f"architecture {as_markdown(info.architecture)}")
         if info.resolution:
             parts.append(f"trained at {info.resolution} px")
         if info.has_ema is not None:
@@ -103,13 +122,13 @@ class Handlers:
         for row in self.service.scores.rows_for(digest):
             shown = " · ".join(s.text() for s in scores_of(row))
             if shown:
-                lines.append(f"- **scores** ({html.escape(setting_text(row))}): {html.escape(shown)}")
+                lines.append(f"- **scores** ({as_markdown(setting_text(row))}): {shown}")  # our numbers
         for w in self.service.scores.win_rates(digest):
             interval = f" [{w.lo:.0%}, {w.hi:.0%}]" if w.lo is not None else ""
             other = self.service.label_of_hash(w.opponent) or "another model"
-            lines.append(f"- **human preference** ({html.escape(w.question)}, study {html.escape(w.study)}): "
+            lines.append(f"- **human preference** ({as_markdown(w.question)}, study {as_markdown(w.study)}): "
                          f"preferred {w.rate:.0%}{interval} of {w.decisive} decisive votes against "
-                         f"`{html.escape(other)}`")
+                         f"{as_markdown(other, code=True)}")
         return "\n\n" + "\n".join(lines) if lines else ""
 
     def default_size(self, labels: list[str]) -> int:
@@ -245,9 +264,9 @@ class Handlers:
         finally:
             self.discard(image)
         values, notes = settings_from(text, self.service.label_of_hash, record)
-        lines = [f"- checkpoint `{html.escape(values['checkpoint'])}`, found by its model hash"] \
+        lines = [f"- checkpoint {as_markdown(values['checkpoint'], code=True)}, found by its model hash"] \
             if values["checkpoint"] else []
-        return text, values, "\n".join(lines + [f"- {html.escape(n)}" for n in notes])
+        return text, values, "\n".join(lines + [f"- {as_markdown(n)}" for n in notes])
 
     def discard(self, path: str) -> None:
         """Delete an upload once it is read: nothing a visitor sends is kept or served back. Only files the

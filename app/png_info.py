@@ -2,9 +2,10 @@
 
 The ``parameters`` text chunk is read from the file's chunks before its pixels, so a PNG whose pixels would
 take gigabytes to decode costs nothing to read; text written after the pixels is looked for only in images
-of at most ``MAX_PIXELS``. Our PNGs also carry the exact record as JSON (``dwb``), which is read in preference
-to the text (whose prompts have their line breaks written as spaces). Our PNGs name their checkpoint by content hash ("Model hash"), which the app looks
-up under its folders; AUTOMATIC1111's hashes (10 hex digits, of other files) find nothing, and say so.
+of at most ``MAX_PIXELS``. Our PNGs also carry the exact record as JSON (``dwb``), which is read in preference to
+the text (whose prompts have their line breaks written as spaces). Our PNGs name their checkpoint by content hash
+("Model hash"), which the app looks up under its folders; AUTOMATIC1111's hashes (10 hex digits, of other files)
+find nothing, and say so.
 """
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ every parameter in their ``parameters`` text chunk. Bad input comes back as a on
 """
 from __future__ import annotations
 
-import html
 import logging
 import os
 import random
@@ -23,7 +22,7 @@ from train.compat import calm_gradio_queue
 from train.samplers import DEFAULT_SAMPLER, SAMPLERS
 
 from .generate import DEFAULT_GUIDANCE, MAX_SEED
-from .handlers import Handlers
+from .handlers import Handlers, as_markdown
 from .scores import METRICS
 from .service import Service
 from .xyz import AXES, NONE
@@ -247,7 +246,7 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
         handlers = Handlers(service, uploads=demo.upload_file_set)
         ui = UI(handlers, concurrency)
         gr.Markdown(f"## {title}\nText-to-image from your checkpoints under "
-                    + ", ".join(f"`{html.escape(r.name)}`" for r in service.roots))
+                    + ", ".join(as_markdown(r.name, code=True) for r in service.roots))
         with gr.Tabs() as tabs:
             ui.generate_tab()
             ui.compare_tab()
