@@ -104,11 +104,14 @@ class Service:
             raise WorkbenchError(self.redact(str(e))) from None
 
     def redact(self, message: str) -> str:
-        """A message with the roots' absolute paths replaced by the names the UI shows under them."""
+        """A message with the roots' absolute paths replaced by the names the UI shows under them, and the
+        Hugging Face cache's by its name (a loader's error about a hub model's files)."""
+        from train.checkpoints.hub import hub_cache
+
         for root in sorted(self.roots, key=lambda r: len(str(r)), reverse=True):
             message = message.replace(f"{root}/", f"{root.name}/" if len(self.roots) > 1 else "")
             message = message.replace(str(root), root.name)
-        return message
+        return message.replace(str(hub_cache()), "the Hugging Face cache")
 
     def label_of_hash(self, digest: str) -> str | None:
         """The label of the checkpoint under the roots whose content hash is ``digest`` (hashes are cached)."""
