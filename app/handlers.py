@@ -7,9 +7,11 @@ their parameters, so those names are the API's.
 from __future__ import annotations
 
 import html
+import inspect
 import logging
 import os
 import re
+from collections.abc import Callable
 
 import gradio as gr
 import pandas as pd
@@ -18,7 +20,7 @@ from train.checkpoints import content_hash
 from train.errors import WorkbenchError, first_line
 from train.prompts import read_prompt_table
 
-from .generate import GenerationParams, Stopped
+from .generate import GenerationParams, LimitError, Stopped, check_client
 from .png_info import read_png_info, settings_from
 from .scores import METRICS, scores_of, setting_text
 from .service import Result, Service
@@ -64,6 +66,27 @@ def session_of(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or ""
 
 
+def client_of(request) -> str:
+    """Who sent a request (a gr.Request or Starlette's): its peer address, which uvicorn takes from
+    X-Forwarded-For only when the peer is one of `dwb app --trusted-proxy`'s addresses."""
+    return getattr(getattr(request, "client", None), "host", None) or ""
+
+
+def queue_validator(cost: Callable, admit: Callable) -> Callable:
+    """An async ``validator=`` for an event whose inputs ``cost`` takes, calling ``admit(request, cost, inputs)``.
+    Gradio gives a validator the event's inputs, and the gr.Request where a parameter is annotated with it: the
+    validator has ``cost``'s parameters and then ``request``. Async: it runs on the queue's event loop, where
+    the queue it counts cannot change under it."""
+    async def check(*args):
+        *inputs, request = args
+        return admit(request, cost, inputs)
+
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+    check.__signature__ = inspect.Signature([*inspect.signature(cost).parameters.values(), request])
+    check.__annotations__ = {"request": gr.Request}
+    return check
+
+
 def params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed,
               batch_size=1) -> GenerationParams:
     return GenerationParams(prompt, negative_prompt, sampler, steps, guidance_scale, width, height,
@@ -83,10 +106,12 @@ def steps_progress(progress: gr.Progress):
 class Handlers:
     """The app's events, on one ``Service``."""
 
-    def __init__(self, service: Service, uploads: set[str] | None = None):
+    def __init__(self, service: Service, uploads: set[str] | None = None, jobs: Callable[[], list] = list):
         self.service = service
         self.limits = service.limits
         self.uploads = set() if uploads is None else uploads  # the paths Gradio's upload route wrote (``Blocks.upload_file_set``)
+        self.jobs = jobs  # (request, function, inputs) of each event in the queue (``train.compat.queue_jobs``)
+        self.costs = {self.generate: self.generate_cost, self.compare: self.compare_cost, self.xyz_plot: self.plot_cost}
 
     # -- the checkpoint panel --------------------------------------------------------------------
 
@@ -166,7 +191,7 @@ class Handlers:
         progress(0, desc="loading checkpoint")
         try:
             result = self.service.generate(checkpoint, weights, params, session=session_of(request),
-                                           on_step=steps_progress(progress))
+                                           client=client_of(request), on_step=steps_progress(progress))
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the server keeps serving
             raise failed("generate", e) from None
         log.info("generated %d image(s) in %.1f s", len(result.images), result.seconds)
@@ -184,7 +209,7 @@ class Handlers:
 
         try:
             result = self.service.compare(checkpoints, weights, params, session=session_of(request),
-                                          on_step=on_step)
+                                          client=client_of(request), on_step=on_step)
         except Exception as e:  # noqa: BLE001
             raise failed("compare", e) from None
         items, first, texts = gallery_of(result, [f"{r.checkpoint} ({r.weights})" for r in result.records])
@@ -204,12 +229,46 @@ class Handlers:
 
         try:
             plot = self.service.xyz_plot(checkpoint, weights, params, axes, batch_size, session=session_of(request),
-                                         on_progress=on_progress)
+                                         client=client_of(request), on_progress=on_progress)
         except Exception as e:  # noqa: BLE001
             raise failed("X/Y/Z plot", e) from None
         log.info("X/Y/Z plot of %d cells in %.1f s", len(plot.cells.images), plot.cells.seconds)
         items, first, texts = gallery_of(plot.cells, plot.captions)
         return [(g, f"grid {k + 1} of {len(plot.grids)}") for k, g in enumerate(plot.grids)], items, first, texts
+
+    # -- admission: what a request, and its client, may ask when the request joins the queue ------------------
+    # Each cost takes its event's inputs, as the event's handler does; a request whose inputs are wrong costs 0
+    # here, and its handler says what is wrong when it runs.
+
+    def generate_cost(self, checkpoint, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width,
+                      height, seed, batch_size) -> int:
+        return self.service.generate_cost(params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width,
+                                                    height, seed, batch_size))
+
+    def compare_cost(self, checkpoints, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width,
+                     height, seed) -> int:
+        return self.service.compare_cost(checkpoints, params_of(prompt, negative_prompt, sampler, steps,
+                                                                guidance_scale, width, height, seed))
+
+    def plot_cost(self, checkpoint, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width, height,
+                  seed, x_type, x_values, y_type, y_values, z_type, z_values, batch_size) -> int:
+        params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed)
+        return self.service.plot_cost(checkpoint, weights, params,
+                                      [(x_type, x_values), (y_type, y_values), (z_type, z_values)])
+
+    def admit(self, request, cost: Callable, inputs: list) -> list:
+        """The event's validations when it joins the queue: all valid, or, for a request over a limit of the
+        request's or of its client's (what it has waiting or running), the one-line reason on the prompt."""
+        try:
+            mine, client = cost_or_zero(cost, inputs), client_of(request)
+            held = [cost_or_zero(self.costs[fn], args) for sender, fn, args in self.jobs()
+                    if fn in self.costs and client_of(sender) == client]
+            check_client(held, mine, self.limits)
+        except LimitError as e:
+            log.warning("refused for %s: %s", client_of(request), e)
+            return [gr.validate(name != "prompt", str(e) if name == "prompt" else "")
+                    for name in inspect.signature(cost).parameters]
+        return [gr.validate(True, "") for _ in inputs]
 
     def stop(self, request: gr.Request) -> None:
         """End this client's running generation after its current step."""
@@ -327,6 +386,16 @@ class Handlers:
             return gr.update(), gr.update(), gr.update(), gr.update()
         note, w, h = self.checkpoint_note(label)
         return gr.update(value=label), note, w, h
+
+
+def cost_or_zero(cost: Callable, inputs: list) -> int:
+    """``cost(*inputs)``; 0 for inputs it cannot read (LimitError, a request over a limit, goes on up)."""
+    try:
+        return cost(*inputs)
+    except LimitError:
+        raise
+    except (WorkbenchError, TypeError, ValueError):
+        return 0
 
 
 def newest_first(found: list) -> list:

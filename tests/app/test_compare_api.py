@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 from gradio_client import Client, handle_file
-from gradio_client.exceptions import AppError
+from gradio_client.exceptions import AppError, ValidationError
 from PIL import Image, PngImagePlugin
 
 from train.generation import parse_parameters
@@ -17,16 +17,19 @@ from .conftest import AppServer
 
 BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"
 UPLOAD_MB, UPLOAD_AGE = 1, 2
+PROXY = "127.0.0.2"  # any 127.x address reaches the server; the test's sockets choose theirs
 
 
 @pytest.fixture(scope="module")
 def net(tree, tmp_path_factory):
     """One server for this module, as on a network: its own temp and output folders, uploads capped at 1 MB and
-    swept after 2 s."""
+    swept after 2 s, a reverse proxy at 127.0.0.2 (tests connect from there to be other clients), and the
+    default limits on work."""
     folder = tmp_path_factory.mktemp("net")
     temp, output = folder / "gradio-temp", folder / "output"
     app = AppServer([tree.root], "--host", "127.0.0.1", "--output", str(output), "--max-upload-mb", str(UPLOAD_MB),
-                    "--upload-max-age", str(UPLOAD_AGE), log=folder / "app.log", env={"GRADIO_TEMP_DIR": str(temp)})
+                    "--upload-max-age", str(UPLOAD_AGE), "--trusted-proxy", PROXY, log=folder / "app.log",
+                    env={"GRADIO_TEMP_DIR": str(temp)})
     app.launch().wait_ready()
     app.temp, app.written = temp, output
     yield app
@@ -175,3 +178,73 @@ def test_uploads_are_capped_and_never_kept(net):
         assert time.monotonic() < deadline, "the unread upload was not swept"
         time.sleep(0.25)
     assert httpx.get(f"{net.url}/gradio_api/file={path}", timeout=10).status_code in (403, 404)
+
+
+def inputs(**kw) -> list:
+    """/generate's inputs in order, as plain HTTP sends them."""
+    args = dict(checkpoint=BA4, weights="ema", prompt="two blue squares", negative_prompt="", sampler="DDIM", steps=2,
+                guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1)
+    return list({**args, **kw}.values())
+
+
+def join(net, data: list, source: str = "127.0.0.1", forwarded_for: str | None = None) -> httpx.Response:
+    """POST /gradio_api/call/generate from the address ``source``, as a client or a reverse proxy would."""
+    headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=30) as http:
+        return http.post(f"{net.url}/gradio_api/call/generate", json={"data": data}, headers=headers)
+
+
+def test_a_request_over_the_work_limit_is_refused_when_it_joins_the_queue(api, net):
+    """1024x1024, 150 steps, batch 8 passed each per-setting limit and held the only slot for days (a 1024 px step
+    of the tiny model took 338 s): 1,258,291,200 pixel-steps, over the default of 250M."""
+    before = files(net.written)
+    t0 = time.perf_counter()
+    job = api.submit(BA4, "ema", "a red circle", "", "DDIM", 150, 5.0, 1024, 1024, 7, 8, api_name="/generate")
+    with pytest.raises(ValidationError) as e:
+        job.result(timeout=10)
+    assert time.perf_counter() - t0 < 5.0
+    message = str(e.value).splitlines()[-1]  # gradio_client heads it with a line of its own
+    assert message == ("- prompt: this request is 1,258,291,200 pixel-steps (width x height x steps, for each image); "
+                       "at most 250,000,000 are allowed (dwb app --max-pixel-steps)")
+    r = join(net, inputs(steps=150, width=1024, height=1024, batch_size=8))
+    assert r.status_code == 422 and "--max-pixel-steps" in r.text
+    # the route that ran an event directly, past the queue and its check, is closed
+    r = httpx.post(f"{net.url}/gradio_api/run/generate", json={"data": inputs()}, timeout=30)
+    assert r.status_code == 404
+    assert files(net.written) == before  # nothing ran
+
+
+def test_one_client_cannot_fill_the_queue(net):
+    """One client (an address) has at most --max-client-requests (4) waiting or running: the queue (16) keeps room
+    for others. X-Forwarded-For names another client only when a trusted proxy (--trusted-proxy) sends it."""
+    from gradio_client import Client
+
+    clients = [Client(net.url, verbose=False, download_files=False) for _ in range(5)]
+    slow = (BA4, "ema", "a red circle", "", "DDIM", 150, 5.0, 64, 64, 1, 1)
+    jobs = [c.submit(*slow, api_name="/generate") for c in clients]
+    try:
+        _wait_until(lambda: any(j.done() for j in jobs))
+        refused = [j for j in jobs if j.done()]
+        assert len(refused) == 1
+        with pytest.raises(ValidationError, match=r"this client has 4 requests waiting or running; at most 4 at once "
+                                                  r"\(dwb app --max-client-requests\)"):
+            refused[0].result()
+        assert join(net, inputs(), forwarded_for="10.9.9.9").status_code == 422  # not from the proxy: the same client
+        assert join(net, inputs(), source=PROXY, forwarded_for="10.9.9.9").status_code == 200  # another client
+        assert join(net, inputs(), source="127.0.0.3").status_code == 200  # another address
+    finally:
+        deadline = time.monotonic() + 60
+        while not all(j.done() for j in jobs):  # waiting ones leave the queue, the running one stops
+            assert time.monotonic() < deadline, "accepted requests did not end"
+            for c, j in zip(clients, jobs):
+                if not j.done():
+                    j.cancel()
+                    httpx.post(f"{c.src_prefixed}run/stop", json={"data": [], "session_hash": c.session_hash})
+            time.sleep(0.2)
+
+
+def _wait_until(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

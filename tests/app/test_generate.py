@@ -180,3 +180,23 @@ def test_line_breaks_in_a_prompt_tokenize_as_the_spaces_the_parameters_text_has(
         assert as_one_line(prompt) != prompt
         for tokenizer in (sd2, pipe.tokenizer):
             assert tokenizer(prompt).input_ids == tokenizer(as_one_line(prompt)).input_ids, (prompt, tokenizer)
+
+
+def test_work_is_counted_in_pixel_steps_and_ordinary_sd2_requests_fit_the_defaults():
+    from app.generate import LimitError, check_client, pixel_steps
+    from app.xyz import parse_axis, plan
+
+    defaults = Limits()
+    ordinary = validate(params(width=512, height=512, steps=50, batch_size=4), defaults)  # SD2's usual request
+    assert pixel_steps(ordinary) == 512 * 512 * 50 * 4
+    check_client([pixel_steps(ordinary)] * 3, pixel_steps(ordinary), defaults)  # a client may have 4 of them
+    with pytest.raises(LimitError, match="at most 4 at once"):
+        check_client([pixel_steps(ordinary)] * 4, 1, defaults)
+    with pytest.raises(LimitError, match=r"this request is 1,258,291,200 pixel-steps .* \(dwb app --max-pixel-steps\)"):
+        validate(params(width=1024, height=1024, steps=150, batch_size=8), defaults)
+
+    axes = tuple(parse_axis(name, kind, values, defaults) for name, kind, values in (("X", "seed", "1, 2"),
+                                                                                    ("Y", "steps", "4, 6"), ("Z", "", "")))
+    assert plan("a", "ema", params(steps=99), axes, defaults).pixel_steps() == 16 * 16 * (4 + 6) * 2  # summed cells
+    with pytest.raises(LimitError, match="this request is 5,120 pixel-steps"):
+        plan("a", "ema", params(), axes, Limits(max_pixel_steps=5119))
