@@ -5,6 +5,8 @@ import argparse
 import ipaddress
 from pathlib import Path
 
+from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB
+
 
 def _at_least(low: int):
     def parse(value: str) -> int:
@@ -70,8 +72,9 @@ def cmd_app(args) -> None:
     found = service.checkpoints()
     print(f"dwb app: {len(found)} checkpoint(s) under {', '.join(str(r) for r in roots)}; "
           f"{service.runtime.device}, {str(service.runtime.dtype).removeprefix('torch.')}", flush=True)
-    demo = build_ui(service, concurrency=args.concurrency)
-    launch(demo, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency,
+    demo, uploads = build_ui(service, concurrency=args.concurrency, max_client_upload_mb=args.max_client_upload_mb,
+                             max_total_upload_mb=args.max_total_upload_mb)
+    launch(demo, uploads, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency,
            max_upload_mb=args.max_upload_mb, upload_max_age=args.upload_max_age,
            trusted_proxies=args.trusted_proxy or [])
 
@@ -110,6 +113,10 @@ def register(sub) -> None:
                    help="let users name hub ids that are not in the local Hugging Face cache (downloads them)")
     p.add_argument("--max-upload-mb", type=_at_least(1), default=8,
                    help="largest upload (a PNG for PNG Info, a prompt file); uploads are deleted once read")
+    p.add_argument("--max-client-upload-mb", type=_at_least(1), default=MAX_CLIENT_UPLOAD_MB,
+                   help="uploads one client (address) may have on the server at once, received or being received")
+    p.add_argument("--max-total-upload-mb", type=_at_least(1), default=MAX_TOTAL_UPLOAD_MB,
+                   help="uploads the server keeps at once, all clients together")
     p.add_argument("--upload-max-age", type=_at_least(1), default=120, metavar="SECONDS",
                    help="uploads no event has read are deleted after this long")
     p.add_argument("--results", nargs="+", action="extend", metavar="DIR",

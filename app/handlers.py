@@ -9,7 +9,6 @@ from __future__ import annotations
 import html
 import inspect
 import logging
-import os
 import re
 from collections.abc import Callable
 
@@ -24,6 +23,7 @@ from .generate import GenerationParams, LimitError, Stopped, check_client
 from .png_info import read_png_info, settings_from
 from .scores import METRICS, scores_of, setting_text
 from .service import Result, Service
+from .uploads import Uploads
 from .xyz import NONE
 
 log = logging.getLogger("app")
@@ -106,10 +106,10 @@ def steps_progress(progress: gr.Progress):
 class Handlers:
     """The app's events, on one ``Service``."""
 
-    def __init__(self, service: Service, uploads: set[str] | None = None, jobs: Callable[[], list] = list):
+    def __init__(self, service: Service, uploads: Uploads | None = None, jobs: Callable[[], list] = list):
         self.service = service
         self.limits = service.limits
-        self.uploads = set() if uploads is None else uploads  # the paths Gradio's upload route wrote (``Blocks.upload_file_set``)
+        self.uploads = Uploads() if uploads is None else uploads  # what Gradio's upload route wrote
         self.jobs = jobs  # (request, function, inputs) of each event in the queue (``train.compat.queue_jobs``)
         self.costs = {self.generate: self.generate_cost, self.compare: self.compare_cost, self.xyz_plot: self.plot_cost}
 
@@ -303,7 +303,7 @@ class Handlers:
         except WorkbenchError as e:
             raise one_line(e) from None
         finally:
-            self.discard(path)
+            self.uploads.discard(path)
         types = [x_type, y_type, z_type]
         target = types.index("prompt") if "prompt" in types else types.index(NONE) if NONE in types else 0
         types[target] = "prompt"
@@ -321,21 +321,11 @@ class Handlers:
         except WorkbenchError as e:
             raise one_line(e) from None
         finally:
-            self.discard(image)
+            self.uploads.discard(image)
         values, notes = settings_from(text, self.service.label_of_hash, record)
         lines = [f"- checkpoint {as_markdown(values['checkpoint'], code=True)}, found by its model hash"] \
             if values["checkpoint"] else []
         return text, values, "\n".join(lines + [f"- {as_markdown(n)}" for n in notes])
-
-    def discard(self, path: str) -> None:
-        """Delete an upload once it is read: nothing a visitor sends is kept or served back. Only files the
-        upload route wrote: the same folder holds the images the app made, and those stay."""
-        if path in self.uploads:
-            self.uploads.discard(path)
-            try:
-                os.remove(path)
-            except OSError:
-                pass
 
     def send_to_generate(self, values: dict | None):
         """Every control PNG Info could fill, filled; the Generate tab shown. Controls it could not fill keep theirs."""

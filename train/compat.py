@@ -44,6 +44,13 @@ the validator and appending the event, so two joins at once could each pass a co
 ``serialize_queue_joins`` makes joins one at a time (an asyncio lock around ``push``; a validator takes
 microseconds to milliseconds).
 
+**Gradio's upload route, stopped mid-body** (``upload_abort``). Gradio's multipart parser writes each uploaded
+file to a temporary file as the body arrives, and deletes those files only when the parsing raises Starlette's
+``MultiPartException`` (the route then answers 400, or 413 for its own size cap). A client that left mid-upload
+raised ``ClientDisconnect`` instead, and its partial files stayed in the temporary folder for good. `dwb app`'s
+upload limit (``app.uploads``) raises ``upload_abort(...)`` from the body's ``receive`` when an upload passes
+its limit or its client leaves, so Gradio deletes them.
+
 **Streaming's shared memory in one process** (``release_streaming_shared_memory``, for test sessions).
 Streaming keeps every dataset's shared-memory blocks (about a dozen file descriptors each) open until the
 process exits; a training process makes a handful, a test session hundreds, and would run out of file
@@ -154,6 +161,13 @@ def serialize_queue_joins(demo) -> None:
             return await push(*args, **kwargs)
 
     queue.push = one_at_a_time
+
+
+def upload_abort(message: str) -> Exception:
+    """What to raise while Gradio's upload route reads a body, to end it with its partial files deleted (see above)."""
+    from starlette.formparsers import MultiPartException
+
+    return MultiPartException(message)
 
 
 def queue_jobs(demo) -> list[tuple]:

@@ -1,6 +1,8 @@
 """`dwb app` as users start it on a network, through gradio_client and plain HTTP: the X/Y/Z plot's cells equal
 single generations, PNG Info's round trip, and each abuse refused quickly with nothing written or served."""
 import io
+import os
+import re
 import time
 from pathlib import Path
 
@@ -16,22 +18,24 @@ from train.generation import parse_parameters
 from .conftest import AppServer
 
 BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"
-UPLOAD_MB, UPLOAD_AGE = 1, 2
+UPLOAD_MB, UPLOAD_AGE, CLIENT_UPLOAD_MB, TOTAL_UPLOAD_MB = 1, 2, 4, 6
 PROXY = "127.0.0.2"  # any 127.x address reaches the server; the test's sockets choose theirs
 
 
 @pytest.fixture(scope="module")
 def net(tree, tmp_path_factory):
-    """One server for this module, as on a network: its own temp and output folders, uploads capped at 1 MB and
-    swept after 2 s, a reverse proxy at 127.0.0.2 (tests connect from there to be other clients), and the
-    default limits on work."""
+    """One server for this module, as on a network: its own temp and output folders, uploads capped at 1 MB each,
+    4 MB a client and 6 MB in all and swept after 2 s, a reverse proxy at 127.0.0.2 (tests connect from there
+    to be other clients), and the default limits on work."""
     folder = tmp_path_factory.mktemp("net")
-    temp, output = folder / "gradio-temp", folder / "output"
+    temp, output, partial = folder / "gradio-temp", folder / "output", folder / "tmp"
+    partial.mkdir()
     app = AppServer([tree.root], "--host", "127.0.0.1", "--output", str(output), "--max-upload-mb", str(UPLOAD_MB),
-                    "--upload-max-age", str(UPLOAD_AGE), "--trusted-proxy", PROXY, log=folder / "app.log",
-                    env={"GRADIO_TEMP_DIR": str(temp)})
+                    "--upload-max-age", str(UPLOAD_AGE), "--max-client-upload-mb", str(CLIENT_UPLOAD_MB),
+                    "--max-total-upload-mb", str(TOTAL_UPLOAD_MB), "--trusted-proxy", PROXY, log=folder / "app.log",
+                    env={"GRADIO_TEMP_DIR": str(temp), "TMPDIR": str(partial)})
     app.launch().wait_ready()
-    app.temp, app.written = temp, output
+    app.temp, app.written, app.partial = temp, output, partial  # partial: where uploads are written as they arrive
     yield app
     app.stop()
 
@@ -248,3 +252,84 @@ def _wait_until(condition, timeout: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def upload(net, *contents: bytes, source: str) -> httpx.Response:
+    """POST files to Gradio's upload route from the address ``source``."""
+    files = [("files", (f"{i}.png", data, "image/png")) for i, data in enumerate(contents)]
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=30) as http:
+        return http.post(f"{net.url}/gradio_api/upload", files=files)
+
+
+def reply_of(s) -> tuple[int, str]:
+    """The status and text of the server's answer on socket ``s`` (read up to its Content-Length)."""
+    s.settimeout(30)
+    reply = b""
+    while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < int(
+            re.search(rb"content-length: (\d+)", reply, re.IGNORECASE)[1]):
+        chunk = s.recv(65536)
+        assert chunk, f"the server closed the connection: {reply!r}"
+        reply += chunk
+    head, body = reply.decode("latin1").split("\r\n\r\n", 1)
+    return int(head.split()[1]), body.strip()
+
+
+def upload_in_chunks(net, n_files: int, source: str, leave_after: int | None = None) -> tuple[int, str]:
+    """``n_files`` files of 0.75 MB in one multipart body sent in chunks, with no Content-Length, from ``source``:
+    the status and text of the answer, read as soon as there is one; with ``leave_after``, the client leaves
+    after that many bytes (status 0)."""
+    import select
+    import socket
+
+    body = b"".join(b'--b\r\nContent-Disposition: form-data; name="files"; filename="%d.png"\r\n\r\n%s\r\n'
+                    % (i, os.urandom(750_000)) for i in range(n_files)) + b"--b--\r\n"
+    with socket.create_connection(("127.0.0.1", net.port), timeout=30, source_address=(source, 0)) as s:
+        s.sendall(b"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        for sent in range(0, len(body), 256 * 1024):
+            if leave_after is not None and sent >= leave_after:
+                return 0, ""
+            if select.select([s], [], [], 0.05)[0]:
+                break  # the server answered before the whole body
+            chunk = body[sent:sent + 256 * 1024]
+            s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        else:
+            s.sendall(b"0\r\n\r\n")
+        return reply_of(s)
+
+
+def test_uploads_are_limited_per_client_and_in_all_before_they_are_written(net):
+    """Each file was capped, not the whole: 20 files of 7 MB in one request and 20 more requests wrote 280 MiB.
+    Here (1 MB files, 4 MB a client, 6 MB in all): a request over its client's limit is refused by its
+    Content-Length before its body is sent; one without it, as it passes the limit; neither leaves a byte."""
+    import socket
+
+    one_mb = 1_000_000  # under --max-upload-mb
+    before = files(net.temp) | files(net.partial)
+    with socket.create_connection(("127.0.0.1", net.port), timeout=30, source_address=("127.0.0.4", 0)) as s:
+        s.sendall(f"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                  f"Content-Length: {20 * one_mb + 4000}\r\n\r\n".encode())  # the headers, and no byte of the body
+        status, text = reply_of(s)
+    assert status == 413 and text == ("this client's uploads on the server would come to 19.1 MiB; at most 4 MiB at "
+                                      "once (dwb app --max-client-upload-mb)")
+
+    status, text = upload_in_chunks(net, 10, source="127.0.0.6")  # no Content-Length: counted as it comes
+    assert status == 413 and text.endswith("at most 4 MiB at once (dwb app --max-client-upload-mb)")
+    assert upload_in_chunks(net, 2, source="127.0.0.7", leave_after=one_mb)[0] == 0  # leaves mid-body
+    time.sleep(0.5)
+    assert not files(net.partial) - before and not files(net.temp) - before  # neither left a byte behind
+
+    answers = [upload(net, os.urandom(one_mb), source="127.0.0.4") for _ in range(20)]
+    refused = [r for r in answers if r.status_code == 413]
+    kept = [Path(r.json()[0]) for r in answers if r.status_code == 200]
+    assert refused and all("(dwb app --max-client-upload-mb)" in r.text for r in refused)
+    assert len(kept) >= 3 and sum(p.stat().st_size for p in kept if p.exists()) <= CLIENT_UPLOAD_MB * 2**20
+    others = [upload(net, os.urandom(one_mb), source="127.0.0.5") for _ in range(4)]  # another client, until the total
+    assert others[0].status_code == 200 and others[-1].status_code == 413
+    assert "at most 6 MiB at once (dwb app --max-total-upload-mb)" in others[-1].text
+    assert sum(p.stat().st_size for p in files(net.temp) - before) <= TOTAL_UPLOAD_MB * 2**20
+
+    deadline = time.monotonic() + 4 * UPLOAD_AGE + 5  # swept after --upload-max-age: the client may upload again
+    while upload(net, os.urandom(one_mb), source="127.0.0.4").status_code != 200:
+        assert time.monotonic() < deadline, "the client's limit was not given back"
+        time.sleep(0.5)

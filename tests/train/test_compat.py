@@ -60,6 +60,15 @@ def test_gradio_queue_internals_the_app_counts_clients_by_are_where_compat_reads
     assert {"request", "fn"} <= set(inspect.signature(queueing.Event.__init__).parameters)
 
 
+def test_gradio_deletes_a_partial_upload_on_the_exception_compat_raises():
+    from gradio import route_utils
+
+    parse = inspect.getsource(route_utils.GradioMultiPartParser.parse)
+    handler = parse[parse.index("except MultiPartException"):]
+    assert "Path(file.name).unlink()" in handler  # the temporary files written so far are deleted
+    assert type(compat.upload_abort("x")) is route_utils.MultiPartException
+
+
 def test_streaming_shared_memory_made_inside_the_context_is_freed(tmp_path):
     from pathlib import Path
 
