@@ -119,7 +119,8 @@ def text(name: str, value, max_chars: int) -> str:
 
 
 def validate(params: GenerationParams, limits: Limits, *, need_prompt: bool = True) -> GenerationParams:
-    """Checked and normalised parameters (a random seed drawn for -1); one-line WorkbenchError otherwise."""
+    """Checked and normalised parameters (a random seed drawn for -1); one-line WorkbenchError otherwise (a
+    LimitError for a request over ``max_pixel_steps``)."""
     prompt = text("prompt", params.prompt, limits.max_prompt_chars)
     negative = text("negative prompt", params.negative_prompt, limits.max_prompt_chars)
     if need_prompt and not prompt.strip():
