@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from pathlib import Path
+
+from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB
 
 
 def _at_least(low: int):
@@ -16,6 +19,26 @@ def _at_least(low: int):
         return n
 
     return parse
+
+
+def _count(value: str) -> int:
+    """A positive whole number, with k, M or G for thousands, millions, billions ("250M")."""
+    scale = {"k": 10**3, "M": 10**6, "G": 10**9}.get(value[-1:], 1)
+    try:
+        n = float(value[:-1] if scale > 1 else value) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 250M, got {value!r}") from None
+    if not 1 <= n < 2**63 or n != int(n):
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value!r}")
+    return int(n)
+
+
+def _address(value: str) -> str:
+    """An IP address or network (what uvicorn's FORWARDED_ALLOW_IPS takes)."""
+    try:
+        return str(ipaddress.ip_network(value, strict=False) if "/" in value else ipaddress.ip_address(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address or network, got {value!r}") from None
 
 
 def cmd_app(args) -> None:
@@ -38,7 +61,10 @@ def cmd_app(args) -> None:
     if args.output:
         output = Path(args.output).resolve()
         output.mkdir(parents=True, exist_ok=True)
-    service = Service(roots, limits=Limits(max_steps=args.max_steps, max_size=args.max_size, max_batch=args.max_batch),
+    limits = Limits(max_steps=args.max_steps, max_size=args.max_size, max_batch=args.max_batch,
+                    max_pixel_steps=args.max_pixel_steps, max_client_requests=args.max_client_requests,
+                    max_client_pixel_steps=args.max_client_pixel_steps)
+    service = Service(roots, limits=limits,
                       runtime=Runtime.pick(args.device, args.dtype), cache_size=args.cache_size, output=output,
                       workers=args.concurrency, allow_download=args.allow_download,
                       results=[Path(p).resolve() for p in args.results or []],
@@ -46,9 +72,11 @@ def cmd_app(args) -> None:
     found = service.checkpoints()
     print(f"dwb app: {len(found)} checkpoint(s) under {', '.join(str(r) for r in roots)}; "
           f"{service.runtime.device}, {str(service.runtime.dtype).removeprefix('torch.')}", flush=True)
-    demo = build_ui(service, concurrency=args.concurrency)
-    launch(demo, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency,
-           max_upload_mb=args.max_upload_mb, upload_max_age=args.upload_max_age)
+    demo, uploads = build_ui(service, concurrency=args.concurrency, max_client_upload_mb=args.max_client_upload_mb,
+                             max_total_upload_mb=args.max_total_upload_mb)
+    launch(demo, uploads, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency,
+           max_upload_mb=args.max_upload_mb, upload_max_age=args.upload_max_age,
+           trusted_proxies=args.trusted_proxy or [])
 
 
 def register(sub) -> None:
@@ -70,11 +98,25 @@ def register(sub) -> None:
     p.add_argument("--max-steps", type=_at_least(1), default=150)
     p.add_argument("--max-size", type=_at_least(16), default=1024, help="largest width or height (a multiple of 8)")
     p.add_argument("--max-batch", type=_at_least(1), default=8)
+    p.add_argument("--max-pixel-steps", type=_count, default="250M", metavar="N",
+                   help="most work one request may ask: width x height x steps, summed over its images (an X/Y/Z "
+                        "plot: over its cells); k, M, G: thousands, millions, billions")
+    p.add_argument("--max-client-requests", type=_at_least(1), default=4,
+                   help="requests one client (address) may have waiting or running at once")
+    p.add_argument("--max-client-pixel-steps", type=_count, default="500M", metavar="N",
+                   help="pixel-steps one client may have waiting or running at once")
+    p.add_argument("--trusted-proxy", nargs="+", action="extend", type=_address, metavar="ADDR",
+                   help="addresses (or networks) of reverse proxies whose X-Forwarded-For names the client; "
+                        "without it none is, and a client is its peer address")
     p.add_argument("--output", metavar="DIR", help="also save every generated PNG under DIR/YYYY-MM-DD/")
     p.add_argument("--allow-download", action="store_true",
                    help="let users name hub ids that are not in the local Hugging Face cache (downloads them)")
     p.add_argument("--max-upload-mb", type=_at_least(1), default=8,
                    help="largest upload (a PNG for PNG Info, a prompt file); uploads are deleted once read")
+    p.add_argument("--max-client-upload-mb", type=_at_least(1), default=MAX_CLIENT_UPLOAD_MB,
+                   help="uploads one client (address) may have on the server at once, received or being received")
+    p.add_argument("--max-total-upload-mb", type=_at_least(1), default=MAX_TOTAL_UPLOAD_MB,
+                   help="uploads the server keeps at once, all clients together")
     p.add_argument("--upload-max-age", type=_at_least(1), default=120, metavar="SECONDS",
                    help="uploads no event has read are deleted after this long")
     p.add_argument("--results", nargs="+", action="extend", metavar="DIR",

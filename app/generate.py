@@ -21,7 +21,7 @@ MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask for; `dwb app` flags set them."""
+    """What one request, and one client at once, may ask for; `dwb app` flags set them."""
 
     max_steps: int = 150
     min_size: int = 16
@@ -32,6 +32,44 @@ class Limits:
     # 108 s (tokenizing it, then writing it twice into every PNG), so longer text is refused at once.
     max_prompt_chars: int = 2000
     max_cells: int = 100  # images in one X/Y/Z plot
+    # Work in pixel-steps (width x height x steps, summed over a request's images). Each limit above alone let
+    # one request ask for 1024x1024, 150 steps, batch 8: 1,258M pixel-steps, ~4.7 days of the CPU demo model
+    # (338 s a 1024 px step). SD2-base makes 13.1M (512x512, 50 steps) in 1.49 s on one H200 (BENCHMARKS.md):
+    # 250M is about half a minute there, and holds 512x512 at 50 steps in a batch of 8 (105M) or a 5x5 plot of
+    # such images at 25 steps (164M).
+    max_pixel_steps: int = 250_000_000
+    # What one client (address) may have waiting or running at once: a quarter of the default queue of 16, and
+    # two requests at the limit above. One client could fill the queue for everyone else.
+    max_client_requests: int = 4
+    max_client_pixel_steps: int = 500_000_000
+
+
+class LimitError(WorkbenchError):
+    """A request over one of the server's limits on work (``Limits``); refused when it joins the queue."""
+
+
+def pixel_steps(params: GenerationParams, images: int | None = None) -> int:
+    """What a request costs: width x height x steps for each of its images (``batch_size`` unless given)."""
+    return params.width * params.height * params.steps * (params.batch_size if images is None else images)
+
+
+def check_pixel_steps(cost: int, limits: Limits) -> int:
+    """``cost``, or a one-line LimitError naming the limit and its flag."""
+    if cost > limits.max_pixel_steps:
+        raise LimitError(f"this request is {cost:,} pixel-steps (width x height x steps, for each image); at most "
+                         f"{limits.max_pixel_steps:,} are allowed (dwb app --max-pixel-steps)")
+    return cost
+
+
+def check_client(held: list[int], cost: int, limits: Limits) -> None:
+    """Whether a client holding requests of costs ``held`` (waiting or running) may add one of ``cost``."""
+    if len(held) >= limits.max_client_requests:
+        raise LimitError(f"this client has {len(held)} requests waiting or running; at most "
+                         f"{limits.max_client_requests} at once (dwb app --max-client-requests)")
+    if sum(held) + cost > limits.max_client_pixel_steps:
+        raise LimitError(f"this client has {sum(held):,} pixel-steps waiting or running and this request adds "
+                         f"{cost:,}; at most {limits.max_client_pixel_steps:,} at once "
+                         "(dwb app --max-client-pixel-steps)")
 
 
 @dataclass
@@ -81,7 +119,8 @@ def text(name: str, value, max_chars: int) -> str:
 
 
 def validate(params: GenerationParams, limits: Limits, *, need_prompt: bool = True) -> GenerationParams:
-    """Checked and normalised parameters (a random seed drawn for -1); one-line WorkbenchError otherwise."""
+    """Checked and normalised parameters (a random seed drawn for -1); one-line WorkbenchError otherwise (a
+    LimitError for a request over ``max_pixel_steps``)."""
     prompt = text("prompt", params.prompt, limits.max_prompt_chars)
     negative = text("negative prompt", params.negative_prompt, limits.max_prompt_chars)
     if need_prompt and not prompt.strip():
@@ -106,8 +145,10 @@ def validate(params: GenerationParams, limits: Limits, *, need_prompt: bool = Tr
         seed = random.randint(0, MAX_SEED - batch + 1)
     elif seed + batch - 1 > MAX_SEED:
         raise WorkbenchError(f"seed + batch size - 1 must be at most {MAX_SEED}, got {seed + batch - 1}")
-    return GenerationParams(prompt, negative, params.sampler, steps, guidance, sizes["width"], sizes["height"],
-                            seed, batch)
+    checked = GenerationParams(prompt, negative, params.sampler, steps, guidance, sizes["width"], sizes["height"],
+                               seed, batch)
+    check_pixel_steps(pixel_steps(checked), limits)
+    return checked
 
 
 def settings_of(params: GenerationParams) -> Settings:

@@ -7,8 +7,10 @@ their parameters, so those names are the API's.
 from __future__ import annotations
 
 import html
+import inspect
 import logging
-import os
+import re
+from collections.abc import Callable
 
 import gradio as gr
 import pandas as pd
@@ -17,15 +19,34 @@ from train.checkpoints import content_hash
 from train.errors import WorkbenchError, first_line
 from train.generation import read_prompt_table
 
-from .generate import GenerationParams, Stopped
-from .png_info import read_parameters, settings_from
+from .generate import GenerationParams, LimitError, Stopped, check_client
+from .png_info import read_png_info, settings_from
 from .scores import METRICS, scores_of, setting_text
 from .service import Result, Service
+from .uploads import Uploads
 from .xyz import NONE
 
 log = logging.getLogger("app")
 KIND_NAMES = {"composer": "Composer checkpoint", "mosaicml": "mosaicml/diffusion checkpoint",
               "diffusers": "diffusers folder", "single-file": "single-file checkpoint", "hub": "Hugging Face hub model"}
+
+
+MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]~$|])")  # what makes images, links, code, emphasis, tables, maths
+BLOCK_START = re.compile(r"^(\s*[#+=-]|\s*\d+[.)])")  # what starts a heading or a list at the start of a line
+
+
+def as_markdown(text, *, code: bool = False) -> str:
+    """User-controlled text (a typed name, a PNG's fields, a results file's or a study's words, a label) for a
+    ``gr.Markdown``, shown as itself on one line: no image, link, HTML or formatting of its own. (Notes render as
+    Markdown; a PNG whose Model field held ``![x](http://host/x.png)`` made every viewer's browser fetch it.)
+    ``code``: as a code span, whose text Markdown shows as it is, fenced by more backticks than it holds."""
+    line = " ".join(str(text).splitlines())
+    if code:
+        fence = "`" * (max(map(len, re.findall(r"`+", line)), default=0) + 1)
+        pad = " " if line.startswith("`") or line.endswith("`") else ""
+        return f"{fence}{pad}{line}{pad}{fence}"
+    escaped = MARKDOWN_PUNCTUATION.sub(r"\\\1", html.escape(line, quote=False))
+    return BLOCK_START.sub(lambda m: f"{m.group(1)[:-1]}\\{m.group(1)[-1]}", escaped)  # \# and 1\. are text
 
 
 def one_line(e: Exception) -> gr.Error:
@@ -43,6 +64,27 @@ def failed(what: str, e: Exception) -> gr.Error:
 
 def session_of(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or ""
+
+
+def client_of(request) -> str:
+    """Who sent a request (a gr.Request or Starlette's): its peer address, which uvicorn takes from
+    X-Forwarded-For only when the peer is one of `dwb app --trusted-proxy`'s addresses."""
+    return getattr(getattr(request, "client", None), "host", None) or ""
+
+
+def queue_validator(cost: Callable, admit: Callable) -> Callable:
+    """An async ``validator=`` for an event whose inputs ``cost`` takes, calling ``admit(request, cost, inputs)``.
+    Gradio gives a validator the event's inputs, and the gr.Request where a parameter is annotated with it: the
+    validator has ``cost``'s parameters and then ``request``. Async: it runs on the queue's event loop, where
+    the queue it counts cannot change under it."""
+    async def check(*args):
+        *inputs, request = args
+        return admit(request, cost, inputs)
+
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+    check.__signature__ = inspect.Signature([*inspect.signature(cost).parameters.values(), request])
+    check.__annotations__ = {"request": gr.Request}
+    return check
 
 
 def params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed,
@@ -64,10 +106,12 @@ def steps_progress(progress: gr.Progress):
 class Handlers:
     """The app's events, on one ``Service``."""
 
-    def __init__(self, service: Service, uploads: set[str] | None = None):
+    def __init__(self, service: Service, uploads: Uploads | None = None, jobs: Callable[[], list] = list):
         self.service = service
         self.limits = service.limits
-        self.uploads = set() if uploads is None else uploads  # the paths Gradio's upload route wrote (``Blocks.upload_file_set``)
+        self.uploads = Uploads() if uploads is None else uploads  # what Gradio's upload route wrote
+        self.jobs = jobs  # (request, function, inputs) of each event in the queue (``train.compat.queue_jobs``)
+        self.costs = {self.generate: self.generate_cost, self.compare: self.compare_cost, self.xyz_plot: self.plot_cost}
 
     # -- the checkpoint panel --------------------------------------------------------------------
 
@@ -84,10 +128,10 @@ class Handlers:
         try:
             ckpt, info = self.service.info(text)
         except WorkbenchError as e:
-            return f"**Cannot use this checkpoint:** {html.escape(str(e))}", gr.update(), gr.update()
-        parts = [f"`{html.escape(ckpt.label)}`", KIND_NAMES.get(info.kind, info.kind)]
+            return f"**Cannot use this checkpoint:** {as_markdown(e)}", gr.update(), gr.update()
+        parts = [as_markdown(ckpt.label, code=True), as_markdown(KIND_NAMES.get(info.kind, info.kind))]
         if info.architecture:
-            parts.append(f"architecture {info.architecture}")
+            parts.append(f"architecture {as_markdown(info.architecture)}")
         if info.resolution:
             parts.append(f"trained at {info.resolution} px")
         if info.has_ema is not None:
@@ -103,13 +147,13 @@ class Handlers:
         for row in self.service.scores.rows_for(digest):
             shown = " · ".join(s.text() for s in scores_of(row))
             if shown:
-                lines.append(f"- **scores** ({html.escape(setting_text(row))}): {html.escape(shown)}")
+                lines.append(f"- **scores** ({as_markdown(setting_text(row))}): {shown}")  # our numbers
         for w in self.service.scores.win_rates(digest):
             interval = f" [{w.lo:.0%}, {w.hi:.0%}]" if w.lo is not None else ""
             other = self.service.label_of_hash(w.opponent) or "another model"
-            lines.append(f"- **human preference** ({html.escape(w.question)}, study {html.escape(w.study)}): "
+            lines.append(f"- **human preference** ({as_markdown(w.question)}, study {as_markdown(w.study)}): "
                          f"preferred {w.rate:.0%}{interval} of {w.decisive} decisive votes against "
-                         f"`{html.escape(other)}`")
+                         f"{as_markdown(other, code=True)}")
         return "\n\n" + "\n".join(lines) if lines else ""
 
     def default_size(self, labels: list[str]) -> int:
@@ -147,7 +191,7 @@ class Handlers:
         progress(0, desc="loading checkpoint")
         try:
             result = self.service.generate(checkpoint, weights, params, session=session_of(request),
-                                           on_step=steps_progress(progress))
+                                           client=client_of(request), on_step=steps_progress(progress))
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the server keeps serving
             raise failed("generate", e) from None
         log.info("generated %d image(s) in %.1f s", len(result.images), result.seconds)
@@ -165,7 +209,7 @@ class Handlers:
 
         try:
             result = self.service.compare(checkpoints, weights, params, session=session_of(request),
-                                          on_step=on_step)
+                                          client=client_of(request), on_step=on_step)
         except Exception as e:  # noqa: BLE001
             raise failed("compare", e) from None
         items, first, texts = gallery_of(result, [f"{r.checkpoint} ({r.weights})" for r in result.records])
@@ -185,12 +229,46 @@ class Handlers:
 
         try:
             plot = self.service.xyz_plot(checkpoint, weights, params, axes, batch_size, session=session_of(request),
-                                         on_progress=on_progress)
+                                         client=client_of(request), on_progress=on_progress)
         except Exception as e:  # noqa: BLE001
             raise failed("X/Y/Z plot", e) from None
         log.info("X/Y/Z plot of %d cells in %.1f s", len(plot.cells.images), plot.cells.seconds)
         items, first, texts = gallery_of(plot.cells, plot.captions)
         return [(g, f"grid {k + 1} of {len(plot.grids)}") for k, g in enumerate(plot.grids)], items, first, texts
+
+    # -- admission: what a request, and its client, may ask when the request joins the queue ------------------
+    # Each cost takes its event's inputs, as the event's handler does; a request whose inputs are wrong costs 0
+    # here, and its handler says what is wrong when it runs.
+
+    def generate_cost(self, checkpoint, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width,
+                      height, seed, batch_size) -> int:
+        return self.service.generate_cost(params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width,
+                                                    height, seed, batch_size))
+
+    def compare_cost(self, checkpoints, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width,
+                     height, seed) -> int:
+        return self.service.compare_cost(checkpoints, params_of(prompt, negative_prompt, sampler, steps,
+                                                                guidance_scale, width, height, seed))
+
+    def plot_cost(self, checkpoint, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width, height,
+                  seed, x_type, x_values, y_type, y_values, z_type, z_values, batch_size) -> int:
+        params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed)
+        return self.service.plot_cost(checkpoint, weights, params,
+                                      [(x_type, x_values), (y_type, y_values), (z_type, z_values)])
+
+    def admit(self, request, cost: Callable, inputs: list) -> list:
+        """The event's validations when it joins the queue: all valid, or, for a request over a limit of the
+        request's or of its client's (what it has waiting or running), the one-line reason on the prompt."""
+        try:
+            mine, client = cost_or_zero(cost, inputs), client_of(request)
+            held = [cost_or_zero(self.costs[fn], args) for sender, fn, args in self.jobs()
+                    if fn in self.costs and client_of(sender) == client]
+            check_client(held, mine, self.limits)
+        except LimitError as e:
+            log.warning("refused for %s: %s", client_of(request), e)
+            return [gr.validate(name != "prompt", str(e) if name == "prompt" else "")
+                    for name in inspect.signature(cost).parameters]
+        return [gr.validate(True, "") for _ in inputs]
 
     def stop(self, request: gr.Request) -> None:
         """End this client's running generation after its current step."""
@@ -225,7 +303,7 @@ class Handlers:
         except WorkbenchError as e:
             raise one_line(e) from None
         finally:
-            self.discard(path)
+            self.uploads.discard(path)
         types = [x_type, y_type, z_type]
         target = types.index("prompt") if "prompt" in types else types.index(NONE) if NONE in types else 0
         types[target] = "prompt"
@@ -239,25 +317,15 @@ class Handlers:
         if not image:
             return "", {}, ""
         try:
-            text = read_parameters(image)
+            text, record = read_png_info(image)
         except WorkbenchError as e:
             raise one_line(e) from None
         finally:
-            self.discard(image)
-        values, notes = settings_from(text, self.service.label_of_hash)
-        lines = [f"- checkpoint `{html.escape(values['checkpoint'])}`, found by its model hash"] \
+            self.uploads.discard(image)
+        values, notes = settings_from(text, self.service.label_of_hash, record)
+        lines = [f"- checkpoint {as_markdown(values['checkpoint'], code=True)}, found by its model hash"] \
             if values["checkpoint"] else []
-        return text, values, "\n".join(lines + [f"- {html.escape(n)}" for n in notes])
-
-    def discard(self, path: str) -> None:
-        """Delete an upload once it is read: nothing a visitor sends is kept or served back. Only files the
-        upload route wrote: the same folder holds the images the app made, and those stay."""
-        if path in self.uploads:
-            self.uploads.discard(path)
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+        return text, values, "\n".join(lines + [f"- {as_markdown(n)}" for n in notes])
 
     def send_to_generate(self, values: dict | None):
         """Every control PNG Info could fill, filled; the Generate tab shown. Controls it could not fill keep theirs."""
@@ -308,6 +376,16 @@ class Handlers:
             return gr.update(), gr.update(), gr.update(), gr.update()
         note, w, h = self.checkpoint_note(label)
         return gr.update(value=label), note, w, h
+
+
+def cost_or_zero(cost: Callable, inputs: list) -> int:
+    """``cost(*inputs)``; 0 for inputs it cannot read (LimitError, a request over a limit, goes on up)."""
+    try:
+        return cost(*inputs)
+    except LimitError:
+        raise
+    except (WorkbenchError, TypeError, ValueError):
+        return 0
 
 
 def newest_first(found: list) -> list:

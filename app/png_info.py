@@ -2,11 +2,14 @@
 
 The ``parameters`` text chunk is read from the file's chunks before its pixels, so a PNG whose pixels would
 take gigabytes to decode costs nothing to read; text written after the pixels is looked for only in images
-of at most ``MAX_PIXELS``. Our PNGs name their checkpoint by content hash ("Model hash"), which the app looks
-up under its folders; AUTOMATIC1111's hashes (10 hex digits, of other files) find nothing, and say so.
+of at most ``MAX_PIXELS``. Our PNGs also carry the exact record as JSON (``dwb``), which is read in preference to
+the text (whose prompts have their line breaks written as spaces). Our PNGs name their checkpoint by content hash
+("Model hash"), which the app looks up under its folders; AUTOMATIC1111's hashes (10 hex digits, of other files)
+find nothing, and say so.
 """
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -14,27 +17,51 @@ from pathlib import Path
 from PIL import Image
 
 from train.errors import WorkbenchError
-from train.generation import SAMPLERS, parse_parameters
+from train.generation import SAMPLERS, ImageRecord, parse_parameters
 
 MAX_PIXELS = 4096 * 4096
+# Our text is two prompts of at most 2,000 characters and a settings line of a few hundred; AUTOMATIC1111's with
+# its extensions' fields a few thousand. PIL reads text chunks of up to 1 MB, which the upload cap lets through:
+# longer text is refused before it is parsed.
+MAX_PARAMETERS_CHARS = 64 * 1024
 WEIGHTS = {"EMA": "ema", "raw": "raw"}
 
 
 def read_parameters(path: str | Path) -> str:
     """The ``parameters`` text of a PNG file; one-line WorkbenchError for another file or a PNG without it."""
+    return read_png_info(path)[0]
+
+
+def read_png_info(path: str | Path) -> tuple[str, ImageRecord | None]:
+    """A PNG's ``parameters`` text, and the exact record of its ``dwb`` chunk when it has a valid one (our PNGs);
+    one-line WorkbenchError for another file or a PNG without parameters."""
     try:
         with Image.open(path, formats=["PNG"]) as image:
-            text = image.info.get("parameters")
-            if text is None and image.width * image.height <= MAX_PIXELS:
+            info = image.info
+            if "parameters" not in info and image.width * image.height <= MAX_PIXELS:
                 image.load()  # some writers put text chunks after the pixels
-                text = image.info.get("parameters")
+                info = image.info
+            text, record = info.get("parameters"), info.get("dwb")
     except Image.DecompressionBombError:
-        text = None
+        text, record = None, None
     except (OSError, SyntaxError, ValueError) as e:
         raise WorkbenchError(f"not a readable PNG image ({type(e).__name__})") from None
     if not isinstance(text, str) or not text.strip():
         raise WorkbenchError("this PNG carries no generation parameters (no 'parameters' text chunk)")
-    return text
+    if len(text) > MAX_PARAMETERS_CHARS:
+        raise WorkbenchError(f"this PNG's parameters text is {len(text):,} characters long; at most "
+                             f"{MAX_PARAMETERS_CHARS:,} are read")
+    return text, record_of(record)
+
+
+def record_of(chunk) -> ImageRecord | None:
+    """The ``dwb`` chunk's record, or None where it is missing, too long or not a whole record."""
+    if not isinstance(chunk, str) or len(chunk) > MAX_PARAMETERS_CHARS:
+        return None
+    try:
+        return ImageRecord.from_json(json.loads(chunk))
+    except ValueError:  # not JSON, or not a record: the parameters text is read instead
+        return None
 
 
 def _sampler(parsed: dict) -> str | None:
@@ -50,15 +77,24 @@ def _sampler(parsed: dict) -> str | None:
 def _number(parsed: dict, key: str, kind: type):
     try:
         return kind(parsed[key])
-    except (KeyError, ValueError):
+    except (KeyError, TypeError, ValueError):
         return None
 
 
-def settings_from(text: str, label_of_hash: Callable[[str], str | None]) -> tuple[dict, list[str]]:
-    """Control values from a ``parameters`` text (None where it says nothing usable), and notes on what was
-    not carried over: ``prompt, negative_prompt, sampler, steps, guidance, width, height, seed, checkpoint,
-    weights``."""
-    parsed = parse_parameters(text)
+def fields_of(record: ImageRecord) -> dict:
+    """A record under the names of the ``parameters`` text's fields (what ``parse_parameters`` returns)."""
+    return {"prompt": record.prompt, "negative_prompt": record.negative_prompt, "Sampler": record.sampler,
+            "Steps": record.steps, "CFG scale": record.guidance, "Size": f"{record.width}x{record.height}",
+            "Seed": record.seed, "Model hash": record.checkpoint_hash, "Model": record.checkpoint,
+            "Weights": {"ema": "EMA"}.get(record.weights, record.weights)}
+
+
+def settings_from(text: str, label_of_hash: Callable[[str], str | None],
+                  record: ImageRecord | None = None) -> tuple[dict, list[str]]:
+    """Control values from a PNG's exact record where it has one, else from its ``parameters`` text (None where
+    it says nothing usable), and notes on what was not carried over: ``prompt, negative_prompt, sampler,
+    steps, guidance, width, height, seed, checkpoint, weights``."""
+    parsed = fields_of(record) if record is not None else parse_parameters(text)
     size = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", parsed.get("Size", ""))
     values = {"prompt": parsed.get("prompt", ""), "negative_prompt": parsed.get("negative_prompt", ""),
               "sampler": _sampler(parsed), "steps": _number(parsed, "Steps", int),

@@ -10,12 +10,13 @@ thread team per calling thread, and with a second team spinning next to the firs
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +29,8 @@ from train.checkpoints import Checkpoint, CheckpointInfo, content_hash, describe
 from train.generation import ImageRecord, generate_images, save_png, with_metadata
 
 from .cache import PipelineCache
-from .generate import GenerationParams, Limits, whole_number, generate, record_of, settings_of, shown, validate
+from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, generate, pixel_steps, record_of,
+                       settings_of, shown, validate, whole_number)
 from .labelled_grid import labelled_grid
 from .scores import ScoreFiles
 from .xyz import Plan, parse_axis, plan
@@ -86,6 +88,8 @@ class Service:
         self._compute = compute_pool(workers)
         self._stops: dict[str, threading.Event] = {}
         self._stops_lock = threading.Lock()
+        self._running: dict[str, list[int]] = {}  # client -> the pixel-steps of each of its running requests
+        self._running_lock = threading.Lock()
         self._saved = 0
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -104,11 +108,14 @@ class Service:
             raise WorkbenchError(self.redact(str(e))) from None
 
     def redact(self, message: str) -> str:
-        """A message with the roots' absolute paths replaced by the names the UI shows under them."""
+        """A message with the roots' absolute paths replaced by the names the UI shows under them, and the
+        Hugging Face cache's by its name (a loader's error about a hub model's files)."""
+        from train.checkpoints import hub_cache
+
         for root in sorted(self.roots, key=lambda r: len(str(r)), reverse=True):
             message = message.replace(f"{root}/", f"{root.name}/" if len(self.roots) > 1 else "")
             message = message.replace(str(root), root.name)
-        return message
+        return message.replace(str(hub_cache()), "the Hugging Face cache")
 
     def label_of_hash(self, digest: str) -> str | None:
         """The label of the checkpoint under the roots whose content hash is ``digest`` (hashes are cached)."""
@@ -170,8 +177,22 @@ class Service:
 
     # -- generation ------------------------------------------------------------------------------
 
+    # What each request costs in pixel-steps (``app.generate.pixel_steps``), from its parameters alone (no
+    # checkpoint opened): a request over ``--max-pixel-steps`` is a LimitError here. The app asks when a request
+    # joins the queue, and again when it runs.
+
+    def generate_cost(self, params: GenerationParams) -> int:
+        return pixel_steps(validate(params, self.limits))
+
+    def compare_cost(self, checkpoints: list[str], params: GenerationParams) -> int:
+        names, params = self._comparison(checkpoints, params)
+        return check_pixel_steps(pixel_steps(params, images=len(names)), self.limits)
+
+    def plot_cost(self, checkpoint: str, weights: str, params: GenerationParams, axes: list[tuple[str, str]]) -> int:
+        return self._plan(checkpoint, weights, params, axes).pixel_steps()
+
     def generate(self, checkpoint: str, weights: str, params: GenerationParams, *, session: str = "",
-                 on_step: Callable[[int, int], None] | None = None) -> Result:
+                 client: str = "", on_step: Callable[[int, int], None] | None = None) -> Result:
         """``params.batch_size`` images from one checkpoint; every parameter validated first."""
         params = validate(params, self.limits)
         ckpt = self.open(checkpoint)
@@ -180,49 +201,79 @@ class Service:
             if on_step is not None:
                 on_step(done, total)
 
-        return self._run(session, self._generate, [ckpt], weights, params, step)
+        return self._run(session, client, pixel_steps(params), self._generate, [ckpt], weights, params, step)
 
     def compare(self, checkpoints: list[str], weights: str, params: GenerationParams, *, session: str = "",
-                on_step: Callable[[int, int, int, int], None] | None = None) -> Result:
+                client: str = "", on_step: Callable[[int, int, int, int], None] | None = None) -> Result:
         """One image per checkpoint (2 to 4), same prompt, seed and settings."""
-        params = validate(params, self.limits)
+        names, params = self._comparison(checkpoints, params)
+        cost = check_pixel_steps(pixel_steps(params, images=len(names)), self.limits)
+        ckpts = [self.open(c) for c in names]
+        if len({c.path for c in ckpts}) < len(ckpts):
+            raise WorkbenchError("the same checkpoint is chosen twice: choose different ones")
+
+        def step(k: int, done: int, total: int) -> None:
+            if on_step is not None:
+                on_step(k, len(ckpts), done, total)
+
+        return self._run(session, client, cost, self._generate, ckpts, weights, params, step)
+
+    def _comparison(self, checkpoints, params: GenerationParams) -> tuple[list[str], GenerationParams]:
+        """The names to compare (two to four) and the checked parameters of one image each."""
+        params = validate(replace(params, batch_size=1), self.limits)
         checkpoints = [] if checkpoints is None else checkpoints
         if not isinstance(checkpoints, (list, tuple)):
             raise WorkbenchError(f"checkpoints to compare are a list of names, got {type(checkpoints).__name__}")
         names = [c for c in checkpoints if not isinstance(c, str) or c.strip()]
         if not 2 <= len(names) <= 4:
             raise WorkbenchError(f"choose two to four checkpoints to compare, got {len(names)}")
-        ckpts = [self.open(c) for c in names]
-        if len({c.path for c in ckpts}) < len(ckpts):
-            raise WorkbenchError("the same checkpoint is chosen twice: choose different ones")
-        params.batch_size = 1
-
-        def step(k: int, done: int, total: int) -> None:
-            if on_step is not None:
-                on_step(k, len(ckpts), done, total)
-
-        return self._run(session, self._generate, ckpts, weights, params, step)
+        return names, params
 
     def xyz_plot(self, checkpoint: str, weights: str, params: GenerationParams, axes: list[tuple[str, str]],
-                 batch_size: int, *, session: str = "", on_progress: Callable[[float, int, int], None] | None = None
-                 ) -> Plot:
+                 batch_size: int, *, session: str = "", client: str = "",
+                 on_progress: Callable[[float, int, int], None] | None = None) -> Plot:
         """An X/Y/Z plot (``app.xyz``): every setting and checkpoint checked before the first image."""
-        parsed = tuple(parse_axis(f"{name} axis", kind, values, self.limits)
-                       for name, (kind, values) in zip("XYZ", axes))
-        made = plan(checkpoint, weights, params, parsed, self.limits)
+        made = self._plan(checkpoint, weights, params, axes)
         batch = whole_number("batch size", batch_size, 1, self.limits.max_batch)
         for chosen in {c.weights for c in made.cells}:
             check_weights(chosen)
         ckpts = {name: self.open(name) for name in dict.fromkeys(c.checkpoint for c in made.cells)}
-        return self._run(session, self._plot, made, ckpts, batch, on_progress or (lambda *a: None))
+        return self._run(session, client, made.pixel_steps(), self._plot, made, ckpts, batch,
+                         on_progress or (lambda *a: None))
 
-    def _run(self, session: str, work: Callable, *args):
-        """``work(*args, stop)`` on a compute thread (the caller's context, e.g. Gradio's progress, goes along)."""
-        stop = self._begin(session)
+    def _plan(self, checkpoint: str, weights: str, params: GenerationParams, axes: list[tuple[str, str]]) -> Plan:
+        parsed = tuple(parse_axis(f"{name} axis", kind, values, self.limits)
+                       for name, (kind, values) in zip("XYZ", axes))
+        return plan(checkpoint, weights, params, parsed, self.limits)
+
+    def _run(self, session: str, client: str, cost: int, work: Callable, *args):
+        """``work(*args, stop)`` on a compute thread (the caller's context, e.g. Gradio's progress, goes along),
+        counted against the client's limits while it runs."""
+        with self._running_for(client, cost):
+            stop = self._begin(session)
+            try:
+                return self._compute.submit(contextvars.copy_context().run, work, *args, stop).result()
+            finally:
+                self._end(session, stop)
+
+    @contextlib.contextmanager
+    def _running_for(self, client: str, cost: int):
+        """The request counted among the client's running ones (``check_client``) while the context lasts. The
+        queue checks what a client has waiting or running when a request joins it; this holds for any caller."""
+        with self._running_lock:
+            held = self._running.get(client, [])
+            check_client(held, cost, self.limits)
+            self._running[client] = [*held, cost]
         try:
-            return self._compute.submit(contextvars.copy_context().run, work, *args, stop).result()
+            yield
         finally:
-            self._end(session, stop)
+            with self._running_lock:
+                rest = list(self._running[client])
+                rest.remove(cost)
+                if rest:
+                    self._running[client] = rest
+                else:
+                    del self._running[client]
 
     def _generate(self, ckpts: list[Checkpoint], weights: str, params: GenerationParams,
                   on_step: Callable[[int, int, int], None], stop: threading.Event) -> Result:

@@ -9,23 +9,22 @@ every parameter in their ``parameters`` text chunk. Bad input comes back as a on
 """
 from __future__ import annotations
 
-import html
 import logging
 import os
 import random
-import threading
-import time
 from dataclasses import dataclass
 
 import gradio as gr
+from starlette.middleware import Middleware
 
-from train.compat import calm_gradio_queue
+from train.compat import calm_gradio_queue, queue_jobs, serialize_queue_joins
 from train.generation import DEFAULT_SAMPLER, SAMPLERS
 
 from .generate import DEFAULT_GUIDANCE, MAX_SEED
-from .handlers import Handlers
+from .handlers import Handlers, as_markdown, queue_validator
 from .scores import METRICS
 from .service import Service
+from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB, UploadLimit, Uploads
 from .xyz import AXES, NONE
 
 log = logging.getLogger("app")
@@ -113,6 +112,9 @@ class UI:
         self.first = by_age[0] if by_age else None
         self.size = handlers.default_size(by_age)
         self.common = dict(concurrency_limit=concurrency, concurrency_id=CONCURRENCY_ID, preprocess=False)
+        # each generation event is counted against its request's and its client's limits when it joins the queue
+        self.admitted = {handler: dict(validator=queue_validator(cost, handlers.admit))
+                         for handler, cost in handlers.costs.items()}
         self.events = []  # the generation events Stop cancels
 
     def generate_tab(self) -> None:
@@ -196,19 +198,19 @@ class UI:
 
 
 def wire_generation(ui: UI) -> None:
-    h, common = ui.h, ui.common
+    h, common, admitted = ui.h, ui.common, ui.admitted
     gen_inputs = [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch]
     ui.events.append(ui.run.click(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],
-                                  api_name="generate", **common))
+                                  api_name="generate", **common, **admitted[h.generate]))
     ui.events.append(ui.g.prompt.submit(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],
-                                        api_visibility="private", **common))
+                                        api_visibility="private", **common, **admitted[h.generate]))
     ui.events.append(ui.c_run.click(h.compare, [ui.c_checkpoints, ui.c_weights, *ui.c.inputs()],
                                     [ui.c_gallery, ui.c_slider, ui.c_parameters, ui.c_texts], api_name="compare",
-                                    **common))
+                                    **common, **admitted[h.compare]))
     axes = [c for kind, values, _ in ui.axes for c in (kind, values)]
     ui.events.append(ui.x_run.click(h.xyz_plot, [ui.x_checkpoint, ui.x_weights, *ui.x.inputs(), *axes, ui.x_batch],
                                     [ui.x_grids, ui.x_gallery, ui.x_parameters, ui.x_texts], api_name="xyz_plot",
-                                    **common))
+                                    **common, **admitted[h.xyz_plot]))
     for k, button in enumerate((ui.stop, ui.c_stop, ui.x_stop)):
         button.click(h.stop, None, None, queue=False, cancels=list(ui.events),
                      **(dict(api_name="stop") if k == 0 else dict(api_visibility="private")))
@@ -241,13 +243,16 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     demo.load(h.scores_table, ui.metric, [ui.s_plot, ui.s_table, ui.s_note], **private)
 
 
-def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-workbench") -> gr.Blocks:
-    """The app's Blocks; queue and launch it (see ``app.cli``)."""
+def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-workbench",
+             max_client_upload_mb: int = MAX_CLIENT_UPLOAD_MB, max_total_upload_mb: int = MAX_TOTAL_UPLOAD_MB
+             ) -> tuple[gr.Blocks, Uploads]:
+    """The app's Blocks and its uploads' keeper; queue and launch them (see ``app.cli``)."""
     with gr.Blocks(title=title, analytics_enabled=False) as demo:
-        handlers = Handlers(service, uploads=demo.upload_file_set)
+        uploads = Uploads(demo.upload_file_set, max_client_mb=max_client_upload_mb, max_total_mb=max_total_upload_mb)
+        handlers = Handlers(service, uploads=uploads, jobs=lambda: queue_jobs(demo))
         ui = UI(handlers, concurrency)
         gr.Markdown(f"## {title}\nText-to-image from your checkpoints under "
-                    + ", ".join(f"`{html.escape(r.name)}`" for r in service.roots))
+                    + ", ".join(as_markdown(r.name, code=True) for r in service.roots))
         with gr.Tabs() as tabs:
             ui.generate_tab()
             ui.compare_tab()
@@ -256,45 +261,31 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
             ui.scores_tab()
         wire_generation(ui)
         wire_panels(ui, demo, tabs)
-    return demo
+    return demo, uploads
 
 
-def sweep_uploads(uploads: set, max_age: float, every: float) -> threading.Thread:
-    """Delete, every ``every`` seconds, uploads older than ``max_age`` that no event read (and so deleted):
-    a visitor can post files to Gradio's upload route without ever calling an event."""
-    def sweep() -> None:
-        while True:
-            time.sleep(every)
-            now = time.time()
-            for path in list(uploads):
-                try:
-                    if now - os.path.getmtime(path) > max_age:
-                        os.remove(path)
-                        uploads.discard(path)
-                except FileNotFoundError:
-                    uploads.discard(path)
-                except OSError:
-                    continue
-
-    thread = threading.Thread(target=sweep, name="dwb-upload-sweep", daemon=True)
-    thread.start()
-    return thread
-
-
-def launch(demo: gr.Blocks, *, host: str, port: int, queue_size: int, concurrency: int, max_upload_mb: int = 8,
-           upload_max_age: float = UPLOAD_MAX_AGE, prevent_thread_lock: bool = False, quiet: bool = False):
+def launch(demo: gr.Blocks, uploads: Uploads, *, host: str, port: int, queue_size: int, concurrency: int,
+           max_upload_mb: int = 8, upload_max_age: float = UPLOAD_MAX_AGE, trusted_proxies: list[str] = (),
+           prevent_thread_lock: bool = False, quiet: bool = False):
     """Queue (a concurrency limit and a maximum size) and serve on ``host:port``.
 
     Gradio serves only its own cache of returned images and of uploads: no ``allowed_paths``, so neither the
     checkpoint folders nor any other file is reachable through its file route. Uploads are capped at
-    ``max_upload_mb`` (Gradio refuses larger ones with 413) and deleted once read, or after
-    ``upload_max_age`` seconds. The queue does not poll (``train.compat.calm_gradio_queue``): its wake-ups
-    slowed the generations running in this process.
+    ``max_upload_mb`` each (Gradio refuses larger ones with 413), per client and in all (``app.uploads``), and
+    deleted once read, or after ``upload_max_age`` seconds. The queue does not poll
+    (``train.compat.calm_gradio_queue``): its wake-ups slowed the generations running in this process. Every
+    queued event goes through the queue (``api_open`` off: Gradio's ``/run/<api_name>`` route ran them
+    directly, past the queue's size and its validators), and a client is its peer address: uvicorn reads
+    X-Forwarded-For only from ``trusted_proxies`` (its default trusted 127.0.0.1, so any local process, or a
+    proxy that passes the header on, could be anyone).
     """
-    demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
+    os.environ["FORWARDED_ALLOW_IPS"] = ",".join(trusted_proxies)  # read by the uvicorn.Config Gradio builds
+    demo.queue(max_size=queue_size, default_concurrency_limit=concurrency, api_open=False)
     calm_gradio_queue(demo)
-    sweep_uploads(demo.upload_file_set, upload_max_age, every=max(1.0, upload_max_age / 4))
+    serialize_queue_joins(demo)
+    uploads.sweep(upload_max_age, every=max(1.0, upload_max_age / 4))
     return demo.launch(server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
                        footer_links=["api", "settings"], show_error=True, css=CSS, allowed_paths=[],
                        max_file_size=f"{max_upload_mb}mb", favicon_path=None, pwa=False, mcp_server=False,
-                       ssr_mode=False, enable_monitoring=False)
+                       ssr_mode=False, enable_monitoring=False,
+                       app_kwargs={"middleware": [Middleware(UploadLimit, uploads=uploads)]})

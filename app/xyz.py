@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from train.errors import WorkbenchError
 from train.generation import check_sampler
 
-from .generate import MAX_SEED, GenerationParams, Limits, whole_number, shown, text, validate
+from .generate import (MAX_SEED, GenerationParams, Limits, check_pixel_steps, pixel_steps, shown, text, validate,
+                       whole_number)
 
 AXES = ("checkpoint", "guidance", "steps", "sampler", "seed", "prompt")
 NONE = "none"
@@ -53,6 +54,10 @@ class Cell:
 class Plan:
     axes: tuple[Axis, Axis, Axis]  # x, y, z
     cells: list[Cell]  # z, then y, then x
+
+    def pixel_steps(self) -> int:
+        """What the plot costs: the sum of its cells' (``app.generate.pixel_steps``)."""
+        return sum(pixel_steps(c.params) for c in self.cells)
 
     def batches(self, batch_size: int) -> list[list[Cell]]:
         """The pipeline calls: checkpoint by checkpoint (first appearance), then by call settings, each call
@@ -142,4 +147,6 @@ def plan(checkpoint: str, weights: str, base: GenerationParams, axes: tuple[Axis
         cells.append(Cell((x, y, z), ckpt, chosen, replace(base, **changes)))
     if "checkpoint" not in kinds and not (isinstance(checkpoint, str) and checkpoint.strip()):
         raise WorkbenchError("no checkpoint chosen: pick one, or put checkpoints on an axis")
-    return Plan(tuple(axes), cells)
+    made = Plan(tuple(axes), cells)
+    check_pixel_steps(made.pixel_steps(), limits)
+    return made

@@ -36,6 +36,21 @@ Each wake-up takes the GIL (and, on a small CPU, a core) from the denoising thre
 monitoring dashboard (2-9 ms holding the GIL, growing with the history), which `dwb app` does not serve, is
 skipped.
 
+**Gradio's queue, as a client's share of it** (``serialize_queue_joins``, ``queue_jobs``). `dwb app` counts
+what each client has waiting or running when it asks to join the queue (an event's ``validator``, which
+``Queue.push`` runs before it appends the event). ``queue_jobs`` lists the queue's waiting events and the
+running ones (``active_jobs``) with their HTTP request and raw inputs. ``Queue.push`` awaits between running
+the validator and appending the event, so two joins at once could each pass a count that missed the other:
+``serialize_queue_joins`` makes joins one at a time (an asyncio lock around ``push``; a validator takes
+microseconds to milliseconds).
+
+**Gradio's upload route, stopped mid-body** (``upload_abort``). Gradio's multipart parser writes each uploaded
+file to a temporary file as the body arrives, and deletes those files only when the parsing raises Starlette's
+``MultiPartException`` (the route then answers 400, or 413 for its own size cap). A client that left mid-upload
+raised ``ClientDisconnect`` instead, and its partial files stayed in the temporary folder for good. `dwb app`'s
+upload limit (``app.uploads``) raises ``upload_abort(...)`` from the body's ``receive`` when an upload passes
+its limit or its client leaves, so Gradio deletes them.
+
 **Streaming's shared memory in one process** (``release_streaming_shared_memory``, for test sessions).
 Streaming keeps every dataset's shared-memory blocks (about a dozen file descriptors each) open until the
 process exits; a training process makes a handful, a test session hundreds, and would run out of file
@@ -132,6 +147,35 @@ def calm_gradio_queue(demo) -> None:
         queue.compute_analytics_summary = lambda event_analytics: queue.cached_event_analytics_summary
     else:
         logging.getLogger("app").warning("gradio's queue has no analytics summary to skip")
+
+
+def serialize_queue_joins(demo) -> None:
+    """After ``demo.queue(...)``: the queue's joins, validator and append, one at a time (see above)."""
+    import asyncio
+
+    queue = demo._queue
+    push, lock = queue.push, asyncio.Lock()
+
+    async def one_at_a_time(*args, **kwargs):
+        async with lock:
+            return await push(*args, **kwargs)
+
+    queue.push = one_at_a_time
+
+
+def upload_abort(message: str) -> Exception:
+    """What to raise while Gradio's upload route reads a body, to end it with its partial files deleted (see above)."""
+    from starlette.formparsers import MultiPartException
+
+    return MultiPartException(message)
+
+
+def queue_jobs(demo) -> list[tuple]:
+    """(HTTP request, event function, raw inputs) of every event waiting in Gradio's queue or running from it."""
+    queue = demo._queue
+    waiting = [event for q in queue.event_queue_per_concurrency_id.values() for event in q.queue]
+    running = [event for job in queue.active_jobs if job for event in job]
+    return [(e.request, e.fn.fn, list(getattr(e.data, "data", None) or [])) for e in waiting + running]
 
 
 @contextlib.contextmanager

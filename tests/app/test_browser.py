@@ -242,3 +242,35 @@ def test_a_prompt_file_fills_the_first_free_axis_with_its_prompts(page, tmp_path
     shown = error_toast(page, "no prompt column")
     assert "prompt file upload has no prompt column (header: model, fid)" in shown
     assert "/tmp" not in shown and str(tmp_path) not in shown
+
+
+def test_markdown_in_a_png_or_a_typed_name_fetches_nothing(page, tmp_path):
+    """Notes render as Markdown: a PNG's Model field or a typed checkpoint holding a Markdown image made every
+    viewer's browser fetch its URL. Now they show as text, and no request leaves for the URL."""
+    from PIL import PngImagePlugin
+
+    fetched = []
+    page.route("**/attacker.invalid/**", lambda route: (fetched.append(route.request.url), route.abort()))
+    image = "![x](http://attacker.invalid/{}.png)"
+    info = PngImagePlugin.PngInfo()
+    info.add_text("parameters", f"a red circle\nSteps: 4, Sampler: {image.format('sampler')}, Seed: 1, Size: 16x16, "
+                                f"Model hash: 0123456789, Model: {image.format('model')}")
+    Image.new("RGB", (8, 8)).save(tmp_path / "hostile.png", pnginfo=info)
+    page.get_by_role("tab", name="PNG Info").click()
+    page.set_input_files("#png-file input[type=file]", str(tmp_path / "hostile.png"))
+    notes = page.locator("#png-notes", has_text="0123456789")
+    notes.wait_for()
+    assert image.format("model") in notes.inner_text() and image.format("sampler") in notes.inner_text()
+
+    page.get_by_role("tab", name="Generate").click()
+    type_path(page, "#checkpoint", image.format("checkpoint"))
+    note = page.locator("#checkpoint-note", has_text="Cannot use this checkpoint")
+    note.wait_for()
+    assert image.format("checkpoint") in note.inner_text()
+    page.fill("#prompt textarea", "a red circle")
+    page.click("#generate")
+    assert image.format("checkpoint") in error_toast(page, "attacker.invalid/checkpoint.png")
+
+    page.wait_for_timeout(500)  # time for an image's request to leave, were there one
+    assert page.locator("img[src*='attacker.invalid']").count() == 0
+    assert fetched == []

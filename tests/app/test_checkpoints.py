@@ -89,6 +89,30 @@ def test_paths_outside_the_root_are_refused_without_reading_them(tree, name, mes
     assert len(service.cache) == 0
 
 
+def test_messages_name_no_server_folder_and_tell_nothing_of_files_outside_the_roots(tree, monkeypatch):
+    """A hub id missing from the cache named the cache's folder; a relative path out of the roots, or one relative
+    to the server's working folder, got another message when it existed there than when it did not."""
+    from train.checkpoints.hub import hub_cache
+
+    service = Service([tree.root])
+
+    def message(text: str) -> str:
+        with pytest.raises(WorkbenchError) as e:
+            service.open(text)
+        shown = str(e.value)
+        assert "\n" not in shown and str(hub_cache()) not in shown and str(tree.root.parent) not in shown, shown
+        return shown.replace(text, "NAME")
+
+    assert message("nobody/nothing") == ("checkpoint not found: NAME (not under the allowed folders, nor a pipeline "
+                                         "in the server's Hugging Face cache)")
+    up = "../" * (len(tree.root.parts) - 1)
+    monkeypatch.chdir(tree.outside.parent)  # the server's working folder holds outside/ and checkpoints/
+    for there, not_there in (("../outside/ep0-ba4-rank0.pt", "../outside/ep0-ba5-rank0.pt"),
+                             ("../outside/export", "../outside/exported"), (f"{up}etc/passwd", f"{up}etc/passwords"),
+                             ("outside/export", "outside/exported"), ("outside/ep0-ba4-rank0.pt", "outside/ba5.pt")):
+        assert message(there) == message(not_there), there
+
+
 def test_corrupt_and_foreign_checkpoints_are_refused_by_label_without_server_paths(tree):
     service = Service([tree.root], cache_size=1)
     p = GenerationParams("a red circle", steps=2, width=16, height=16)

@@ -12,12 +12,17 @@ def test_bad_limits_are_refused(tmp_path, dwb):
     assert r.returncode == 1 and r.stderr.strip() == "error: --max-size must be a multiple of 8, got 1020"
     r = dwb("app", "--checkpoints", str(tmp_path), "--queue-size", "0")
     assert r.returncode == 2 and "--queue-size: must be at least 1, got 0" in r.stderr
+    r = dwb("app", "--checkpoints", str(tmp_path), "--max-pixel-steps", "lots")
+    assert r.returncode == 2 and "--max-pixel-steps: expected a number such as 250M, got 'lots'" in r.stderr
+    r = dwb("app", "--checkpoints", str(tmp_path), "--trusted-proxy", "proxy.local")
+    assert r.returncode == 2 and "--trusted-proxy: expected an IP address or network, got 'proxy.local'" in r.stderr
 
 
 def test_help_lists_the_serving_options(dwb):
     r = dwb("app", "--help")
     assert r.returncode == 0
     for flag in ("--checkpoints", "--host", "--port", "--cache-size", "--concurrency", "--queue-size", "--max-steps",
-                 "--max-size", "--max-batch", "--dtype", "--device", "--output"):
+                 "--max-size", "--max-batch", "--dtype", "--device", "--output", "--max-pixel-steps",
+                 "--max-client-requests", "--max-client-pixel-steps", "--trusted-proxy"):
         assert flag in r.stdout
     assert "127.0.0.1" in r.stdout

@@ -1,6 +1,8 @@
 """`dwb app` as users start it on a network, through gradio_client and plain HTTP: the X/Y/Z plot's cells equal
 single generations, PNG Info's round trip, and each abuse refused quickly with nothing written or served."""
 import io
+import os
+import re
 import time
 from pathlib import Path
 
@@ -8,25 +10,32 @@ import httpx
 import numpy as np
 import pytest
 from gradio_client import Client, handle_file
-from gradio_client.exceptions import AppError
+from gradio_client.exceptions import AppError, ValidationError
 from PIL import Image, PngImagePlugin
+
+from train.generation import parse_parameters
 
 from .conftest import AppServer
 
 BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"
-UPLOAD_MB, UPLOAD_AGE = 1, 2
+UPLOAD_MB, UPLOAD_AGE, CLIENT_UPLOAD_MB, TOTAL_UPLOAD_MB = 1, 2, 4, 6
+PROXY = "127.0.0.2"  # any 127.x address reaches the server; the test's sockets choose theirs
 
 
 @pytest.fixture(scope="module")
 def net(tree, tmp_path_factory):
-    """One server for this module, as on a network: its own temp and output folders, uploads capped at 1 MB and
-    swept after 2 s."""
+    """One server for this module, as on a network: its own temp and output folders, uploads capped at 1 MB each,
+    4 MB a client and 6 MB in all and swept after 2 s, a reverse proxy at 127.0.0.2 (tests connect from there
+    to be other clients), and the default limits on work."""
     folder = tmp_path_factory.mktemp("net")
-    temp, output = folder / "gradio-temp", folder / "output"
+    temp, output, partial = folder / "gradio-temp", folder / "output", folder / "tmp"
+    partial.mkdir()
     app = AppServer([tree.root], "--host", "127.0.0.1", "--output", str(output), "--max-upload-mb", str(UPLOAD_MB),
-                    "--upload-max-age", str(UPLOAD_AGE), log=folder / "app.log", env={"GRADIO_TEMP_DIR": str(temp)})
+                    "--upload-max-age", str(UPLOAD_AGE), "--max-client-upload-mb", str(CLIENT_UPLOAD_MB),
+                    "--max-total-upload-mb", str(TOTAL_UPLOAD_MB), "--trusted-proxy", PROXY, log=folder / "app.log",
+                    env={"GRADIO_TEMP_DIR": str(temp), "TMPDIR": str(partial)})
     app.launch().wait_ready()
-    app.temp, app.written = temp, output
+    app.temp, app.written, app.partial = temp, output, partial  # partial: where uploads are written as they arrive
     yield app
     app.stop()
 
@@ -90,6 +99,43 @@ def test_png_info_round_trip_regenerates_the_same_image(api, net, tmp_path):
     assert np.array_equal(pixels(again), pixels(made))
 
 
+def png_with(path: Path, **chunks: str) -> Path:
+    """An 8x8 PNG carrying the given text chunks (compressed: a megabyte of text in a small file)."""
+    info = PngImagePlugin.PngInfo()
+    for key, value in chunks.items():
+        info.add_text(key, value, zip=True)
+    Image.new("RGB", (8, 8)).save(path, pnginfo=info)
+    return path
+
+
+def test_png_info_reads_any_parameters_text_at_once_and_refuses_long_ones(api, tmp_path):
+    spaces = png_with(tmp_path / "spaces.png", parameters="p\n" + " " * 2400)  # took 54 s, stalling every route
+    t0 = time.perf_counter()
+    text, values, notes = api.predict(image=handle_file(str(spaces)), api_name="/png_info")
+    assert time.perf_counter() - t0 < 2.0 and values["prompt"] == "p"
+
+    megabyte = png_with(tmp_path / "megabyte.png", parameters="p\n" + "Steps: 1, " * 100_000)
+    t0 = time.perf_counter()
+    with pytest.raises(AppError) as e:
+        api.predict(image=handle_file(str(megabyte)), api_name="/png_info")
+    assert time.perf_counter() - t0 < 2.0
+    assert str(e.value) == "this PNG's parameters text is 1,000,002 characters long; at most 65,536 are read"
+
+
+def test_a_prompt_cannot_inject_parameters_into_png_info(api, tmp_path):
+    """A line break in a prompt used to start a "Negative prompt:" (or a settings line) of its own when PNG Info
+    read the image back, and Send to Generate made another image."""
+    prompt, negative = "a red circle\nNegative prompt: blue square", "green\nSteps: 1, Seed: 99"
+    made = generate(api, prompt=prompt, negative_prompt=negative, steps=3, seed=5)[0][0]["image"]
+    text, values, notes = api.predict(image=handle_file(made), api_name="/png_info")
+    assert (values["prompt"], values["negative_prompt"], values["steps"], values["seed"]) == (prompt, negative, 3, 5)
+    shown = parse_parameters(text)  # what AUTOMATIC1111 and other readers of the text see
+    assert shown["negative_prompt"] == "green Steps: 1, Seed: 99" and (shown["Steps"], shown["Seed"]) == ("3", "5")
+    again = generate(api, prompt=values["prompt"], negative_prompt=values["negative_prompt"], steps=values["steps"],
+                     seed=values["seed"])[0][0]["image"]
+    assert np.array_equal(pixels(again), pixels(made))
+
+
 def test_huge_prompts_and_lists_are_refused_at_once_with_nothing_written(api, net):
     before = files(net.temp) | files(net.written)
     cases = [(dict(prompt="x" * 1_000_000), "prompt is 1,000,000 characters long; at most 2,000 are accepted"),
@@ -136,3 +182,154 @@ def test_uploads_are_capped_and_never_kept(net):
         assert time.monotonic() < deadline, "the unread upload was not swept"
         time.sleep(0.25)
     assert httpx.get(f"{net.url}/gradio_api/file={path}", timeout=10).status_code in (403, 404)
+
+
+def inputs(**kw) -> list:
+    """/generate's inputs in order, as plain HTTP sends them."""
+    args = dict(checkpoint=BA4, weights="ema", prompt="two blue squares", negative_prompt="", sampler="DDIM", steps=2,
+                guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1)
+    return list({**args, **kw}.values())
+
+
+def join(net, data: list, source: str = "127.0.0.1", forwarded_for: str | None = None) -> httpx.Response:
+    """POST /gradio_api/call/generate from the address ``source``, as a client or a reverse proxy would."""
+    headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=30) as http:
+        return http.post(f"{net.url}/gradio_api/call/generate", json={"data": data}, headers=headers)
+
+
+def test_a_request_over_the_work_limit_is_refused_when_it_joins_the_queue(api, net):
+    """1024x1024, 150 steps, batch 8 passed each per-setting limit and held the only slot for days (a 1024 px step
+    of the tiny model took 338 s): 1,258,291,200 pixel-steps, over the default of 250M."""
+    before = files(net.written)
+    t0 = time.perf_counter()
+    job = api.submit(BA4, "ema", "a red circle", "", "DDIM", 150, 5.0, 1024, 1024, 7, 8, api_name="/generate")
+    with pytest.raises(ValidationError) as e:
+        job.result(timeout=10)
+    assert time.perf_counter() - t0 < 5.0
+    message = str(e.value).splitlines()[-1]  # gradio_client heads it with a line of its own
+    assert message == ("- prompt: this request is 1,258,291,200 pixel-steps (width x height x steps, for each image); "
+                       "at most 250,000,000 are allowed (dwb app --max-pixel-steps)")
+    r = join(net, inputs(steps=150, width=1024, height=1024, batch_size=8))
+    assert r.status_code == 422 and "--max-pixel-steps" in r.text
+    # the route that ran an event directly, past the queue and its check, is closed
+    r = httpx.post(f"{net.url}/gradio_api/run/generate", json={"data": inputs()}, timeout=30)
+    assert r.status_code == 404
+    assert files(net.written) == before  # nothing ran
+
+
+def test_one_client_cannot_fill_the_queue(net):
+    """One client (an address) has at most --max-client-requests (4) waiting or running: the queue (16) keeps room
+    for others. X-Forwarded-For names another client only when a trusted proxy (--trusted-proxy) sends it."""
+    from gradio_client import Client
+
+    clients = [Client(net.url, verbose=False, download_files=False) for _ in range(5)]
+    slow = (BA4, "ema", "a red circle", "", "DDIM", 150, 5.0, 64, 64, 1, 1)
+    jobs = [c.submit(*slow, api_name="/generate") for c in clients]
+    try:
+        _wait_until(lambda: any(j.done() for j in jobs))
+        refused = [j for j in jobs if j.done()]
+        assert len(refused) == 1
+        with pytest.raises(ValidationError, match=r"this client has 4 requests waiting or running; at most 4 at once "
+                                                  r"\(dwb app --max-client-requests\)"):
+            refused[0].result()
+        assert join(net, inputs(), forwarded_for="10.9.9.9").status_code == 422  # not from the proxy: the same client
+        assert join(net, inputs(), source=PROXY, forwarded_for="10.9.9.9").status_code == 200  # another client
+        assert join(net, inputs(), source="127.0.0.3").status_code == 200  # another address
+    finally:
+        deadline = time.monotonic() + 60
+        while not all(j.done() for j in jobs):  # waiting ones leave the queue, the running one stops
+            assert time.monotonic() < deadline, "accepted requests did not end"
+            for c, j in zip(clients, jobs):
+                if not j.done():
+                    j.cancel()
+                    httpx.post(f"{c.src_prefixed}run/stop", json={"data": [], "session_hash": c.session_hash})
+            time.sleep(0.2)
+
+
+def _wait_until(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def upload(net, *contents: bytes, source: str) -> httpx.Response:
+    """POST files to Gradio's upload route from the address ``source``."""
+    files = [("files", (f"{i}.png", data, "image/png")) for i, data in enumerate(contents)]
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=30) as http:
+        return http.post(f"{net.url}/gradio_api/upload", files=files)
+
+
+def reply_of(s) -> tuple[int, str]:
+    """The status and text of the server's answer on socket ``s`` (read up to its Content-Length)."""
+    s.settimeout(30)
+    reply = b""
+    while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < int(
+            re.search(rb"content-length: (\d+)", reply, re.IGNORECASE)[1]):
+        chunk = s.recv(65536)
+        assert chunk, f"the server closed the connection: {reply!r}"
+        reply += chunk
+    head, body = reply.decode("latin1").split("\r\n\r\n", 1)
+    return int(head.split()[1]), body.strip()
+
+
+def upload_in_chunks(net, n_files: int, source: str, leave_after: int | None = None) -> tuple[int, str]:
+    """``n_files`` files of 0.75 MB in one multipart body sent in chunks, with no Content-Length, from ``source``:
+    the status and text of the answer, read as soon as there is one; with ``leave_after``, the client leaves
+    after that many bytes (status 0)."""
+    import select
+    import socket
+
+    body = b"".join(b'--b\r\nContent-Disposition: form-data; name="files"; filename="%d.png"\r\n\r\n%s\r\n'
+                    % (i, os.urandom(750_000)) for i in range(n_files)) + b"--b--\r\n"
+    with socket.create_connection(("127.0.0.1", net.port), timeout=30, source_address=(source, 0)) as s:
+        s.sendall(b"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        for sent in range(0, len(body), 256 * 1024):
+            if leave_after is not None and sent >= leave_after:
+                return 0, ""
+            if select.select([s], [], [], 0.05)[0]:
+                break  # the server answered before the whole body
+            chunk = body[sent:sent + 256 * 1024]
+            s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        else:
+            s.sendall(b"0\r\n\r\n")
+        return reply_of(s)
+
+
+def test_uploads_are_limited_per_client_and_in_all_before_they_are_written(net):
+    """Each file was capped, not the whole: 20 files of 7 MB in one request and 20 more requests wrote 280 MiB.
+    Here (1 MB files, 4 MB a client, 6 MB in all): a request over its client's limit is refused by its
+    Content-Length before its body is sent; one without it, as it passes the limit; neither leaves a byte."""
+    import socket
+
+    one_mb = 1_000_000  # under --max-upload-mb
+    before = files(net.temp) | files(net.partial)
+    with socket.create_connection(("127.0.0.1", net.port), timeout=30, source_address=("127.0.0.4", 0)) as s:
+        s.sendall(f"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                  f"Content-Length: {20 * one_mb + 4000}\r\n\r\n".encode())  # the headers, and no byte of the body
+        status, text = reply_of(s)
+    assert status == 413 and text == ("this client's uploads on the server would come to 19.1 MiB; at most 4 MiB at "
+                                      "once (dwb app --max-client-upload-mb)")
+
+    status, text = upload_in_chunks(net, 10, source="127.0.0.6")  # no Content-Length: counted as it comes
+    assert status == 413 and text.endswith("at most 4 MiB at once (dwb app --max-client-upload-mb)")
+    assert upload_in_chunks(net, 2, source="127.0.0.7", leave_after=one_mb)[0] == 0  # leaves mid-body
+    time.sleep(0.5)
+    assert not files(net.partial) - before and not files(net.temp) - before  # neither left a byte behind
+
+    answers = [upload(net, os.urandom(one_mb), source="127.0.0.4") for _ in range(20)]
+    refused = [r for r in answers if r.status_code == 413]
+    kept = [Path(r.json()[0]) for r in answers if r.status_code == 200]
+    assert refused and all("(dwb app --max-client-upload-mb)" in r.text for r in refused)
+    assert len(kept) >= 3 and sum(p.stat().st_size for p in kept if p.exists()) <= CLIENT_UPLOAD_MB * 2**20
+    others = [upload(net, os.urandom(one_mb), source="127.0.0.5") for _ in range(4)]  # another client, until the total
+    assert others[0].status_code == 200 and others[-1].status_code == 413
+    assert "at most 6 MiB at once (dwb app --max-total-upload-mb)" in others[-1].text
+    assert sum(p.stat().st_size for p in files(net.temp) - before) <= TOTAL_UPLOAD_MB * 2**20
+
+    deadline = time.monotonic() + 4 * UPLOAD_AGE + 5  # swept after --upload-max-age: the client may upload again
+    while upload(net, os.urandom(one_mb), source="127.0.0.4").status_code != 200:
+        assert time.monotonic() < deadline, "the client's limit was not given back"
+        time.sleep(0.5)

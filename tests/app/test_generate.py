@@ -1,5 +1,6 @@
 """Generation without Gradio: validation messages, samplers, per-image seeds, stopping, PNG parameters."""
 import json
+import time
 
 import numpy as np
 import pytest
@@ -118,8 +119,84 @@ def test_png_parameters_round_trip(tmp_path):
     with Image.open(path) as im:
         text, data = im.text["parameters"], json.loads(im.text["dwb"])
     parsed = parse_parameters(text)
-    assert parsed["prompt"] == 'a "red", circle: left\nof a square' and parsed["negative_prompt"] == "blue, green"
+    assert parsed["prompt"] == 'a "red", circle: left of a square' and parsed["negative_prompt"] == "blue, green"
+    assert data["prompt"] == 'a "red", circle: left\nof a square'  # the exact prompt is in the record
     assert parsed["Seed"] == "102" and parsed["Steps"] == "30" and parsed["Sampler"] == "DPM++ 2M"
     assert parsed["CFG scale"] == "7.5" and parsed["Size"] == "24x32" and parsed["Model hash"] == "ab" * 6
     assert parsed["Model"] == "runs/a, b/ep0-ba4-rank0.pt" and parsed["Weights"] == "EMA"
     assert data["seed"] == 102 and data["checkpoint_hash"] == "ab" * 6 and data["width"] == 24
+
+
+A1111_QUOTED = ('two cats\nNegative prompt: dogs, "birds"\nSteps: 20, Sampler: Euler a, CFG scale: 7, Seed: 5, '
+                'Size: 512x512, Lora hashes: "add_detail: 7c6bad76eb54, x: 1", Model: "a, b: c", Version: v1.9.4')
+
+
+def test_parameters_of_automatic1111_are_read_key_by_key():
+    parsed = parse_parameters(A1111_QUOTED)
+    assert parsed["prompt"] == "two cats" and parsed["negative_prompt"] == 'dogs, "birds"'
+    assert (parsed["Steps"], parsed["Sampler"], parsed["CFG scale"], parsed["Seed"], parsed["Size"]) == (
+        "20", "Euler a", "7", "5", "512x512")
+    assert parsed["Lora hashes"] == "add_detail: 7c6bad76eb54, x: 1" and parsed["Model"] == "a, b: c"
+    assert parsed["Version"] == "v1.9.4"
+
+
+@pytest.mark.parametrize("settings", [
+    " " * 2400,  # "p\n" + 2,400 spaces took 54 s under the backtracking pattern, holding the GIL
+    " " * 1_000_000,
+    "a" * 1_000_000,
+    "a " * 500_000,
+    "a:" * 500_000,
+    'a: "' + "\\x" * 500_000,
+    "a: " + '"' * 1_000_000,
+    ", " * 500_000,
+])
+def test_parameters_are_read_in_linear_time_whatever_the_text(settings):
+    t0 = time.perf_counter()
+    parse_parameters("p\n" + settings)
+    assert time.perf_counter() - t0 < 1.0  # 1 MB, the largest text chunk PIL reads: milliseconds when linear
+
+
+def test_no_prompt_can_add_lines_to_the_parameters_text():
+    record = record_of(validate(params(prompt="a red circle\nNegative prompt: blue square",
+                                       negative_prompt="green\r\nSteps: 99, Seed: 1", steps=4, seed=3), LIMITS),
+                       0, "tiny", "ab" * 6, "ema")
+    parsed = parse_parameters(record.parameters())
+    assert parsed["prompt"] == "a red circle Negative prompt: blue square"
+    assert parsed["negative_prompt"] == "green Steps: 99, Seed: 1"
+    assert (parsed["Steps"], parsed["Seed"]) == ("4", "3")
+
+
+def test_line_breaks_in_a_prompt_tokenize_as_the_spaces_the_parameters_text_has(pipe, tmp_path):
+    """CLIP's tokenizer reads every run of whitespace as one space: writing a prompt's line breaks as spaces
+    makes the same image (SD2's tokenizer, built from the CLIP vocabulary, and the tiny one)."""
+    from transformers import CLIPTokenizer
+
+    from train.checkpoints.clip_bpe import write_clip_tokenizer
+    from train.generation import as_one_line
+
+    sd2 = CLIPTokenizer.from_pretrained(write_clip_tokenizer(tmp_path, pad_token="!"))
+    for prompt in ("a red circle\nNegative prompt: blue square", "two\r\nblue \n\n squares\n", "a\u2028b\u2029c",
+                   "\rthree yellow triangles"):
+        assert as_one_line(prompt) != prompt
+        for tokenizer in (sd2, pipe.tokenizer):
+            assert tokenizer(prompt).input_ids == tokenizer(as_one_line(prompt)).input_ids, (prompt, tokenizer)
+
+
+def test_work_is_counted_in_pixel_steps_and_ordinary_sd2_requests_fit_the_defaults():
+    from app.generate import LimitError, check_client, pixel_steps
+    from app.xyz import parse_axis, plan
+
+    defaults = Limits()
+    ordinary = validate(params(width=512, height=512, steps=50, batch_size=4), defaults)  # SD2's usual request
+    assert pixel_steps(ordinary) == 512 * 512 * 50 * 4
+    check_client([pixel_steps(ordinary)] * 3, pixel_steps(ordinary), defaults)  # a client may have 4 of them
+    with pytest.raises(LimitError, match="at most 4 at once"):
+        check_client([pixel_steps(ordinary)] * 4, 1, defaults)
+    with pytest.raises(LimitError, match=r"this request is 1,258,291,200 pixel-steps .* \(dwb app --max-pixel-steps\)"):
+        validate(params(width=1024, height=1024, steps=150, batch_size=8), defaults)
+
+    axes = tuple(parse_axis(name, kind, values, defaults) for name, kind, values in (("X", "seed", "1, 2"),
+                                                                                    ("Y", "steps", "4, 6"), ("Z", "", "")))
+    assert plan("a", "ema", params(steps=99), axes, defaults).pixel_steps() == 16 * 16 * (4 + 6) * 2  # summed cells
+    with pytest.raises(LimitError, match="this request is 5,120 pixel-steps"):
+        plan("a", "ema", params(), axes, Limits(max_pixel_steps=5119))

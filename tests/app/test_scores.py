@@ -88,3 +88,65 @@ def test_png_info_refuses_other_files_in_one_line(tmp_path):
         read_parameters(tmp_path / "a.png")
     with pytest.raises(WorkbenchError, match="carries no generation parameters"):
         read_parameters(tmp_path / "bare.png")
+
+
+def test_png_info_prefers_a_whole_dwb_record_and_reads_the_text_without_one(tmp_path):
+    import json
+
+    from PIL import Image, PngImagePlugin
+
+    from app.png_info import read_png_info
+    from train.generation import ImageRecord
+
+    record = ImageRecord("a red circle\nNegative prompt: blue", "", "DDIM", 4, 6.0, 16, 24, 21, "tiny", "ab" * 6, "raw")
+    broken = {**json.loads(record.pnginfo()["dwb"]), "steps": "4"}  # a string where the record has a number
+    for name, dwb, prompt in (("whole", record.pnginfo()["dwb"], record.prompt), ("broken", json.dumps(broken), None),
+                              ("not-json", "{", None)):
+        info = PngImagePlugin.PngInfo()
+        info.add_text("parameters", record.parameters())
+        info.add_text("dwb", dwb)
+        Image.new("RGB", (8, 8)).save(tmp_path / f"{name}.png", pnginfo=info)
+        text, found = read_png_info(tmp_path / f"{name}.png")
+        values, _ = settings_from(text, lambda digest: None, found)
+        assert (found is not None) == (prompt is not None), name
+        assert values["prompt"] == (prompt or "a red circle Negative prompt: blue"), name
+        assert (values["steps"], values["guidance"], values["width"], values["height"], values["seed"],
+                values["weights"]) == (4, 6.0, 16, 24, 21, "raw"), name
+
+
+HOSTILE_TEXTS = ["![x](http://attacker.invalid/x.png)", "[link](http://attacker.invalid)", '<img src="http://attacker.invalid">',
+                 "`code` **bold** _em_ ~~gone~~ $$x$$ | a | b |", "# heading", "1. item", "- item", "a\\](b)", "``` ` ```",
+                 "&lt;img&gt;", "two\nlines\n![y](http://attacker.invalid/y.png)"]
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXTS)
+def test_user_text_in_markdown_renders_as_itself(text):
+    from html import unescape
+
+    from markdown_it import MarkdownIt
+
+    from app.handlers import as_markdown
+
+    md = MarkdownIt("commonmark").enable(["table", "strikethrough"])
+    line = " ".join(text.splitlines())
+    rendered = md.render(f"note: {as_markdown(text)}")
+    assert "<img" not in rendered and "<a " not in rendered and unescape(rendered) == f"<p>note: {line}</p>\n"
+    code = md.render(f"note: {as_markdown(text, code=True)}")
+    assert code.startswith("<p>note: <code>") and unescape(code).removeprefix("<p>note: <code>") == f"{line}</code></p>\n"
+
+
+def test_scores_from_files_show_their_words_as_text_in_the_checkpoint_note(tree, hashes, tmp_path):
+    from markdown_it import MarkdownIt
+
+    image = "![x](http://attacker.invalid/{}.png)"
+    (tmp_path / "results.jsonl").write_text(json.dumps(dict(checkpoint_hash=hashes[BA4], step=4, guidance=5.0, fid=1.5,
+                                                            sampler=image.format("sampler"))) + "\n")
+    (tmp_path / "study" / "report").mkdir(parents=True)
+    (tmp_path / "study" / "report" / "results.json").write_text(json.dumps({
+        "study": image.format("study"), "model_info": {"a": {"checkpoint_hash": hashes[BA4]}, "b": {}},
+        "comparisons": [{"question": image.format("question"), "model_a": "a", "model_b": image.format("model"),
+                         "rate_a": 0.5, "decisive": 2}]}))
+    note = Handlers(Service([tree.root], results=[tmp_path], studies=[tmp_path / "study"])).checkpoint_note(BA4)[0]
+    rendered = MarkdownIt("commonmark").render(note)
+    assert "<img" not in rendered and "attacker.invalid/sampler.png" in rendered
+    assert "attacker.invalid/question.png" in rendered and "attacker.invalid/study.png" in rendered

@@ -44,6 +44,31 @@ def test_gradio_queue_settings_exist_where_compat_sets_them():
     assert queue.compute_analytics_summary(None) is queue.cached_event_analytics_summary
 
 
+def test_gradio_queue_internals_the_app_counts_clients_by_are_where_compat_reads_them():
+    import gradio as gr
+    from gradio import queueing
+
+    with gr.Blocks() as demo:
+        gr.Markdown("x")
+    demo.queue()
+    compat.serialize_queue_joins(demo)
+    assert compat.queue_jobs(demo) == []
+    push = inspect.getsource(queueing.Queue.push)
+    # the validator runs inside push, before the event is appended: joins one at a time make the count hold
+    assert push.index("fn.validator") < push.index("event_queue.queue.append(event)")
+    assert "event.data = body" in push and "self.active_jobs" in inspect.getsource(queueing.Queue.start_processing)
+    assert {"request", "fn"} <= set(inspect.signature(queueing.Event.__init__).parameters)
+
+
+def test_gradio_deletes_a_partial_upload_on_the_exception_compat_raises():
+    from gradio import route_utils
+
+    parse = inspect.getsource(route_utils.GradioMultiPartParser.parse)
+    handler = parse[parse.index("except MultiPartException"):]
+    assert "Path(file.name).unlink()" in handler  # the temporary files written so far are deleted
+    assert type(compat.upload_abort("x")) is route_utils.MultiPartException
+
+
 def test_streaming_shared_memory_made_inside_the_context_is_freed(tmp_path):
     from pathlib import Path
 

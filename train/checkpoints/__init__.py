@@ -24,7 +24,7 @@ __getattr__, __all__ = face(__name__, {
     "composer": "has_ema model_weights read_checkpoint",
     "find": "discover find_checkpoint label_under list_checkpoints raise_reason resolve_roots",
     "hashing": "content_hash fingerprint",
-    "hub": "is_hub_id",
+    "hub": "hub_cache is_hub_id",
     "names": "KINDS Checkpoint",
     "open": "CheckpointInfo describe export_pipeline load_pipeline",
     "remote": "fetch",

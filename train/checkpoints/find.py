@@ -9,6 +9,7 @@ it links outside them; nothing under a path is read before that check.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -21,6 +22,7 @@ from .names import OTHER_RANKS, WEIGHT_SUFFIXES, Checkpoint, in_run_listing, run
 from .remote import fetch, list_remote, uri_label
 
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
+log = logging.getLogger("checkpoints")
 
 _kinds: dict[tuple[str, int, int], tuple[str, int | None]] = {}
 _kinds_lock = threading.Lock()
@@ -93,10 +95,8 @@ def find_checkpoint(ref: str | Path, *, roots: list[Path] | None = None, allow_d
     from .hub import hub_label, hub_offline, is_hub_id, resolve_hub
 
     if roots is not None:
-        local = _under_roots(raw, roots)
-        if local is not None:
-            return _local(raw, local, label=label_under(local, roots))
-    elif os.path.lexists(raw):
+        return _find_for_server(raw, roots, bool(allow_download))
+    if os.path.lexists(raw):
         return _local(raw, Path(raw))
     if is_hub_id(raw):
         if allow_download is None:
@@ -105,6 +105,26 @@ def find_checkpoint(ref: str | Path, *, roots: list[Path] | None = None, allow_d
             return Checkpoint(raw, "hub", hub_label(raw), resolve_hub(raw, allow_download=allow_download))
         except CheckpointError as e:
             raise CheckpointError(f"checkpoint not found: {raw} is no local path, and as a hub id: {e}") from None
+    raise CheckpointError(f"checkpoint not found: {raw}")
+
+
+def _find_for_server(raw: str, roots: list[Path], allow_download: bool) -> Checkpoint:
+    """``find_checkpoint`` for a server (the app): a path under the roots, or a hub id from the cache (or the hub,
+    with ``allow_download``). What it answers depends on the text and on what is under the roots, never on the
+    server's other files: one message for every path that leaves the roots, one for every name found nowhere,
+    and none names a server folder (a hub id's failure is logged for the server's operator)."""
+    from .hub import hub_label, resolve_hub, written_as_hub_id
+
+    local = _under_roots(raw, roots)
+    if local is not None:
+        return _local(raw, local, label=label_under(local, roots))
+    if written_as_hub_id(raw):
+        try:
+            return Checkpoint(raw, "hub", hub_label(raw), resolve_hub(raw, allow_download=allow_download))
+        except CheckpointError as e:
+            log.warning("hub id %s: %s", raw, e)
+        where = "on the Hugging Face hub" if allow_download else "in the server's Hugging Face cache"
+        raise CheckpointError(f"checkpoint not found: {raw} (not under the allowed folders, nor a pipeline {where})")
     raise CheckpointError(f"checkpoint not found: {raw}")
 
 
@@ -161,21 +181,23 @@ def _under_roots(raw: str, roots: list[Path]) -> Path | None:
     """The resolved local path ``raw`` names under the roots; None when it names nothing local (a hub id?).
 
     Absolute paths are taken as they are; relative ones are relative to a root (the first one in which the
-    path exists). A path that resolves outside every root is refused.
+    path exists). A path that resolves outside every root (``..`` and symlinks followed) is refused before
+    anything is asked of it: whether it exists changes nothing in the message.
     """
     given = Path(raw)
+    candidates = [given] if given.is_absolute() else [root / given for root in roots]
+    if not given.is_absolute() and len(given.parts) > 1:  # a label of several roots: ROOT_NAME/path
+        candidates += [r / Path(*given.parts[1:]) for r in roots if r.name == given.parts[0]]
     try:
-        candidates = [given] if given.is_absolute() else [root / given for root in roots]
-        if not given.is_absolute() and len(given.parts) > 1:  # a label of several roots: ROOT_NAME/path
-            candidates += [r / Path(*given.parts[1:]) for r in roots if r.name == given.parts[0]]
-        existing = [c for c in candidates if os.path.lexists(c)]
+        under = [c for c in candidates if _resolves_under(c, roots)]
+        if not under:
+            raise WorkbenchError(f"{raw} is outside the allowed checkpoint folders")
+        existing = [c for c in under if os.path.lexists(c)]
         if not existing and not given.is_absolute():
             return None
-        path = (existing or candidates)[0].resolve()
+        path = (existing or under)[0].resolve()
     except (OSError, RuntimeError, ValueError) as e:
-        raise WorkbenchError(f"invalid checkpoint path {raw}: {e}") from None
-    if _root_of(path, roots) is None:
-        raise WorkbenchError(f"{raw} is outside the allowed checkpoint folders")
+        raise WorkbenchError(f"invalid checkpoint path {raw} ({type(e).__name__})") from None
     if path.is_dir():
         for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
             for name in filenames + dirnames:
@@ -184,6 +206,14 @@ def _under_roots(raw: str, roots: list[Path]) -> Path | None:
                     raise WorkbenchError(f"{raw} links to {inside.relative_to(path)} outside the allowed checkpoint "
                                          "folders")
     return path
+
+
+def _resolves_under(path: Path, roots: list[Path]) -> bool:
+    """Whether ``path`` resolves under a root; one that cannot be resolved (a symlink loop) counts as outside."""
+    try:
+        return _root_of(path.resolve(), roots) is not None
+    except (OSError, RuntimeError, ValueError):
+        return False
 
 
 def _natural(text: str) -> list:

@@ -35,10 +35,13 @@ def is_hub_id(ref: str) -> bool:
     """The project's one rule for "is this a hub id": not an existing local path, and ``org/name`` or
     ``org/name@revision`` in the characters the hub allows (a name ending in a checkpoint file's suffix
     is taken for a missing local file)."""
+    return not os.path.lexists(str(ref)) and written_as_hub_id(ref)
+
+
+def written_as_hub_id(ref: str) -> bool:
+    """``is_hub_id`` from the text alone, the file system left out (a server's answers must not depend on it)."""
     ref = str(ref)
-    if os.path.lexists(ref) or _parse(ref) is None:
-        return False
-    return not ref.split("@")[0].lower().endswith(_FILE_SUFFIXES)
+    return _parse(ref) is not None and not ref.split("@")[0].lower().endswith(_FILE_SUFFIXES)
 
 
 def hub_label(ref: str) -> str:

@@ -12,7 +12,7 @@ __getattr__, __all__ = face(__name__, {
     "device": "pick_device pipeline_dtype",
     "grid": "DEMO_PROMPTS grid_image write_grid",
     "images": "DEFAULT_GUIDANCE Settings StepHook Stopped generate_images native_size sampler_of",
-    "png": "ImageRecord parse_parameters save_png with_metadata",
+    "png": "ImageRecord as_one_line parse_parameters save_png settings_line with_metadata",
     "prompts": "PROMPT_SETS Prompt prompt_set_path read_prompt_table",
     "samplers": "DEFAULT_SAMPLER SAMPLERS check_sampler make_sampler sampler_name with_sampler_key",
 })

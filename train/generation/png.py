@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from PIL import Image, PngImagePlugin
 
@@ -39,10 +39,13 @@ class ImageRecord:
                    size[1], int(seed), checkpoint, checkpoint_hash, weights)
 
     def parameters(self) -> str:
-        """The text A1111 writes (and its PNG Info tab reads): prompt, negative prompt, settings line."""
-        lines = [self.prompt]
+        """The text A1111 writes (and its PNG Info tab reads): prompt, negative prompt, settings line.
+
+        Line breaks in the prompts are written as spaces, so no prompt can add a "Negative prompt:" or a
+        settings line of its own; the exact prompts are in the ``dwb`` record."""
+        lines = [as_one_line(self.prompt)]
         if self.negative_prompt:
-            lines.append(f"Negative prompt: {self.negative_prompt}")
+            lines.append(f"Negative prompt: {as_one_line(self.negative_prompt)}")
         weights = {"ema": "EMA", "raw": "raw"}.get(self.weights, self.weights)
         settings = [("Steps", self.steps), ("Sampler", self.sampler), ("CFG scale", f"{self.guidance:g}"),
                     ("Seed", self.seed), ("Size", f"{self.width}x{self.height}"),
@@ -57,12 +60,39 @@ class ImageRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> "ImageRecord":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        """The record a ``dwb`` chunk holds (other keys ignored); ValueError for a missing field or one of
+        another type: the chunk may come from anywhere."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a record is a JSON object, got {type(data).__name__}")
+        values = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.default is MISSING:
+                    raise ValueError(f"the record has no {f.name}")
+                continue
+            value = data[f.name]
+            if isinstance(value, bool) or not isinstance(value, _RECORD_TYPES[f.type]):
+                raise ValueError(f"the record's {f.name} is not {f.type}")
+            values[f.name] = float(value) if f.type == "float" else value
+        return cls(**values)
+
+
+_RECORD_TYPES = {"str": str, "int": int, "float": (int, float)}  # ImageRecord's field annotations
+
+
+# The line breaks a prompt may hold that CLIP's tokenizer reads as one space, like every run of whitespace
+# (the same token ids with either, for SD2's tokenizer and the tiny one: tests/app/test_generate.py). Other
+# characters some readers take for line breaks (U+0085, form feed) are tokens to CLIP and stay.
+LINE_BREAKS = re.compile("[\r\n\u2028\u2029]+")
+
+
+def as_one_line(prompt: str) -> str:
+    """A prompt for the ``parameters`` text: line breaks as spaces (the same image; see LINE_BREAKS)."""
+    return LINE_BREAKS.sub(" ", prompt)
 
 
 def _quote(value: str) -> str:
-    return json.dumps(value) if re.search(r'[,:"\n]', value) else value
+    return json.dumps(value) if re.search(r'[,:"]', value) or LINE_BREAKS.search(value) else value
 
 
 def with_metadata(image: Image.Image, record: ImageRecord) -> Image.Image:
@@ -85,7 +115,6 @@ def save_png(image: Image.Image, path, record: ImageRecord, extra: dict | None =
 def parse_parameters(text: str) -> dict[str, str]:
     """A1111 ``parameters`` text back to a dict: prompt, negative prompt and each ``Key: value``."""
     lines = text.split("\n")
-    settings = lines[-1]
     out: dict[str, str] = {}
     body = lines[:-1]
     negative = [i for i, line in enumerate(body) if line.startswith("Negative prompt: ")]
@@ -95,7 +124,67 @@ def parse_parameters(text: str) -> dict[str, str]:
     else:
         out["prompt"] = "\n".join(body)
         out["negative_prompt"] = ""
-    for m in re.finditer(r'\s*([\w ]+):\s*("(?:\\.|[^\\"])*"|[^,]*)(?:,|$)', settings):
-        key, value = m.group(1).strip(), m.group(2).strip()
-        out[key] = json.loads(value) if value.startswith('"') else value
+    out.update(settings_line(lines[-1]))
     return out
+
+
+def settings_line(line: str) -> dict[str, str]:
+    """``Key: value, Key: "a JSON string, with commas", ...`` read left to right, in time linear in its length.
+
+    A key is the run of word characters and spaces before a ':'; a value is a JSON-quoted string followed by
+    ',' or the end, else everything up to the next ','. (A backtracking pattern for the same took 54 s on a
+    line of 2,400 spaces, holding the GIL: every request to the app waited.)
+    """
+    out: dict[str, str] = {}
+    pos, end = 0, len(line)
+    while pos < end:
+        colon = line.find(":", pos)
+        if colon < 0:
+            break
+        key = _key_before(line, pos, colon)
+        value, pos = _value_at(line, colon + 1)
+        if key:
+            out[key] = value
+    return out
+
+
+def _key_before(line: str, start: int, colon: int) -> str:
+    """The word characters and spaces that end at ``colon`` (what is before them in the segment is not the key)."""
+    i = colon
+    while i > start and (line[i - 1].isalnum() or line[i - 1] in "_ "):
+        i -= 1
+    return line[i:colon].strip()
+
+
+def _value_at(line: str, pos: int) -> tuple[str, int]:
+    """(the value starting at ``pos``, where the next key starts)."""
+    while pos < len(line) and line[pos].isspace():
+        pos += 1
+    if line.startswith('"', pos):
+        closing = _closing_quote(line, pos)
+        after = closing + 1
+        while 0 < after < len(line) and line[after] == " ":
+            after += 1
+        if closing > 0 and (after == len(line) or line[after] == ","):
+            try:
+                return json.loads(line[pos:closing + 1]), after + 1
+            except ValueError:
+                pass  # not JSON after all: read it as plain text below
+    comma = line.find(",", pos)
+    comma = len(line) if comma < 0 else comma
+    return line[pos:comma].strip(), comma + 1
+
+
+def _closing_quote(line: str, opening: int) -> int:
+    """The index of the quote that closes the JSON string opened at ``opening`` (-1 if none); each character is
+    looked at once: the scan stops at the first quote that no backslash escapes."""
+    i = opening + 1
+    while i < len(line):
+        c = line[i]
+        if c == "\\":
+            i += 2
+        elif c == '"':
+            return i
+        else:
+            i += 1
+    return -1
