@@ -8,6 +8,11 @@ from pathlib import Path
 from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB
 
 
+# A request (head and body) must arrive within this: an upload of --max-upload-mb's 8 MB at 1.1 Mbit/s.
+REQUEST_TIMEOUT_S = 60
+MAX_CONNECTIONS = 1000  # a browser opens up to 6 connections to one server: room for 160 people at once
+
+
 def _at_least(low: int):
     def parse(value: str) -> int:
         try:
@@ -76,7 +81,8 @@ def cmd_app(args) -> None:
                              max_total_upload_mb=args.max_total_upload_mb)
     launch(demo, uploads, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency,
            max_upload_mb=args.max_upload_mb, upload_max_age=args.upload_max_age,
-           trusted_proxies=args.trusted_proxy or [])
+           trusted_proxies=args.trusted_proxy or [], request_timeout=args.request_timeout,
+           max_connections=args.max_connections)
 
 
 def register(sub) -> None:
@@ -108,6 +114,11 @@ def register(sub) -> None:
     p.add_argument("--trusted-proxy", nargs="+", action="extend", type=_address, metavar="ADDR",
                    help="addresses (or networks) of reverse proxies whose X-Forwarded-For names the client; "
                         "without it none is, and a client is its peer address")
+    p.add_argument("--request-timeout", type=_at_least(1), default=REQUEST_TIMEOUT_S, metavar="SECONDS",
+                   help="close a connection whose request (head and body) has not arrived this long after its first "
+                        "byte or the connection (the default lets an 8 MB upload arrive at 1.1 Mbit/s)")
+    p.add_argument("--max-connections", type=_at_least(1), default=MAX_CONNECTIONS, metavar="N",
+                   help="close connections beyond N open at once as they open")
     p.add_argument("--output", metavar="DIR", help="also save every generated PNG under DIR/YYYY-MM-DD/")
     p.add_argument("--allow-download", action="store_true",
                    help="let users name hub ids that are not in the local Hugging Face cache (downloads them)")

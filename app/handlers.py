@@ -17,9 +17,9 @@ import pandas as pd
 
 from train.checkpoints import content_hash
 from train.errors import WorkbenchError, first_line
-from train.generation import read_prompt_table
+from train.generation import PROMPT_SETS, read_prompt_table
 
-from .generate import GenerationParams, LimitError, Stopped, check_client
+from .generate import GenerationParams, LimitError, Stopped, check_client, shown
 from .png_info import read_png_info, settings_from
 from .scores import METRICS, scores_of, setting_text
 from .service import Result, Service
@@ -110,7 +110,7 @@ class Handlers:
         self.service = service
         self.limits = service.limits
         self.uploads = Uploads() if uploads is None else uploads  # what Gradio's upload route wrote
-        self.jobs = jobs  # (request, function, inputs) of each event in the queue (``train.compat.queue_jobs``)
+        self.jobs = jobs  # (request, function, inputs) of each event in the queue (``train.common.compat.queue_jobs``)
         self.costs = {self.generate: self.generate_cost, self.compare: self.compare_cost, self.xyz_plot: self.plot_cost}
 
     # -- the checkpoint panel --------------------------------------------------------------------
@@ -304,11 +304,16 @@ class Handlers:
             raise one_line(e) from None
         finally:
             self.uploads.discard(path)
-        types = [x_type, y_type, z_type]
-        target = types.index("prompt") if "prompt" in types else types.index(NONE) if NONE in types else 0
-        types[target] = "prompt"
-        values = [gr.update(value="\n".join(prompts)) if i == target else gr.update() for i in range(3)]
-        return (None, *(gr.update(value=t) for t in types), *values)
+        return (None, *on_prompt_axis(prompts, [x_type, y_type, z_type]))
+
+    def prompt_set(self, name: str | None, x_type: str, y_type: str, z_type: str):
+        """A shipped prompt set's prompts (DrawBench, PartiPrompts) on the prompt axis, as a prompt file's."""
+        if not name:
+            return (gr.update(),) * 6
+        if name not in PROMPT_SETS:
+            raise one_line(WorkbenchError(f"unknown prompt set {shown(name)}: choose one of {', '.join(PROMPT_SETS)}"))
+        prompts = [p.text for p in read_prompt_table(name, self.limits.max_cells)]
+        return on_prompt_axis(prompts, [x_type, y_type, z_type])
 
     # -- PNG Info --------------------------------------------------------------------------------
 
@@ -386,6 +391,14 @@ def cost_or_zero(cost: Callable, inputs: list) -> int:
         raise
     except (WorkbenchError, TypeError, ValueError):
         return 0
+
+
+def on_prompt_axis(prompts: list[str], types: list[str]) -> tuple:
+    """Updates of the three axes' types and values: ``prompts`` on the prompt axis, or the first free one."""
+    target = types.index("prompt") if "prompt" in types else types.index(NONE) if NONE in types else 0
+    types = [*types[:target], "prompt", *types[target + 1:]]
+    values = [gr.update(value="\n".join(prompts)) if i == target else gr.update() for i in range(3)]
+    return (*(gr.update(value=t) for t in types), *values)
 
 
 def newest_first(found: list) -> list:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import gradio as gr
 from starlette.middleware import Middleware
 
-from train.compat import calm_gradio_queue, queue_jobs, serialize_queue_joins
+from train.common import calm_gradio_queue, queue_jobs, serialize_queue_joins, serve_gradio_with
 from train.generation import DEFAULT_SAMPLER, SAMPLERS
+from train.common import allow_open_files, deadline_protocol
 
 from .generate import DEFAULT_GUIDANCE, MAX_SEED
 from .handlers import Handlers, as_markdown, queue_validator
@@ -29,6 +30,10 @@ from .xyz import AXES, NONE
 
 log = logging.getLogger("app")
 CONCURRENCY_ID = "generation"  # generate, compare and the X/Y/Z plot share one concurrency limit
+# Open files the app keeps besides its connections: worker and compute threads, uploads being read, the
+# checkpoint file being opened, the interpreter's own.
+FILES_BESIDES_CONNECTIONS = 256
+PROMPT_SET_CHOICES = [("DrawBench (200 prompts)", "drawbench"), ("PartiPrompts (1,632 prompts)", "parti")]
 CSS = "#gallery, #compare-gallery, #xyz-grids {min-height: 320px}"
 UPLOAD_MAX_AGE = 120  # seconds an upload no event has read is kept (an event deletes what it reads at once)
 
@@ -163,9 +168,13 @@ class UI:
                         pick = gr.Dropdown([], multiselect=True, visible=False, label=f"Pick {name} values",
                                            elem_id=f"xyz-{name.lower()}-pick")
                         self.axes.append((kind, values, pick))
-                    self.prompt_file = gr.File(label="Prompt file (DrawBench CSV, PartiPrompts TSV)",
-                                               file_types=[".csv", ".tsv", ".txt"], type="filepath",
-                                               elem_id="xyz-prompt-file")
+                    with gr.Row():
+                        self.prompt_set = gr.Dropdown([("", ""), *PROMPT_SET_CHOICES], value="", scale=1,
+                                                      label="Prompt set (fills the prompt axis)",
+                                                      elem_id="xyz-prompt-set")
+                        self.prompt_file = gr.File(label="or a prompt file (CSV or TSV with a prompt column)",
+                                                   file_types=[".csv", ".tsv", ".txt"], type="filepath", scale=2,
+                                                   elem_id="xyz-prompt-file")
                     self.x_batch = gr.Slider(1, self.limits.max_batch, value=self.limits.max_batch, step=1,
                                              label="Cells per pipeline call", elem_id="xyz-batch")
                     self.x_run, self.x_stop = run_buttons("xyz-", "Plot", "xyz-plot")
@@ -231,6 +240,7 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     kinds, texts = [a[0] for a in ui.axes], [a[1] for a in ui.axes]
     ui.prompt_file.upload(h.prompt_file, [ui.prompt_file, *kinds], [ui.prompt_file, *kinds, *texts],
                           api_visibility="private")
+    ui.prompt_set.input(h.prompt_set, [ui.prompt_set, *kinds], [*kinds, *texts], **private)
     ui.png.upload(h.png_info, ui.png, [ui.png_text, ui.png_values, ui.png_notes], api_name="png_info")
     ui.send.click(h.send_to_generate, ui.png_values,
                   [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs], **private)
@@ -266,20 +276,23 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
 
 def launch(demo: gr.Blocks, uploads: Uploads, *, host: str, port: int, queue_size: int, concurrency: int,
            max_upload_mb: int = 8, upload_max_age: float = UPLOAD_MAX_AGE, trusted_proxies: list[str] = (),
-           prevent_thread_lock: bool = False, quiet: bool = False):
+           request_timeout: float, max_connections: int, prevent_thread_lock: bool = False, quiet: bool = False):
     """Queue (a concurrency limit and a maximum size) and serve on ``host:port``.
 
     Gradio serves only its own cache of returned images and of uploads: no ``allowed_paths``, so neither the
     checkpoint folders nor any other file is reachable through its file route. Uploads are capped at
     ``max_upload_mb`` each (Gradio refuses larger ones with 413), per client and in all (``app.uploads``), and
     deleted once read, or after ``upload_max_age`` seconds. The queue does not poll
-    (``train.compat.calm_gradio_queue``): its wake-ups slowed the generations running in this process. Every
+    (``train.common.compat.calm_gradio_queue``): its wake-ups slowed the generations running in this process. Every
     queued event goes through the queue (``api_open`` off: Gradio's ``/run/<api_name>`` route ran them
     directly, past the queue's size and its validators), and a client is its peer address: uvicorn reads
     X-Forwarded-For only from ``trusted_proxies`` (its default trusted 127.0.0.1, so any local process, or a
-    proxy that passes the header on, could be anyone).
+    proxy that passes the header on, could be anyone). A request must arrive within ``request_timeout``
+    seconds and at most ``max_connections`` are open at once (``train.common.serving``).
     """
     os.environ["FORWARDED_ALLOW_IPS"] = ",".join(trusted_proxies)  # read by the uvicorn.Config Gradio builds
+    allow_open_files(max_connections, FILES_BESIDES_CONNECTIONS)
+    serve_gradio_with(deadline_protocol(request_timeout, max_connections))
     demo.queue(max_size=queue_size, default_concurrency_limit=concurrency, api_open=False)
     calm_gradio_queue(demo)
     serialize_queue_joins(demo)

@@ -141,7 +141,7 @@ class UploadLimit:
         refused: list[UploadRefused] = []
         answer: list[bytes] = []
 
-        from train.compat import upload_abort  # Composer comes with it: not at `dwb`'s start
+        from train.common import upload_abort  # Composer comes with it: not at `dwb`'s start
 
         async def counted_receive():
             message = await receive()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from train.errors import WorkbenchError
-from train.files import write_text_whole
+from train.common import write_text_whole
 
 from .attribute_accuracy import attr_column
 from .bootstrap import interval, p_value, prompt_weights, weighted_means

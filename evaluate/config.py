@@ -2,7 +2,7 @@
 
 A key is its flag's name with underscores (``--n-prompts`` is ``n_prompts``, ``--sampler`` is ``sampler``).
 The file is read first, then the flags given, then ``key=value`` overrides: the later wins. Loading, types
-and unknown keys are ``train.typed_config``'s (one machinery for every stage), and so is the check of each key's
+and unknown keys are ``train.common.typed_config``'s (one machinery for every stage), and so is the check of each key's
 value against the rule on its field (``checked``); the same rules check the flags as they are parsed.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.generation import check_sampler
-from train.typed_config import (NON_NEGATIVE, build_config, check_rules, checked, merge_config, one_of, parse_overrides,
+from train.common import (NON_NEGATIVE, build_config, check_rules, checked, merge_config, one_of, parse_overrides,
                                 read_config_file)
 
 GUIDANCE_SWEEP = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)  # the default guidance scales
@@ -66,7 +66,7 @@ class EvalConfig:
 
 
 def check_eval_config(cfg: EvalConfig) -> EvalConfig:
-    """Every value within its field's rule (``train.typed_config.check_rules``); one line naming the key."""
+    """Every value within its field's rule (``train.common.typed_config.check_rules``); one line naming the key."""
     check_rules(cfg)
     if cfg.sampler is not None:
         check_sampler(cfg.sampler)

@@ -20,7 +20,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from train.errors import WorkbenchError
-from train.files import torch_save_whole
+from train.common import torch_save_whole
 
 from .features import FeatureExtractor, prepare_image, resize_policy, to_batch
 from .metrics import FeatureStats, FrechetReference

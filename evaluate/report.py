@@ -12,7 +12,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from train.files import whole_file, write_text_whole
+from train.common import whole_file, write_text_whole
 
 from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
 from .store import ResultsStore

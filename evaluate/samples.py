@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from train.files import whole_file, write_text_whole
+from train.common import whole_file, write_text_whole
 from train.generation import ImageRecord, Settings, generate_images, native_size, sampler_of, save_png, with_sampler_key
 
 from .layout import grid_file

@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from train.files import disk_full_error, is_disk_full, whole_file
+from train.common import disk_full_error, is_disk_full, whole_file
 from train.generation import with_sampler_key
 
 from .attribute_accuracy import ATTRIBUTE_COLUMNS, COUNT_COLUMNS

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -20,6 +21,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def connect(port: int, data: bytes = b"") -> socket.socket:
+    """A raw TCP connection to a server on 127.0.0.1 that has sent ``data`` (a request cut short, say)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(data)
+    return sock
+
+
+def still_open(sockets: list[socket.socket], seconds: float) -> list[socket.socket]:
+    """The sockets the server has not closed (no EOF, no reset) after watching them for `seconds`."""
+    left = set(sockets)
+    with selectors.DefaultSelector() as watch:
+        for sock in sockets:
+            watch.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + seconds
+        while left and (wait := deadline - time.monotonic()) > 0:
+            for key, _ in watch.select(wait):
+                try:
+                    data = key.fileobj.recv(65536)
+                except ConnectionError:
+                    data = b""
+                if not data:
+                    watch.unregister(key.fileobj)
+                    left.discard(key.fileobj)
+    return [s for s in sockets if s in left]
 
 
 class ServerExited(RuntimeError):

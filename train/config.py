@@ -1,5 +1,5 @@
 """Typed training configuration: YAML on disk, ``key=value`` overrides, unknown keys rejected by name, every
-number and duration within the range on its field (the machinery: ``train.typed_config``).
+number and duration within the range on its field (the machinery: ``train.common.typed_config``).
 
 Top-level keys follow Composer's Trainer argument names where one exists (``max_duration``,
 ``save_folder``, ``save_interval``, ``device_train_microbatch_size``, ``seed``, ``load_path`` ...).
@@ -14,7 +14,7 @@ from typing import Optional, Union
 from .checkpoints import ARCHITECTURES
 from .data import StreamConfig
 from .errors import WorkbenchError
-from .typed_config import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, Duration, Each, Range,
+from .common import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, Duration, Each, Range,
                            build_config, check_rules, checked, merge_config, one_of, parse_overrides, read_config_file)
 
 ARCHITECTURE_NAMES = tuple(ARCHITECTURES)  # the architectures a config may name

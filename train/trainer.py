@@ -16,7 +16,7 @@ import torch
 
 from .config import TrainConfig, config_to_dict
 from .errors import WorkbenchError
-from .files import disk_full_error, is_disk_full
+from .common import disk_full_error, is_disk_full
 from .model import LatentDiffusion
 from .checkpoints import ModelSpec, make_spec
 
@@ -288,7 +288,7 @@ def build_trainer(cfg: TrainConfig):
     from composer.callbacks import LRMonitor, SpeedMonitor
     from composer.utils import dist, reproducibility
 
-    from .compat import RestoreRNG, align_dataset_epoch
+    from .common import RestoreRNG, align_dataset_epoch
     from .data import build_dataloader
 
     device, precision = start_processes(cfg)

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from train.generation.png import parse_parameters
+from train.generation.prompts import read_prompt_table
 
 from ..conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, needs_chromium
 
@@ -218,10 +219,10 @@ def test_drop_a_png_and_send_it_to_generate(page, server, tmp_path):
     assert np.array_equal(np.asarray(again.convert("RGB")), np.asarray(Image.open(made).convert("RGB")))
 
 
-def test_a_prompt_file_fills_the_first_free_axis_with_its_prompts(page, tmp_path):
+def test_a_prompt_file_or_set_fills_the_first_free_axis_with_its_prompts(page, tmp_path):
     """PartiPrompts' TSV dropped on the X/Y/Z tab: its prompts, in file order and cut to the plot's cell limit,
     become the first free axis (Z: X and Y hold seed and guidance); a file without a prompt column is one
-    message that names no server path."""
+    message that names no server path; DrawBench chosen by name then fills the same axis."""
     import csv
 
     from ..conftest import PROMPT_SETS
@@ -242,6 +243,14 @@ def test_a_prompt_file_fills_the_first_free_axis_with_its_prompts(page, tmp_path
     shown = error_toast(page, "no prompt column")
     assert "prompt file upload has no prompt column (header: model, fid)" in shown
     assert "/tmp" not in shown and str(tmp_path) not in shown
+
+    # a shipped set by name replaces the prompt axis' values the same way
+    drawbench = [p.text for p in read_prompt_table("drawbench")][:100]
+    page.click("#xyz-prompt-set input")
+    page.get_by_role("option", name="DrawBench (200 prompts)").click()
+    page.wait_for_function("document.querySelector('#xyz-z-values textarea').value.startsWith('A red colored car.')")
+    assert page.input_value("#xyz-z-values textarea").split("\n") == drawbench
+    assert page.input_value("#xyz-z-type input") == "prompt"
 
 
 def test_markdown_in_a_png_or_a_typed_name_fetches_nothing(page, tmp_path):

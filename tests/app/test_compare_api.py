@@ -15,10 +15,12 @@ from PIL import Image, PngImagePlugin
 
 from train.generation import parse_parameters
 
+from ..servers import connect, still_open
 from .conftest import AppServer
 
 BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"
 UPLOAD_MB, UPLOAD_AGE, CLIENT_UPLOAD_MB, TOTAL_UPLOAD_MB = 1, 2, 4, 6
+REQUEST_TIMEOUT, MAX_CONNECTIONS = 2, 100
 PROXY = "127.0.0.2"  # any 127.x address reaches the server; the test's sockets choose theirs
 
 
@@ -26,13 +28,16 @@ PROXY = "127.0.0.2"  # any 127.x address reaches the server; the test's sockets 
 def net(tree, tmp_path_factory):
     """One server for this module, as on a network: its own temp and output folders, uploads capped at 1 MB each,
     4 MB a client and 6 MB in all and swept after 2 s, a reverse proxy at 127.0.0.2 (tests connect from there
-    to be other clients), and the default limits on work."""
+    to be other clients), requests that must arrive within 2 s, 100 connections at most, and the default
+    limits on work."""
     folder = tmp_path_factory.mktemp("net")
     temp, output, partial = folder / "gradio-temp", folder / "output", folder / "tmp"
     partial.mkdir()
     app = AppServer([tree.root], "--host", "127.0.0.1", "--output", str(output), "--max-upload-mb", str(UPLOAD_MB),
                     "--upload-max-age", str(UPLOAD_AGE), "--max-client-upload-mb", str(CLIENT_UPLOAD_MB),
-                    "--max-total-upload-mb", str(TOTAL_UPLOAD_MB), "--trusted-proxy", PROXY, log=folder / "app.log",
+                    "--max-total-upload-mb", str(TOTAL_UPLOAD_MB), "--trusted-proxy", PROXY,
+                    "--request-timeout", str(REQUEST_TIMEOUT), "--max-connections", str(MAX_CONNECTIONS),
+                    log=folder / "app.log",
                     env={"GRADIO_TEMP_DIR": str(temp), "TMPDIR": str(partial)})
     app.launch().wait_ready()
     app.temp, app.written, app.partial = temp, output, partial  # partial: where uploads are written as they arrive
@@ -333,3 +338,27 @@ def test_uploads_are_limited_per_client_and_in_all_before_they_are_written(net):
     while upload(net, os.urandom(one_mb), source="127.0.0.4").status_code != 200:
         assert time.monotonic() < deadline, "the client's limit was not given back"
         time.sleep(0.5)
+
+
+def test_requests_not_sent_in_time_are_closed_and_connections_are_capped(net):
+    """Runs last in this module: it fills the server's connections. 1,500 half-sent requests stayed open for good
+    (one file descriptor each; under a limit of 1,024 open files the app then answered nobody)."""
+    half_sent = [connect(net.port, head) for head in (b"GET / HTTP/1.1\r\nHost: x\r\nUser-Agent: slo",
+                                                      b"GET /gradio_api/info HTTP/1.1\r\nHost: x\r\n") * 30]
+    try:
+        assert httpx.get(net.url + "/gradio_api/info", timeout=10).status_code == 200  # others are served meanwhile
+        assert len(still_open(half_sent, 0.2)) == 60  # not cut before the timeout
+        assert not still_open(half_sent, REQUEST_TIMEOUT + 3)
+    finally:
+        for sock in half_sent:
+            sock.close()
+
+    idle = [connect(net.port) for _ in range(2 * MAX_CONNECTIONS)]
+    try:
+        held = still_open(idle, 0.5)
+        assert 0 < len(held) <= MAX_CONNECTIONS
+        assert not still_open(held, REQUEST_TIMEOUT + 3)
+    finally:
+        for sock in idle:
+            sock.close()
+    assert httpx.get(net.url + "/gradio_api/info", timeout=10).status_code == 200

@@ -125,3 +125,20 @@ def test_grid_labels_rows_and_columns_around_enlarged_cells():
     assert (grid[:top, row_w:] < 128).any() and (grid[top:, :row_w] < 128).any()  # text drawn in both margins
     bare = labelled_grid(cells, ["", "", ""], ["", ""])
     assert bare.size == (3 * cw, 2 * ch)  # no axis, no margin
+
+
+def test_a_prompt_set_is_named_never_a_path(service):
+    """The X/Y/Z tab's prompt set: a shipped set by name fills the first free axis, cut to the cell limit; any
+    other value, a server path included, is one message and reads nothing."""
+    import gradio as gr
+
+    from app.handlers import Handlers
+    from train.generation.prompts import read_prompt_table
+
+    handlers = Handlers(service)
+    *types, x, y, z = handlers.prompt_set("parti", "seed", "guidance", "none")
+    assert [t["value"] for t in types] == ["seed", "guidance", "prompt"] and "value" not in x and "value" not in y
+    assert z["value"].split("\n") == [p.text for p in read_prompt_table("parti")][:service.limits.max_cells]
+    for name in ("/etc/hostname", "../prompt_sets/drawbench.csv", "drawbench.csv"):
+        with pytest.raises(gr.Error, match="unknown prompt set .*: choose one of drawbench, parti"):
+            handlers.prompt_set(name, "seed", "guidance", "none")

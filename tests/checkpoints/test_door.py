@@ -378,5 +378,6 @@ def test_hub_ids_and_single_files_open_in_sample_evaluate_and_the_app(hub_cache,
     assert np.array_equal(np.asarray(app.generate(hub_cache.repo, "ema", GenerationParams(
         PROMPT, sampler="DPM++ 2M", steps=3, guidance=3.0, width=32, height=32, seed=9)).images[0]), reference[0])
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(WorkbenchError, match="not in the"):
+    with pytest.raises(WorkbenchError, match="nor a pipeline in the server's Hugging Face cache") as missing:
         app.open(hub_cache.repo)
+    assert str(tmp_path) not in str(missing.value)  # the app names no server folder

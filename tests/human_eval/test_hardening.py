@@ -7,9 +7,7 @@ as its reverse proxy, 5 new raters a minute, a 2 s request timeout and a cap of 
 """
 import json
 import os
-import selectors
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from human_eval.images import PIXEL_CHUNKS, png_chunk_types
 from human_eval.samples import read_manifest
 from human_eval.study import build_study
 
-from ..servers import ServerExited
+from ..servers import ServerExited, connect, still_open
 from .conftest import Server, cookie_attributes, drawbench, start_rater, write_samples
 from .test_blind import ihdr
 from .test_cli import one_line_error
@@ -142,31 +140,6 @@ HALF_SENT = (
     b"GET /healthz HTTP/1.1\r\nHost: x\r\n",  # a head without its closing blank line
     b"POST /api/vote HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 90\r\n\r\n{\"rater\"",
 )
-
-
-def connect(port: int, data: bytes = b"") -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(data)
-    return sock
-
-
-def still_open(sockets: list[socket.socket], seconds: float) -> list[socket.socket]:
-    """The sockets the server has not closed (no EOF, no reset) after watching them for `seconds`."""
-    left = set(sockets)
-    with selectors.DefaultSelector() as watch:
-        for sock in sockets:
-            watch.register(sock, selectors.EVENT_READ)
-        deadline = time.monotonic() + seconds
-        while left and (wait := deadline - time.monotonic()) > 0:
-            for key, _ in watch.select(wait):
-                try:
-                    data = key.fileobj.recv(65536)
-                except ConnectionError:
-                    data = b""
-                if not data:
-                    watch.unregister(key.fileobj)
-                    left.discard(key.fileobj)
-    return [s for s in sockets if s in left]
 
 
 def test_requests_not_sent_in_time_are_closed_and_connections_are_capped(server):

@@ -1,16 +1,16 @@
-"""The library internals `train.compat` relies on: a version bump fails here first, by name."""
+"""The library internals `train.common.compat` relies on: a version bump fails here first, by name."""
 import inspect
 from importlib.metadata import version
 
 import pytest
 
-from train import compat
+from train.common import compat
 
 
 @pytest.mark.parametrize("package", sorted(compat.WRITTEN_FOR))
 def test_installed_versions_are_the_ones_compat_was_written_for(package):
     assert version(package) == compat.WRITTEN_FOR[package], (
-        f"{package} is {version(package)}; train/compat.py was written for {compat.WRITTEN_FOR[package]}: re-read each "
+        f"{package} is {version(package)}; train/common/compat.py was written for {compat.WRITTEN_FOR[package]}: re-read each "
         "entry there against the new version, run the resumption tests, then update WRITTEN_FOR")
 
 

@@ -148,7 +148,7 @@ def test_every_number_and_duration_key_has_a_rule():
     import typing
 
     from train.config import TrainConfig
-    from train.typed_config import RULE
+    from train.common import RULE
 
     def keys(cls, prefix=""):
         for f in dataclasses.fields(cls):

@@ -15,7 +15,7 @@ checkpoint carries (``spec``).
     ckpt.kind, ckpt.label, ckpt.step, content_hash(ckpt)
     pipe = load_pipeline(ckpt, ema=True, device="cpu")
 """
-from ..faces import face
+from ..common import face
 
 __getattr__, __all__ = face(__name__, {
     "architectures": "ARCHITECTURES TINY unet_config",

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, WorkbenchError, first_line
-from ..files import whole_folder
+from ..common import whole_folder
 from .composer import has_ema, model_weights, read_checkpoint, read_summary
 from .find import Checkpoint, find_checkpoint
 from .tokenizer_files import check_pipeline_folder, tokenizer_from_files

@@ -7,7 +7,7 @@ precomputed VAE latents and text hidden states.
 - ``latents``: the precomputed-latents format and its compatibility checks;
 - ``precompute``: encoding a dataset once with the VAE and text encoder (`dwb data precompute`).
 """
-from ..faces import face
+from ..common import face
 
 __getattr__, __all__ = face(__name__, {
     "convert": "ConvertSummary convert_to_mds",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import WorkbenchError, first_line
-from ..typed_config import NON_NEGATIVE, checked
+from ..common import NON_NEGATIVE, checked
 
 
 @dataclass

@@ -6,7 +6,7 @@ choice, and the PNG parameters that record how each image was made.
 - ``samplers``: the samplers by name; ``device``: where a pipeline runs and in what precision;
 - ``grid``: prompts x seeds grids; ``prompts``: prompt tables (DrawBench, PartiPrompts, your own CSV/TSV).
 """
-from ..faces import face
+from ..common import face
 
 __getattr__, __all__ = face(__name__, {
     "device": "pick_device pipeline_dtype",

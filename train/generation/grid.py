@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ..files import whole_file
+from ..common import whole_file
 from .images import Settings, generate_images
 
 DEMO_PROMPTS = [

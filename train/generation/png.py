@@ -102,8 +102,8 @@ def with_metadata(image: Image.Image, record: ImageRecord) -> Image.Image:
 
 
 def save_png(image: Image.Image, path, record: ImageRecord, extra: dict | None = None) -> None:
-    """The PNG with its record as text chunks, written whole or not at all (``train.files``)."""
-    from ..files import whole_file
+    """The PNG with its record as text chunks, written whole or not at all (``train.common.files``)."""
+    from ..common import whole_file
 
     info = PngImagePlugin.PngInfo()
     for key, value in record.pnginfo(extra).items():

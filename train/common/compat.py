@@ -56,6 +56,12 @@ Streaming keeps every dataset's shared-memory blocks (about a dozen file descrip
 process exits; a training process makes a handful, a test session hundreds, and would run out of file
 descriptors. The context records the blocks made inside it and frees them at its end.
 
+**Gradio's HTTP server** (``serve_gradio_with``). Gradio builds its uvicorn ``Config`` itself
+(``gradio.http_server.start_server``) and takes no HTTP protocol, so the app could not give its server the
+deadline for a request to arrive and the cap on connections (``train.common.serving``): 1,500 half-sent requests
+stayed open for good. Gradio's ``Server`` class is replaced by a subclass that sets the config's ``http``
+before uvicorn loads it.
+
 **Composer's EMA under FSDP** (``fsdp_full_params``). Composer's EMA gathers FSDP weights through
 ``model.module``, which the workbench's model does not have (its FSDP units are its children);
 ``composer.algorithms.ema.ema.get_model_context_manager`` is replaced by one that gathers them with
@@ -141,7 +147,7 @@ def calm_gradio_queue(demo) -> None:
     for name, value in (("sleep_when_free", GRADIO_EVENT_POLL_S),
                         ("progress_update_sleep_when_free", GRADIO_PROGRESS_INTERVAL_S)):
         if not hasattr(queue, name):
-            raise RuntimeError(f"gradio's queue has no {name}: re-read train/compat.py against this gradio")
+            raise RuntimeError(f"gradio's queue has no {name}: re-read train/common/compat.py against this gradio")
         setattr(queue, name, value)
     if hasattr(queue, "compute_analytics_summary") and hasattr(queue, "cached_event_analytics_summary"):
         queue.compute_analytics_summary = lambda event_analytics: queue.cached_event_analytics_summary
@@ -161,6 +167,24 @@ def serialize_queue_joins(demo) -> None:
             return await push(*args, **kwargs)
 
     queue.push = one_at_a_time
+
+
+def serve_gradio_with(http) -> None:
+    """Before ``demo.launch``: Gradio's uvicorn server speaks ``http`` (a protocol class or factory; see above)."""
+    from gradio import http_server
+
+    base = getattr(http_server.Server, "gradio_server", http_server.Server)  # once, however often it is called
+    if not hasattr(base, "install_signal_handlers"):
+        raise RuntimeError("gradio's http_server.Server is not the uvicorn server it was: re-read train/common/compat.py")
+
+    class Server(base):
+        gradio_server = base
+
+        def __init__(self, config, *args, **kwargs):
+            config.http = http
+            super().__init__(config, *args, **kwargs)
+
+    http_server.Server = Server
 
 
 def upload_abort(message: str) -> Exception:

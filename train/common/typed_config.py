@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Union
 
 import yaml
 
-from .errors import WorkbenchError, first_line
+from ..errors import WorkbenchError, first_line
 
 # ---------------------------------------------------------------------------------------------
 # Value rules: each key's allowed values sit on its dataclass field (``checked(default, rule)``) and are

@@ -1,0 +1,20 @@
+"""The ground floor every room of train stands on, and the command packages with them.
+
+- ``compat``: every patch of a library's internals, with the version it was written for;
+- ``files``: files written whole or not at all, and a full disk said in one line;
+- ``typed_config``: YAML and ``key=value`` read into dataclasses: types, value ranges, unknown keys;
+- ``serving``: the servers' deadline for a request to arrive and their cap on open connections;
+- ``faces``: how a room's face hands on its names (this face too).
+"""
+from .faces import face
+
+__getattr__, __all__ = face(__name__, {
+    "compat": "RestoreRNG align_dataset_epoch calm_gradio_queue fsdp_full_params patch_composer_ema queue_jobs "
+              "release_streaming_shared_memory serialize_queue_joins serve_gradio_with upload_abort",
+    "faces": "face",
+    "files": "disk_full_error is_disk_full torch_save_whole whole_file whole_folder write_bytes_whole "
+             "write_text_whole",
+    "serving": "DeadlineProtocol allow_open_files deadline_protocol",
+    "typed_config": "AT_LEAST_ONE NON_NEGATIVE POSITIVE PROBABILITY RULE SEED Duration Each OneOf Range build_config "
+                    "check_rules checked merge_config one_of parse_overrides read_config_file",
+})
