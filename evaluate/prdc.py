@@ -37,10 +37,10 @@ class _Distances:
     def __init__(self, a: torch.Tensor, b: torch.Tensor, b_sq: torch.Tensor):
         self.a, self.b = a, b
         a_sq = (a * a).sum(1)
-        scale = a_sq[:, None] + b_sq[None, :]
-        self.fast = (scale - 2 * a @ b.T).clamp_min(0)  # (n_a, n_b)
-        # |fast - exact| <= (d + 2) u (||a||² + ||b||² + 2|a||b|) <= 2 (d + 2) u scale; doubled for the norms' own rounding
-        self.slack = 4 * (a.shape[1] + 2) * torch.finfo(torch.float64).eps * scale
+        self.fast = torch.addmm(a_sq[:, None] + b_sq[None, :], a, b.T, alpha=-2).clamp_(min=0)  # (n_a, n_b)
+        # |fast - exact| <= (d + 2) u (||a||² + ||b||² + 2|a||b|) <= 2 (d + 2) u (||a||² + ||b||²), doubled for the
+        # norms' own rounding; one bound for the block (the largest norms): a scalar costs no pass over the matrix
+        self.slack = float(4 * (a.shape[1] + 2) * torch.finfo(torch.float64).eps * (a_sq.max() + b_sq.max()))
 
     def exact(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """sum((a - b)²) for the given (row, column) pairs: the same value in either orientation."""
@@ -48,21 +48,22 @@ class _Distances:
 
     def below(self, radius_sq: torch.Tensor) -> torch.Tensor:
         """(n_a, n_b) booleans: exact distance < radius, where ``radius_sq`` broadcasts against the matrix."""
-        radius_sq = radius_sq.expand_as(self.fast)
-        inside = self.fast + self.slack < radius_sq
-        unsure = (self.fast - self.slack < radius_sq) & ~inside
-        rows, cols = unsure.nonzero(as_tuple=True)
-        inside[rows, cols] = self.exact(rows, cols) < radius_sq[rows, cols]
+        margin = self.fast - radius_sq
+        inside = margin < -self.slack
+        rows, cols = (margin.abs_() <= self.slack).nonzero(as_tuple=True)  # within rounding of the ball's edge
+        if len(rows):
+            inside[rows, cols] = self.exact(rows, cols) < radius_sq.expand_as(self.fast)[rows, cols]
         return inside
 
     def kth_smallest(self, k: int) -> torch.Tensor:
         """(n_a,) the exact k-th smallest squared distance of each row (k = 1 is the smallest)."""
         fast_kth = self.fast.kthvalue(k, dim=1).values
         # every pair whose exact distance could be at most the exact k-th is a candidate; the others stay infinite
-        limit = fast_kth + self.slack.max(1).values
-        rows, cols = (self.fast - self.slack <= limit[:, None]).nonzero(as_tuple=True)
-        exact = torch.full_like(self.fast, float("inf"))
-        exact[rows, cols] = self.exact(rows, cols)
+        rows, cols = (self.fast <= (fast_kth + 2 * self.slack)[:, None]).nonzero(as_tuple=True)  # row-major
+        counts = torch.bincount(rows, minlength=len(self.fast))  # k or a few more per row
+        place = torch.arange(len(rows)) - (torch.cumsum(counts, 0) - counts)[rows]
+        exact = torch.full((len(self.fast), int(counts.max())), float("inf"), dtype=self.fast.dtype)
+        exact[rows, place] = self.exact(rows, cols)
         return exact.kthvalue(k, dim=1).values
 
 
