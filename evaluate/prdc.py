@@ -18,10 +18,10 @@ through a matrix product (||a||² + ||b||² - 2 a·b, what ``torch.cdist`` does 
 BLAS rounds a·b differently when the product is transposed or cut into other blocks (measured: up to
 1.4e-14 apart on this suite's machine, 8.9e-16 on an Intel Xeon with MKL, which made the density of a
 set against itself 1.005 instead of 1). So every decision is taken on exact squared distances,
-sum((a - b)²), which are the same bits in either orientation and in any block. They cost 7-10x a
-matrix product (2,000-4,000 points, 768-1,024 features), so the product still does the work: it
-decides every comparison its rounding bound cannot flip, and only the few pairs within that bound of
-an edge are computed exactly.
+sum((a - b)²), which are the same bits in either orientation and in any block. Computing all of them
+costs 10-16x a matrix product (2,000-4,000 points, 768-1,024 features), so the product still does the
+work: it decides every comparison its rounding bound cannot flip, and only the few pairs within that
+bound of an edge are computed exactly (1.2-1.6x the product-only version; BENCHMARKS.md).
 """
 from __future__ import annotations
 
