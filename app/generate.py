@@ -13,8 +13,8 @@ from typing import Callable
 from PIL import Image
 
 from train.errors import WorkbenchError
-from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, ImageRecord, Settings, StepHook,  # noqa: F401 - app's names
-                              Stopped, check_sampler, generate_images)
+from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,  # noqa: F401 - app's names
+                              ImageRecord, Settings, StepHook, Stopped, check_sampler, generate_images)
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a random one
 
@@ -77,7 +77,7 @@ class GenerationParams:
     prompt: str
     negative_prompt: str = ""
     sampler: str = DEFAULT_SAMPLER
-    steps: int = 25
+    steps: int = DEFAULT_STEPS
     guidance: float = DEFAULT_GUIDANCE
     width: int = 512
     height: int = 512

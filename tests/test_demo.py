@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -37,6 +38,19 @@ def test_quick_demo_runs_every_stage(tmp_path):
         assert np.isfinite(s["fid"]) and 0.0 <= s["attr_all_all"] <= 1.0 and 0.0 <= s["attr_single_color"] <= 1.0
     assert (out / "eval" / "report" / "attributes_vs_step.png").is_file()
     assert "all right" in r.stdout and "scores:" in r.stdout
+    # its own guidance and steps, the workbench's sampler and weights: in demo.json, each row and each grid's PNG
+    assert report["generation"] == {"guidance": 3.0, "steps": 4, "sampler": "DPM++ 2M", "weights": "auto"}
+    assert {s["weights"] for s in report["scores"]} == {"ema"} and "(ema weights;" in r.stdout
+    with Image.open(report["grids"][-1]) as grid:
+        assert "Steps: 4, Sampler: DPM++ 2M, CFG scale: 3," in grid.text["parameters"]
+        assert "Weights: EMA" in grid.text["parameters"]
+    # ... and closes with the answer: is the last checkpoint better than the middle one, with its interval
+    comparison = report["comparison"]
+    assert (comparison["a"], comparison["b"]) == ("phase2/ba2", "phase2/ba4")
+    closing = r.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"Is phase2/ba4 better than phase2/ba2\? (Yes|No, it is worse|Not clearly): all right on "
+                        r"every prompt .*95% interval [+-][\d.e-]+ to [+-][\d.e-]+\), domain FID .*; paired over "
+                        r"the same 8 prompts and seeds\.", closing), closing
     # ... and ends with a blind study of its first, middle and last checkpoints, from its own manifests
     study = report["study"]
     assert study["models"] == ["phase1/ba2", "phase2/ba2", "phase2/ba4"] and study["pairs"] > 0

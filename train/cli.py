@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from .generation import SAMPLERS
+from .generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, SAMPLERS,
+                         WEIGHT_CHOICES)
 
 
 def _positive(value: str) -> int:
@@ -103,16 +104,19 @@ def cmd_export(args) -> None:
 
 
 def cmd_sample(args) -> None:
-    from .checkpoints import content_hash, find_checkpoint, load_pipeline
-    from .generation import DEMO_PROMPTS, write_grid
+    from .checkpoints import content_hash, find_checkpoint, load_pipeline, native_size_of, weights_of
+    from .generation import DEMO_PROMPTS, Settings, write_grid
 
     ckpt = find_checkpoint(args.checkpoint)
-    pipe = load_pipeline(ckpt, ema=args.ema)
-    prompts = args.prompt or DEMO_PROMPTS
-    out = write_grid(pipe, args.out, prompts, seeds=range(args.seeds), steps=args.steps, guidance=args.guidance,
-                     size=args.size, sampler=args.sampler,
-                     title=f"{ckpt.label} ({content_hash(ckpt)}){' EMA' if args.ema else ''}")
-    print(f"wrote {out}")
+    weights = weights_of(ckpt, "ema" if args.ema else args.weights)
+    pipe = load_pipeline(ckpt, ema=weights == "ema")
+    size = args.size or native_size_of(ckpt, pipe)
+    settings = Settings(steps=args.steps, guidance=args.guidance, width=size, height=size, sampler=args.sampler)
+    out = write_grid(pipe, args.out, args.prompt or DEMO_PROMPTS, seeds=range(args.seeds),
+                     title=f"{ckpt.label} ({content_hash(ckpt)}) {weights} weights", settings=settings,
+                     checkpoint=ckpt.label, checkpoint_hash=content_hash(ckpt), weights=weights)
+    print(f"wrote {out}: {weights} weights, guidance {settings.guidance:g}, {settings.steps} steps, "
+          f"{settings.sampler}, {size} px")
 
 
 def register(sub) -> None:
@@ -191,11 +195,16 @@ def register_model(sub) -> None:
     p.add_argument("checkpoint")
     p.add_argument("out")
     p.add_argument("--prompt", action="append", help="repeatable; default: the demo prompts")
-    p.add_argument("--seeds", type=_positive, default=4)
-    p.add_argument("--steps", type=_positive, default=25)
-    p.add_argument("--guidance", type=float, default=5.0)
-    p.add_argument("--size", type=_positive, help="image side (default: the model's native size)")
-    p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
-                   help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's own)")
-    p.add_argument("--ema", action="store_true")
+    p.add_argument("--seeds", type=_positive, default=4, help="columns, seeds 0 to N-1 (default 4)")
+    p.add_argument("--steps", type=_positive, default=DEFAULT_STEPS, help=f"sampler steps (default {DEFAULT_STEPS})")
+    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                   help=f"classifier-free guidance scale (default {DEFAULT_GUIDANCE:g})")
+    p.add_argument("--size", type=_positive, help="image side (default: the checkpoint's native size, the resolution "
+                                                  "it was trained at where it records one)")
+    p.add_argument("--sampler", choices=list(SAMPLERS), default=DEFAULT_SAMPLER, metavar="NAME",
+                   help=f"one of: {', '.join(SAMPLERS)} (default {DEFAULT_SAMPLER})")
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument("--weights", choices=WEIGHT_CHOICES, default=DEFAULT_WEIGHTS,
+                         help="a Composer checkpoint's EMA or raw weights (default auto: EMA where it holds them)")
+    weights.add_argument("--ema", action="store_true", help="the same as --weights ema")
     p.set_defaults(func=cmd_sample)
