@@ -143,9 +143,11 @@ def cmd_train_scorer(args) -> None:
 def cmd_compare(args) -> None:
     from .compare import check_replicates, compare_store, rows_of, write_comparison
     from .store import ResultsStore
+    from .study_votes import read_study
 
     cfg = config_from_args(args, scoring=False)
     check_replicates(cfg.bootstrap)
+    studies = [read_study(folder) for folder in args.study]  # a missing study or report stops before any work
     missing = [c for c in (args.a, args.b) if not rows_of(ResultsStore(cfg.out).rows(), c)]
     if missing:  # score what the store does not hold yet, with the same prompts and seeds
         from train.errors import WorkbenchError
@@ -156,12 +158,16 @@ def cmd_compare(args) -> None:
             raise WorkbenchError(f"{missing[0]} has no scored rows in {cfg.out}/results.jsonl: give --reference and "
                                  f"--inception-weights or --scorer to score it")
         _summary(evaluate_checkpoints(cfg, missing))
-    for result in compare_store(cfg.out, args.a, args.b, replicates=cfg.bootstrap, seed=cfg.seed):
+    results = compare_store(cfg.out, args.a, args.b, replicates=cfg.bootstrap, seed=cfg.seed)
+    for result in results:
         print(f"A = {result['a']}, B = {result['b']}, guidance {result['guidance']:g}, {result['n_images']} images "
               f"of {result['n_prompts']} prompts, {result['bootstrap']} paired bootstrap replicates:")
         for m in result["metrics"]:
             print(f"  {m['sentence']}")
         print(f"  (written to {write_comparison(cfg.out, result)})")
+    from .compare_page import write_compare_page
+
+    print(f"page: {write_compare_page(cfg.out, args.a, args.b, results, studies, args.max_pairs)}")
     from .report import write_report
 
     print(f"report: {write_report(cfg.out)}")
@@ -253,6 +259,11 @@ def register(sub) -> None:
     p.add_argument("b", help="model label or checkpoint path")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. bootstrap=1000")
     _common(p, scoring=False)
+    p.add_argument("--study", action="append", default=[], metavar="DIR",
+                   help="a `dwb human-eval` study of A's and B's images, reported (`dwb human-eval report DIR`): its "
+                        "raters' votes beside each pair on the comparison page; repeatable")
+    p.add_argument("--max-pairs", type=_positive, metavar="N",
+                   help="image pairs per guidance scale on the comparison page, those that differ most (default 48)")
     p.set_defaults(func=cmd_compare)
 
     p = ev_sub.add_parser("train-scorer", help="train the shapes domain scorer (domain FID, attribute accuracy)")
