@@ -181,6 +181,15 @@ def _comparisons(folder: Path) -> list[str]:
     return ["<h2>Comparisons (dwb evaluate compare)</h2>", *parts] if parts else []
 
 
+def _comparison_pages(folder: Path, out: Path) -> list[str]:
+    """Links to the comparison pages (`evaluate.compare_page`), relative to the report."""
+    from .layout import comparison_pages
+
+    links = [f"<li><a href='{html.escape(os.path.relpath(p, out))}'>{html.escape(p.stem)}</a></li>"
+             for p in comparison_pages(folder)]
+    return ["<h2>Comparison pages: A and B side by side</h2><ul>", *links, "</ul>"] if links else []
+
+
 def write_report(folder: str | Path) -> Path:
     """``folder/report/``: the plots that have data, index.html (tables, categories, comparisons, grids)."""
     folder = Path(folder)
@@ -208,6 +217,7 @@ def write_report(folder: str | Path) -> Path:
     if any(r.get(ALL_RIGHT) is not None for r in rows):
         parts += ["<h2>Attribute accuracy</h2>", _table(rows, [k for k, _ in ATTRIBUTE_LINES], first)]
     parts += _categories(rows, tag) + _comparisons(folder)
+    parts += _comparison_pages(folder, out)
     for r in rows:
         grids = sorted((folder / r["samples"] / "grids").glob("*.png")) if r.get("samples") else []
         if grids:
