@@ -162,6 +162,12 @@ def cmd_compare(args) -> None:
               f"of {result['n_prompts']} prompts, {result['bootstrap']} paired bootstrap replicates:")
         for m in result["metrics"]:
             print(f"  {m['sentence']}")
+        verdict = result["overall"]
+        print(f"  {verdict['heading']}")
+        for family in verdict["families"]:
+            print(f"    {family['sentence']}")
+        if verdict["note"]:
+            print(f"  note: {verdict['note']}")
         print(f"  (written to {write_comparison(cfg.out, result)})")
     from .report import write_report
 

@@ -174,7 +174,10 @@ def _comparisons(folder: Path) -> list[str]:
     parts = []
     for path in sorted((folder / "compare").glob("*.json")):
         c = json.loads(path.read_text())
+        verdict = c.get("overall") or {}  # comparisons written before the overall verdict have none
         lines = [m["sentence"] for m in c["metrics"]]
+        lines += [verdict["heading"], *(f["sentence"] for f in verdict["families"])] if verdict else []
+        lines += [verdict["note"]] if verdict.get("note") else []
         parts.append(f"<p><b>A = {html.escape(c['a'])}, B = {html.escape(c['b'])}</b>, guidance {c['guidance']:g}, "
                      f"{c['n_images']} images, {c['bootstrap']} paired replicates<br>"
                      + "<br>".join(html.escape(line) for line in lines) + "</p>")
