@@ -3,8 +3,8 @@ contradict the words.
 
 Each metric's verdict follows one rule (``bootstrap.interval`` and ``bootstrap.p_value``): B - A is a gain
 for one checkpoint exactly when its 95% interval excludes 0, which is exactly when p < 0.05. Printed digits
-keep that visible: an interval is rounded outward with as many decimals as it takes for a bound clear of 0
-to print clear of 0, and a p-value just under 0.05 prints as "p < 0.05", never "p = 0.05".
+keep that visible (``train.common.digits``): an interval is rounded outward with as many decimals as it
+takes for a bound clear of 0 to print clear of 0, and a p-value just under 0.05 prints as "p < 0.05".
 
 The overall verdict counts, per metric family (``names.FAMILIES``), the metrics that favour B, favour A or
 cannot tell after Holm's adjustment over every metric of the comparison (``bootstrap.holm``): testing 19
@@ -14,65 +14,18 @@ from __future__ import annotations
 
 import math
 
+from train.common import interval_text, p_value_text
+
 from .bootstrap import holm, p_floor
 from .names import FAMILIES, display_name, metric
 
 SIGNIFICANCE = 0.05
-MAX_DECIMALS = 12
-
-
-def _decimals(lo: float, hi: float) -> int:
-    """Three significant digits of the interval's width (one for a zero-width interval of a whole number)."""
-    width = hi - lo
-    if width > 0:
-        return max(0, 2 - math.floor(math.log10(width)))
-    size = max(abs(lo), abs(hi))
-    return 0 if size == 0 or float(size).is_integer() else max(0, 2 - math.floor(math.log10(size)))
-
-
-def _outward(lo: float, hi: float, decimals: int) -> tuple[float, float]:
-    scale = 10.0 ** decimals
-    return math.floor(round(lo * scale, 6)) / scale, math.ceil(round(hi * scale, 6)) / scale
-
-
-def interval_digits(lo: float, hi: float) -> int:
-    """Decimals for an interval: three significant digits of its width, more while rounding outward would
-    print a bound that is clear of 0 as 0 (or past it)."""
-    decimals = _decimals(lo, hi)
-    while decimals < MAX_DECIMALS:
-        plo, phi = _outward(lo, hi, decimals)
-        if not ((lo > 0 and plo <= 0) or (hi < 0 and phi >= 0)):
-            break
-        decimals += 1
-    return decimals
-
-
-def interval_text(estimate: float, lo: float, hi: float, signed: bool = False) -> str:
-    """``estimate [lo, hi]``, the bounds rounded outward (the printed interval holds the computed one)."""
-    d = interval_digits(lo, hi)
-    plo, phi = _outward(lo, hi, d)
-    sign = "+" if signed else ""
-    return f"{estimate:{sign}.{d}f} [{plo:{sign}.{d}f}, {phi:{sign}.{d}f}]"
-
-
-def _round_up(x: float, digits: int = 2) -> float:
-    scale = 10.0 ** (digits - 1 - math.floor(math.log10(x)))
-    return math.ceil(round(x * scale, 6)) / scale
 
 
 def p_text(p: float, replicates: int, bound: bool = False) -> str:
-    """"p = 0.012"; "p < 0.05" for a p under 0.05 that two digits would round to 0.05; "p <= 0.01" at the
-    smallest p the replicates resolve (``bootstrap.p_floor``), and for any p computed from one (``bound``: a
-    Holm-adjusted p of a metric at the floor is an upper bound)."""
-    floor = p_floor(replicates)
-    if p <= floor * (1 + 1e-9) or (bound and p < 1):
-        return f"p <= {_round_up(max(p, floor)):.2g}"
-    if p < 0.001:
-        return "p < 0.001"
-    text = f"{p:.2g}"
-    if p < SIGNIFICANCE <= float(text):
-        return f"p < {SIGNIFICANCE:g}"
-    return f"p = {text}"
+    """``train.common.p_value_text`` with the replicates' floor: "p <= 0.01" for 200 (``bootstrap.p_floor``);
+    ``bound``: an upper bound (a Holm-adjusted p of a metric at the floor)."""
+    return p_value_text(p, SIGNIFICANCE, p_floor(replicates), bound)
 
 
 def better_of(key: str, lo: float, hi: float, p: float) -> str | None:

@@ -14,7 +14,8 @@ from evaluate.metrics import FeatureStats
 from evaluate.reference import ReferenceStats
 from evaluate.row import row_metrics
 from evaluate.store import ResultsStore
-from evaluate.verdict import interval_text, p_text
+from evaluate.verdict import p_text
+from train.common import interval_text
 from train.errors import WorkbenchError
 
 PROMPTS, DIM = 40, 4
@@ -177,6 +178,8 @@ def test_printed_digits_never_contradict_the_words():
     assert float(re.search(r"\[([0-9.]+),", printed).group(1)) > 0
     lo, hi = (float(x) for x in re.search(r"\[([-+0-9.]+), ([-+0-9.]+)\]", interval_text(-1, -1.04, -0.96)).groups())
     assert lo <= -1.04 and hi >= -0.96  # outward
+    share = interval_text(64.0, 50.0004, 76.02, threshold=50)  # a preference just clear of 50%, in percent
+    assert float(re.search(r"\[([0-9.]+),", share).group(1)) > 50
 
 
 def test_kid_interval_stays_at_or_above_zero(one_thread):
