@@ -12,12 +12,12 @@ Metrics (``evaluate.metrics`` and ``evaluate.bootstrap``, as a row and ``compare
 reference features. FID and KID intervals cover the expected FID / KID at that number of images against
 that reference (what the interval is for: generated images resampled, the reference fixed), estimated from
 ``--truth-draws`` independent sets; KID is also simulated for generated features drawn like the reference's
-population, where its truth is 0 and its interval's lower bound is kept at 0. CLIP score: 100 x cos(image, caption) of Gaussian
-embeddings, 2 images a prompt whose caption and strength they share, truth by Monte Carlo; the paired
-difference of two checkpoints' CLIP scores (and of their FIDs) is compare's interval, whose words must
-agree with its p-value in every draw.
+population, where its truth is 0 and its interval's lower bound is kept at 0. CLIP score: 100 x cos(image,
+caption) of Gaussian embeddings, 2 images a prompt whose caption and strength they share, truth by Monte
+Carlo; the paired difference of two checkpoints' CLIP scores (and of their FIDs) is compare's interval,
+whose words must agree with its p-value in every draw.
 
-  python bench/coverage.py [--sims 1000 --metric-sims 400]      # about 10 minutes on 2 busy cores
+  python bench/coverage.py [--sims 1000 --metric-sims 400]      # about 8 minutes on 2 busy cores
   python bench/coverage.py --smoke                              # seconds: a few draws of small cases
 
 Writes OUT/coverage.json (default bench/out) and prints the tables as Markdown before it.
@@ -76,7 +76,8 @@ def win_rate_coverage(sims: int, n_boot: int, per_prompt: int, prompt_sd: float,
                 covered = dict.fromkeys(WIN_INTERVALS, 0)
                 point = dict.fromkeys(WIN_INTERVALS, 0)
                 for _ in range(sims):
-                    for name, (lo, hi) in win_rate_intervals(*simulated_votes(rng, n, rate, step, sd), n_boot, rng).items():
+                    votes_drawn = simulated_votes(rng, n, rate, step, sd)
+                    for name, (lo, hi) in win_rate_intervals(*votes_drawn, n_boot, rng).items():
                         covered[name] += lo <= truth <= hi
                         point[name] += hi - lo < 1e-12
                 rows.append({"votes": n, "rate": rate, "clustered": clustered, "prompts": -(-n // step),
@@ -134,11 +135,12 @@ def set_metric_coverage(g: Gaussians, name: str, shift: float, scale: float, ima
         clipped += raw_lo < lo
         widths.append(hi - lo)
     return {"metric": {"fid": "FID", "kid_mean": "KID"}[name], "case": f"shift {shift:g}, scale {scale:g}",
-            "truth": truth, "coverage": covered / sims, "covers_zero": zero / sims, "lower_bound_raised_to_0": clipped / sims,
-            "mean_width": float(np.mean(widths))}
+            "truth": truth, "coverage": covered / sims, "covers_zero": zero / sims,
+            "lower_bound_raised_to_0": clipped / sims, "mean_width": float(np.mean(widths))}
 
 
-def clip_scores(rng, prompts: int, strength: np.ndarray, dim: int = 32, per_prompt: int = 2) -> tuple[np.ndarray, np.ndarray]:
+def clip_scores(rng, prompts: int, strength: np.ndarray, dim: int = 32,
+                per_prompt: int = 2) -> tuple[np.ndarray, np.ndarray]:
     """100 x cos(image, caption): each prompt's caption t and strength a; an image is a t + N(0, I). Returns
     (scores, prompt ids)."""
     t = rng.standard_normal((prompts, dim))
@@ -172,7 +174,8 @@ def clip_coverage(rng, prompts: int, replicates: int, sims: int, gain: float) ->
         lo, hi = interval(d, rb - ra)
         paired += lo <= truth_b - truth_a <= hi
         agree += (lo > 0 or hi < 0) == (p_value(d, rb - ra) < 0.05)
-    return ({"metric": "CLIP score", "case": f"{prompts} prompts x 2 images", "truth": truth_a, "coverage": single / sims},
+    return ({"metric": "CLIP score", "case": f"{prompts} prompts x 2 images", "truth": truth_a,
+             "coverage": single / sims},
             {"metric": "CLIP score, B - A (compare)", "case": f"strength +{gain:g}", "truth": truth_b - truth_a,
              "coverage": paired / sims, "verdict_agrees_with_p": agree / sims})
 
@@ -222,7 +225,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=500)
     ap.add_argument("--reference", type=int, default=1000)
     ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--replicates", type=int, default=200, help="replicates of a metric's interval (evaluate's default)")
+    ap.add_argument("--replicates", type=int, default=200,
+                    help="replicates of a metric's interval (evaluate's default)")
     ap.add_argument("--prompts", type=int, default=250, help="prompts of a CLIP-score row (2 images each)")
     ap.add_argument("--seed", type=int, default=0)
     args = parse_args(ap, smoke=dict(sims=10, bootstrap=50, metric_sims=4, truth_draws=20, images=40, reference=60,

@@ -16,8 +16,8 @@ inside the metric's range (KID's unbiased estimate of two alike sets can be belo
 One verdict rule for a difference B - A: its p-value is the smallest 1 - level at which that same interval
 reaches 0, so "the 95% interval excludes 0" and "p < 0.05" are the same statement and can never disagree
 (the earlier p, the share of centred replicates farther from 0 than the estimate, followed another rule:
-on 200 gamma-distributed replicates the two disagreed in 30% of 20,000 draws of the estimate). Several metrics of one comparison are adjusted together with
-Holm's step-down rule (``holm``).
+on 200 gamma-distributed replicates the two disagreed in 30% of 20,000 draws of the estimate). Several
+metrics of one comparison are adjusted together with Holm's step-down rule (``holm``).
 """
 from __future__ import annotations
 

@@ -72,28 +72,25 @@ def replicates_for_holm(n_metrics: int) -> int:
     return math.floor(2 * n_metrics / SIGNIFICANCE)
 
 
-def _family_verdict(favour_b: int, favour_a: int) -> str | None:
-    if favour_b and favour_a:
-        return "mixed"
-    return "B" if favour_b else "A" if favour_a else None
+def family_verdict(family: str, metrics: list[dict]) -> dict:
+    """One family's metrics counted after Holm's adjustment: B is better when some favour B and none favour A
+    (and the other way round), "mixed" when both happen, cannot tell (None) when none do."""
+    favour_b = sum(m["better_holm"] == "B" for m in metrics)
+    favour_a = sum(m["better_holm"] == "A" for m in metrics)
+    verdict = "mixed" if favour_b and favour_a else "B" if favour_b else "A" if favour_a else None
+    words = {None: "cannot tell", "mixed": "mixed", "A": "A is better", "B": "B is better"}[verdict]
+    n, unclear = len(metrics), len(metrics) - favour_a - favour_b
+    return {"family": family, "metrics": [m["metric"] for m in metrics], "favour_b": favour_b, "favour_a": favour_a,
+            "cannot_tell": unclear, "verdict": verdict,
+            "sentence": f"{family}: {words} ({n} {'metric' if n == 1 else 'metrics'}: {favour_b} for B, {favour_a} "
+                        f"for A, {unclear} cannot tell)"}
 
 
 def overall(metrics: list[dict], replicates: int) -> dict:
-    """Per family, how many metrics favour B, favour A or cannot tell after Holm's adjustment, in words."""
-    families = []
-    for family in FAMILIES:
-        mine = [m for m in metrics if m["family"] == family]
-        if not mine:
-            continue
-        favour_b = sum(m["better_holm"] == "B" for m in mine)
-        favour_a = sum(m["better_holm"] == "A" for m in mine)
-        verdict = _family_verdict(favour_b, favour_a)
-        words = {None: "cannot tell", "mixed": "mixed", "A": "A is better", "B": "B is better"}[verdict]
-        families.append({"family": family, "metrics": [m["metric"] for m in mine], "favour_b": favour_b,
-                         "favour_a": favour_a, "cannot_tell": len(mine) - favour_a - favour_b, "verdict": verdict,
-                         "sentence": f"{family}: {words} ({len(mine)} {'metric' if len(mine) == 1 else 'metrics'}: "
-                                     f"{favour_b} for B, {favour_a} for A, {len(mine) - favour_a - favour_b} "
-                                     f"cannot tell)"})
+    """Per family, how many metrics favour B, favour A or cannot tell after Holm's adjustment, in words; a note
+    when the replicates are too few for any metric to pass the adjustment."""
+    families = [family_verdict(f, [m for m in metrics if m["family"] == f]) for f in FAMILIES
+                if any(m["family"] == f for m in metrics)]
     needed = replicates_for_holm(len(metrics))
     note = (f"{replicates} replicates resolve p down to {p_floor(replicates):.2g}, too coarse for Holm's adjustment "
             f"over {len(metrics)} metrics to find any difference: compare with --bootstrap {needed} or more"

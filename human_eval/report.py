@@ -22,8 +22,8 @@ VOTE_COLUMNS = ("vote_id", "created_at", "rater", "rater_label", "pair", "kind",
 SHORT = {"clustered_wilson": "Wilson on effective votes", "two_way": "bootstrap by prompt and rater",
          "bootstrap_prompt": "bootstrap by prompt", "bootstrap_rater": "bootstrap by rater", "wilson": "Wilson"}
 RESULT_COLUMNS = ("question", "model_a", "model_b", "category", "votes", "wins_a", "wins_b", "ties", "decisive",
-                  "rate_a", *(f"{name}_{end}" for name in INTERVALS for end in ("lo", "hi")), "design_effect", "tie_rate",
-                  "score_test_p", "sign_test_p")
+                  "rate_a", *(f"{name}_{end}" for name in INTERVALS for end in ("lo", "hi")), "design_effect",
+                  "tie_rate", "score_test_p", "sign_test_p")
 
 
 def vote_rows(study: Study, votes: list[dict], labels: dict[str, str] | None = None) -> list[dict]:
@@ -141,8 +141,9 @@ def planner_lines(results: dict) -> list[str]:
         return []
     p = c["plan"]
     total = f", about {p['votes_needed']} votes in all with ties and clustering" if p["votes_needed"] else ""
-    return [f"votes for a {p['target_width']:.2f}-wide interval (+-{50 * p['target_width']:.0f} points; {c['question']}, "
-            f"{c['model_a']} vs {c['model_b']}): {p['decisive_needed_worst_case']} decisive at a 50% rate, "
+    return [f"votes for a {p['target_width']:.2f}-wide interval (+-{50 * p['target_width']:.0f} points; "
+            f"{c['question']}, {c['model_a']} vs {c['model_b']}): {p['decisive_needed_worst_case']} decisive at a "
+            f"50% rate, "
             f"{p['decisive_needed_at_observed']} at the observed rate{total}; a comparison whose interval clears 50% "
             f"is settled sooner (stopping rule, below)"]
 

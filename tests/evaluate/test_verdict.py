@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from evaluate.bootstrap import holm, interval, p_value, prompt_weights
+from evaluate.bootstrap import holm, interval, p_value
 from evaluate.compare import compare_rows
 from evaluate.metrics import FeatureStats
+from evaluate.names import metric
 from evaluate.reference import ReferenceStats
 from evaluate.row import row_metrics
-from evaluate.store import ResultsStore
-from evaluate.verdict import p_text
+from evaluate.store import ATTRIBUTE_COLUMNS, ResultsStore
+from evaluate.verdict import overall, p_text
 from train.common import interval_text
 from train.errors import WorkbenchError
 
@@ -203,3 +204,16 @@ def test_a_comparison_needs_replicates_in_both_tails(checkpoints):
     out, a, new_b, _ = checkpoints
     with pytest.raises(WorkbenchError, match="at least 40 replicates"):
         compare_rows(out, a, new_b("b", 1.0), replicates=39)
+
+
+def test_the_overall_verdict_counts_each_family_and_says_when_replicates_are_too_few():
+    def m(key: str, better: str | None) -> dict:
+        return {"metric": key, "family": metric(key).family, "better_holm": better}
+
+    metrics = [m("fid", "B"), m("kid_mean", "A"), m("clip_score", "B"), *(m(k, None) for k in ATTRIBUTE_COLUMNS)]
+    verdict = overall(metrics, replicates=200)
+    families = {f["family"]: f for f in verdict["families"]}
+    assert families["image quality"]["verdict"] == "mixed" and families["text alignment"]["verdict"] == "B"
+    assert families["attribute accuracy"]["cannot_tell"] == len(ATTRIBUTE_COLUMNS) == 14
+    assert verdict["n_metrics"] == 17 and verdict["replicates_needed"] == 680  # 2 x 17 / (B + 1) < 0.05
+    assert "--bootstrap 680" in verdict["note"] and overall(metrics, replicates=680)["note"] is None
