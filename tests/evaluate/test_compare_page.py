@@ -169,7 +169,7 @@ def test_the_page_caps_its_pairs_and_a_study_of_other_checkpoints_is_refused(com
     for info in study["model_info"].values():
         info["checkpoint_hash"] = "0123456789ab"
     (other / "study.json").write_text(json.dumps(study))
-    args = ["evaluate", "compare", str(compared.a), str(compared.b), "--out", str(copy), "--bootstrap", "20"]
+    args = ["evaluate", "compare", str(compared.a), str(compared.b), "--out", str(copy), "--bootstrap", "40"]
     r = dwb(*args, "--study", str(other))
     assert r.returncode != 0 and "is a study of other checkpoints" in r.stderr and "0123456789ab" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
