@@ -342,8 +342,11 @@ def test_compare_two_checkpoints_with_paired_intervals(tiny_run, shapes_data, in
     from evaluate.compare import compare_store
 
     [same] = compare_store(out, str(a), str(a), replicates=50)  # a checkpoint against itself: no difference at all
-    assert [m["sentence"].split(": ", 1)[1] for m in same["metrics"]] == [
-        "B - A = +0 [+0, +0], p = 1 (Holm-adjusted over 5 metrics: p = 1, cannot tell)"] * 5
+    alike = "B - A = +0 [+0, +0], p = 1"
+    assert {m["metric"]: m["sentence"].split(": ", 1)[1] for m in same["metrics"]} == {
+        **{k: f"{alike} (Holm-adjusted over the 4 image quality metrics: p = 1, cannot tell)"
+           for k in ("fid", "kid_mean", "cmmd", "fd_dinov2")}, "clip_score": alike}
+    assert same["replicates"] == {"image quality": 400, "text alignment": 50}  # 80 per metric of a family of 4
 
     assert main(["evaluate", "compare", str(a), str(tiny_run / "ep9-ba9-rank0.pt"), "--out", str(out)]) != 0
     err = capsys.readouterr().err.strip()  # not scored, and nothing to score it with
