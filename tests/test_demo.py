@@ -44,13 +44,20 @@ def test_quick_demo_runs_every_stage(tmp_path):
     with Image.open(report["grids"][-1]) as grid:
         assert "Steps: 4, Sampler: DPM++ 2M, CFG scale: 3," in grid.text["parameters"]
         assert "Weights: EMA" in grid.text["parameters"]
-    # ... and closes with the answer: is the last checkpoint better than the middle one, with its interval
+    # ... and closes with the answer, in `dwb evaluate compare`'s words, intervals and p-values
     comparison = report["comparison"]
     assert (comparison["a"], comparison["b"]) == ("phase2/ba2", "phase2/ba4")
     closing = r.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"Is phase2/ba4 better than phase2/ba2\? (Yes|No, it is worse|Not clearly): all right on "
-                        r"every prompt .*95% interval [+-][\d.e-]+ to [+-][\d.e-]+\), domain FID .*; paired over "
-                        r"the same 8 prompts and seeds\.", closing), closing
+    claim = r"(B is better|A is better) on {0} by [\d.]+ \[[\d.]+, [\d.]+\]|cannot tell on {0}: B - A = \S+ \[\S+, \S+\]"
+    p = r"\(p (=|<|<=) [\d.]+\)"
+    assert re.fullmatch(rf"Last checkpoint vs middle \(B = phase2/ba4, A = phase2/ba2, paired over the same 8 prompts "
+                        rf"and seeds\): ({claim.format('FID')}) {p}; ({claim.format(re.escape('every attribute right (all prompts)'))}) {p}\.",
+                        closing), closing
+    compared = run_dwb("evaluate", "compare", "phase2/ba2", "phase2/ba4", "--out", str(out / "eval"))
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    for answer in closing.split(": ", 1)[1].rstrip(".").split("; "):
+        said, p_value = answer.rsplit(" (", 1)
+        assert f"  {said}, {p_value.rstrip(')')}" in compared.stdout, (answer, compared.stdout)
     # ... and ends with a blind study of its first, middle and last checkpoints, from its own manifests
     study = report["study"]
     assert study["models"] == ["phase1/ba2", "phase2/ba2", "phase2/ba4"] and study["pairs"] > 0

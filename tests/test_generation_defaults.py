@@ -1,8 +1,11 @@
 """One set of generation defaults (``train.generation.defaults``): `dwb sample`, the app and `dwb evaluate`'s sample
 sets make the same checkpoint's images with the same guidance, steps, sampler, size and weights when nobody
 chooses, as each output's PNG parameters say."""
+import contextlib
+import io
 import json
 
+import pytest
 from PIL import Image
 
 from train.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS
@@ -16,6 +19,58 @@ def recorded(image: Image.Image) -> dict:
     return {key: record[key] for key in SETTINGS}
 
 
+def help_of(parser, *command: str) -> str:
+    """A command's ``--help``, its lines joined."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        parser.parse_args([*command, "--help"])
+    return " ".join(out.getvalue().split())
+
+
+def test_each_command_starts_from_the_defaults_or_says_in_its_help_where_it_differs(tiny_run):
+    """Each command's effective defaults, read as it reads them: `dwb sample`'s flags, `dwb evaluate run`'s config
+    (its sample sets are the ones `dwb human-eval create` builds studies from), the app's controls and `dwb demo`'s
+    settings. Evaluate's guidance sweep and the demo's guidance and steps differ: their help says so."""
+    from app.service import Service
+    from app.ui import build_ui
+    from demo.settings import generation
+    from dwb import build_parser
+    from evaluate.cli import config_from_args
+    from evaluate.config import weights_choice
+    from train.checkpoints import find_checkpoint, weights_of
+    from train.generation import Settings, sampler_of
+
+    parser = build_parser()
+    sample = parser.parse_args(["sample", "ckpt", "out.png"])
+    sampled = {"guidance": sample.guidance, "steps": sample.steps, "sampler": sample.sampler, "weights": sample.weights,
+               "size": sample.size}
+    cfg = config_from_args(parser.parse_args(["evaluate", "run", "ckpt", "--out", "o", "--reference", "r"]))
+    assert DEFAULT_GUIDANCE in cfg.guidance and len(cfg.guidance) > 1  # a sweep that holds the default
+    evaluated = {"guidance": DEFAULT_GUIDANCE, "steps": cfg.steps, "sampler": sampler_of(Settings(sampler=cfg.sampler)),
+                 "weights": weights_choice(cfg), "size": cfg.size}
+    defaults = {"guidance": DEFAULT_GUIDANCE, "steps": DEFAULT_STEPS, "sampler": DEFAULT_SAMPLER,
+                "weights": DEFAULT_WEIGHTS, "size": None}
+    assert sampled == evaluated == defaults
+
+    blocks, _ = build_ui(Service([tiny_run], cache_size=1))
+    control = {c.elem_id: c.value for c in blocks.blocks.values() if getattr(c, "elem_id", None)}
+    ckpt = find_checkpoint(str(tiny_run / control["checkpoint"]))
+    app = {"guidance": control["guidance"], "steps": control["steps"], "sampler": control["sampler"],
+           "weights": weights_of(ckpt, control["weights"]), "size": control["width"]}
+    assert app == {**defaults, "weights": weights_of(ckpt, DEFAULT_WEIGHTS), "size": 16}  # its native size: 16 px
+
+    demo = generation()
+    assert (demo["sampler"], demo["weights"]) == (DEFAULT_SAMPLER, DEFAULT_WEIGHTS)
+    assert (demo["guidance"], demo["steps"]) != (DEFAULT_GUIDANCE, DEFAULT_STEPS)
+    assert f"at guidance {demo['guidance']:g} (where the tiny model draws best; the workbench's default is " \
+           f"{DEFAULT_GUIDANCE:g}), {demo['steps']} steps" in help_of(parser, "demo")
+    assert f"which holds {DEFAULT_GUIDANCE:g}, what dwb sample and the app generate at" in \
+           help_of(parser, "evaluate", "run")
+    shown = help_of(parser, "sample")
+    assert f"(default {DEFAULT_GUIDANCE:g})" in shown and f"(default {DEFAULT_SAMPLER})" in shown
+
+
+@pytest.mark.slow
 def test_sample_the_app_and_evaluate_generate_with_the_same_defaults(tiny_run, shapes_data, inception_weights,
                                                                      tmp_path, dwb):
     from app.generate import GenerationParams
