@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from train.common import whole_file, write_text_whole
+from train.common import write_text_whole
 from train.generation import (DEFAULT_GUIDANCE, DEFAULT_STEPS, ImageRecord, Settings, generate_images, native_size,
                               sampler_of, save_png, with_sampler_key)
 
@@ -166,7 +166,8 @@ def read_manifest(path: str | Path) -> list[dict]:
 
 
 def write_category_grids(records: list[SampleRecord], out: str | Path, max_prompts: int = 8, title: str = "") -> list[Path]:
-    """One grid PNG per category under ``out/grids``: up to ``max_prompts`` prompts x their images."""
+    """One grid PNG per category under ``out/grids``: up to ``max_prompts`` prompts x their images, with its first
+    image's parameters and, in its ``dwb`` JSON, each cell's image (its manifest line says how it was made)."""
     from train.generation import grid_image
 
     out = Path(out)
@@ -181,7 +182,7 @@ def write_category_grids(records: list[SampleRecord], out: str | Path, max_promp
         path = grid_file(out, category)
         path.parent.mkdir(parents=True, exist_ok=True)
         grid = grid_image(images, [row[0].prompt for row in rows], title=f"{title} {category}".strip())
-        with whole_file(path) as tmp:
-            grid.save(tmp, format="PNG")
+        save_png(grid, path, rows[0][0].image_record(),  # its first image's, as AUTOMATIC1111 writes a grid's
+                 extra={"grid": {"images": [[r.path for r in row[:n]] for row in rows]}})
         paths.append(path)
     return paths

@@ -1,7 +1,8 @@
 """Turning a checkpoint into images: one generation path, samplers, seeds, grids, prompt sets, device
 choice, and the PNG parameters that record how each image was made.
 
-- ``defaults``: guidance, steps, sampler, size and weights when nobody says otherwise, for every command;
+- ``defaults``: guidance, steps, sampler, size and weights when nobody says otherwise, for every command, and
+  the limits of what one image may ask for;
 - ``images``: prompts and per-image seeds to images (``generate_images``), for every caller;
 - ``png``: the record of an image, written into its PNG (AUTOMATIC1111's ``parameters`` and JSON) and read back;
 - ``samplers``: the samplers by name; ``device``: where a pipeline runs and in what precision;
@@ -10,8 +11,8 @@ choice, and the PNG parameters that record how each image was made.
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "defaults": "DEFAULT_GUIDANCE DEFAULT_SAMPLER DEFAULT_SIZE DEFAULT_STEPS DEFAULT_WEIGHTS WEIGHT_CHOICES "
-                "weights_to_use",
+    "defaults": "DEFAULT_GUIDANCE DEFAULT_SAMPLER DEFAULT_SIZE DEFAULT_STEPS DEFAULT_WEIGHTS MAX_GUIDANCE MAX_SEED "
+                "MAX_SIZE MAX_STEPS MIN_SIZE SIZE_STEP WEIGHT_CHOICES weights_to_use",
     "device": "pick_device pipeline_dtype",
     "grid": "DEMO_PROMPTS grid_image write_grid",
     "images": "Settings StepHook Stopped generate_images native_size sampler_of",

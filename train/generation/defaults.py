@@ -18,6 +18,13 @@ DEFAULT_STEPS = 25
 DEFAULT_SAMPLER = "DPM++ 2M"
 DEFAULT_SIZE = None  # the checkpoint's native size (train.generation.native_size)
 
+# What one image may ask for, in `dwb sample` and in the app (whose flags may change them; its server also limits
+# the work per request and per client, app.generate.Limits).
+MAX_STEPS = 150
+MIN_SIZE, MAX_SIZE, SIZE_STEP = 16, 1024, 8  # sides are multiples of 8: the VAE's scale factor
+MAX_GUIDANCE = 30.0
+MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a random one
+
 # Which weights of a checkpoint: a Composer checkpoint may hold raw and EMA weights; other kinds hold one set.
 WEIGHT_CHOICES = ("auto", "ema", "raw")
 DEFAULT_WEIGHTS = "auto"  # EMA where the checkpoint holds EMA weights, else the raw (or only) ones

@@ -61,21 +61,38 @@ def grid_image(images: np.ndarray, prompts: list[str], title: str = "") -> Image
 
 def write_grid(pipe, out: str | Path, prompts: list[str] = DEMO_PROMPTS, seeds=(0, 1, 2, 3), title: str = "",
                settings: Settings = Settings(), *, checkpoint: str = "", checkpoint_hash: str = "",
-               weights: str = "stored", max_batch: int = 64) -> Path:
-    """The grid as ``out`` (its suffix names the format). A PNG holds its first image's record and, in its ``dwb``
-    JSON, every prompt and seed: what made each image."""
+               weights: str = "stored", max_batch: int = 64, images_to: str | Path | None = None) -> Path:
+    """The grid as ``out`` (its suffix names the format). A PNG holds its first image's record, as AUTOMATIC1111
+    writes a grid's, and, in its ``dwb`` JSON, every prompt and seed. ``images_to``: each image also on its own
+    there, with its own record (``write_images``)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     seeds = list(seeds)
     images = generate(pipe, prompts, seeds, settings, max_batch=max_batch)
+    height, width = images.shape[2:4]
+    records = [[ImageRecord.of(settings, prompt, seed, (width, height), sampler_of(settings), checkpoint,
+                               checkpoint_hash, weights) for seed in seeds] for prompt in prompts]
+    if images_to is not None:
+        write_images(images, records, images_to)
     grid = grid_image(images, prompts, title)
     image_format = Image.registered_extensions().get(out.suffix.lower(), "PNG")  # as OUT names it
     if image_format != "PNG":
         with whole_file(out) as tmp:
             grid.save(tmp, format=image_format)
         return out
-    height, width = images.shape[2:4]
-    record = ImageRecord.of(settings, prompts[0], seeds[0], (width, height), sampler_of(settings), checkpoint,
-                            checkpoint_hash, weights)
-    save_png(grid, out, record, extra={"grid": {"prompts": list(prompts), "seeds": seeds}})
+    save_png(grid, out, records[0][0], extra={"grid": {"prompts": list(prompts), "seeds": seeds}})
     return out
+
+
+def write_images(images: np.ndarray, records: list[list[ImageRecord]], folder: str | Path) -> list[Path]:
+    """Each image of a (prompts, seeds, H, W, 3) grid as its own PNG with its record, named as AUTOMATIC1111 names
+    them, ``<5-digit index>-<seed>.png``, prompt by prompt."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cells = [(image, record) for row, rows in zip(images, records) for image, record in zip(row, rows)]
+    paths = []
+    for i, (image, record) in enumerate(cells):
+        path = folder / f"{i:05d}-{record.seed}.png"
+        save_png(Image.fromarray(image), path, record)
+        paths.append(path)
+    return paths
