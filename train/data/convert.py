@@ -245,13 +245,24 @@ def _convert_unit(task: tuple[str, str, dict, _Options, int | None]) -> tuple[st
     return name, summary
 
 
+def _die_with_parent() -> None:
+    """A worker whose parent is killed (SIGKILL leaves the pool no time to stop it) is killed too, so a
+    repeated command never meets a worker of the earlier run still writing a unit it converts again."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1  # linux/prctl.h
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _run(tasks: list, workers: int) -> Iterator[tuple[str, ConvertSummary]]:
     """Each task's summary as it finishes: in this process for one worker or one task, else in a pool of
     forked processes (forked: no worker re-imports PIL, pyarrow and Streaming)."""
     if workers == 1 or len(tasks) <= 1:
         yield from map(_convert_unit, tasks)
         return
-    with multiprocessing.get_context("fork").Pool(min(workers, len(tasks))) as pool:
+    with multiprocessing.get_context("fork").Pool(min(workers, len(tasks)), initializer=_die_with_parent) as pool:
         yield from pool.imap_unordered(_convert_unit, tasks, chunksize=1)
 
 

@@ -40,16 +40,16 @@ def _key_and_extension(name: str) -> tuple[str, str]:
     return str(path.parent / stem) if str(path.parent) != "." else stem, extension.lower()
 
 
-def _members(tar: tarfile.TarFile, counts: TarCounts) -> Iterator[tuple[str, str, bytes]]:
-    """(key, extension, bytes) of each regular, safely named member of bounded size."""
+def _members(tar: tarfile.TarFile, counts: TarCounts) -> Iterator[tuple[str, str, tarfile.TarInfo]]:
+    """(key, extension, member) of each regular, safely named member of bounded size; its data is read by
+    the caller before the next one (stream mode)."""
     for member in tar:
         if member.isdir():
             continue
         if not member.isfile() or _unsafe_name(member.name) or member.size > MAX_MEMBER_BYTES:
-            counts.refused += 1  # tarfile's stream mode skips its data without reading it into memory
+            counts.refused += 1  # tarfile's stream mode skips its data without keeping it
             continue
-        file = tar.extractfile(member)
-        yield (*_key_and_extension(member.name), file.read() if file else b"")
+        yield (*_key_and_extension(member.name), member)
 
 
 def _record(shard: str, key: str, parts: dict[str, bytes], joined: dict[str, Any] | None) -> Record:
@@ -69,12 +69,12 @@ def tar_records(url: str, name: str, counts: TarCounts) -> Iterator[Record]:
     key, parts = None, {}
     try:
         with open_stream(url) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for member_key, extension, data in _members(tar, counts):
-                if member_key != key and parts:
+            for member_key, extension, member in _members(tar, counts):
+                if member_key != key and parts:  # a sample ends where the next begins, before its data is read
                     yield _record(name, key, parts, metadata.get(key))
                     parts = {}
                 key = member_key
-                parts[extension] = data
+                parts[extension] = tar.extractfile(member).read()
     except (tarfile.TarError, EOFError, OSError):  # cut short or not a tar: the sample being read is lost
         counts.truncated += 1
         return
