@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import io
 import multiprocessing
+import os
 import resource
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, RUN, parse_args, report
+from _common import RUN, parse_args, report
 
 BUCKETS = (256, 512)
 
@@ -73,23 +73,35 @@ def bare_loop(images: list[bytes]) -> float:
 def _convert_child(src: Path, out: Path, workers: int, queue) -> None:
     from train.data import convert_to_mds
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     summary = convert_to_mds(src, out, buckets=BUCKETS, workers=workers, progress=False)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    queue.put((summary.converted, seconds, peak / 1024))
+    queue.put((summary.converted, seconds, peak / 1024, cpu))
 
 
-def convert(src: Path, out: Path, workers: int) -> tuple[int, float, float]:
-    """(images converted, seconds, peak RSS of the largest of its processes in MiB), in a fresh fork."""
-    shutil.rmtree(out, ignore_errors=True)
+CPU: dict[str, float] = {}
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the pool's workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def convert(src: Path, out: Path, workers: int, fresh: bool = True) -> tuple[int, float, float]:
+    """(images converted, seconds, peak RSS of the largest of its processes in MiB), in a fresh fork (of a
+    process that imported PIL, pyarrow and Streaming already, as a worker of the pool is)."""
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
     fork = multiprocessing.get_context("fork")
     queue = fork.Queue()
     child = fork.Process(target=_convert_child, args=(src, out, workers, queue))
     child.start()
-    result = queue.get()
+    converted, seconds, peak, cpu = queue.get()
     child.join()
-    return result
+    CPU[out.name] = cpu
+    return converted, seconds, peak
 
 
 def copies(src: Path, folder: Path, times: int) -> Path:
@@ -102,31 +114,39 @@ def copies(src: Path, folder: Path, times: int) -> Path:
     return folder
 
 
+def _convert_to_be_killed(src: Path, out: Path) -> None:
+    from train.data import convert_to_mds
+
+    convert_to_mds(src, out, buckets=BUCKETS, workers=2, progress=False)
+
+
 def kill_and_resume(src: Path, out: Path) -> dict:
-    """SIGKILL a `dwb data convert` half-way through its units, run it again; same samples as uninterrupted?"""
+    """SIGKILL a conversion half-way through its units, run it again: the samples of an uninterrupted run?
+    (A forked process running what `dwb data convert` runs; the test suite kills a real `dwb` process.)"""
     from streaming import LocalDataset
 
     shutil.rmtree(out, ignore_errors=True)
     units = len(list(src.glob("*.tar")))
-    command = [sys.executable, str(ROOT / "dwb.py"), "data", "convert", str(src), str(out / "resumed"),
-               "--buckets", ",".join(map(str, BUCKETS))]
-    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fork = multiprocessing.get_context("fork")
+    run = fork.Process(target=_convert_to_be_killed, args=(src, out / "resumed"))
+    run.start()
     done = out / "resumed" / ".convert" / "done"
-    while run.poll() is None and len(list(done.glob("*.json")) if done.is_dir() else []) < units // 2:
-        time.sleep(0.01)
-    run.send_signal(signal.SIGKILL)
-    run.wait()
+    while run.is_alive() and len(list(done.glob("*.json")) if done.is_dir() else []) < units // 2:
+        time.sleep(0.005)
+    os.kill(run.pid, signal.SIGKILL)
+    run.join()
     kept = len(list(done.glob("*.json")))
-    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    convert(src, out / "whole", 2)
+    _, resumed_s, _ = convert(src, out / "resumed", 2, fresh=False)
+    _, whole_s, _ = convert(src, out / "whole", 2)
 
     def content(folder: Path) -> list:
         ds = LocalDataset(local=str(folder))
         return [(ds[i]["caption"], ds[i]["image"].tobytes()) for i in range(ds.num_samples)]
 
     same = all(content(out / "resumed" / str(b)) == content(out / "whole" / str(b)) for b in BUCKETS)
-    return {"killed": run.returncode == -signal.SIGKILL, "units": units, "units_done_when_killed": kept,
-            "rerun_exit": again.returncode, "rerun_line": again.stdout.strip(), "same_samples_and_order": same}
+    return {"killed": run.exitcode == -signal.SIGKILL, "units": units, "units_done_when_killed": kept,
+            "rerun_seconds": round(resumed_s, 2), "uninterrupted_seconds": round(whole_s, 2),
+            "same_samples_and_order": same}
 
 
 def main() -> None:
@@ -135,6 +155,10 @@ def main() -> None:
     ap.add_argument("--per-shard", type=int, default=100)
     ap.add_argument("--grow", type=int, default=10, help="the memory check's larger input, in copies of the shards")
     args = parse_args(ap, smoke={"shards": 2, "per_shard": 8, "grow": 2})
+    import streaming  # noqa: F401 - imported once here, as `dwb` has before converting: the forks time conversion
+
+    from train.data import convert_to_mds  # noqa: F401
+
     src = RUN.out / f"convert-shards-{args.shards}x{args.per_shard}"
     images = build_shards(src, args.shards, args.per_shard)
 
@@ -152,6 +176,9 @@ def main() -> None:
         "convert_2_workers_images_per_s": round(n2 / s2, 1),
         "per_core_vs_bare_loop": round(n1 / s1 / bare, 3),
         "speedup_2_vs_1_workers": round(s1 / s2, 3),
+        "cpu_seconds_per_image_1_vs_2_workers": [round(CPU["convert-w1"] / n1, 4), round(CPU["convert-w2"] / n2, 4)],
+        "cores_busy_on_average_1_vs_2_workers": [round(CPU["convert-w1"] / s1, 2), round(CPU["convert-w2"] / s2, 2)],
+        "load_average_at_end": [round(x, 1) for x in os.getloadavg()],
         "peak_rss_mib_1x": round(rss2, 1), f"peak_rss_mib_{args.grow}x": round(rssg, 1),
         "peak_rss_growth": round(rssg / rss2 - 1, 3),
         "kill_and_resume": resume, "checks_pass": ok,

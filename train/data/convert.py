@@ -399,7 +399,7 @@ def convert_to_mds(src: str | Path | Sequence[str | Path], out: str | Path, *, b
     mine = [k for k in range(len(units)) if part is None or k % part[1] == part[0]]
     done = _done_summaries(out, [names[k] for k in mine])
     pending = [k for k in mine if names[k] not in done]
-    _convert_pending(out, names, units, options, pending, done, workers or os.cpu_count() or 1, progress)
+    _convert_pending(out, names, units, options, pending, done, workers or len(os.sched_getaffinity(0)), progress)
     if part is not None:
         summary = _total(done, sides)
     else:
