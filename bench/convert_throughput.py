@@ -53,11 +53,12 @@ def build_shards(folder: Path, shards: int, per_shard: int) -> list[bytes]:
     return [r.image for r in rows]
 
 
-def bare_loop(images: list[bytes]) -> float:
-    """Images per second of decode (with draft), resize per bucket (largest first, Lanczos) and JPEG encode."""
+def bare_loop(images: list[bytes]) -> tuple[float, float]:
+    """Images per second of decode (with draft), resize per bucket (largest first, Lanczos) and JPEG encode,
+    and CPU seconds per image."""
     from PIL import Image
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for data in images:
         with Image.open(io.BytesIO(data)) as img:
             side = min(img.size)
@@ -67,7 +68,7 @@ def bare_loop(images: list[bytes]) -> float:
         for bucket in sorted(BUCKETS, reverse=True):
             img = img.resize((round(w * bucket / min(w, h)), round(h * bucket / min(w, h))), Image.LANCZOS)
             img.save(io.BytesIO(), format="JPEG")
-    return len(images) / (time.perf_counter() - start)
+    return len(images) / (time.perf_counter() - start), (time.process_time() - cpu) / len(images)
 
 
 def _convert_child(src: Path, out: Path, workers: int, queue) -> None:
@@ -162,7 +163,7 @@ def main() -> None:
     src = RUN.out / f"convert-shards-{args.shards}x{args.per_shard}"
     images = build_shards(src, args.shards, args.per_shard)
 
-    bare = bare_loop(images)
+    bare, bare_cpu = bare_loop(images)
     n1, s1, rss1 = convert(src, RUN.out / "convert-w1", 1)
     n2, s2, rss2 = convert(src, RUN.out / "convert-w2", 2)
     grown = copies(src, RUN.out / f"convert-shards-{args.shards}x{args.per_shard}-x{args.grow}", args.grow)
@@ -175,7 +176,9 @@ def main() -> None:
         "convert_1_worker_images_per_s": round(n1 / s1, 1),
         "convert_2_workers_images_per_s": round(n2 / s2, 1),
         "per_core_vs_bare_loop": round(n1 / s1 / bare, 3),
+        "per_cpu_second_vs_bare_loop": round(bare_cpu / (CPU["convert-w1"] / n1), 3),
         "speedup_2_vs_1_workers": round(s1 / s2, 3),
+        "bare_loop_cpu_seconds_per_image": round(bare_cpu, 4),
         "cpu_seconds_per_image_1_vs_2_workers": [round(CPU["convert-w1"] / n1, 4), round(CPU["convert-w2"] / n2, 4)],
         "cores_busy_on_average_1_vs_2_workers": [round(CPU["convert-w1"] / s1, 2), round(CPU["convert-w2"] / s2, 2)],
         "load_average_at_end": [round(x, 1) for x in os.getloadavg()],
