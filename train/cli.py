@@ -14,6 +14,16 @@ def _positive(value: str) -> int:
     return n
 
 
+def _part(value: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected i/N such as 0/4, got {value!r}") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise argparse.ArgumentTypeError(f"expected i/N with 0 <= i < N, got {value!r}")
+    return i, n
+
+
 def _positive_float(value: str) -> float:
     try:
         x = float(value)
@@ -70,9 +80,21 @@ def cmd_convert(args) -> None:
                       image_column=args.image_column, caption_column=args.caption_column,
                       min_aesthetic=args.min_aesthetic, aesthetic_column=args.aesthetic_column,
                       language_column=args.language_column, languages=args.languages.split(",") if args.languages else None,
-                      split=args.split, limit=args.limit,
+                      max_punsafe=args.max_punsafe, max_watermark=args.max_watermark,
+                      split=args.split, limit=args.limit, workers=args.workers, part=args.part,
                       **({"max_megapixels": args.max_megapixels} if args.max_megapixels else {}))
-    print(summary.line())
+    kept = f" ({summary.units_kept} units kept from an earlier run)" if summary.units_kept else ""
+    if args.part:
+        i, n = args.part
+        print(f"part {i}/{n}: {summary.line()}{kept}; once all {n} parts are done: dwb data join {args.out}")
+    else:
+        print(summary.line() + kept)
+
+
+def cmd_join(args) -> None:
+    from .data import join_parts
+
+    print(join_parts(args.out).line())
 
 
 def cmd_precompute(args) -> None:
@@ -177,8 +199,9 @@ def register_data(sub) -> None:
     p.add_argument("--sizes", type=_sizes, default=(16, 32), help="resolution buckets (default 16,32)")
     p.set_defaults(func=cmd_shapes)
 
-    p = data_sub.add_parser("convert", help="image folder, Parquet or HF dataset -> MDS resolution buckets")
-    p.add_argument("src")
+    p = data_sub.add_parser("convert", help="WebDataset/img2dataset shards, Parquet, image folders or HF datasets "
+                                            "-> MDS resolution buckets")
+    p.add_argument("src", nargs="+", help="folders, files, s3:// prefixes or brace patterns (shards/{00000..00099}.tar)")
     p.add_argument("out")
     p.add_argument("--buckets", type=_sizes, default=(256, 512), help="minimum-side buckets (default 256,512)")
     p.add_argument("--image-format", choices=("jpeg", "png"), default="jpeg")
@@ -188,12 +211,21 @@ def register_data(sub) -> None:
     p.add_argument("--aesthetic-column")
     p.add_argument("--language-column")
     p.add_argument("--languages", help="comma-separated language codes to keep, e.g. en")
+    p.add_argument("--max-punsafe", type=float, help="keep rows whose punsafe (probability of unsafe) is at most this")
+    p.add_argument("--max-watermark", type=float, help="keep rows whose pwatermark is at most this")
+    p.add_argument("--workers", type=_positive, help="processes converting at once (default: every core)")
+    p.add_argument("--part", type=_part, help="convert only part i of N (i from 0), on one of N machines; "
+                                              "then `dwb data join OUT`")
     p.add_argument("--split", default="train")
     p.add_argument("--limit", type=_positive)
     p.add_argument("--max-megapixels", type=_positive_float,
                    help="skip and count images with more pixels to decode (JPEGs at their reduced draft size); "
                         "converting one takes about 8 bytes a pixel (default 64: today's camera photos)")
     p.set_defaults(func=cmd_convert)
+
+    p = data_sub.add_parser("join", help="merge the parts of a `dwb data convert --part i/N` run into one dataset")
+    p.add_argument("out", help="the OUT every part wrote into (or each part's OUT copied into one)")
+    p.set_defaults(func=cmd_join)
 
     p = data_sub.add_parser("precompute", help="encode an MDS dataset once: VAE latents and text states per bucket")
     p.add_argument("src", help="an MDS folder of resolution buckets (OUT/256, OUT/512), one MDS dataset, or s3://...")
