@@ -6,11 +6,17 @@ their parameters, so those names are the API's.
 """
 from __future__ import annotations
 
+import atexit
+import hashlib
 import html
 import inspect
 import logging
 import re
+import shutil
+import tempfile
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
@@ -21,7 +27,8 @@ from train.generation import PROMPT_SETS, read_prompt_table
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
 from .png_info import read_png_info, settings_from
-from .scores import METRICS, scores_of, setting_text
+from .score_plot import score_plot
+from .scores import Metric, ScorePoint, points_of, scores_of, setting_text, significant
 from .service import Result, Service
 from .uploads import Uploads
 from .xyz import NONE
@@ -112,6 +119,7 @@ class Handlers:
         self.uploads = Uploads() if uploads is None else uploads  # what Gradio's upload route wrote
         self.jobs = jobs  # (request, function, inputs) of each event in the queue (``train.common.compat.queue_jobs``)
         self.costs = {self.generate: self.generate_cost, self.compare: self.compare_cost, self.xyz_plot: self.plot_cost}
+        self._copies = PageCopies()  # the compare pages the Scores tab offers, where Gradio may serve them from
 
     # -- the checkpoint panel --------------------------------------------------------------------
 
@@ -143,9 +151,9 @@ class Handlers:
 
     def scores_note(self, digest: str) -> str:
         """Markdown lines: each results row of the checkpoint, and its human win rates."""
-        lines = []
+        lines, metrics = [], self.service.scores.metrics()
         for row in self.service.scores.rows_for(digest):
-            shown = " · ".join(s.text() for s in scores_of(row))
+            shown = " · ".join(s.text() for s in scores_of(row, metrics))
             if shown:
                 lines.append(f"- **scores** ({as_markdown(setting_text(row))}): {shown}")  # our numbers
         for w in self.service.scores.win_rates(digest):
@@ -343,44 +351,94 @@ class Handlers:
 
     # -- Scores ----------------------------------------------------------------------------------
 
-    def scores_table(self, metric: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-        """(the plot's points, the table's rows, a note) for one metric over every results row."""
-        rows = []
-        for row in self.service.scores.rows():
-            score = next((s for s in scores_of(row) if s.metric == metric), None)
-            if score is None or not isinstance(row.get("step"), int):
-                continue
-            label = self.service.label_of_hash(row["checkpoint_hash"])
-            series = " · ".join(str(p) for p in (row.get("model") or "", setting_text(row)) if p)
-            rows.append({"checkpoint": label or "(not under the app's folders)", "step": row["step"],
-                         "series": series, METRICS[metric]: score.value, "low": score.lo, "high": score.hi,
-                         "hash": row["checkpoint_hash"]})
-        table = pd.DataFrame(rows, columns=["checkpoint", "step", "series", METRICS[metric], "low", "high", "hash"])
-        table = table.sort_values(["series", "step"], kind="stable").reset_index(drop=True)
-        note = "" if rows else f"No {METRICS[metric]} scores found: run `dwb evaluate` or give --results."
-        return table.rename(columns={METRICS[metric]: "value"}), table, note
+    def scores_view(self, metric: str | None):
+        """On each page load: the metrics some row measured (the one chosen kept while it is there), and the
+        chosen one's plot, table, note and compare pages (``scores_table``)."""
+        measured = self.service.scores.measured()
+        keys = [m.key for m in measured]
+        chosen = metric if metric in keys else "fid" if "fid" in keys else next(iter(keys), None)
+        return gr.update(choices=[(m.title(), m.key) for m in measured], value=chosen), *self.scores_table(chosen)
 
-    def open_from_table(self, evt: gr.SelectData):
+    def scores_table(self, metric: str | None):
+        """(the plot, the table, a note, the compare pages of the models shown) of one metric over every row."""
+        scores = self.service.scores
+        chosen = scores.metrics().get(metric or "")
+        if chosen is None:
+            return (score_plot([], Metric("", "")), score_table([], None), "No scores yet: score checkpoints with "
+                    "`dwb evaluate run CKPT --out OUT ...` and start the app with `--results OUT`.",
+                    self.compare_pages(set()))
+        points = points_of(scores.rows(), chosen, self.service.labels_by_hash())
+        note = "" if points else (f"No {as_markdown(chosen.name)} score at a training step: measure it with "
+                                  f"{chosen.how_to_measure()} and start the app with `--results OUT`.")
+        return score_plot(points, chosen), score_table(points, chosen), note, \
+            self.compare_pages({p.model for p in points})
+
+    def select_row(self, metric: str | None, evt: gr.SelectData):
+        """The row clicked in the table: (its checkpoint's hash, a note saying what Open in Generate does, the
+        button, the compare pages of its model)."""
         row = evt.row_value or []
-        return self._open(row[-1] if row else None)
+        chosen = self.service.scores.metrics().get(metric or "")
+        points = points_of(self.service.scores.rows(), chosen, self.service.labels_by_hash()) if chosen else []
+        point = next((p for p in points if row and [p.digest, str(p.step), p.series] == [row[-1], str(row[1]), row[2]]),
+                     None)
+        if point is None:
+            return None, "", gr.update(interactive=False), gr.update()
+        where = f"step {point.step}, {as_markdown(point.score.text())}, {as_markdown(point.series)}"
+        if point.checkpoint is None:
+            return None, (f"Selected a row at {where}: its checkpoint is not under the app's folders, so it cannot be "
+                          "opened."), gr.update(interactive=False), self.compare_pages({point.model})
+        return point.digest, (f"Selected {as_markdown(point.checkpoint, code=True)} at {where}. **Open in Generate** "
+                              "makes it the Generate tab's checkpoint and shows that tab."), \
+            gr.update(interactive=True), self.compare_pages({point.model})
 
-    def open_from_plot(self, metric: str, evt: gr.SelectData):
-        """The checkpoint whose step is nearest the middle of the range brushed on the plot."""
-        lo, hi = (evt.index if isinstance(evt.index, (list, tuple)) and len(evt.index) == 2 else (None, None))
-        points = self.scores_table(metric)[0]
-        points = points[points["checkpoint"] != "(not under the app's folders)"]
-        if lo is None or points.empty:
-            return self._open(None)
-        middle = (float(lo) + float(hi)) / 2
-        return self._open(points.iloc[(points["step"] - middle).abs().argsort().iloc[0]]["hash"])
-
-    def _open(self, digest: str | None):
+    def open_in_generate(self, digest: str | None):
+        """The selected row's checkpoint in the Generate tab: (checkpoint, note, width, height, the tab shown)."""
         label = self.service.label_of_hash(digest) if digest else None
         if label is None:
-            gr.Warning("that point's checkpoint is not under the app's folders")
-            return gr.update(), gr.update(), gr.update(), gr.update()
+            gr.Warning("select a row whose checkpoint is under the app's folders first")
+            return gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
         note, w, h = self.checkpoint_note(label)
-        return gr.update(value=label), note, w, h
+        return gr.update(value=label), note, w, h, gr.Tabs(selected="generate-tab")
+
+    def compare_pages(self, models: set[str]) -> list[str] | None:
+        """`dwb evaluate compare`'s pages of ``models``, as copies the app keeps under the system's temporary folder.
+        Gradio serves a file an event returns from its own cache, and copies it there only from the working or the
+        temporary folder; opening the results folders to it (``allowed_paths``) would serve every file in them."""
+        pages = [str(self._copies.copy(page)) for page in self.service.scores.compare_pages(models)]
+        return gr.update(value=pages or None, visible=bool(pages))
+
+
+class PageCopies:
+    """Copies of files in a temporary folder of the process's own (removed at exit), one per file version."""
+
+    def __init__(self):
+        self._folder: Path | None = None
+        self._lock = threading.Lock()
+
+    def copy(self, path: Path) -> Path:
+        with self._lock:
+            if self._folder is None:
+                self._folder = Path(tempfile.mkdtemp(prefix="dwb-app-pages-"))
+                atexit.register(shutil.rmtree, self._folder, True)
+        st = path.stat()
+        version = hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        target = self._folder / version / path.name
+        if not target.is_file():
+            target.parent.mkdir(exist_ok=True)
+            partial = target.with_name(f".{target.name}.{threading.get_ident()}")
+            shutil.copyfile(path, partial)
+            partial.replace(target)
+        return target
+
+
+def score_table(points: list[ScorePoint], metric: Metric | None):
+    """The Scores tab's rows: checkpoint, step, series, value and 95% interval to 4 significant digits, hash."""
+    title = metric.name if metric else "value"
+    table = pd.DataFrame([{"checkpoint": p.checkpoint or "(not under the app's folders)", "step": p.step,
+                           "series": p.series, title: p.score.value, "95% interval": p.score.interval_text(),
+                           "hash": p.digest} for p in points],
+                         columns=["checkpoint", "step", "series", title, "95% interval", "hash"])
+    return table.style.format({title: significant})
 
 
 def cost_or_zero(cost: Callable, inputs: list) -> int:

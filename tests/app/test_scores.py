@@ -55,14 +55,24 @@ def test_checkpoint_note_shows_metrics_with_intervals_and_win_rates_joined_by_ha
 
 
 def test_scores_tab_plots_the_metric_against_step_and_opens_a_checkpoint(handlers, hashes):
-    points, table, note = handlers.scores_table("fid")
+    plot, table, note, pages = handlers.scores_table("fid")
+    table = table.data  # the Styler's frame
     assert note == "" and len(table) == 3  # two rows beside the run, one from the older --results store
     ours = table[table["series"].str.contains("DDIM")]  # one series: "sampler" and an older store's "scheduler"
     assert list(ours["step"]) == [2, 4] and list(ours["FID"]) == [310.5, 280.0]
-    assert list(ours["low"]) == [290.25, 262.0] and list(ours["checkpoint"]) == [BA2, BA4]
-    assert list(points.columns[:5]) == ["checkpoint", "step", "series", "value", "low"]
-    assert handlers._open(hashes[BA4])[0]["value"] == BA4
-    assert "No CMMD scores" in handlers.scores_table("cmmd")[2]
+    assert list(ours["95% interval"]) == ["[290.2, 333]", "[262, 301]"] and list(ours["checkpoint"]) == [BA2, BA4]
+    assert plot.count('class="point"') == 3 and plot.count('class="error-bar"') == 2  # the older row has no interval
+    assert pages["visible"] is False  # no compare pages
+    assert handlers.open_in_generate(hashes[BA4])[0]["value"] == BA4
+    assert "`dwb evaluate run CKPT --out OUT --reference REF --clip MODEL --cmmd`" in handlers.scores_table("cmmd")[2]
+    assert [m.key for m in handlers.service.scores.measured()] == ["fid", "clip_score"]
+
+
+def test_numbers_are_shown_to_four_significant_digits():
+    from app.scores import significant
+
+    assert [significant(x) for x in (310.53219876, 280.0000001, 0.3, 12345.6, 0.012345, 2e-7, -1.5)] == \
+        ["310.5", "280", "0.3", "12350", "0.01235", "2e-07", "-1.5"]
 
 
 A1111 = ("a photo of a cat, masterpiece\nNegative prompt: blurry\nSteps: 20, Sampler: DPM++ 2M, Schedule type: "
