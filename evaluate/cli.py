@@ -76,24 +76,25 @@ def _with_interval(r: dict, key: str, fmt: str) -> str:
     return format(r[key], fmt) + (f" [{lo:{fmt}}, {hi:{fmt}}]" if lo is not None else "")
 
 
+SUMMARY_FORMATS = (("fid", ".3f"), ("kid_mean", ".5f"), ("clip_score", ".2f"), ("cmmd", ".4f"), ("fd_dinov2", ".3f"))
+
+
 def _summary(rows: list[dict]) -> None:
     from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
+    from .names import display_name
 
     for r in rows:
-        clip = f", CLIP {_with_interval(r, 'clip_score', '.2f')}" if r.get("clip_score") is not None else ""
-        if r.get("cmmd") is not None:
-            clip += f", CMMD {_with_interval(r, 'cmmd', '.4f')}"
-        if r.get("fd_dinov2") is not None:
-            clip += f", FD-DINOv2 {_with_interval(r, 'fd_dinov2', '.3f')}"
+        domain = "domain " if str(r.get("extractor", "")).startswith("shapes-scorer") else ""
+        scores = [f"{domain if key == 'fid' else ''}{display_name(key)} {_with_interval(r, key, fmt)}"
+                  + (f", FD-inf {r['fid_infinity']:.3f}" if key == "fid" and r.get("fid_infinity") is not None else "")
+                  for key, fmt in SUMMARY_FORMATS if r.get(key) is not None]
         attrs = ""
         if r.get(attr_column("all", "all")) is not None:
             color, shape, count, position, one_object, every = (r.get(c, float("nan")) for c in HEADLINE_COLUMNS)
             attrs = (f", one group: colour {color:.2f} shape {shape:.2f} count {count:.2f}, position {position:.2f},"
                      f" all right: one object {one_object:.2f}, every prompt {every:.2f}")
-        fid = "domain FID" if str(r.get("extractor", "")).startswith("shapes-scorer") else "FID"
-        inf = f", FD-inf {r['fid_infinity']:.3f}" if r.get("fid_infinity") is not None else ""
-        print(f"{r['model']} cfg {r['guidance']:g}: {fid} {_with_interval(r, 'fid', '.3f')}{inf}, "
-              f"KID {_with_interval(r, 'kid_mean', '.5f')}{clip}{attrs} ({r['n_images']} images, {r['seconds_total']:.1f} s)")
+        print(f"{r['model']} cfg {r['guidance']:g}: {', '.join(scores)}{attrs} ({r['n_images']} images, "
+              f"{r['seconds_total']:.1f} s)")
 
 
 def cmd_run(args) -> None:
@@ -143,9 +144,11 @@ def cmd_train_scorer(args) -> None:
 def cmd_compare(args) -> None:
     from .compare import check_replicates, compare_store, rows_of, write_comparison
     from .store import ResultsStore
+    from .study_votes import read_study
 
     cfg = config_from_args(args, scoring=False)
     check_replicates(cfg.bootstrap)
+    studies = [read_study(folder) for folder in args.study]  # a missing study or report stops before any work
     missing = [c for c in (args.a, args.b) if not rows_of(ResultsStore(cfg.out).rows(), c)]
     if missing:  # score what the store does not hold yet, with the same prompts and seeds
         from train.errors import WorkbenchError
@@ -156,12 +159,22 @@ def cmd_compare(args) -> None:
             raise WorkbenchError(f"{missing[0]} has no scored rows in {cfg.out}/results.jsonl: give --reference and "
                                  f"--inception-weights or --scorer to score it")
         _summary(evaluate_checkpoints(cfg, missing))
-    for result in compare_store(cfg.out, args.a, args.b, replicates=cfg.bootstrap, seed=cfg.seed):
+    results = compare_store(cfg.out, args.a, args.b, replicates=cfg.bootstrap, seed=cfg.seed)
+    for result in results:
         print(f"A = {result['a']}, B = {result['b']}, guidance {result['guidance']:g}, {result['n_images']} images "
               f"of {result['n_prompts']} prompts, {result['bootstrap']} paired bootstrap replicates:")
         for m in result["metrics"]:
             print(f"  {m['sentence']}")
+        verdict = result["overall"]
+        print(f"  {verdict['heading']}")
+        for family in verdict["families"]:
+            print(f"    {family['sentence']}")
+        if verdict["note"]:
+            print(f"  note: {verdict['note']}")
         print(f"  (written to {write_comparison(cfg.out, result)})")
+    from .compare_page import write_compare_page
+
+    print(f"page: {write_compare_page(cfg.out, args.a, args.b, results, studies, args.max_pairs)}")
     from .report import write_report
 
     print(f"report: {write_report(cfg.out)}")
@@ -253,6 +266,11 @@ def register(sub) -> None:
     p.add_argument("b", help="model label or checkpoint path")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. bootstrap=1000")
     _common(p, scoring=False)
+    p.add_argument("--study", action="append", default=[], metavar="DIR",
+                   help="a `dwb human-eval` study of A's and B's images, reported (`dwb human-eval report DIR`): its "
+                        "raters' votes beside each pair on the comparison page; repeatable")
+    p.add_argument("--max-pairs", type=_positive, metavar="N",
+                   help="image pairs per guidance scale on the comparison page, those that differ most (default 48)")
     p.set_defaults(func=cmd_compare)
 
     p = ev_sub.add_parser("train-scorer", help="train the shapes domain scorer (domain FID, attribute accuracy)")

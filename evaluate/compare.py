@@ -5,7 +5,9 @@ Both rows' images share their prompts and seeds, so the comparison is paired: ea
 draws one set of prompt weights (``bootstrap.prompt_weights``) and applies it to both checkpoints'
 images, and each metric's difference B - A gets the interval and two-sided p-value of ``bootstrap.py``
 from those paired replicates (per-image metrics: weighted means; set metrics: the weighted generated
-features against the one fixed reference). Rows scored on different prompts, seeds, numbers of images,
+features against the one fixed reference). One rule gives both, so a metric's verdict (``verdict.py``)
+reads the same from either; the overall verdict per metric family adjusts the p-values of all the
+comparison's metrics together (Holm). Rows scored on different prompts, seeds, numbers of images,
 extractors or reference statistics are refused: FID and KID depend on the number of images, and the
 pairing needs the same images' counterparts.
 """
@@ -20,19 +22,16 @@ import torch
 from train.errors import WorkbenchError
 from train.common import write_text_whole
 
-from .attribute_accuracy import attr_column
-from .bootstrap import interval, p_value, prompt_weights, weighted_means
+from .bootstrap import interval, p_floor, p_value, prompt_weights, weighted_means
 from .layout import comparison_file
 from .metrics import FeatureStats
+from .names import difference_range
 from .reference import ReferenceStats
 from .row import FEATURES, VERDICTS, RowImages, mean_values, set_replicates
 from .samples import MANIFEST, read_manifest
 from .store import ATTRIBUTE_COLUMNS, ResultsStore
+from .verdict import overall, with_verdicts
 
-SIGNIFICANCE = 0.05
-LOWER_IS_BETTER = {"fid", "kid_mean", "cmmd", "fd_dinov2"}
-METRIC_NAMES = {"fid": "FID", "kid_mean": "KID", "clip_score": "CLIP score", "cmmd": "CMMD", "fd_dinov2": "FD-DINOv2",
-                attr_column("all", "all"): "every attribute right"}
 MUST_MATCH = ("prompts", "n_images", "size", "extractor", "n_reference", "dinov2")
 
 
@@ -102,21 +101,10 @@ def _metrics(a: dict, b: dict) -> list[str]:
     return [n for n in names if a.get(n) is not None and b.get(n) is not None]
 
 
-def describe(name: str, difference: float, lo: float, hi: float, p: float, replicates: int) -> tuple[str, str | None]:
-    """(the sentence, "A" / "B" / None for the better checkpoint) for a difference B - A and its interval."""
-    label = METRIC_NAMES.get(name, name)
-    p_text = f"p <= {1 / (replicates + 1):.2g}" if p <= 1 / (replicates + 1) + 1e-12 else f"p = {p:.2g}"
-    if p >= SIGNIFICANCE or lo <= 0 <= hi:
-        return f"{label} difference {difference:+.3g} [{lo:+.3g}, {hi:+.3g}], not significant ({p_text})", None
-    gain, gain_lo, gain_hi = (-difference, -hi, -lo) if name in LOWER_IS_BETTER else (difference, lo, hi)
-    better = "B" if gain > 0 else "A"
-    if better == "A":
-        gain, gain_lo, gain_hi = -gain, -gain_hi, -gain_lo
-    return f"{better} is better on {label} by {gain:.3g} [{gain_lo:.3g}, {gain_hi:.3g}], {p_text}", better
-
-
 def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed: int = 0) -> dict:
-    """Each metric's difference B - A with its paired bootstrap interval and p-value, and sentences."""
+    """Each metric's difference B - A with its paired bootstrap interval and p-value, the verdicts in words,
+    and the overall verdict per metric family (``verdict.overall``)."""
+    check_replicates(replicates)
     _check_rows(a, b)
     out = Path(out)
     ia, refs_a, captions, ma = load_row_images(out, a)
@@ -130,15 +118,14 @@ def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed:
         reps.append({**set_replicates(images, references, weights), **means})
     metrics = []
     for name in _metrics(a, b):
-        diff = float(b[name] - a[name])
-        lo, hi = interval(diff, reps[1][name] - reps[0][name])
-        p = p_value(diff, reps[1][name] - reps[0][name])
-        sentence, better = describe(name, diff, lo, hi, p, replicates)
-        metrics.append({"metric": name, "a": a[name], "b": b[name], "difference": diff, "lo": lo, "hi": hi, "p": p,
-                        "better": better, "sentence": sentence})
+        diff, reps_diff = float(b[name] - a[name]), reps[1][name] - reps[0][name]
+        lo, hi = interval(diff, reps_diff, bounds=difference_range(name))
+        metrics.append({"metric": name, "a": a[name], "b": b[name], "difference": diff, "lo": lo, "hi": hi,
+                        "p": p_value(diff, reps_diff)})
+    metrics = with_verdicts(metrics, replicates)
     return {"a": a["model"], "b": b["model"], "guidance": a["guidance"], "sampler_a": a.get("sampler"),
             "sampler_b": b.get("sampler"), "n_images": a["n_images"], "n_prompts": int(len(np.unique(ia.prompts))),
-            "bootstrap": replicates, "seed": seed, "metrics": metrics}
+            "bootstrap": replicates, "seed": seed, "metrics": metrics, "overall": overall(metrics, replicates)}
 
 
 def write_comparison(out: str | Path, result: dict) -> Path:
@@ -148,9 +135,13 @@ def write_comparison(out: str | Path, result: dict) -> Path:
     return write_text_whole(path, json.dumps(result, indent=1))
 
 
+MIN_REPLICATES = 40  # one replicate in each 2.5% tail of a 95% interval; p_floor(40) = 0.049 < 0.05
+
+
 def check_replicates(replicates: int) -> None:
-    if replicates < 2:
-        raise WorkbenchError("a comparison needs --bootstrap of at least 2 replicates (200 or more for p-values)")
+    if replicates < MIN_REPLICATES:
+        raise WorkbenchError(f"a comparison needs --bootstrap of at least {MIN_REPLICATES} replicates (a 95% interval "
+                             f"needs one in each 2.5% tail; 200 resolve p-values down to {p_floor(200):.2g})")
 
 
 def compare_store(out: str | Path, a: str, b: str, replicates: int = 200, seed: int = 0) -> list[dict]:

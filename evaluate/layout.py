@@ -37,3 +37,13 @@ def grid_file(samples: str | Path, category: str) -> Path:
 def comparison_file(out: str | Path, a: str, b: str, guidance: float) -> Path:
     """``OUT/compare/<A>-vs-<B>-cfg<g>.json``: `dwb evaluate compare`'s result for models A and B."""
     return Path(out) / "compare" / f"{safe_path_part(a)}-vs-{safe_path_part(b)}-cfg{guidance:g}.json"
+
+
+def comparison_page(out: str | Path, a: str, b: str) -> Path:
+    """``OUT/compare/<A>-vs-<B>.html``: the page of models A and B's comparison, every guidance scale on it."""
+    return Path(out) / "compare" / f"{safe_path_part(a)}-vs-{safe_path_part(b)}.html"
+
+
+def comparison_pages(out: str | Path) -> list[Path]:
+    """Every comparison page under ``OUT/compare``, by name."""
+    return sorted((Path(out) / "compare").glob("*-vs-*.html"))

@@ -15,13 +15,13 @@ from pathlib import Path
 from train.common import whole_file, write_text_whole
 
 from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
+from .names import display_name, with_direction
 from .store import ResultsStore
 
 ALL_RIGHT = attr_column("all", "all")  # every attribute right over every prompt
 
-STEP_METRICS = (("fid", "FID (lower is better)"), ("clip_score", "CLIP score (higher is better)"),
-                ("cmmd", "CMMD (lower is better)"), ("fd_dinov2", "FD-DINOv2 (lower is better)"))
-TRADEOFF_X = (("clip_score", "CLIP score"), (ALL_RIGHT, "every attribute right (all prompts)"))
+STEP_METRICS = tuple((k, with_direction(k)) for k in ("fid", "clip_score", "cmmd", "fd_dinov2"))
+TRADEOFF_X = tuple((k, display_name(k)) for k in ("clip_score", ALL_RIGHT))
 
 
 def _plt():
@@ -112,9 +112,7 @@ def plot_tradeoff(rows: list[dict], out: Path) -> Path | None:
     return _save(plt, fig, out)
 
 
-ATTRIBUTE_LINES = tuple(zip(HEADLINE_COLUMNS, ("colour (one group)", "shape (one group)", "count (one group)",
-                                                "position (two groups)", "every attribute right (one object)",
-                                                "every attribute right (all prompts)")))
+ATTRIBUTE_LINES = tuple((k, display_name(k)) for k in HEADLINE_COLUMNS)
 
 
 def plot_attributes_vs_step(rows: list[dict], out: Path) -> Path | None:
@@ -153,7 +151,8 @@ def _cell(r: dict, key: str) -> str:
 def _table(rows: list[dict], cols: list[str], first: list[str]) -> str:
     """An HTML table: ``first`` columns as they are, ``cols`` with their intervals; empty columns dropped."""
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in first + cols)
+    head = "".join(f"<th title='{html.escape(c)}'>{html.escape(display_name(c))}</th>" if display_name(c) != c
+                   else f"<th>{html.escape(c)}</th>" for c in first + cols)  # the title: the CSV's column name
     body = ["<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in first) + "".join(_cell(r, c) for c in cols) + "</tr>"
             for r in rows]
     return f"<div class='wide'><table><tr>{head}</tr>{''.join(body)}</table></div>"
@@ -175,10 +174,23 @@ def _comparisons(folder: Path) -> list[str]:
     parts = []
     for path in sorted((folder / "compare").glob("*.json")):
         c = json.loads(path.read_text())
+        verdict = c.get("overall") or {}  # comparisons written before the overall verdict have none
+        lines = [m["sentence"] for m in c["metrics"]]
+        lines += [verdict["heading"], *(f["sentence"] for f in verdict["families"])] if verdict else []
+        lines += [verdict["note"]] if verdict.get("note") else []
         parts.append(f"<p><b>A = {html.escape(c['a'])}, B = {html.escape(c['b'])}</b>, guidance {c['guidance']:g}, "
                      f"{c['n_images']} images, {c['bootstrap']} paired replicates<br>"
-                     + "<br>".join(html.escape(m["sentence"]) for m in c["metrics"]) + "</p>")
+                     + "<br>".join(html.escape(line) for line in lines) + "</p>")
     return ["<h2>Comparisons (dwb evaluate compare)</h2>", *parts] if parts else []
+
+
+def _comparison_pages(folder: Path, out: Path) -> list[str]:
+    """Links to the comparison pages (`evaluate.compare_page`), relative to the report."""
+    from .layout import comparison_pages
+
+    links = [f"<li><a href='{html.escape(os.path.relpath(p, out))}'>{html.escape(p.stem)}</a></li>"
+             for p in comparison_pages(folder)]
+    return ["<h2>Comparison pages: A and B side by side</h2><ul>", *links, "</ul>"] if links else []
 
 
 def write_report(folder: str | Path) -> Path:
@@ -208,6 +220,7 @@ def write_report(folder: str | Path) -> Path:
     if any(r.get(ALL_RIGHT) is not None for r in rows):
         parts += ["<h2>Attribute accuracy</h2>", _table(rows, [k for k, _ in ATTRIBUTE_LINES], first)]
     parts += _categories(rows, tag) + _comparisons(folder)
+    parts += _comparison_pages(folder, out)
     for r in rows:
         grids = sorted((folder / r["samples"] / "grids").glob("*.png")) if r.get("samples") else []
         if grids:

@@ -23,6 +23,7 @@ from .attribute_accuracy import VERDICTS, AttributeTally, attribute_values, judg
 from .bootstrap import interval, prompt_weights, weighted_means
 from .fd_infinity import fd_infinity
 from .metrics import FeatureStats, cmmd, cmmd_replicates, kernel_inception_distance, kid_replicates
+from .names import value_range
 from .prdc import prdc
 from .prompts import Prompt
 
@@ -157,7 +158,7 @@ def mean_values(images: RowImages, captions: dict[int, str]) -> dict[str, np.nda
 def _intervals(points: dict, replicates: dict[str, np.ndarray], digits: dict[str, int]) -> dict:
     out = {}
     for name, reps in replicates.items():
-        lo, hi = interval(points.get(name), reps)
+        lo, hi = interval(points.get(name), reps, bounds=value_range(name))
         d = digits.get(name)
         out[f"{name}_lo"], out[f"{name}_hi"] = (lo, hi) if d is None or lo is None else (round(lo, d), round(hi, d))
     return out

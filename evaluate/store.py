@@ -1,8 +1,9 @@
 """The results store: one JSON line per (checkpoint, guidance) score, appended and never rewritten.
 
 JSONL keeps the store readable by anything and safe to append from the one process that scores;
-``export_csv`` flattens it for spreadsheets. Scoring state for `watch` lives in the same file: a
-checkpoint is done once a line with its path and file identity exists.
+``export_csv`` flattens it for spreadsheets, and every append writes ``metrics.json`` beside it (each
+column's display name, direction, family and range: ``names.py``). Scoring state for `watch` lives in
+the same file: a checkpoint is done once a line with its path and file identity exists.
 
 A checkpoint's rows are appended in one write and synced. A crash during a write can still leave the
 file ending inside a line; the next append would be glued to that fragment and lost with it, so before
@@ -20,6 +21,7 @@ from train.common import disk_full_error, is_disk_full, whole_file
 from train.generation import with_sampler_key
 
 from .attribute_accuracy import ATTRIBUTE_COLUMNS, COUNT_COLUMNS
+from .names import write_metrics_table
 
 log = logging.getLogger("evaluate.store")
 RESULTS = "results.jsonl"
@@ -85,6 +87,7 @@ class ResultsStore:
             raise
         finally:
             os.close(fd)
+        write_metrics_table(self.folder)  # what each column is, for readers that may not import evaluate
 
     def append(self, row: dict) -> None:
         self.append_rows([row])

@@ -21,6 +21,8 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from train.common import interval_decimals, outward, p_value_text
+
 from .report import results_csv, stopping_lines, summary, votes_csv, votes_json
 
 COOKIE = "dwb_admin"
@@ -37,7 +39,13 @@ def _fmt(x, pct: bool = True) -> str:
 
 
 def _interval(iv) -> str:
-    return "n/a" if not iv or iv[0] is None else f"[{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]"
+    """A share's interval in percent, rounded outward, never printing a bound clear of 50% on it."""
+    if not iv or iv[0] is None:
+        return "n/a"
+    lo, hi = 100 * iv[0], 100 * iv[1]
+    d = max(1, interval_decimals(lo, hi, 50))
+    plo, phi = outward(lo, hi, d)
+    return f"[{plo:.{d}f}, {phi:.{d}f}]"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -62,10 +70,12 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
         f"<p id='stopping'>{escape(' '.join(stopping_lines(results)))}</p>",
         f"<img class='chart' alt='preference chart' src='/admin/chart.png{'?exclude=1' if exclude else ''}'>",
         "<h2>Preference (share of decisive votes for model a)</h2>",
-        _table(["question", "model a", "model b", "votes", "a wins", "b wins", "ties", "rate a", "Wilson 95%",
-                "by prompt", "by rater", "prompt and rater", "tie rate", "sign test p"],
+        _table(["question", "model a", "model b", "votes", "a wins", "b wins", "ties", "rate a",
+                "95% Wilson on effective votes", "design effect", "p", "Wilson", "bootstrap by prompt", "by rater",
+                "by prompt and rater", "tie rate", "sign test p"],
                [[c["question"], c["model_a"], c["model_b"], c["votes"], c["wins_a"], c["wins_b"], c["ties"],
-                 _fmt(c["rate_a"]), _interval(c["wilson"]), _interval(c["bootstrap_prompt"]),
+                 _fmt(c["rate_a"]), _interval(c["clustered_wilson"]), _fmt(c["design_effect"], pct=False),
+                 p_value_text(c["score_test_p"]), _interval(c["wilson"]), _interval(c["bootstrap_prompt"]),
                  _interval(c["bootstrap_rater"]), _interval(c["two_way"]), _fmt(c["tie_rate"]),
                  _fmt(c["sign_test_p"], pct=False)] for c in results["comparisons"]]),
         "<h2>By category</h2>",

@@ -9,9 +9,10 @@ pair's next pair in their own random order, with sides drawn per showing, and go
 keep their place in that order.
 
 *Stopping rule*: a comparison (a model pair on one question) is settled when its 95% interval excludes
-50% or is narrower than the target width; a study is done when every comparison is settled. Intervals
-here are Wilson's on decisive votes, widened by the clustering's design effect where it is known (the
-report knows it; the live server takes 1). `votes_to_settle` predicts how many votes that takes.
+50% or is narrower than the target width; a study is done when every comparison is settled. The interval
+is the report's default: Wilson's on the effective number of decisive votes, divided by the clustering's
+design effect where it is known (the report knows it; the live server takes 1). `votes_to_settle`
+predicts how many votes that takes.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import math
 import threading
 from collections import Counter, defaultdict
 
-from .stats import Z95, decisive_votes_needed
+from .stats import Z95, clustered_wilson_interval, decisive_votes_needed
 
 ModelPair = tuple[str, str]
 
@@ -30,16 +31,16 @@ def _half_width(p: float, n: float, z: float = Z95) -> float:
 
 
 def settled(wins_a: int, decisive: int, target_width: float, deff: float = 1.0) -> bool:
-    """The stopping rule for one comparison: its interval excludes 50% or is narrower than the target.
+    """The stopping rule for one comparison: its 95% interval excludes 50% or is narrower than the target.
 
-    The interval is Wilson's (stats.wilson_interval, before clipping to [0, 1]) widened by sqrt(deff).
+    The interval is the report's: Wilson's on the effective number of votes, decisive / deff
+    (``stats.clustered_wilson_interval``), so a comparison the rule calls settled has, in the report, an
+    interval clear of 50% or that narrow.
     """
     if decisive == 0:
         return False
-    p = wins_a / decisive
-    centre = (p + Z95 * Z95 / (2 * decisive)) / (1 + Z95 * Z95 / decisive)
-    half = _half_width(p, decisive) * math.sqrt(max(deff, 1.0))
-    return abs(centre - 0.5) > half or 2 * half < target_width
+    lo, hi = clustered_wilson_interval(wins_a, decisive, deff)
+    return lo > 0.5 or hi < 0.5 or hi - lo < target_width
 
 
 def priority(wins_a: float, decisive: float, target_width: float, pending: float = 0.0) -> float:
@@ -56,13 +57,15 @@ def priority(wins_a: float, decisive: float, target_width: float, pending: float
 
 
 def decisive_to_exclude_half(p: float, deff: float = 1.0) -> float:
-    """The fewest decisive votes at rate p whose (widened) 95% Wilson interval excludes 50%; inf at p = 0.5."""
+    """The fewest decisive votes at rate p whose 95% interval (on decisive / deff effective votes) excludes 50%;
+    inf at p = 0.5."""
     if abs(p - 0.5) < 1e-9:
         return math.inf
     p = min(max(p, 1e-6), 1 - 1e-6)
 
     def excludes(n: int) -> bool:
-        return _half_width(p, n) * math.sqrt(max(deff, 1.0)) < abs((p + Z95 * Z95 / (2 * n)) / (1 + Z95 * Z95 / n) - 0.5)
+        lo, hi = clustered_wilson_interval(p * n, n, deff)
+        return lo > 0.5 or hi < 0.5
 
     lo, hi = 1, 1
     while not excludes(hi):
@@ -76,8 +79,9 @@ def decisive_to_exclude_half(p: float, deff: float = 1.0) -> float:
 
 
 def decisive_to_settle(p: float, target_width: float, deff: float = 1.0) -> float:
-    """Decisive votes the stopping rule needs at rate p: the sooner of a narrow interval or one clear of 50%."""
-    narrow = decisive_votes_needed(target_width / math.sqrt(max(deff, 1.0)), p)
+    """Decisive votes the stopping rule needs at rate p: the sooner of a narrow interval (deff times the votes
+    of independent ones) or one clear of 50%."""
+    narrow = math.ceil(max(deff, 1.0) * decisive_votes_needed(target_width, p))
     return min(float(narrow), decisive_to_exclude_half(p, deff))
 
 

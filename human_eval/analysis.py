@@ -19,8 +19,8 @@ from tqdm import tqdm
 from .agreement import krippendorff_alpha_nominal
 from .allocation import stopping_point, votes_to_settle
 from .bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
-from .stats import (Z95, bootstrap_rate, decisive_votes_needed, percentile_interval, sign_test, two_way_interval,
-                    wilson_interval)
+from .stats import (Z95, bootstrap_rate, clustered_wilson_interval, decisive_votes_needed, design_effect,
+                    percentile_interval, score_test_p, sign_test, two_way_interval, two_way_variance, wilson_interval)
 from .study import Study
 from .style_control import bradley_terry_with_covariates, covariate_differences, interval
 
@@ -53,25 +53,30 @@ def preference(votes: list[dict]) -> dict:
 
 
 def clustered(votes: list[dict], study: Study, n_boot: int, rng: np.random.Generator) -> dict:
-    """Bootstrap intervals of the decisive rate, by prompt, by rater and both (see `human_eval.stats`)."""
+    """Bootstrap intervals of the decisive rate, by prompt, by rater and both; the design effect of that
+    clustering; Wilson's interval on the effective number of votes and its score test (``human_eval.stats``)."""
     if not votes:
         return {"bootstrap_prompt": (math.nan, math.nan), "bootstrap_rater": (math.nan, math.nan),
-                "two_way": (math.nan, math.nan)}
+                "two_way": (math.nan, math.nan), "design_effect": math.nan, "clustered_wilson": (math.nan, math.nan),
+                "score_test_p": 1.0}
     wins = np.array([v["choice"] == "a" for v in votes], dtype=float)
     decisive = np.array([v["choice"] != "none" for v in votes], dtype=float)
     prompts = np.array([study.by_id[v["pair_id"]].prompt for v in votes])
     raters = np.array([v["rater_id"] for v in votes])
+    variance = two_way_variance(wins, decisive, prompts, raters, n_boot, rng)
+    deff = design_effect(wins.sum(), decisive.sum(), variance)
     return {"bootstrap_prompt": percentile_interval(bootstrap_rate(wins, decisive, prompts, n_boot, rng)),
             "bootstrap_rater": percentile_interval(bootstrap_rate(wins, decisive, raters, n_boot, rng)),
-            "two_way": two_way_interval(wins, decisive, prompts, raters, n_boot, rng)}
+            "two_way": two_way_interval(wins, decisive, prompts, raters, variance=variance), "design_effect": deff,
+            "clustered_wilson": clustered_wilson_interval(wins.sum(), decisive.sum(), deff),
+            "score_test_p": score_test_p(wins.sum(), decisive.sum(), deff)}
 
 
 def sample_size_plan(result: dict, target_width: float) -> dict:
-    """Decisive votes a `target_width` interval needs, worst case and at the observed rate and tie rate."""
+    """Decisive votes a `target_width` interval needs, worst case and at the observed rate, and all votes with the
+    observed tie rate and the clustering's design effect."""
     rate, ties = result["rate_a"], result["tie_rate"]
-    lo, hi = result["wilson"]
-    tlo, thi = result.get("two_way", (math.nan, math.nan))
-    deff = ((thi - tlo) / (hi - lo)) ** 2 if hi > lo and thi > tlo else math.nan  # clustering's design effect
+    deff = result.get("design_effect", math.nan)
     worst = decisive_votes_needed(target_width, 0.5)
     observed = decisive_votes_needed(target_width, rate) if not math.isnan(rate) else worst
     total = observed / (1 - ties) if not math.isnan(ties) and ties < 1 else math.nan

@@ -321,6 +321,8 @@ def _add_links(sub) -> None:
 
 
 def _add_report(sub) -> None:
+    from .chart import DEFAULT_INTERVAL, INTERVALS
+
     p = sub.add_parser("report", help="preference rates, intervals, Bradley-Terry, agreement; CSV, JSON and PNG")
     p.add_argument("study")
     p.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: STUDY/votes.sqlite)")
@@ -335,8 +337,9 @@ def _add_report(sub) -> None:
     p.add_argument("--covariates", type=_covariates, default=(), metavar="NAMES",
                    help="also fit Bradley-Terry controlling for image brightness, saturation, file_bytes, pixels "
                         "(comma-separated, or all)")
-    p.add_argument("--interval", choices=("two_way", "bootstrap_prompt", "bootstrap_rater", "wilson"), default="two_way",
-                   help="the chart's error bars (default: clustered by prompt and rater)")
+    p.add_argument("--interval", choices=INTERVALS, default=DEFAULT_INTERVAL,
+                   help="the chart's error bars and a second interval in the summary (default clustered_wilson: "
+                        "Wilson on the votes' effective number, clustering by prompt and rater counted)")
     p.add_argument("--results", action="append", metavar="EVAL_OUT",
                    help="an evaluate output folder (its results.jsonl) scoring the study's checkpoints (repeatable): "
                         "also writes joined.html/json/csv, humans beside metrics, joined by checkpoint hash")

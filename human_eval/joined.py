@@ -29,7 +29,8 @@ import numpy as np
 
 from .analysis import NO_CATEGORY, bradley_terry, json_ready
 from .scores import LABELS, METRICS, ROW_KEYS, ScoreRows, join_scores, metric_values
-from .stats import bootstrap_rate, percentile_interval, ratio, wilson_interval
+from .stats import (bootstrap_rate, clustered_wilson_interval, design_effect, percentile_interval, ratio,
+                    wilson_interval)
 from .study import Study
 
 # A prompt bootstrap needs prompts to resample: in a simulation (6 votes a prompt, per-prompt rates spread by
@@ -40,7 +41,8 @@ PER_IMAGE = {"clip_score": "clip_score", "attr_all_all": "attr_all"}  # row colu
 
 
 def win_rate(votes: list[dict], model: str, study: Study, n_boot: int, rng: np.random.Generator) -> dict:
-    """The share of `model`'s decisive votes it won, with Wilson and bootstrap-by-prompt intervals."""
+    """The share of `model`'s decisive votes it won, with Wilson and bootstrap-by-prompt intervals, and Wilson's on
+    the effective number of votes (the prompt bootstrap's design effect; 1 under MIN_PROMPTS prompts)."""
     mine = [v for v in votes if model in study.models_of(study.by_id[v["pair_id"]])]
     won = np.array([v["choice"] != "none" and study.models_of(study.by_id[v["pair_id"]])["ab".index(v["choice"])] == model
                     for v in mine], dtype=float)
@@ -48,10 +50,12 @@ def win_rate(votes: list[dict], model: str, study: Study, n_boot: int, rng: np.r
     prompts = np.array([study.by_id[v["pair_id"]].prompt for v in mine], dtype=np.int64)
     wins, n = int(won.sum()), int(decisive.sum())
     enough = len(np.unique(prompts[decisive > 0])) >= MIN_PROMPTS
+    reps = bootstrap_rate(won, decisive, prompts, n_boot, rng) if enough else None
+    deff = design_effect(wins, n, float(np.nanvar(reps))) if enough else 1.0
     return {"votes": len(mine), "decisive": n, "wins": wins, "win_rate": wins / n if n else math.nan,
-            "wilson": wilson_interval(wins, n),
-            "bootstrap_prompt": percentile_interval(bootstrap_rate(won, decisive, prompts, n_boot, rng)) if enough
-            else (math.nan, math.nan)}
+            "wilson": wilson_interval(wins, n), "design_effect": deff,
+            "clustered_wilson": clustered_wilson_interval(wins, n, deff),
+            "bootstrap_prompt": percentile_interval(reps) if enough else (math.nan, math.nan)}
 
 
 class PromptTable:

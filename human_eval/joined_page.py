@@ -52,10 +52,10 @@ def _model_section(joined: dict, q: str) -> str:
     rows = []
     for r in joined["table"]:
         h = r["human"][q]
-        rows.append([r["model"], _with_interval(h["bt_score"], h["bt_interval"], 2), _pct(h["win_rate"], h["bootstrap_prompt"]),
+        rows.append([r["model"], _with_interval(h["bt_score"], h["bt_interval"], 2), _pct(h["win_rate"], h["clustered_wilson"]),
                      h["decisive"], *(_with_interval(r["metrics"][m]["value"], (r["metrics"][m]["lo"], r["metrics"][m]["hi"]))
                                       if m in r["metrics"] else "no row" if r["row"] is None else "n/a" for m in metrics)])
-    return _table(["model", "Bradley-Terry [95%]", "win rate [95% by prompt]", "decisive votes",
+    return _table(["model", "Bradley-Terry [95%]", "win rate [95% Wilson, effective votes]", "decisive votes",
                    *(LABELS[m] + " [95%]" for m in metrics)], rows)
 
 
@@ -110,7 +110,7 @@ def models_csv(joined: dict) -> str:
         for r in joined["table"]:
             h, row = r["human"][q], r["row"] or {}
             rows.append([q, r["model"], r["checkpoint_hash"], row.get("guidance"), row.get("sampler"), row.get("n_images"),
-                         h["bt_score"], *h["bt_interval"], h["decisive"], h["win_rate"], *h["bootstrap_prompt"],
+                         h["bt_score"], *h["bt_interval"], h["decisive"], h["win_rate"], *h["clustered_wilson"],
                          *(r["metrics"].get(m, {}).get(k) for m in metrics for k in ("value", "lo", "hi"))])
     return _csv(header, rows)
 

@@ -11,16 +11,19 @@ import math
 import time
 from pathlib import Path
 
+from train.common import interval_text, p_value_text
+
+from .chart import DEFAULT_INTERVAL, INTERVALS
 from .study import Study
 
 VOTE_COLUMNS = ("vote_id", "created_at", "rater", "rater_label", "pair", "kind", "question", "answer", "left_model", "right_model",
                 "choice", "preferred_model", "model_a", "model_b", "prompt_index", "prompt", "category", "image_index",
                 "client_ms", "server_ms")
-SHORT = {"two_way": "by prompt and rater", "bootstrap_prompt": "by prompt", "bootstrap_rater": "by rater",
-         "wilson": "Wilson"}
+SHORT = {"clustered_wilson": "Wilson on effective votes", "two_way": "bootstrap by prompt and rater",
+         "bootstrap_prompt": "bootstrap by prompt", "bootstrap_rater": "bootstrap by rater", "wilson": "Wilson"}
 RESULT_COLUMNS = ("question", "model_a", "model_b", "category", "votes", "wins_a", "wins_b", "ties", "decisive",
-                  "rate_a", "wilson_lo", "wilson_hi", "bootstrap_prompt_lo", "bootstrap_prompt_hi", "bootstrap_rater_lo",
-                  "bootstrap_rater_hi", "two_way_lo", "two_way_hi", "tie_rate", "sign_test_p")
+                  "rate_a", *(f"{name}_{end}" for name in INTERVALS for end in ("lo", "hi")), "design_effect",
+                  "tie_rate", "score_test_p", "sign_test_p")
 
 
 def vote_rows(study: Study, votes: list[dict], labels: dict[str, str] | None = None) -> list[dict]:
@@ -66,8 +69,8 @@ def results_csv(results: dict) -> str:
         for category, r in [("all", c)] + [(cat["category"], cat) for cat in c["categories"]]:
             row = {"question": c["question"], "model_a": c["model_a"], "model_b": c["model_b"], "category": category,
                    **{k: r.get(k) for k in ("votes", "wins_a", "wins_b", "ties", "decisive", "rate_a", "tie_rate",
-                                            "sign_test_p")}}
-            for name in ("wilson", "bootstrap_prompt", "bootstrap_rater", "two_way"):
+                                            "design_effect", "score_test_p", "sign_test_p")}}
+            for name in INTERVALS:
                 lo, hi = r.get(name) or (None, None)
                 row[f"{name}_lo"], row[f"{name}_hi"] = lo, hi
             writer.writerow([row[k] for k in RESULT_COLUMNS])
@@ -78,18 +81,40 @@ def _pct(x) -> str:
     return "  n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:5.1f}"
 
 
-def summary(results: dict, interval: str = "two_way") -> str:
+def _flipped(iv, flip: bool) -> tuple:
+    lo, hi = iv or (None, None)
+    return (1 - hi, 1 - lo) if flip and lo is not None else (lo, hi)
+
+
+def preference_line(c: dict, interval: str = DEFAULT_INTERVAL) -> str:
+    """One comparison in words, the preferred model first: its share of the decisive votes with the 95% interval
+    (Wilson on effective votes), the score test read off that interval, and what they say. Digits are rounded
+    outward and never put a bound clear of 50% on 50% (``train.common.interval_text``)."""
+    flip = c["rate_a"] is not None and c["rate_a"] < 0.5  # the winner first: model b's share and interval
+    first, second = (c["model_b"], c["model_a"]) if flip else (c["model_a"], c["model_b"])
+    lo, hi = _flipped(c[DEFAULT_INTERVAL], flip)
+    if lo is None:
+        return f"{c['question']:>10}  {first} vs {second}: no decisive votes ({c['votes']} votes)"
+    rate = 1 - c["rate_a"] if flip else c["rate_a"]
+    verdict = f"{first} is preferred" if lo > 0.5 or hi < 0.5 else "cannot tell yet (the interval holds 50%)"
+    other = ""
+    if interval != DEFAULT_INTERVAL:
+        olo, ohi = _flipped(c[interval], flip)
+        other = f"; {SHORT[interval]} [{_pct(olo)}, {_pct(ohi)}]"
+    deff = c.get("design_effect")
+    return (f"{c['question']:>10}  {first} vs {second}: {first}'s share of {c['decisive']} decisive votes "
+            f"{interval_text(100 * rate, 100 * lo, 100 * hi, threshold=50)}% (95%, {SHORT[DEFAULT_INTERVAL]}, design "
+            f"effect {'n/a' if deff is None else f'{deff:.2f}'}), {p_value_text(c['score_test_p'])}: {verdict}{other}; "
+            f"ties {_pct(c['tie_rate']).strip()}%; sign test, votes as independent, {p_value_text(c['sign_test_p'])}")
+
+
+def summary(results: dict, interval: str = DEFAULT_INTERVAL) -> str:
     """The headline numbers as text: one line per question and model pair, then BT, agreement and checks."""
     lines = [f"{results['counts']['votes']} votes from {results['counts']['raters']} raters "
              f"({results['counts']['main_votes']} on main pairs"
              + (f"; excluded: {', '.join(results['counts']['excluded_raters'])}" if results['counts']['excluded_raters'] else "")
              + ")"]
-    for c in results["comparisons"]:
-        lo, hi = c[interval] if c[interval] else (None, None)
-        wlo, whi = c["wilson"]
-        lines.append(f"{c['question']:>10}  {c['model_a']} vs {c['model_b']}: {c['model_a']} preferred in "
-                     f"{_pct(c['rate_a'])}% of {c['decisive']} decisive votes, 95% {SHORT[interval]} [{_pct(lo)}, {_pct(hi)}] "
-                     f"(Wilson [{_pct(wlo)}, {_pct(whi)}]), ties {_pct(c['tie_rate'])}%, sign test p={c['sign_test_p']:.3g}")
+    lines += [preference_line(c, interval) for c in results["comparisons"]]
     for q, rows in results.get("bradley_terry", {}).items():
         ranked = sorted(rows, key=lambda r: r["rank"])
         lines.append(f"{q:>10}  Bradley-Terry: " + ", ".join(
@@ -105,13 +130,22 @@ def summary(results: dict, interval: str = "two_way") -> str:
     cons = results["consistency"]
     if cons["repeats"]:
         lines.append(f"self-consistency: {cons['agreed']}/{cons['repeats']} repeated answers agree")
+    return "\n".join(lines + planner_lines(results) + style_lines(results) + stopping_lines(results))
+
+
+def planner_lines(results: dict) -> list[str]:
+    """Votes for an interval of the target width (the first comparison): what measuring the rate that finely takes,
+    which the stopping rule does not wait for once an interval clears 50%."""
     c = results["comparisons"][0] if results["comparisons"] else None
-    if c:
-        p = c["plan"]
-        lines.append(f"planner ({c['question']}, {c['model_a']} vs {c['model_b']}): a {p['target_width']:.2f}-wide interval needs {p['decisive_needed_worst_case']} decisive "
-                     f"votes at 50% ({p['decisive_needed_at_observed']} at the observed rate"
-                     + (f"; about {p['votes_needed']} votes with ties and clustering" if p["votes_needed"] else "") + ")")
-    return "\n".join(lines + style_lines(results) + stopping_lines(results))
+    if not c:
+        return []
+    p = c["plan"]
+    total = f", about {p['votes_needed']} votes in all with ties and clustering" if p["votes_needed"] else ""
+    return [f"votes for a {p['target_width']:.2f}-wide interval (+-{50 * p['target_width']:.0f} points; "
+            f"{c['question']}, {c['model_a']} vs {c['model_b']}): {p['decisive_needed_worst_case']} decisive at a "
+            f"50% rate, "
+            f"{p['decisive_needed_at_observed']} at the observed rate{total}; a comparison whose interval clears 50% "
+            f"is settled sooner (stopping rule, below)"]
 
 
 def style_lines(results: dict) -> list[str]:
@@ -132,16 +166,17 @@ def stopping_lines(results: dict) -> list[str]:
     if not s:
         return []
     predicted = s["predicted_votes"]
-    forecast = (f"the planner predicts about {predicted['adaptive']} main votes with adaptive allocation, "
-                f"{predicted['uniform']} with uniform" if predicted["adaptive"] is not None else
-                "the planner cannot predict it yet (a comparison sits at exactly 50%)")
-    state = (f"met after {s['met_at_votes']} of {s['main_votes']} main votes" if s["met_at_votes"] is not None
-             else f"not met after {s['main_votes']} main votes; open: {', '.join(s['open'])}")
-    return [f"stopping rule (every interval clear of 50% or under {s['target_width']:.2f} wide; allocation "
-            f"{s['allocation']}): {state}; {forecast}"]
+    forecast = (f"at the observed rates, settling every comparison takes about {predicted['adaptive']} main votes "
+                f"with adaptive allocation, {predicted['uniform']} with uniform" if predicted["adaptive"] is not None
+                else "the votes to settle every comparison cannot be forecast yet")
+    state = (f"every comparison was settled after {s['met_at_votes']} of the {s['main_votes']} main votes"
+             if s["met_at_votes"] is not None
+             else f"not every comparison is settled after {s['main_votes']} main votes; open: {', '.join(s['open'])}")
+    return [f"stopping rule (allocation {s['allocation']}): a comparison is settled once its 95% interval "
+            f"({SHORT[DEFAULT_INTERVAL]}) excludes 50% or is under {s['target_width']:.2f} wide; {state}; {forecast}"]
 
 
-def write_report(study: Study, votes: list[dict], results: dict, out: str | Path, interval: str = "two_way",
+def write_report(study: Study, votes: list[dict], results: dict, out: str | Path, interval: str = DEFAULT_INTERVAL,
                  labels: dict[str, str] | None = None) -> dict[str, Path]:
     """results.json, results.csv, votes.csv, votes.json and preference.png in `out`; returns their paths."""
     from .chart import plot_preferences

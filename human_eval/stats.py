@@ -6,7 +6,12 @@ is wins_a / decisive, as in Imagen's DrawBench evaluation and the SD2 replicatio
 Votes on the same prompt, or by the same rater, are correlated, so an interval that treats every vote
 as independent (Wilson) is too narrow when prompts or raters differ. The clustered bootstraps resample
 whole prompts or whole raters and take the 2.5th and 97.5th percentiles of the rate; the two-way
-interval combines both (prompts and raters are crossed, not nested).
+interval combines both (prompts and raters are crossed, not nested). A bootstrap has no spread to show
+when every vote went one way, though: 3 of 3 gave [100%, 100%]. The report's default is therefore
+Wilson's interval on the *effective* number of votes, n / design effect, where the design effect is the
+two-way bootstrap variance over the binomial one (at least 1): it keeps Wilson's coverage at small n and
+widens as much as clustering asks (``clustered_wilson_interval``). Its score test (``score_test_p``)
+is the same rule read as a p-value: 50% lies outside the interval exactly when p < 0.05.
 """
 from __future__ import annotations
 
@@ -18,8 +23,9 @@ from scipy.stats import binomtest, norm
 Z95 = float(norm.ppf(0.975))  # 1.959964...
 
 
-def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for k successes in n trials (Wilson 1927); (nan, nan) when n == 0."""
+def wilson_interval(k: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for k successes in n trials (Wilson 1927); (nan, nan) when n == 0. k and n may be
+    fractional (effective numbers of votes)."""
     if n == 0:
         return (math.nan, math.nan)
     p = k / n
@@ -65,32 +71,70 @@ def bootstrap_rate(wins: np.ndarray, decisive: np.ndarray, clusters: np.ndarray,
     return ratio(counts @ w, counts @ d)
 
 
-def two_way_interval(wins: np.ndarray, decisive: np.ndarray, prompts: np.ndarray, raters: np.ndarray,
-                     n_boot: int = 2000, rng: np.random.Generator | None = None, z: float = Z95) -> tuple[float, float]:
-    """A 95% interval clustered by prompt *and* by rater at once (two-way clustering).
+def two_way_variance(wins: np.ndarray, decisive: np.ndarray, prompts: np.ndarray, raters: np.ndarray,
+                     n_boot: int = 2000, rng: np.random.Generator | None = None) -> float:
+    """The rate's variance clustered by prompt *and* by rater at once (two-way clustering).
 
-    The variance is var(by prompt) + var(by rater) - var(by prompt-and-rater cell), each from a cluster
-    bootstrap: the multiway-clustering combination of Cameron, Gelbach & Miller (2011). It is kept at
-    least as large as either one-way variance; the interval is the rate +- z standard errors.
+    var(by prompt) + var(by rater) - var(by prompt-and-rater cell), each from a cluster bootstrap: the
+    multiway-clustering combination of Cameron, Gelbach & Miller (2011), kept at least as large as either
+    one-way variance. nan without a decisive vote.
     """
     rng = rng or np.random.default_rng(0)
-    n = decisive.sum()
-    if n == 0:
-        return (math.nan, math.nan)
-    rate = wins.sum() / n
+    if decisive.sum() == 0:
+        return math.nan
     cells = np.unique(np.stack([np.unique(prompts, return_inverse=True)[1],
                                 np.unique(raters, return_inverse=True)[1]]), axis=1, return_inverse=True)[1]
     var = {name: np.nanvar(bootstrap_rate(wins, decisive, ids, n_boot, rng))
            for name, ids in (("prompt", prompts), ("rater", raters), ("cell", cells))}
-    se = math.sqrt(max(var["prompt"] + var["rater"] - var["cell"], var["prompt"], var["rater"]))
+    return float(max(var["prompt"] + var["rater"] - var["cell"], var["prompt"], var["rater"]))
+
+
+def two_way_interval(wins: np.ndarray, decisive: np.ndarray, prompts: np.ndarray, raters: np.ndarray,
+                     n_boot: int = 2000, rng: np.random.Generator | None = None, z: float = Z95,
+                     variance: float | None = None) -> tuple[float, float]:
+    """The rate +- z two-way clustered standard errors (``two_way_variance``, or ``variance`` when known)."""
+    n = decisive.sum()
+    if n == 0:
+        return (math.nan, math.nan)
+    rate = wins.sum() / n
+    var = two_way_variance(wins, decisive, prompts, raters, n_boot, rng) if variance is None else variance
+    se = math.sqrt(var)
     return (float(max(0.0, rate - z * se)), float(min(1.0, rate + z * se)))
+
+
+def design_effect(k: float, n: float, variance: float) -> float:
+    """How many times the binomial variance p (1 - p) / n the clustered ``variance`` is, at least 1 (clustering
+    never makes votes worth more); 1 when every vote went one way (neither variance can be measured), nan
+    without a vote."""
+    if n == 0 or math.isnan(variance):
+        return math.nan
+    binomial = (k / n) * (1 - k / n) / n
+    return 1.0 if binomial == 0 else max(1.0, variance / binomial)
+
+
+def clustered_wilson_interval(k: float, n: float, deff: float, z: float = Z95) -> tuple[float, float]:
+    """Wilson's interval on the effective number of votes: k / deff wins of n / deff (Kish's effective sample
+    size). It stays inside [0, 1] and never shrinks to a point, as a bootstrap does when every vote agrees."""
+    deff = 1.0 if math.isnan(deff) else max(deff, 1.0)
+    return wilson_interval(k / deff, n / deff, z)
+
+
+def score_test_p(k: float, n: float, deff: float = 1.0) -> float:
+    """Two-sided score test of a 50/50 preference on n / deff effective votes: the p-value read off the same rule
+    as ``clustered_wilson_interval`` (Wilson's interval is the score test inverted), so 50% lies outside that
+    interval exactly when p < 0.05. 1.0 without a vote."""
+    if n == 0:
+        return 1.0
+    deff = 1.0 if math.isnan(deff) else max(deff, 1.0)
+    z = (k / n - 0.5) / math.sqrt(0.25 * deff / n)
+    return float(2 * norm.sf(abs(z)))
 
 
 def decisive_votes_needed(width: float, p: float = 0.5, z: float = Z95) -> int:
     """The fewest decisive votes whose Wilson interval at rate `p` is at most `width` wide (e.g. 0.1 = +-5 points).
 
     p = 0.5 is the worst case; the observed rate gives a less conservative plan. Clustering by prompt and
-    rater widens intervals further: multiply by the design effect (bootstrap width / Wilson width)^2.
+    rater widens intervals further: multiply by the design effect (``design_effect``).
     """
     if not 0 < width < 1:
         raise ValueError(f"width must be between 0 and 1, got {width}")

@@ -1,7 +1,8 @@
 """The folder and file names evaluate writes under OUT: the names already on users' disks must not change."""
 from pathlib import Path
 
-from evaluate.layout import category_file_stem, comparison_file, grid_file, safe_path_part, samples_folder
+from evaluate.layout import (category_file_stem, comparison_file, comparison_page, grid_file, safe_path_part,
+                             samples_folder)
 from evaluate.prompts import read_prompt_table
 
 from ..conftest import PROMPT_SETS
@@ -22,6 +23,8 @@ def test_labels_samplers_and_categories_keep_their_rules():
     assert safe_path_part("Euler a") == "Euler_a" and safe_path_part("v1.5-ema") == "v1.5-ema"
     assert comparison_file("out", "run/ep0-ba2-rank0", "run/ep0-ba4-rank0", 5.0) == Path(
         "out/compare/run_ep0-ba2-rank0-vs-run_ep0-ba4-rank0-cfg5.json")
+    assert comparison_page("out", "run/ep0-ba2-rank0", "run/ep0-ba4-rank0") == Path(
+        "out/compare/run_ep0-ba2-rank0-vs-run_ep0-ba4-rank0.html")
     stems = {p.category: category_file_stem(p.category) for p in read_prompt_table(PROMPT_SETS / "drawbench.csv")}
     assert stems["Gary Marcus et al."] == "gary-marcus-et-al" and stems["DALL-E"] == "dall-e"
     assert all(s and s == s.lower() and " " not in s for s in stems.values())

@@ -334,13 +334,16 @@ def test_compare_two_checkpoints_with_paired_intervals(tiny_run, shapes_data, in
     for m in result["metrics"]:
         assert m["difference"] == pytest.approx(m["b"] - m["a"]) and m["lo"] <= m["difference"] <= m["hi"]
         assert 0 < m["p"] <= 1 and m["sentence"] in printed
-        assert ("not significant" in m["sentence"]) == (m["better"] is None)
+        assert m["sentence"].startswith("cannot tell") == (m["better"] is None) == (m["p"] >= 0.05)
+    assert result["overall"]["heading"] in printed and result["overall"]["n_metrics"] == 5
+    assert [f["family"] for f in result["overall"]["families"]] == ["image quality", "text alignment"]
     assert "Comparisons" in (out / "report" / "index.html").read_text()
 
     from evaluate.compare import compare_store
 
     [same] = compare_store(out, str(a), str(a), replicates=50)  # a checkpoint against itself: no difference at all
-    assert [m["sentence"].split(" difference ")[1] for m in same["metrics"]] == ["+0 [+0, +0], not significant (p = 1)"] * 5
+    assert [m["sentence"].split(": ", 1)[1] for m in same["metrics"]] == [
+        "B - A = +0 [+0, +0], p = 1 (Holm-adjusted over 5 metrics: p = 1, cannot tell)"] * 5
 
     assert main(["evaluate", "compare", str(a), str(tiny_run / "ep9-ba9-rank0.pt"), "--out", str(out)]) != 0
     err = capsys.readouterr().err.strip()  # not scored, and nothing to score it with

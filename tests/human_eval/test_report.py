@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from human_eval.allocation import settled
 from human_eval.analysis import analyze
+from human_eval.report import summary
 from human_eval.samples import read_manifest
 from human_eval.stats import sign_test, wilson_interval
 from human_eval.store import Store, database_url
@@ -154,3 +156,41 @@ def test_report_errors_are_one_line(rated_study, tmp_path):
     assert r.returncode == 1 and "no study in" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = run_dwb("human-eval", "report", str(folder), "--target-width", "2")
     assert r.returncode == 2 and "between 0 and 1" in r.stderr
+
+
+def test_the_stopping_rule_reads_the_interval_the_report_shows(rated_study):
+    """A comparison the rule calls settled has, in the report, an interval clear of 50% or narrower than the target."""
+    folder, data = rated_study
+    results = analyze(load_study(folder), data["votes"], n_boot=200, target_width=0.3)
+    for c in results["comparisons"]:
+        lo, hi = c["clustered_wilson"]
+        rule = settled(c["wins_a"], c["decisive"], 0.3, c["design_effect"])
+        assert rule == (lo > 0.5 or hi < 0.5 or hi - lo < 0.3), c
+        assert (lo > 0.5 or hi < 0.5) == (c["score_test_p"] < 0.05)
+    lines = summary(results).splitlines()
+    planner = next(line for line in lines if line.startswith("votes for a 0.30-wide interval"))
+    assert "settled sooner" in planner and any(line.startswith("stopping rule") for line in lines)
+
+
+def test_three_votes_for_one_model_name_it_first_with_an_honest_interval(tmp_path):
+    samples = []
+    for i, name in enumerate(("alpha", "beta")):
+        samples += read_manifest(write_samples(tmp_path / name, name, drawbench()[:3], 1, size=8, seed=i))
+    build_study(samples, tmp_path / "study", seed=1, progress=False)
+    study = load_study(tmp_path / "study")
+    store = Store(database_url(tmp_path / "study" / "votes.sqlite"), study.id)
+    for r, pair in enumerate(p for p in study.pairs if p.kind == "main"):  # three raters, model b every time
+        store.add_rater(f"r{r}")
+        store.show(f"r{r}", pair.id, False)
+        assert store.vote(f"r{r}", pair.id, "quality", "B", 500) == ("recorded", "b")
+    results = analyze(study, store.all_votes(), n_boot=200)
+    store.close()
+    [c] = [c for c in results["comparisons"] if c["question"] == "quality"]
+    assert c["rate_a"] == 0.0 and c["two_way"] == [0.0, 0.0]  # a bootstrap has no spread to show
+    lo, hi = c["clustered_wilson"]
+    assert 0.0 <= lo < hi <= 1.0 and hi > 0.5  # 3 votes cannot rule out 50%
+    [line] = [line for line in summary(results).splitlines() if line.strip().startswith("quality") and "share" in line]
+    winner, loser = c["model_b"], c["model_a"]
+    assert line.split(":")[0].split() == ["quality", winner, "vs", loser]  # the winner first
+    assert f"{winner}'s share of 3 decisive votes 100" in line
+    assert "cannot tell yet" in line

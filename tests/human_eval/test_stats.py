@@ -6,7 +6,8 @@ import pytest
 
 from human_eval.agreement import krippendorff_alpha_nominal
 from human_eval.bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
-from human_eval.stats import (bootstrap_rate, decisive_votes_needed, percentile_interval, sign_test, two_way_interval,
+from human_eval.stats import (bootstrap_rate, clustered_wilson_interval, decisive_votes_needed, design_effect,
+                              percentile_interval, score_test_p, sign_test, two_way_interval, two_way_variance,
                               wilson_interval)
 
 
@@ -92,6 +93,42 @@ def test_two_way_interval_widens_for_rater_and_prompt_effects():
     both = np.subtract(*two_way_interval(wins, ones, prompts, raters, 2000, rng)[::-1])
     wilson = np.subtract(*wilson_interval(int(wins.sum()), len(wins))[::-1])
     assert both >= max(by_prompt, by_rater) * 0.95 and both > 1.5 * wilson
+
+
+def test_a_few_votes_all_one_way_keep_an_honest_interval():
+    """3 of 3 votes for one model: every bootstrap collapses to [100%, 100%]; the default interval does not."""
+    wins, ones, ids = np.ones(3), np.ones(3), np.arange(3)
+    rng = np.random.default_rng(0)
+    assert two_way_interval(wins, ones, ids, ids, 500, rng) == (1.0, 1.0)
+    deff = design_effect(3, 3, two_way_variance(wins, ones, ids, ids, 500, rng))
+    lo, hi = clustered_wilson_interval(3, 3, deff)
+    assert deff == 1.0 and (lo, hi) == pytest.approx(wilson_interval(3, 3)) and 0.3 < lo < 0.5 and hi == 1.0
+    lo, hi = clustered_wilson_interval(0, 3, 1.0)
+    assert lo == 0.0 and 0.5 < hi < 0.7
+
+
+def test_clustered_wilson_widens_by_the_design_effect():
+    rng = np.random.default_rng(3)
+    prompts = np.repeat(np.arange(40), 20)
+    raters = np.tile(np.arange(20), 40)
+    wins = (rng.random(800) < 1 / (1 + np.exp(-rng.normal(0, 1.2, 40)[prompts]))).astype(float)
+    ones = np.ones_like(wins)
+    deff = design_effect(wins.sum(), 800, two_way_variance(wins, ones, prompts, raters, 1000, rng))
+    lo, hi = clustered_wilson_interval(wins.sum(), 800, deff)
+    wlo, whi = wilson_interval(wins.sum(), 800)
+    assert deff > 3 and (hi - lo) / (whi - wlo) == pytest.approx(np.sqrt(deff), rel=0.05)
+    independent = (rng.random(800) < 0.6).astype(float)
+    assert design_effect(independent.sum(), 800, two_way_variance(independent, ones, prompts, raters, 1000, rng)) < 1.3
+
+
+def test_the_score_test_is_the_interval_read_as_a_p_value():
+    """50% lies outside Wilson's interval on the effective votes exactly when the score test's p < 0.05."""
+    for n in range(1, 80, 4):
+        for k in range(n + 1):
+            for deff in (1.0, 1.7, 4.0):
+                lo, hi = clustered_wilson_interval(k, n, deff)
+                assert (lo > 0.5 or hi < 0.5) == (score_test_p(k, n, deff) < 0.05), (k, n, deff)
+    assert score_test_p(0, 0) == 1.0
 
 
 def test_ties_do_not_count_as_decisive():

@@ -4,6 +4,7 @@
 - ``files``: files written whole or not at all, and a full disk said in one line;
 - ``typed_config``: YAML and ``key=value`` read into dataclasses: types, value ranges, unknown keys;
 - ``serving``: the servers' deadline for a request to arrive and their cap on open connections;
+- ``digits``: intervals and p-values printed so that rounding never contradicts the verdict beside them;
 - ``faces``: how a room's face hands on its names (this face too).
 """
 from .faces import face
@@ -11,6 +12,7 @@ from .faces import face
 __getattr__, __all__ = face(__name__, {
     "compat": "RestoreRNG align_dataset_epoch calm_gradio_queue fsdp_full_params patch_composer_ema queue_jobs "
               "release_streaming_shared_memory serialize_queue_joins serve_gradio_with upload_abort",
+    "digits": "interval_decimals interval_text outward p_value_text round_up",
     "faces": "face",
     "files": "disk_full_error is_disk_full torch_save_whole whole_file whole_folder write_bytes_whole "
              "write_text_whole",

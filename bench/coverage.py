@@ -1,0 +1,260 @@
+"""Coverage of the 95% intervals at their nominal level, simulated where the truth is known.
+
+Win rates (``human_eval.stats``): n decisive votes (5, 10, 20, 50, 200) for a model whose true preference
+rate is 0.5, 0.7 or 0.9, each vote by one of 10 raters. Without clustering every vote is on its own
+prompt; with it, ``--votes-per-prompt`` votes share a prompt whose own rate is logistic(logit(rate) +
+N(0, ``--prompt-sd``^2)), and the truth is the mean over prompts (Gauss-Hermite quadrature). Intervals:
+Wilson on the effective number of votes (the report's default), Wilson, the two-way bootstrap and the
+bootstrap by prompt; and how often each shrank to a single point.
+
+Metrics (``evaluate.metrics`` and ``evaluate.bootstrap``, as a row and ``compare`` compute them):
+``--images`` generated images of ``--dim``-dimensional Gaussian features against ``--reference`` fixed
+reference features. FID and KID intervals cover the expected FID / KID at that number of images against
+that reference (what the interval is for: generated images resampled, the reference fixed), estimated from
+``--truth-draws`` independent sets; KID is also simulated for generated features drawn like the reference's
+population, where its truth is 0 and its interval's lower bound is kept at 0. CLIP score: 100 x cos(image,
+caption) of Gaussian embeddings, 2 images a prompt whose caption and strength they share, truth by Monte
+Carlo; the paired difference of two checkpoints' CLIP scores (and of their FIDs) is compare's interval,
+whose words must agree with its p-value in every draw.
+
+  python bench/coverage.py [--sims 1000 --metric-sims 400]      # about 8 minutes on 2 busy cores
+  python bench/coverage.py --smoke                              # seconds: a few draws of small cases
+
+Writes OUT/coverage.json (default bench/out) and prints the tables as Markdown before it.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from _common import parse_args, report
+
+LEVEL = 0.95
+VOTES, RATES = (5, 10, 20, 50, 200), (0.5, 0.7, 0.9)
+WIN_INTERVALS = ("clustered_wilson", "wilson", "two_way", "bootstrap_prompt")
+
+
+def truth_of_rate(rate: float, prompt_sd: float) -> float:
+    """E over prompts of logistic(logit(rate) + prompt_sd Z): the share a model wins across the prompt population."""
+    if prompt_sd == 0:
+        return rate
+    z, w = np.polynomial.hermite_e.hermegauss(80)
+    logit = np.log(rate / (1 - rate))
+    return float((w * 1 / (1 + np.exp(-(logit + prompt_sd * z)))).sum() / w.sum())
+
+
+def simulated_votes(rng, n: int, rate: float, per_prompt: int, prompt_sd: float):
+    """(wins, prompts, raters) of n decisive votes; per_prompt 1 means independent votes."""
+    prompts = np.arange(n) // per_prompt
+    logit = np.log(rate / (1 - rate)) + prompt_sd * rng.standard_normal(prompts.max() + 1)[prompts]
+    wins = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(float)
+    return wins, prompts, rng.integers(0, 10, n)
+
+
+def win_rate_intervals(wins, prompts, raters, n_boot: int, rng) -> dict[str, tuple[float, float]]:
+    from human_eval.stats import (bootstrap_rate, clustered_wilson_interval, design_effect, percentile_interval,
+                                  two_way_interval, two_way_variance, wilson_interval)
+
+    ones, k, n = np.ones_like(wins), wins.sum(), len(wins)
+    variance = two_way_variance(wins, ones, prompts, raters, n_boot, rng)
+    return {"clustered_wilson": clustered_wilson_interval(k, n, design_effect(k, n, variance)),
+            "wilson": wilson_interval(k, n),
+            "two_way": two_way_interval(wins, ones, prompts, raters, variance=variance),
+            "bootstrap_prompt": percentile_interval(bootstrap_rate(wins, ones, prompts, n_boot, rng))}
+
+
+def win_rate_coverage(sims: int, n_boot: int, per_prompt: int, prompt_sd: float, votes, rates, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for clustered in (False, True):
+        for n in votes:
+            for rate in rates:
+                sd, step = (prompt_sd, per_prompt) if clustered else (0.0, 1)
+                truth = truth_of_rate(rate, sd)
+                covered = dict.fromkeys(WIN_INTERVALS, 0)
+                point = dict.fromkeys(WIN_INTERVALS, 0)
+                for _ in range(sims):
+                    votes_drawn = simulated_votes(rng, n, rate, step, sd)
+                    for name, (lo, hi) in win_rate_intervals(*votes_drawn, n_boot, rng).items():
+                        covered[name] += lo <= truth <= hi
+                        point[name] += hi - lo < 1e-12
+                rows.append({"votes": n, "rate": rate, "clustered": clustered, "prompts": -(-n // step),
+                             "truth": round(truth, 4), "coverage": {k: covered[k] / sims for k in WIN_INTERVALS},
+                             "zero_width": {k: point[k] / sims for k in WIN_INTERVALS}})
+    return rows
+
+
+class Gaussians:
+    """Generated features N(shift, scale^2 I) against a fixed reference sample of N(0, I)."""
+
+    def __init__(self, rng, dim: int, reference: int):
+        import torch
+
+        from evaluate.metrics import FeatureStats, FrechetReference
+
+        self.rng, self.dim = rng, dim
+        self.real = torch.from_numpy(rng.standard_normal((reference, dim)))
+        stats = FeatureStats(dim, kid_max=reference)
+        stats.update(self.real)
+        self.frechet = FrechetReference.from_stats(stats)
+
+    def draw(self, n: int, shift: float, scale: float):
+        import torch
+
+        return torch.from_numpy(self.rng.standard_normal((n, self.dim)) * scale + shift)
+
+    def metric(self, name: str, x, weights: np.ndarray) -> np.ndarray:
+        from evaluate.metrics import kid_replicates
+
+        return self.frechet.replicates(x, weights) if name == "fid" else kid_replicates(self.real, x, weights)
+
+
+def set_metric_coverage(g: Gaussians, name: str, shift: float, scale: float, images: int, replicates: int,
+                        sims: int, truth_draws: int, truth: float | None = None) -> dict:
+    """One set metric's interval (``bootstrap.interval`` with its range) against ``truth``, by default E[metric at
+    this N | reference] from ``truth_draws`` sets. KID is the full set's unbiased estimate (a row's point averages
+    subsets of it); its replicates are a row's."""
+    from evaluate.bootstrap import interval, prompt_weights
+    from evaluate.names import value_range
+
+    ones = np.ones((1, images))
+    if truth is None:
+        truth = float(np.mean([g.metric(name, g.draw(images, shift, scale), ones)[0] for _ in range(truth_draws)]))
+    covered = zero = clipped = 0
+    widths = []
+    for i in range(sims):
+        x = g.draw(images, shift, scale)
+        reps = g.metric(name, x, prompt_weights(np.arange(images), replicates, seed=i))
+        point = g.metric(name, x, ones)[0]
+        lo, hi = interval(point, reps, bounds=value_range(name))
+        raw_lo, _ = interval(point, reps)
+        covered += lo <= truth <= hi
+        zero += lo <= 0 <= hi
+        clipped += raw_lo < lo
+        widths.append(hi - lo)
+    return {"metric": {"fid": "FID", "kid_mean": "KID"}[name], "case": f"shift {shift:g}, scale {scale:g}",
+            "truth": truth, "coverage": covered / sims, "covers_zero": zero / sims,
+            "lower_bound_raised_to_0": clipped / sims, "mean_width": float(np.mean(widths))}
+
+
+def clip_scores(rng, prompts: int, strength: np.ndarray, dim: int = 32,
+                per_prompt: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """100 x cos(image, caption): each prompt's caption t and strength a; an image is a t + N(0, I). Returns
+    (scores, prompt ids)."""
+    t = rng.standard_normal((prompts, dim))
+    ids = np.repeat(np.arange(prompts), per_prompt)
+    images = strength[ids, None] * t[ids] + rng.standard_normal((len(ids), dim))
+    cos = (images * t[ids]).sum(1) / np.linalg.norm(images, axis=1) / np.linalg.norm(t[ids], axis=1)
+    return 100 * cos, ids
+
+
+def clip_coverage(rng, prompts: int, replicates: int, sims: int, gain: float) -> tuple[dict, dict]:
+    """CLIP score's interval (prompts resampled) and compare's paired interval of B - A, with B's strength higher
+    by ``gain``; truths by Monte Carlo over 200,000 prompts."""
+    from evaluate.bootstrap import interval, p_value, prompt_weights, weighted_means
+
+    def strength(n: int) -> np.ndarray:
+        return np.clip(0.35 + 0.15 * rng.standard_normal(n), 0, None)  # prompts differ: clustering
+
+    big = strength(200_000)
+    truth_a = float(clip_scores(rng, 200_000, big)[0].mean())
+    truth_b = float(clip_scores(rng, 200_000, big + gain)[0].mean())
+    single = paired = agree = 0
+    for i in range(sims):
+        s = strength(prompts)
+        a, ids = clip_scores(rng, prompts, s)
+        b, _ = clip_scores(rng, prompts, s + gain)
+        w = prompt_weights(ids, replicates, seed=i)
+        ra, rb = weighted_means(a, w), weighted_means(b, w)
+        lo, hi = interval(a.mean(), ra, bounds=(-100, 100))
+        single += lo <= truth_a <= hi
+        d = b.mean() - a.mean()
+        lo, hi = interval(d, rb - ra)
+        paired += lo <= truth_b - truth_a <= hi
+        agree += (lo > 0 or hi < 0) == (p_value(d, rb - ra) < 0.05)
+    return ({"metric": "CLIP score", "case": f"{prompts} prompts x 2 images", "truth": truth_a,
+             "coverage": single / sims},
+            {"metric": "CLIP score, B - A (compare)", "case": f"strength +{gain:g}", "truth": truth_b - truth_a,
+             "coverage": paired / sims, "verdict_agrees_with_p": agree / sims})
+
+
+def fid_difference_coverage(g: Gaussians, images: int, replicates: int, sims: int, truth_draws: int) -> dict:
+    """compare's paired interval of FID_B - FID_A (one draw of prompts for both sets) against E[FID_B] - E[FID_A]."""
+    from evaluate.bootstrap import interval, p_value, prompt_weights
+
+    ones = np.ones((1, images))
+    cases = {"a": (0.2, 1.1), "b": (0.1, 1.05)}
+    truth = {k: float(np.mean([g.metric("fid", g.draw(images, *c), ones)[0] for _ in range(truth_draws)]))
+             for k, c in cases.items()}
+    covered = agree = 0
+    for i in range(sims):
+        xa, xb = g.draw(images, *cases["a"]), g.draw(images, *cases["b"])
+        w = prompt_weights(np.arange(images), replicates, seed=i)
+        reps = g.metric("fid", xb, w) - g.metric("fid", xa, w)
+        d = float(g.metric("fid", xb, ones)[0] - g.metric("fid", xa, ones)[0])
+        lo, hi = interval(d, reps)
+        covered += lo <= truth["b"] - truth["a"] <= hi
+        agree += (lo > 0 or hi < 0) == (p_value(d, reps) < 0.05)
+    return {"metric": "FID, B - A (compare)", "case": "shift 0.2 -> 0.1, scale 1.1 -> 1.05",
+            "truth": truth["b"] - truth["a"], "coverage": covered / sims, "verdict_agrees_with_p": agree / sims}
+
+
+def markdown(win_rates: list[dict], metrics: list[dict]) -> str:
+    head = "| votes | prompts | true rate | " + " | ".join(WIN_INTERVALS) + " |"
+    lines = [head, "|" + "---|" * (3 + len(WIN_INTERVALS))]
+    for r in win_rates:
+        cells = [f"{100 * r['coverage'][k]:.1f}" + (f" ({100 * r['zero_width'][k]:.0f}% a point)" if r["zero_width"][k]
+                                                    else "") for k in WIN_INTERVALS]
+        lines.append(f"| {r['votes']} | {r['prompts'] if r['clustered'] else 'own each'} | {r['truth']:.3f} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "| metric | case | truth | coverage % |", "|---|---|---|---|"]
+    lines += [f"| {m['metric']} | {m['case']} | {m['truth']:.4g} | {100 * m['coverage']:.1f} |" for m in metrics]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sims", type=int, default=1000, help="draws per win-rate case")
+    ap.add_argument("--bootstrap", type=int, default=500, help="bootstrap resamples for the win-rate intervals")
+    ap.add_argument("--votes-per-prompt", type=int, default=5)
+    ap.add_argument("--prompt-sd", type=float, default=1.0, help="spread of the prompts' rates, on the logit scale")
+    ap.add_argument("--metric-sims", type=int, default=400, help="draws per metric case")
+    ap.add_argument("--truth-draws", type=int, default=2000, help="sets whose mean is a set metric's truth")
+    ap.add_argument("--images", type=int, default=500)
+    ap.add_argument("--reference", type=int, default=1000)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--replicates", type=int, default=200,
+                    help="replicates of a metric's interval (evaluate's default)")
+    ap.add_argument("--prompts", type=int, default=250, help="prompts of a CLIP-score row (2 images each)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = parse_args(ap, smoke=dict(sims=10, bootstrap=50, metric_sims=4, truth_draws=20, images=40, reference=60,
+                                     dim=4, replicates=40, prompts=30))
+    import torch
+
+    torch.set_num_threads(1)  # small matrices: one thread is several times faster on a busy 2-core machine
+    t = time.perf_counter()
+    votes, rates = ((5, 50), (0.7,)) if args.smoke else (VOTES, RATES)
+    win_rates = win_rate_coverage(args.sims, args.bootstrap, args.votes_per_prompt, args.prompt_sd, votes, rates,
+                                  args.seed)
+    seconds_votes = time.perf_counter() - t
+    rng = np.random.default_rng(args.seed + 1)
+    g = Gaussians(rng, args.dim, args.reference)
+    metrics = [set_metric_coverage(g, name, 0.2, 1.1, args.images, args.replicates, args.metric_sims, args.truth_draws)
+               for name in ("fid", "kid_mean")]
+    # generated features drawn like the reference's: KID's truth is 0, where its interval's lower bound is kept
+    metrics += [set_metric_coverage(g, "kid_mean", 0.0, 1.0, args.images, args.replicates, args.metric_sims, 0, 0.0)]
+    metrics += [fid_difference_coverage(g, args.images, args.replicates, args.metric_sims, args.truth_draws)]
+    metrics += list(clip_coverage(rng, args.prompts, args.replicates, args.metric_sims, gain=0.01))
+    for m in metrics:
+        if m.get("verdict_agrees_with_p", 1.0) != 1.0:
+            raise SystemExit(f"coverage: check failed: {m['metric']}'s interval and p-value disagreed")
+    print(markdown(win_rates, metrics))
+    report("coverage", {"level": LEVEL, "settings": {k: v for k, v in vars(args).items() if k != "out"},
+                        "seconds": {"win_rates": round(seconds_votes, 1), "all": round(time.perf_counter() - t, 1)},
+                        "win_rates": win_rates, "metrics": metrics})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""The comparison page: what `dwb evaluate compare A B` found, and the images behind it, on one HTML page.
+
+``OUT/compare/<A>-vs-<B>.html`` (``layout.comparison_page``) has one section per guidance scale (and sampler)
+of the comparison. Each starts with the verdict table: per metric, A, B, the difference B - A with its paired
+95% interval, the p-value and the sentence (a metric's ``name`` and the comparison's ``verdict`` where the
+comparison has them). Then A's and B's images of the same prompt and seed side by side, the pairs whose
+per-image scores differ most first (``pair_order``), each captioned with its prompt, seed and per-image
+scores, and, with studies of the same checkpoints (``study_votes``), how many raters preferred A, B or
+neither on that pair.
+
+The page embeds nothing: it links the sample PNGs relative to itself, so a copy of OUT keeps it whole, and
+shows at most ``MAX_PAIRS`` pairs per section (``--max-pairs``), each image at its own size within
+``SHOWN_SIZE``. Every text on it is escaped (prompts come from users).
+"""
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from train.common import write_text_whole
+
+from .attribute_accuracy import PREFIX, VERDICTS
+from .compare import rows_of
+from .layout import comparison_page
+from .samples import MANIFEST, read_manifest
+from .store import ResultsStore
+from .study_votes import CHOICES, Counts, StudyVotes, check_studies, pair_votes
+
+MAX_PAIRS = 48  # image pairs shown per guidance scale
+SHOWN_SIZE = (128, 256)  # an image is shown at its own side, enlarged to the first or shrunk to the second
+PER_IMAGE_SCORES = ("clip_score", *(PREFIX + v for v in VERDICTS))  # manifest keys, as the manifest names them
+ORDER_SCORES = (PREFIX + "all", "clip_score")  # what orders the pairs: every attribute right, then CLIP score
+
+STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}small{color:#555}
+table.verdict td,table.verdict th{padding:3px 8px;text-align:right;font-size:13px;white-space:nowrap}
+table.verdict .sentence{text-align:left;white-space:normal}tr.better-B{background:#e6f4e6}
+tr.better-A{background:#fbeaea}p.verdict{font-size:1.1em;font-weight:bold}
+div.pairs{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
+figure.pair{margin:0;padding:8px;border:1px solid #ccc;border-radius:6px;width:min-content}
+div.sides{display:flex;gap:8px}div.side{text-align:center;font-size:12px}
+div.side img{image-rendering:pixelated;display:block}figcaption{font-size:12px;margin-top:6px}
+p.prompt{font-size:14px;margin:2px 0;white-space:pre-wrap;overflow-wrap:anywhere}
+table.votes{font-size:12px;border-collapse:collapse}table.votes td,table.votes th{border:1px solid #ddd;padding:1px 6px}"""
+
+
+def _text(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _number(value) -> str:
+    if isinstance(value, bool):
+        return "&#10003;" if value else "&#10007;"  # a check mark or a cross
+    return f"{value:.4g}" if isinstance(value, float) else _text(value)
+
+
+@dataclass(frozen=True)
+class ImagePair:
+    """One prompt and seed: A's manifest line and B's, and their sample folders."""
+
+    a: dict
+    b: dict
+    folder_a: Path
+    folder_b: Path
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """(prompt set, prompt index, image index): what a study's pair is joined on."""
+        return self.a.get("prompt_set") or "", self.a["prompt_index"], self.a["image_index"]
+
+    def difference(self, score: str) -> float | None:
+        """B's per-image ``score`` minus A's (a verdict counts 1 when right), None where either lacks it."""
+        va, vb = self.a.get(score), self.b.get(score)
+        return None if va is None or vb is None else float(vb) - float(va)
+
+
+def image_pairs(out: Path, row_a: dict, row_b: dict) -> list[ImagePair]:
+    """A's and B's images of the same prompt, image index and seed, from the two rows' manifests."""
+    folder_a, folder_b = out / row_a["samples"], out / row_b["samples"]
+    lines_b = {(m["prompt_index"], m["image_index"]): m for m in read_manifest(folder_b / MANIFEST)}
+    pairs = []
+    for m in read_manifest(folder_a / MANIFEST):
+        other = lines_b.get((m["prompt_index"], m["image_index"]))
+        if other is not None and other["seed"] == m["seed"]:
+            pairs.append(ImagePair(m, other, folder_a, folder_b))
+    return pairs
+
+
+def order_scores(pairs: list[ImagePair]) -> list[str]:
+    """The scores of ``ORDER_SCORES`` some pair has for both images."""
+    return [s for s in ORDER_SCORES if any(p.difference(s) is not None for p in pairs)]
+
+
+def pair_order(pairs: list[ImagePair]) -> list[ImagePair]:
+    """Largest absolute per-image difference first, in ``order_scores`` order; then prompt and image index."""
+    scores = order_scores(pairs)
+    return sorted(pairs, key=lambda p: (*(-abs(p.difference(s) or 0.0) for s in scores),
+                                        p.a["prompt_index"], p.a["image_index"]))
+
+
+def order_sentence(pairs: list[ImagePair]) -> str:
+    scores = order_scores(pairs)
+    if not scores:
+        return "Pairs in prompt order (the images have no per-image scores)."
+    by = ", then ".join(f"|B - A| of {s}" for s in scores)
+    return f"Pairs where A's and B's images differ most first: by {by} (largest first), then in prompt order."
+
+
+def _verdict_text(verdict) -> str:
+    return verdict if isinstance(verdict, str) else str(verdict.get("sentence", verdict))
+
+
+def verdict_table(result: dict) -> str:
+    """The comparison's verdict (where it has one) and one table row per metric."""
+    head = "".join(f"<th>{h}</th>" for h in ("metric", "A", "B", "B - A [95% interval]", "p")) + \
+        "<th class='sentence'>in words</th>"
+    rows = []
+    for m in result["metrics"]:
+        rows.append(f"<tr class='better-{_text(m.get('better') or 'none')}' data-metric='{_text(m['metric'])}'>"
+                    f"<td>{_text(m.get('name') or m['metric'])}</td><td>{_number(m['a'])}</td><td>{_number(m['b'])}</td>"
+                    f"<td>{m['difference']:+.4g} [{m['lo']:+.4g}, {m['hi']:+.4g}]</td><td>{m['p']:.2g}</td>"
+                    f"<td class='sentence'>{_text(m['sentence'])}</td></tr>")
+    verdict = f"<p class='verdict'>{_text(_verdict_text(result['verdict']))}</p>" if result.get("verdict") else ""
+    return f"{verdict}<table class='verdict'><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _shown_size(line: dict) -> tuple[int, int]:
+    low, high = SHOWN_SIZE
+    width, height = line.get("width") or high, line.get("height") or high
+    scale = min(max(1.0, low / max(width, height)), high / max(width, height))
+    return round(width * scale), round(height * scale)
+
+
+def _scores(line: dict) -> str:
+    return ", ".join(f"{s} {_number(line[s])}" for s in PER_IMAGE_SCORES if line.get(s) is not None)
+
+
+def _side(name: str, line: dict, folder: Path, page: Path) -> str:
+    src = quote(os.path.relpath(folder / line["path"], page.parent).replace(os.sep, "/"))
+    width, height = _shown_size(line)
+    return (f"<div class='side'><b>{name}</b><a href='{_text(src)}'><img class='{name.lower()}' src='{_text(src)}' "
+            f"width='{width}' height='{height}' loading='lazy' alt='{name}'></a><small>{_scores(line)}</small></div>")
+
+
+def _differences(pair: ImagePair) -> str:
+    found = [(s, pair.difference(s)) for s in PER_IMAGE_SCORES if pair.difference(s) is not None]
+    return "B - A: " + ", ".join(f"{s} {d:+.4g}" for s, d in found) if found else ""
+
+
+def votes_table(counts: Counts | None, questions: tuple[str, ...]) -> str:
+    """Per question, how many raters preferred A, B or neither on this pair."""
+    if not questions:
+        return ""
+    if not counts:
+        return "<p class='votes'><small>no votes on this pair</small></p>"
+    head = "<tr><th>raters</th>" + "".join(f"<th>{c}</th>" for c in CHOICES) + "</tr>"
+    rows = "".join(f"<tr data-question='{_text(q)}'><td>{_text(q)}</td>"
+                   + "".join(f"<td data-choice='{c}'>{counts[q][c]}</td>" for c in CHOICES) + "</tr>"
+                   for q in questions if q in counts)
+    return f"<table class='votes'>{head}{rows}</table>"
+
+
+def pair_figure(pair: ImagePair, page: Path, votes: Counts | None, questions: tuple[str, ...]) -> str:
+    a = pair.a
+    where = f"prompt {a['prompt_index']}, image {a['image_index']}, seed {a['seed']}" + \
+        (f", {a['category']}" if a.get("category") else "")
+    return (f"<figure class='pair' data-prompt-index='{a['prompt_index']}' data-image-index='{a['image_index']}' "
+            f"data-seed='{a['seed']}'><div class='sides'>{_side('A', a, pair.folder_a, page)}"
+            f"{_side('B', pair.b, pair.folder_b, page)}</div><figcaption><p class='prompt'>{_text(a['prompt'])}</p>"
+            f"<small>{_text(where)}<br>{_differences(pair)}</small>{votes_table(votes, questions)}</figcaption></figure>")
+
+
+def pairs_part(pairs: list[ImagePair], page: Path, votes: dict | None, questions: tuple[str, ...],
+               max_pairs: int) -> str:
+    """The first ``max_pairs`` image pairs in ``pair_order``, with their votes (``votes`` None: no study given)."""
+    pairs = pair_order(pairs)
+    shown = f"{max_pairs} of {len(pairs)} pairs" if len(pairs) > max_pairs else f"{len(pairs)} pairs"
+    unrated = "" if votes is None or votes else \
+        "<p><small>The studies hold no votes on these checkpoints at this guidance scale.</small></p>"
+    figures = "".join(pair_figure(p, page, (votes or {}).get(p.key), questions if votes else ())
+                      for p in pairs[:max_pairs])
+    return (f"<h3>A and B, same prompt and seed ({shown})</h3><p class='order'>{_text(order_sentence(pairs))}</p>"
+            f"{unrated}<div class='pairs'>{figures}</div>")
+
+
+def section(out: Path, page: Path, result: dict, rows: tuple[dict, dict], studies: list[StudyVotes],
+            max_pairs: int) -> str:
+    """One guidance scale (and sampler): the verdict table, then the image pairs with their votes."""
+    sampler = f", {result['sampler_a']}" if result.get("sampler_a") else ""
+    questions = tuple(dict.fromkeys(q for s in studies for q in s.questions))
+    votes = pair_votes(studies, *rows) if studies else None
+    return (f"<section class='guidance' data-guidance='{result['guidance']:g}'>"
+            f"<h2>Guidance {result['guidance']:g}{_text(sampler)}</h2>"
+            f"<p><small>{result['n_images']} images of {result['n_prompts']} prompts, {result['bootstrap']} paired "
+            f"bootstrap replicates; the interval and p-value resample prompts.</small></p>{verdict_table(result)}"
+            f"{pairs_part(image_pairs(out, *rows), page, votes, questions, max_pairs)}</section>")
+
+
+def _header(a: dict, b: dict, studies: list[StudyVotes]) -> str:
+    who = "".join(f"<li><b>{side}</b> = {_text(r['model'])} <small>({_text(r['checkpoint'])}, hash "
+                  f"{_text(r.get('checkpoint_hash') or 'none')})</small></li>" for side, r in (("A", a), ("B", b)))
+    raters = (f"<p>Raters' votes from {_text(', '.join(str(s.folder) for s in studies))}: per pair and question, how "
+              f"many raters preferred A, B or neither (main pairs only; repeated showings, gold checks and raters "
+              f"the study's report excluded are left out).</p>") if studies else ""
+    return (f"<h1>{_text(a['model'])} vs {_text(b['model'])}</h1><ul>{who}</ul>"
+            f"<p>Differences are B - A; a row is green where B is better, red where A is.</p>{raters}")
+
+
+def write_compare_page(out: str | Path, a: str, b: str, results: list[dict], studies: list[StudyVotes] = (),
+                       max_pairs: int | None = None) -> Path:
+    """``OUT/compare/<A>-vs-<B>.html`` for the comparisons ``compare_store(out, a, b)`` returned, with at most
+    ``max_pairs`` (default ``MAX_PAIRS``) image pairs per guidance scale."""
+    out, max_pairs = Path(out), max_pairs or MAX_PAIRS
+    rows = ResultsStore(out).rows()
+    found_a, found_b = rows_of(rows, a), rows_of(rows, b)
+    sections = [(found_a[r["guidance"], r["sampler_a"]], found_b[r["guidance"], r["sampler_b"]]) for r in results]
+    check_studies(list(studies), sections)
+    page = comparison_page(out, results[0]["a"], results[0]["b"])
+    page.parent.mkdir(parents=True, exist_ok=True)
+    body = "".join(section(out, page, r, rs, list(studies), max_pairs) for r, rs in zip(results, sections))
+    title = f"{results[0]['a']} vs {results[0]['b']}"
+    return write_text_whole(page, f"<!doctype html><html><head><meta charset='utf-8'><title>{_text(title)}</title>"
+                                  f"<style>{STYLE}</style></head><body>{_header(*sections[0], list(studies))}{body}"
+                                  f"</body></html>\n")

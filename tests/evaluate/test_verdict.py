@@ -1,0 +1,219 @@
+"""One verdict rule: a comparison's words, interval and p-value agree, digits included; Holm over a comparison's
+metrics; intervals inside each metric's range. Rows are written to disk as `dwb evaluate run` leaves them
+(a manifest, per-image features, reference statistics) with per-image values that differ by known amounts."""
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from evaluate.bootstrap import holm, interval, p_value
+from evaluate.compare import compare_rows
+from evaluate.metrics import FeatureStats
+from evaluate.names import metric
+from evaluate.reference import ReferenceStats
+from evaluate.row import row_metrics
+from evaluate.store import ATTRIBUTE_COLUMNS, ResultsStore
+from evaluate.verdict import overall, p_text
+from train.common import interval_text
+from train.errors import WorkbenchError
+
+PROMPTS, DIM = 40, 4
+
+
+def _reference(out, rng) -> tuple[str, FeatureStats]:
+    stats = FeatureStats(DIM, kid_max=200)
+    stats.update(torch.from_numpy(rng.standard_normal((200, DIM))))
+    path = out / "cache" / "ref-test.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**stats.state_dict(), "skipped": 0}, path)
+    return str(path), stats
+
+
+def _frechet_to(stats: FeatureStats, x: np.ndarray) -> float:
+    """The Frechet distance of ``x`` to the reference, written out with numpy (not the workbench's code)."""
+    mu, cov = stats.mean.numpy(), stats.cov.numpy()
+    c = np.cov(x, rowvar=False)
+    vals, vecs = np.linalg.eigh(cov)
+    root = vecs @ np.diag(np.sqrt(vals)) @ vecs.T
+    eig = np.linalg.eigvalsh(root @ c @ root)
+    return float(((mu - x.mean(0)) ** 2).sum() + np.trace(cov) + np.trace(c) - 2 * np.sqrt(eig.clip(0)).sum())
+
+
+def write_row(out, model: str, features: np.ndarray, clip: np.ndarray, reference: tuple[str, FeatureStats]) -> dict:
+    """A scored row of one image per prompt, as `dwb evaluate run` writes it: manifest, features.pt, store line."""
+    path, stats = reference
+    folder = out / "samples" / model / "cfg5"
+    folder.mkdir(parents=True)
+    manifest = [{"prompt": f"prompt {i}", "prompt_index": i, "image_index": 0, "seed": i, "category": "all",
+                 "clip_score": float(clip[i])} for i in range(len(clip))]
+    (folder / "manifest.jsonl").write_text("".join(json.dumps(m) + "\n" for m in manifest))
+    torch.save({"keys": torch.tensor([[i, 0] for i in range(len(clip))]),
+                "features": {"fid": torch.from_numpy(features).float()}, "references": {"fid": path}},
+               folder / "features.pt")
+    row = {"model": model, "checkpoint": model, "status": "ok", "step": 0, "guidance": 5.0, "sampler": None,
+           "n_images": len(clip), "prompts": "test", "size": 16, "extractor": "test", "n_reference": 200,
+           "dinov2": None, "samples": f"samples/{model}/cfg5", "fid": _frechet_to(stats, features.astype(np.float32)),
+           "kid_mean": 0.0, "clip_score": float(np.mean(clip))}
+    ResultsStore(out).append(row)
+    return row
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny kernel matrices on one thread: 0.66 s a comparison with torch's two threads on a busy 2-core machine,
+    0.055 s with one (see evaluate.metrics.one_thread)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture
+def checkpoints(tmp_path, one_thread):
+    """A's features and CLIP scores per prompt (prompts differ in difficulty), and a writer of B rows."""
+    rng = np.random.default_rng(7)
+    reference = _reference(tmp_path, rng)
+    features = rng.standard_normal((PROMPTS, DIM)) + 0.5
+    clip = 30 + rng.normal(0, 3, PROMPTS)  # each prompt's difficulty, shared by both checkpoints
+    a = write_row(tmp_path, "a", features, clip, reference)
+    noise = rng.normal(0, 1, PROMPTS)
+    noise -= noise.mean()  # so that B - A is exactly the gain asked for
+
+    def b(name: str, clip_gain: float, shift: float = 0.0) -> dict:
+        """B: CLIP score higher by ``clip_gain`` (plus noise) and features moved by ``shift`` towards the reference."""
+        return write_row(tmp_path, name, features - shift, clip + clip_gain + noise, reference)
+
+    return tmp_path, a, b, noise
+
+
+def _printed(sentence: str) -> tuple[float, float, str]:
+    """The printed interval's bounds and the p text of a metric's sentence."""
+    lo, hi = (float(x) for x in re.search(r"\[([-+0-9.e]+), ([-+0-9.e]+)\]", sentence).groups())
+    return lo, hi, re.search(r"(p (?:<=|<|=) [0-9.e-]+)", sentence).group(1)
+
+
+def _reads_significant(p: str) -> bool:
+    kind, value = p.split()[1:]
+    return float(value) < 0.05 or (kind in ("<", "<=") and float(value) <= 0.05)
+
+
+def test_words_interval_and_p_agree_across_the_boundary(checkpoints):
+    """B's CLIP score is higher by a known gain, from 0 to 0.6 points (per-image noise of 1, 40 prompts: the
+    standard error of the mean gain is about 0.16, so p crosses 0.05 near 0.3): at every gain the words,
+    the interval, the printed digits and p tell the same story."""
+    out, a, new_b, noise = checkpoints
+    seen = []
+    for i, gain in enumerate(np.linspace(0, 0.6, 21)):
+        b = new_b(f"b{i}", gain)
+        result = compare_rows(out, a, b, replicates=400)
+        [m] = [m for m in result["metrics"] if m["metric"] == "clip_score"]
+        assert m["difference"] == pytest.approx(gain)  # the known difference
+        clear = m["lo"] > 0 or m["hi"] < 0
+        assert clear == (m["p"] < 0.05) == (m["better"] is not None)
+        assert m["sentence"].startswith("B is better on CLIP score by" if clear else "cannot tell on CLIP score")
+        lo, hi, p = _printed(m["sentence"])
+        assert (lo > 0) == clear and lo <= m["lo"] and hi >= m["hi"]  # rounded outward, clear of 0 when it is
+        assert _reads_significant(p) == clear
+        seen.append(m["p"])
+    assert seen[0] > 0.5 and seen[-1] < 0.01  # no gain: no verdict; a gain of almost 4 standard errors: clear
+    assert any(0.035 <= p <= 0.065 for p in seen)  # the scan passed close to the boundary
+
+
+def test_a_lower_is_better_metric_names_the_checkpoint_that_lowers_it(checkpoints):
+    out, a, new_b, _ = checkpoints
+    b = new_b("closer", 0.0, shift=0.5)  # features moved half-way to the reference's mean of 0
+    result = compare_rows(out, a, b, replicates=400)
+    [fid] = [m for m in result["metrics"] if m["metric"] == "fid"]
+    assert fid["difference"] < 0 and fid["hi"] < 0 and fid["better"] == "B" and fid["lower_is_better"]
+    assert fid["sentence"].startswith("B is better on FID by ")
+    lo, hi, _ = _printed(fid["sentence"])
+    assert 0 < lo <= -fid["difference"] <= hi  # the gain: how much lower B's FID is
+
+
+def test_holm_takes_back_a_barely_significant_metric(checkpoints):
+    """Three metrics; FID and KID are the same for A and B (p = 1). A CLIP score with p between 0.05 / 3 and
+    0.05 is better alone, and not once the three are adjusted together."""
+    out, a, new_b, _ = checkpoints
+    found = None
+    for i, gain in enumerate(np.linspace(0.25, 0.45, 21)):
+        result = compare_rows(out, a, new_b(f"b{i}", gain), replicates=400)
+        clip = next(m for m in result["metrics"] if m["metric"] == "clip_score")
+        if 0.05 / 3 < clip["p"] < 0.05:
+            found = result, clip
+            break
+    assert found is not None
+    result, clip = found
+    assert [m["p"] for m in result["metrics"] if m["metric"] != "clip_score"] == [1.0, 1.0]
+    assert clip["better"] == "B" and clip["p_holm"] == pytest.approx(3 * clip["p"]) and clip["better_holm"] is None
+    assert "Holm-adjusted over 3 metrics" in clip["sentence"] and clip["sentence"].endswith("cannot tell)")
+    families = {f["family"]: f for f in result["overall"]["families"]}
+    assert families["text alignment"]["verdict"] is None and families["text alignment"]["cannot_tell"] == 1
+    assert families["image quality"]["metrics"] == ["fid", "kid_mean"]
+
+
+def test_holm_by_hand():
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_the_interval_reaches_zero_at_the_level_of_the_p_value():
+    """Skewed replicates (as FID differences are) and symmetric ones: the interval at level 1 - p has a bound at
+    0, and the 95% interval excludes 0 exactly when p < 0.05."""
+    rng = np.random.default_rng(0)
+    for draw in range(400):
+        reps = rng.gamma(2.0, 1.0, 200) if draw % 2 else rng.standard_normal(200)
+        point = rng.uniform(0.2, 4.0) * rng.choice([-1, 1])
+        p = p_value(point, reps)
+        lo, hi = interval(point, reps)
+        assert (lo > 0 or hi < 0) == (p < 0.05), (point, lo, hi, p)
+        if 2 / 201 < p < 1:  # above the replicates' resolution, below the cap
+            assert min(abs(b) for b in interval(point, reps, level=1 - p)) == pytest.approx(0, abs=1e-9)
+
+
+def test_printed_digits_never_contradict_the_words():
+    assert p_text(0.0498, 200) == "p < 0.05" and p_text(0.05, 200) == "p = 0.05" and p_text(0.012, 200) == "p = 0.012"
+    assert p_text(2 / 201, 200) == "p <= 0.01" and p_text(3 * 2 / 201, 200, bound=True) == "p <= 0.03"
+    printed = interval_text(0.5, 0.00004, 1.3)  # a lower bound just clear of 0
+    assert float(re.search(r"\[([0-9.]+),", printed).group(1)) > 0
+    lo, hi = (float(x) for x in re.search(r"\[([-+0-9.]+), ([-+0-9.]+)\]", interval_text(-1, -1.04, -0.96)).groups())
+    assert lo <= -1.04 and hi >= -0.96  # outward
+    share = interval_text(64.0, 50.0004, 76.02, threshold=50)  # a preference just clear of 50%, in percent
+    assert float(re.search(r"\[([0-9.]+),", share).group(1)) > 50
+
+
+def test_kid_interval_stays_at_or_above_zero(one_thread):
+    """Generated features drawn like the reference's: KID's unbiased estimate sits near 0, and the deviations of its
+    replicates reach below it; the interval is for KID itself, which is never negative."""
+    rng = np.random.default_rng(3)
+    stats = FeatureStats(DIM, kid_max=400)
+    stats.update(torch.from_numpy(rng.standard_normal((400, DIM))))
+    references = {"fid": ReferenceStats(stats, 0, "test", True)}
+    x = torch.from_numpy(rng.standard_normal((60, DIM))).float()
+    mine = FeatureStats(DIM, kid_max=600)
+    mine.update(x)
+    part = {"keys": [(i, 0) for i in range(60)], "categories": ["all"] * 60, "clip_score": [], "verdicts": [],
+            "stats": {"fid": mine.state_dict()}, "features": {"fid": x}}
+    cols, _ = row_metrics([part], references, [], kid_subsets=10, kid_subset_size=60, bootstrap=200, seed=0)
+    assert cols["kid_mean_lo"] >= 0 and cols["kid_mean_hi"] >= cols["kid_mean_lo"]
+    assert cols["fid_lo"] >= 0
+
+
+def test_a_comparison_needs_replicates_in_both_tails(checkpoints):
+    out, a, new_b, _ = checkpoints
+    with pytest.raises(WorkbenchError, match="at least 40 replicates"):
+        compare_rows(out, a, new_b("b", 1.0), replicates=39)
+
+
+def test_the_overall_verdict_counts_each_family_and_says_when_replicates_are_too_few():
+    def m(key: str, better: str | None) -> dict:
+        return {"metric": key, "family": metric(key).family, "better_holm": better}
+
+    metrics = [m("fid", "B"), m("kid_mean", "A"), m("clip_score", "B"), *(m(k, None) for k in ATTRIBUTE_COLUMNS)]
+    verdict = overall(metrics, replicates=200)
+    families = {f["family"]: f for f in verdict["families"]}
+    assert families["image quality"]["verdict"] == "mixed" and families["text alignment"]["verdict"] == "B"
+    assert families["attribute accuracy"]["cannot_tell"] == len(ATTRIBUTE_COLUMNS) == 14
+    assert verdict["n_metrics"] == 17 and verdict["replicates_needed"] == 680  # 2 x 17 / (B + 1) < 0.05
+    assert "--bootstrap 680" in verdict["note"] and overall(metrics, replicates=680)["note"] is None
