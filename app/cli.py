@@ -92,7 +92,7 @@ def cmd_app(args) -> None:
     launch(demo, uploads, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency,
            max_upload_mb=args.max_upload_mb, upload_max_age=args.upload_max_age,
            trusted_proxies=args.trusted_proxy or [], request_timeout=args.request_timeout,
-           max_connections=args.max_connections)
+           max_connections=args.max_connections, results_folders=service.scores.results_folders)
 
 
 def register(sub) -> None:

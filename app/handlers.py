@@ -6,29 +6,25 @@ their parameters, so those names are the API's.
 """
 from __future__ import annotations
 
-import atexit
-import hashlib
 import html
 import inspect
 import logging
 import re
-import shutil
-import tempfile
-import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
 from train.checkpoints import content_hash
+from train.common import interval_text
 from train.errors import WorkbenchError, first_line
 from train.generation import PROMPT_SETS, read_prompt_table
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
 from .png_info import read_png_info, settings_from
+from .results_files import page_url
 from .score_plot import score_plot
-from .scores import Metric, ScorePoint, points_of, scores_of, setting_text, significant
+from .scores import Metric, ScorePoint, WinRate, points_of, scores_of, setting_text, significant
 from .service import Result, Service
 from .uploads import Uploads
 from .xyz import NONE
@@ -110,6 +106,9 @@ def steps_progress(progress: gr.Progress):
     return lambda done, total: progress((done, total), desc="denoising", unit="steps")
 
 
+OPEN_IN_GENERATE = "Open in Generate"  # the Scores tab's button before a row is selected
+
+
 class Handlers:
     """The app's events, on one ``Service``."""
 
@@ -119,7 +118,6 @@ class Handlers:
         self.uploads = Uploads() if uploads is None else uploads  # what Gradio's upload route wrote
         self.jobs = jobs  # (request, function, inputs) of each event in the queue (``train.common.compat.queue_jobs``)
         self.costs = {self.generate: self.generate_cost, self.compare: self.compare_cost, self.xyz_plot: self.plot_cost}
-        self._copies = PageCopies()  # the compare pages the Scores tab offers, where Gradio may serve them from
 
     # -- the checkpoint panel --------------------------------------------------------------------
 
@@ -157,12 +155,23 @@ class Handlers:
             if shown:
                 lines.append(f"- **scores** ({as_markdown(setting_text(row))}): {shown}")  # our numbers
         for w in self.service.scores.win_rates(digest):
-            interval = f" [{w.lo:.0%}, {w.hi:.0%}]" if w.lo is not None else ""
-            other = self.service.label_of_hash(w.opponent) or "another model"
             lines.append(f"- **human preference** ({as_markdown(w.question)}, study {as_markdown(w.study)}): "
-                         f"preferred {w.rate:.0%}{interval} of {w.decisive} decisive votes against "
-                         f"{as_markdown(other, code=True)}")
+                         + self.preference_text(w))
         return "\n\n" + "\n".join(lines) if lines else ""
+
+    def preference_text(self, w: WinRate) -> str:
+        """A win rate in words, the preferred model first (this one when the rate is 50%): its share of the
+        decisive votes with the 95% interval, rounded outward as human-eval's report does."""
+        other = as_markdown(self.service.label_of_hash(w.opponent) or "another model", code=True)
+        flip = w.rate < 0.5
+        first, second = (other, "this checkpoint") if flip else ("this checkpoint", other)
+        rate, lo, hi = (1 - w.rate, *(None if v is None else 1 - v for v in (w.hi, w.lo))) if flip else \
+            (w.rate, w.lo, w.hi)
+        share = (interval_text(100 * rate, 100 * lo, 100 * hi, threshold=50) + "%" if lo is not None
+                 else f"{100 * rate:.0f}%")
+        verdict = "" if lo is None else f": {first} is preferred" if lo > 0.5 else " (cannot tell yet: the interval " \
+            "holds 50%)"
+        return f"{first} over {second}, {share} of {w.decisive} decisive votes{verdict}"
 
     def default_size(self, labels: list[str]) -> int:
         """The training resolution of the newest readable checkpoint (512 without one)."""
@@ -362,14 +371,16 @@ class Handlers:
     def scores_table(self, metric: str | None):
         """(the plot, the table, a note, the compare pages of the models shown) of one metric over every row."""
         scores = self.service.scores
-        chosen = scores.metrics().get(metric or "")
+        measured = {m.key: m for m in scores.measured()}
+        chosen = measured.get(metric or "")
         if chosen is None:
-            return (score_plot([], Metric("", "")), score_table([], None), "No scores yet: score checkpoints with "
-                    "`dwb evaluate run CKPT --out OUT ...` and start the app with `--results OUT`.",
-                    self.compare_pages(set()))
+            return (score_plot([], Metric("", "")), score_table([], None), "Pick a metric." if measured else
+                    "No scores yet: score checkpoints with `dwb evaluate run CKPT ... --out OUT` and start the app "
+                    "with `--results OUT`.", self.compare_pages(set()))
         points = points_of(scores.rows(), chosen, self.service.labels_by_hash())
-        note = "" if points else (f"No {as_markdown(chosen.name)} score at a training step: measure it with "
-                                  f"{chosen.how_to_measure()} and start the app with `--results OUT`.")
+        note = "" if points else (f"{as_markdown(chosen.name)} was measured only for checkpoints with no training "
+                                  "step (hub models, exported pipelines), which this plot cannot place: their scores "
+                                  "are in the Generate tab's note when they are picked there.")
         return score_plot(points, chosen), score_table(points, chosen), note, \
             self.compare_pages({p.model for p in points})
 
@@ -381,15 +392,16 @@ class Handlers:
         points = points_of(self.service.scores.rows(), chosen, self.service.labels_by_hash()) if chosen else []
         point = next((p for p in points if row and [p.digest, str(p.step), p.series] == [row[-1], str(row[1]), row[2]]),
                      None)
+        closed = gr.update(interactive=False, value=OPEN_IN_GENERATE)
         if point is None:
-            return None, "", gr.update(interactive=False), gr.update()
+            return None, "", closed, gr.update()
         where = f"step {point.step}, {as_markdown(point.score.text())}, {as_markdown(point.series)}"
         if point.checkpoint is None:
             return None, (f"Selected a row at {where}: its checkpoint is not under the app's folders, so it cannot be "
-                          "opened."), gr.update(interactive=False), self.compare_pages({point.model})
-        return point.digest, (f"Selected {as_markdown(point.checkpoint, code=True)} at {where}. **Open in Generate** "
-                              "makes it the Generate tab's checkpoint and shows that tab."), \
-            gr.update(interactive=True), self.compare_pages({point.model})
+                          "opened."), closed, self.compare_pages({point.model})
+        return point.digest, (f"Selected {as_markdown(point.checkpoint, code=True)} at {where}. The button makes it "
+                              "the Generate tab's checkpoint and shows that tab."), \
+            gr.update(interactive=True, value=f"Open {point.checkpoint} in Generate"), self.compare_pages({point.model})
 
     def open_in_generate(self, digest: str | None):
         """The selected row's checkpoint in the Generate tab: (checkpoint, note, width, height, the tab shown)."""
@@ -400,35 +412,13 @@ class Handlers:
         note, w, h = self.checkpoint_note(label)
         return gr.update(value=label), note, w, h, gr.Tabs(selected="generate-tab")
 
-    def compare_pages(self, models: set[str]) -> list[str] | None:
-        """`dwb evaluate compare`'s pages of ``models``, as copies the app keeps under the system's temporary folder.
-        Gradio serves a file an event returns from its own cache, and copies it there only from the working or the
-        temporary folder; opening the results folders to it (``allowed_paths``) would serve every file in them."""
-        pages = [str(self._copies.copy(page)) for page in self.service.scores.compare_pages(models)]
-        return gr.update(value=pages or None, visible=bool(pages))
-
-
-class PageCopies:
-    """Copies of files in a temporary folder of the process's own (removed at exit), one per file version."""
-
-    def __init__(self):
-        self._folder: Path | None = None
-        self._lock = threading.Lock()
-
-    def copy(self, path: Path) -> Path:
-        with self._lock:
-            if self._folder is None:
-                self._folder = Path(tempfile.mkdtemp(prefix="dwb-app-pages-"))
-                atexit.register(shutil.rmtree, self._folder, True)
-        st = path.stat()
-        version = hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
-        target = self._folder / version / path.name
-        if not target.is_file():
-            target.parent.mkdir(exist_ok=True)
-            partial = target.with_name(f".{target.name}.{threading.get_ident()}")
-            shutil.copyfile(path, partial)
-            partial.replace(target)
-        return target
+    def compare_pages(self, models: set[str]):
+        """Links to `dwb evaluate compare`'s pages of ``models``, served from their results folders
+        (``app.results_files``), each opening in a tab of its own; hidden when there is none."""
+        links = [f'<li><a href="{html.escape(page_url(folder, page))}" target="_blank" rel="noopener">'
+                 f'{html.escape(page.name)}</a></li>' for folder, page in self.service.scores.compare_pages(models)]
+        return gr.update(value=f"<p>Compare pages (<code>dwb evaluate compare</code>):</p><ul>{''.join(links)}</ul>"
+                         if links else "", visible=bool(links))
 
 
 def score_table(points: list[ScorePoint], metric: Metric | None):

@@ -4,8 +4,8 @@
   ``checkpoint_hash``, ``model``, ``step``, ``guidance``, ``sampler``, ``weights`` and metrics, each with an
   optional 95% interval in ``<metric>_lo`` / ``<metric>_hi``. Found beside the checkpoints (their folder or
   a parent up to the root) and in the ``--results`` folders. Beside it, ``metrics.json`` (evaluate's names of
-  its metric columns: ``{"fid": {"name": "FID", "lower_is_better": true, "family": "image quality"}}``), used
-  where present over the app's own (``FALLBACK_METRICS``), and ``compare/*.html`` (`dwb evaluate compare`).
+  its metric columns: ``{"fid": {"name": "FID", "lower_is_better": true, "family": "image quality"}}``; a column
+  none describes is shown by its key), and ``compare/*.html`` (`dwb evaluate compare`'s pages).
 - ``STUDY/report/results.json`` (`dwb human-eval report`): ``model_info`` gives each model's
   ``checkpoint_hash``, ``comparisons`` each pair's win rate with its intervals; from ``--study`` folders.
 
@@ -19,7 +19,7 @@ import logging
 import math
 import re
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,7 +30,7 @@ RESULTS = "results.jsonl"
 METRICS_FILE = "metrics.json"  # evaluate's description of its metric columns, beside results.jsonl
 COMPARE_PAGES = "compare"  # `dwb evaluate compare`'s pages: OUT/compare/<A>-vs-<B>*.html
 STUDY_RESULTS = Path("report") / "results.json"
-MAX_COMPARE_PAGE_BYTES = 64 * 2**20
+WIN_RATE_INTERVALS = ("clustered_wilson", "two_way", "wilson")  # a study report's keys, the preferred first
 
 
 def _number(value) -> float | None:
@@ -46,47 +46,33 @@ def significant(x: float, digits: int = 4) -> str:
 
 @dataclass(frozen=True)
 class Metric:
-    """A metric column of results rows: its name, which way is better, and the `dwb evaluate run` options that
-    measure it."""
+    """A metric column of results rows: its name for people and which way is better, as evaluate's
+    ``metrics.json`` describes it; a column none describes keeps its key as its name."""
 
     key: str
     name: str
     lower_is_better: bool | None = None
-    family: str = ""
-    options: str = ""  # what `dwb evaluate run` needs to measure it, besides the checkpoint, --out and --reference
 
     def title(self) -> str:
         """``FID (lower is better)``."""
         better = {True: "lower is better", False: "higher is better"}.get(self.lower_is_better)
         return f"{self.name} ({better})" if better else self.name
 
-    def how_to_measure(self) -> str:
-        options = f" {self.options}" if self.options else ""
-        text = f"`dwb evaluate run CKPT --out OUT --reference REF{options}`"
-        return text if self.options else f"{text} with the options that measure {self.name} (docs/evaluate.md)"
-
-
-# The app's names for evaluate's metric columns where no metrics.json describes them (an older results folder).
-FALLBACK_METRICS = {m.key: m for m in (
-    Metric("fid", "FID", True, "image quality", "--inception-weights W"),
-    Metric("kid_mean", "KID", True, "image quality", "--inception-weights W"),
-    Metric("clip_score", "CLIP score", False, "text alignment", "--clip MODEL"),
-    Metric("cmmd", "CMMD", True, "image quality", "--clip MODEL --cmmd"),
-    Metric("fd_dinov2", "FD-DINOv2", True, "image quality", "--dinov2 MODEL"),
-    Metric("attr_all_all", "attributes right", False, "text alignment", "--scorer S --prompts shapes"),
-)}
-
 
 def described_metric(key: str, entry) -> Metric | None:
-    """A metrics.json entry (``{"name": "FID", "lower_is_better": true, "family": "image quality", ...}``) as a
-    Metric; the app's own options to measure it where it knows them. None for an entry that is no object."""
+    """A metrics.json entry (``{"name": "FID", "lower_is_better": true, ...}``) as a Metric; None for an entry
+    that is no object."""
     if not isinstance(entry, dict):
         return None
-    known = FALLBACK_METRICS.get(key, Metric(key, key))
-    name, lower, family = entry.get("name"), entry.get("lower_is_better"), entry.get("family")
-    return replace(known, name=name if isinstance(name, str) and name.strip() else known.name,
-                   lower_is_better=lower if isinstance(lower, bool) else known.lower_is_better,
-                   family=family if isinstance(family, str) else known.family)
+    name, lower = entry.get("name"), entry.get("lower_is_better")
+    return Metric(key, name if isinstance(name, str) and name.strip() else key,
+                  lower if isinstance(lower, bool) else None)
+
+
+def interval_columns(row: dict) -> list[str]:
+    """The columns a row gives a 95% interval (``<key>_lo`` and ``<key>_hi``): metrics, in a store written before
+    evaluate wrote ``metrics.json`` beside it."""
+    return [key[:-3] for key in row if key.endswith("_lo") and f"{key[:-3]}_hi" in row and key[:-3] in row]
 
 
 @dataclass(frozen=True)
@@ -204,30 +190,35 @@ class ScoreFiles:
 
     def metrics(self) -> dict[str, Metric]:
         """Every metric column the app knows: as evaluate describes them (``metrics.json`` beside a results file,
-        the first description of a column winning), then the app's own for columns none describes."""
+        the first description of a column winning), then, by their keys, the columns with an interval in a store
+        that no metrics.json describes (one written before evaluate wrote it)."""
         described: dict[str, Metric] = {}
         for path in self.results_files():
-            if (path.parent / METRICS_FILE).is_file():
-                for key, entry in self._read(path.parent / METRICS_FILE, _json_file).items():
-                    if key not in described and (metric := described_metric(key, entry)) is not None:
-                        described[key] = metric
-        return {**described, **{k: m for k, m in FALLBACK_METRICS.items() if k not in described}}
+            described_here = path.parent / METRICS_FILE
+            for key, entry in (self._read(described_here, _json_file) if described_here.is_file() else {}).items():
+                if key not in described and (metric := described_metric(key, entry)) is not None:
+                    described[key] = metric
+        for row in self.rows():
+            for key in interval_columns(row):
+                described.setdefault(key, Metric(key, key))
+        return described
 
     def measured(self) -> list[Metric]:
         """The metrics some row measured, in the order ``metrics`` gives them."""
         rows = self.rows()
         return [m for m in self.metrics().values() if any(_number(row.get(m.key)) is not None for row in rows)]
 
-    def compare_pages(self, models: set[str]) -> list[Path]:
-        """`dwb evaluate compare`'s pages (``compare/*.html`` in a results folder) whose names name one of
-        ``models``: plain files in that folder (no link, which could point anywhere), by name."""
-        pages = []
-        for path in self.results_files():
-            folder = path.parent / COMPARE_PAGES
-            if folder.is_dir() and not folder.is_symlink():
-                pages += [p for p in folder.glob("*.html") if not p.is_symlink() and p.is_file()
-                          and p.stat().st_size <= MAX_COMPARE_PAGE_BYTES and any(names_model(p.name, m) for m in models)]
-        return sorted(dict.fromkeys(pages), key=lambda p: p.name)
+    def results_folders(self) -> list[Path]:
+        """The folders of the results stores the app reads."""
+        return list(dict.fromkeys(path.parent for path in self.results_files()))
+
+    def compare_pages(self, models: set[str]) -> list[tuple[Path, Path]]:
+        """(results folder, page) of each of `dwb evaluate compare`'s pages (``compare/*.html`` in a results
+        folder) whose name names one of ``models``, by name; plain files only (a link could lead anywhere)."""
+        pages = [(folder, page) for folder in self.results_folders() if (folder / COMPARE_PAGES).is_dir()
+                 for page in (folder / COMPARE_PAGES).glob("*-vs-*.html")
+                 if not page.is_symlink() and page.is_file() and any(names_model(page.name, m) for m in models)]
+        return sorted(pages, key=lambda p: p[1].name)
 
     def win_rates(self, digest: str) -> list[WinRate]:
         """The checkpoint's human win rates against each other model of every study that rated it."""
@@ -272,8 +263,9 @@ def _json_file(path: Path) -> dict:
 
 
 def _interval(comparison: dict, flip: bool) -> tuple[float | None, float | None]:
-    """The report's two-way (prompts and raters) interval, else its Wilson interval; for model_b, 1 - it."""
-    for key in ("two_way", "wilson"):
+    """The report's interval: Wilson's on the effective number of votes (human-eval's default), else, in a report
+    written before it, the two-way (prompts and raters) bootstrap's, else plain Wilson's; for model_b, 1 - it."""
+    for key in WIN_RATE_INTERVALS:
         pair = comparison.get(key)
         if isinstance(pair, list) and len(pair) == 2 and all(_number(v) is not None for v in pair):
             lo, hi = pair

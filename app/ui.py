@@ -13,6 +13,7 @@ import logging
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 from starlette.middleware import Middleware
@@ -22,7 +23,8 @@ from train.generation import DEFAULT_SAMPLER, SAMPLERS
 from train.common import allow_open_files, deadline_protocol
 
 from .generate import DEFAULT_GUIDANCE, MAX_SEED
-from .handlers import Handlers, as_markdown, queue_validator
+from .handlers import OPEN_IN_GENERATE, Handlers, as_markdown, queue_validator
+from .results_files import ResultsFiles
 from .service import Service
 from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB, UploadLimit, Uploads
 from .xyz import AXES, NONE
@@ -41,6 +43,7 @@ CSS = ("#gallery, #compare-gallery, #xyz-grids {min-height: 320px}"
        " flex-direction: column}"
        " #xyz-gallery .thumbnail-item > img {aspect-ratio: 1} #xyz-grids .thumbnail-item > img {height: auto}"
        " #xyz-grids .grid-wrap {max-height: none}")  # a grid whole, not in a box scrolled to its top
+DICE_ICON = str(Path(__file__).with_name("static") / "dice.svg")
 UPLOAD_MAX_AGE = 120  # seconds an upload no event has read is kept (an event deletes what it reads at once)
 
 
@@ -80,7 +83,8 @@ def settings_controls(prefix: str, limits, size: int) -> Controls:
     with gr.Row(elem_classes="seed-row"):
         seed = gr.Number(-1, precision=0, label="Seed (-1: a random one; image i of a batch uses seed + i)",
                          elem_id=f"{prefix}seed", scale=4)
-        dice = gr.Button("Random", elem_id=f"{prefix}randomize", scale=0, min_width=90)
+        # an SVG die: the emoji 🎲 was an empty box in a Chromium without an emoji font
+        dice = gr.Button("Random", icon=DICE_ICON, elem_id=f"{prefix}randomize", scale=0, min_width=110)
     return Controls(prompt, negative, sampler, steps, guidance, width, height, seed, dice)
 
 
@@ -211,11 +215,10 @@ class UI:
             with gr.Row(equal_height=True):
                 self.s_selected = gr.Markdown("Select a row of the table to open its checkpoint in Generate.",
                                               elem_id="scores-selected")
-                self.s_open = gr.Button("Open in Generate", interactive=False, scale=0, min_width=160,
+                self.s_open = gr.Button(OPEN_IN_GENERATE, interactive=False, scale=0, min_width=160,
                                         elem_id="scores-open")
             self.s_digest = gr.State(None)  # the selected row's checkpoint hash
-            self.s_pages = gr.File(label="Compare pages (dwb evaluate compare) of the models shown", visible=False,
-                                   file_count="multiple", interactive=False, elem_id="scores-compare-pages")
+            self.s_pages = gr.HTML(visible=False, elem_id="scores-compare-pages", js_on_load=None)
 
 
 def wire_generation(ui: UI) -> None:
@@ -324,11 +327,13 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
 
 def launch(demo: gr.Blocks, uploads: Uploads, *, host: str, port: int, queue_size: int, concurrency: int,
            max_upload_mb: int = 8, upload_max_age: float = UPLOAD_MAX_AGE, trusted_proxies: list[str] = (),
-           request_timeout: float, max_connections: int, prevent_thread_lock: bool = False, quiet: bool = False):
+           request_timeout: float, max_connections: int, prevent_thread_lock: bool = False, quiet: bool = False,
+           results_folders=list):
     """Queue (a concurrency limit and a maximum size) and serve on ``host:port``.
 
     Gradio serves only its own cache of returned images and of uploads: no ``allowed_paths``, so neither the
-    checkpoint folders nor any other file is reachable through its file route. Uploads are capped at
+    checkpoint folders nor any other file is reachable through its file route; beside it, ``/results-files/``
+    serves the compare pages and images of the results folders ``results_folders()`` lists (``app.results_files``). Uploads are capped at
     ``max_upload_mb`` each (Gradio refuses larger ones with 413), per client and in all (``app.uploads``), and
     deleted once read, or after ``upload_max_age`` seconds. The queue does not poll
     (``train.common.compat.calm_gradio_queue``): its wake-ups slowed the generations running in this process. Every
@@ -349,4 +354,5 @@ def launch(demo: gr.Blocks, uploads: Uploads, *, host: str, port: int, queue_siz
                        footer_links=["api", "settings"], show_error=True, css=CSS, allowed_paths=[],
                        max_file_size=f"{max_upload_mb}mb", favicon_path=None, pwa=False, mcp_server=False,
                        ssr_mode=False, enable_monitoring=False,
-                       app_kwargs={"middleware": [Middleware(UploadLimit, uploads=uploads)]})
+                       app_kwargs={"middleware": [Middleware(UploadLimit, uploads=uploads),
+                                                  Middleware(ResultsFiles, folders=results_folders)]})

@@ -3,6 +3,7 @@ compare checkpoints, stop a generation, and the messages bad input gets."""
 import io
 import re
 import time
+from urllib.parse import urljoin
 
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ def page(browser, server, request, tmp_path):
 
 def pick(page, dropdown: str, label: str) -> None:
     page.click(f"{dropdown} input")
-    page.get_by_role("option", name=label, exact=True).click()
+    page.locator(dropdown).get_by_role("option", name=label, exact=True).click()  # another's list may be open
     if dropdown == "#checkpoint":  # picking one sets the default size: wait for it before setting a size
         page.locator("#checkpoint-note", has_text=label).wait_for()
 
@@ -344,29 +345,32 @@ FID_POINTS = [(2, 310.53219876, 290.25, 333.0), (4, 280.0000001, 262.0, 301.0), 
 @pytest.fixture(scope="module")
 def scored(tree, base):
     """The server's --results folder: FID of the tiny run in two series (guidance 5 and 7.5) and of a run not under
-    the app's folders, with intervals; CLIP score and precision of one row; FD-DINOv2 of a hub model, at no step;
-    a failed row; evaluate's metrics.json (describing CMMD too, which no row measured); compare pages."""
+    the app's folders, with intervals; CLIP score, precision and a column evaluate does not describe (with an
+    interval) of one row; FD-DINOv2 of a hub model, at no step; a failed row; evaluate's metrics.json (describing
+    CMMD and others that no row measured); compare pages and a sample they show."""
     import json
     import shutil
 
+    from evaluate.names import write_metrics_table
     from train.checkpoints import content_hash, find_checkpoint
 
     ba2, ba4 = (content_hash(find_checkpoint(p)) for p in (tree.ba2, tree.ba4))
     tiny = [dict(checkpoint_hash=h, model="tiny-phase1", step=step, guidance=g, sampler="DDIM", weights="ema", fid=fid,
                  fid_lo=lo, fid_hi=hi) for h, g, (step, fid, lo, hi) in zip((ba2, ba4, ba2, ba4), (5.0, 5.0, 7.5, 7.5),
                                                                             FID_POINTS)]
-    tiny[0].update(clip_score=20.123456, clip_score_lo=19.5, clip_score_hi=20.9, precision=0.61234)
+    tiny[0].update(clip_score=20.123456, clip_score_lo=19.5, clip_score_hi=20.9, precision=0.61234, pickscore=21.0,
+                   pickscore_lo=20.5, pickscore_hi=21.5)
     rows = [*tiny, dict(checkpoint_hash="0123456789ab", model="other-run", step=1000, guidance=5.0, fid=150.0,
                         fid_lo=140.0, fid_hi=160.0),
             dict(checkpoint_hash="fedcba987654", model="hub-model", guidance=5.0, fd_dinov2=812.3),
             dict(checkpoint_hash=ba4, step=4, status="error", kid_mean=1.0)]
     folder = base / "results"
     (folder / "compare").mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps({
-        "fid": {"name": "FID", "lower_is_better": True, "family": "image quality", "range": [0, None]},
-        "precision": {"name": "Precision", "lower_is_better": False, "family": "fidelity", "range": [0, 1]},
-        "cmmd": {"name": "CMMD", "lower_is_better": True, "family": "image quality", "range": [0, None]}}))
-    (folder / "compare" / "tiny-phase1-vs-other-run.html").write_text("<h1>tiny-phase1 vs other-run</h1>")
+    write_metrics_table(folder)  # as every append to a results store writes it
+    (folder / "compare" / "tiny-phase1-vs-other-run.html").write_text("<h1>tiny-phase1 vs other-run</h1>"
+                                                                      "<img src='../samples/a.png'>")
+    (folder / "samples").mkdir()
+    Image.new("RGB", (8, 8), "red").save(folder / "samples" / "a.png")
     (folder / "compare" / "tiny-phase10-vs-another.html").write_text("<h1>another run</h1>")
     (folder / "compare" / "tiny-phase1-vs-secret.html").symlink_to("/etc/hostname")  # a link could point anywhere
     (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -414,7 +418,7 @@ def test_scores_tab_plots_each_row_with_its_interval_inside_the_axes(page, score
     page.get_by_role("option").first.wait_for()
     offered = [o.split("\n")[-1] for o in page.get_by_role("option").all_inner_texts()]
     assert sorted(offered) == ["CLIP score (higher is better)", "FD-DINOv2 (lower is better)",
-                               "FID (lower is better)", "Precision (higher is better)"]
+                               "FID (lower is better)", "pickscore", "precision (higher is better)"]
     page.click("#scores-metric input")  # closed again
 
     for attempt in ("first", "after an empty metric"):
@@ -431,7 +435,8 @@ def test_scores_tab_plots_each_row_with_its_interval_inside_the_axes(page, score
                        for bx, top, bottom in ends), (attempt, step, lo, hi)
             assert area["t"] < y(hi) and y(lo) < area["b"]
         choose_metric(page, "FD-DINOv2 (lower is better)")  # measured, but at no training step
-        page.locator("#scores-note", has_text="--dinov2 MODEL").wait_for()
+        page.locator("#scores-note", has_text="FD-DINOv2 was measured only for checkpoints with no training step")\
+            .wait_for()
         assert page.locator("#scores-plot circle.point").count() == 0
         assert page.locator("#scores-plot .plot-area").count() == 1
         choose_metric(page, "FID (lower is better)")
@@ -466,13 +471,47 @@ def test_scores_table_is_read_only_and_a_row_opens_its_checkpoint_when_asked(pag
     cell("280").click()
     selected = page.locator("#scores-selected", has_text=SCORED[1])
     selected.wait_for()
-    assert "step 4, FID 280 [262, 301]" in selected.inner_text() and "Open in Generate" in selected.inner_text()
-    pages = page.locator("#scores-compare-pages a")
-    names = page.locator("#scores-compare-pages td.filename").evaluate_all("tds => tds.map(t => t.ariaLabel)")
-    assert names == ["tiny-phase1-vs-other-run.html"]  # neither the link nor tiny-phase10's page
-    assert page.request.get(pages.first.get_attribute("href")).text() == "<h1>tiny-phase1 vs other-run</h1>"
+    assert "step 4, FID 280 [262, 301]" in selected.inner_text()
+    assert page.inner_text("#scores-open") == f"Open {SCORED[1]} in Generate" and page.is_enabled("#scores-open")
+    links = page.locator("#scores-compare-pages a")
+    assert links.all_inner_texts() == ["tiny-phase1-vs-other-run.html"]  # neither the link nor tiny-phase10's page
+    served = page.request.get(urljoin(page.url, links.first.get_attribute("href")))
+    assert served.ok and "<h1>tiny-phase1 vs other-run</h1>" in served.text()
+    assert served.headers["content-security-policy"].startswith("sandbox")  # no script of the page runs as the app
+    image = page.request.get(urljoin(served.url, "../samples/a.png"))  # the page's images, relative to it
+    assert image.ok and Image.open(io.BytesIO(image.body())).size == (8, 8)
+    folder = served.url.rsplit("/compare/", 1)[0]
+    for outside in ("results.jsonl", "compare/tiny-phase1-vs-secret.html", "compare/%2e%2e/results.jsonl",
+                    "compare/..%2f..%2fresults.jsonl", "../../etc/hostname"):
+        assert page.request.get(f"{folder}/{outside}").status == 404, outside
 
     page.click("#scores-open")
     page.locator("#checkpoint-note", has_text="FID 280 [262, 301]").wait_for()
     assert page.input_value("#checkpoint input") == SCORED[1]
     assert page.get_by_role("tab", name="Generate").get_attribute("aria-selected") == "true"
+
+
+def test_buttons_show_only_glyphs_the_browser_has_and_the_dice_its_icon(page):
+    """The dice button's emoji was an empty box in a Chromium without an emoji font. Each character of every
+    button's text is drawn on a canvas in the button's font and compared with a character no font holds (drawn
+    as that empty box), and the dice button of each tab shows its icon."""
+    missing = page.evaluate("""() => {
+        const canvas = document.createElement('canvas'); canvas.width = canvas.height = 64;
+        const ctx = canvas.getContext('2d', {willReadFrequently: true});
+        const drawn = (ch, family) => { ctx.clearRect(0, 0, 64, 64); ctx.font = `40px ${family}`;
+                                        ctx.fillText(ch, 4, 48); return ctx.getImageData(0, 0, 64, 64).data.join(); };
+        const absent = (ch, family) => /\\s/.test(ch) || (drawn(ch, family) !== drawn('\\uE001', family)
+                                                          && /[1-9]/.test(drawn(ch, family))) ? null : ch;
+        const family = getComputedStyle(document.querySelector('#generate')).fontFamily;
+        const found = [...document.querySelectorAll('button')].flatMap(b => [...b.innerText]
+            .filter(ch => ch.codePointAt(0) > 127).map(ch => absent(ch, getComputedStyle(b).fontFamily)))
+            .filter(ch => ch);
+        return {found: [...new Set(found)], control: absent('\\uE002', family)};
+    }""")
+    assert missing["control"] == "\ue002"  # the check tells an absent glyph
+    assert missing["found"] == []
+    for tab, prefix in (("Generate", ""), ("Compare", "compare-"), ("X/Y/Z plot", "xyz-")):
+        page.get_by_role("tab", name=tab).click()  # a tab's controls are drawn when it is first shown
+        icon = page.locator(f"#{prefix}randomize img")
+        assert icon.evaluate("i => i.complete && i.naturalWidth > 0"), prefix
+        assert page.inner_text(f"#{prefix}randomize").strip() == "Random"

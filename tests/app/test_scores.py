@@ -7,6 +7,7 @@ import pytest
 from app.handlers import Handlers
 from app.png_info import read_parameters, settings_from
 from app.service import Service
+from evaluate.names import write_metrics_table
 from train.checkpoints import content_hash, find_checkpoint
 from train.errors import WorkbenchError
 
@@ -20,7 +21,9 @@ def hashes(tree):
 
 @pytest.fixture(scope="module")
 def handlers(tree, hashes, tmp_path_factory):
-    """Two stores (one beside the run with intervals, one given with --results from before intervals) and a study."""
+    """Two stores (one beside the run with intervals and evaluate's metrics.json, one given with --results from
+    before intervals) and a study whose report has one comparison with the clustered Wilson interval and one
+    (from an older report) without it."""
     folder = tmp_path_factory.mktemp("scores")
     beside = tree.ba2.parent / "results.jsonl"
     rows = [dict(checkpoint="/elsewhere/ba2.pt", checkpoint_hash=hashes[BA2], model="tiny", step=2, guidance=5.0,
@@ -30,6 +33,7 @@ def handlers(tree, hashes, tmp_path_factory):
                  clip_score=21.5, clip_score_lo=20.5, clip_score_hi=22.5),  # "scheduler": an older store's word
             dict(checkpoint_hash=hashes[BA4], step=4, status="error", fid=1.0)]  # a failed row is not a score
     beside.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"torn")
+    write_metrics_table(beside.parent)
     (folder / "old").mkdir()
     (folder / "old" / "results.jsonl").write_text(json.dumps(dict(checkpoint_hash=hashes[BA2], step=2, guidance=7.5,
                                                                   fid=300.0)) + "\n")
@@ -38,19 +42,26 @@ def handlers(tree, hashes, tmp_path_factory):
     (study / "report" / "results.json").write_text(json.dumps({
         "study": "s1", "model_info": {"m-a": {"checkpoint_hash": hashes[BA4]}, "m-b": {"checkpoint_hash": hashes[BA2]}},
         "comparisons": [{"question": "overall", "model_a": "m-a", "model_b": "m-b", "rate_a": 0.75, "decisive": 40,
-                         "wilson": [0.6, 0.86], "two_way": [0.55, 0.9]}]}))
+                         "wilson": [0.6, 0.86], "two_way": [0.55, 0.9], "clustered_wilson": [0.58, 0.87]},
+                        {"question": "style", "model_a": "m-a", "model_b": "m-b", "rate_a": 0.45, "decisive": 20,
+                         "wilson": [0.26, 0.66], "two_way": [0.3, 0.6]}]}))
     yield Handlers(Service([tree.root], results=[folder / "old"], studies=[study]))
     beside.unlink()
+    (beside.parent / "metrics.json").unlink()
 
 
 def test_checkpoint_note_shows_metrics_with_intervals_and_win_rates_joined_by_hash(handlers):
     note = handlers.checkpoint_note(BA4)[0]
     assert "FID 280 [262, 301]" in note and "CLIP score 21.5 [20.5, 22.5]" in note
     assert "FID 1 " not in note  # the failed row
-    assert "preferred 75% [55%, 90%] of 40 decisive votes against `tiny-phase1/ep0-ba2-rank0.pt`" in note
+    assert ("(overall, study s1): this checkpoint over `tiny-phase1/ep0-ba2-rank0.pt`, 75.0 [58.0, 87.0]% of 40 "
+            "decisive votes: this checkpoint is preferred") in note  # the clustered Wilson interval
+    assert ("(style, study s1): `tiny-phase1/ep0-ba2-rank0.pt` over this checkpoint, 55.0 [40.0, 70.0]% of 20 "
+            "decisive votes (cannot tell yet: the interval holds 50%)") in note  # the preferred one first; two-way
     other = handlers.checkpoint_note(BA2)[0]
     assert "FID 310.5 [290.2, 333]" in other and "(guidance 7.5): FID 300" in other  # both stores; no interval
-    assert "preferred 25% [10%, 45%]" in other  # the same comparison from model b's side
+    assert ("`tiny-phase1/ep0-ba4-rank0.pt` over this checkpoint, 75.0 [58.0, 87.0]% of 40 decisive votes: "
+            "`tiny-phase1/ep0-ba4-rank0.pt` is preferred") in other  # the same comparison from model b's side
     assert "scores" not in handlers.checkpoint_note("export-ba4")[0]  # no row has its hash
 
 
@@ -64,8 +75,9 @@ def test_scores_tab_plots_the_metric_against_step_and_opens_a_checkpoint(handler
     assert plot.count('class="point"') == 3 and plot.count('class="error-bar"') == 2  # the older row has no interval
     assert pages["visible"] is False  # no compare pages
     assert handlers.open_in_generate(hashes[BA4])[0]["value"] == BA4
-    assert "`dwb evaluate run CKPT --out OUT --reference REF --clip MODEL --cmmd`" in handlers.scores_table("cmmd")[2]
-    assert [m.key for m in handlers.service.scores.measured()] == ["fid", "clip_score"]
+    assert [m.title() for m in handlers.service.scores.measured()] == ["FID (lower is better)",
+                                                                        "CLIP score (higher is better)"]
+    assert handlers.scores_table("cmmd")[2] == "Pick a metric."  # described by metrics.json, measured by no row
 
 
 def test_numbers_are_shown_to_four_significant_digits():
