@@ -172,3 +172,30 @@ def test_scores_from_files_show_their_words_as_text_in_the_checkpoint_note(tree,
     rendered = MarkdownIt("commonmark").render(note)
     assert "<img" not in rendered and "attacker.invalid/sampler.png" in rendered
     assert "attacker.invalid/question.png" in rendered and "attacker.invalid/study.png" in rendered
+
+
+def test_results_files_serves_compare_pages_and_images_inside_the_folders_only(tmp_path):
+    """What `/results-files/` answers: a compare page and the images it shows, from a results folder the app
+    reads; not the store, not a link out, not a path out, not another folder."""
+    from app.results_files import folder_key, page_url, servable
+
+    folder, elsewhere = tmp_path / "eval", tmp_path / "elsewhere"
+    for f in (folder / "compare", folder / "samples" / "a", elsewhere):
+        f.mkdir(parents=True)
+    page = folder / "compare" / "a-vs-b.html"
+    page.write_text("<img src='../samples/a/0.png'>")
+    (folder / "samples" / "a" / "0.png").write_bytes(b"\x89PNG")
+    (folder / "results.jsonl").write_text("{}\n")
+    (elsewhere / "secret.png").write_bytes(b"\x89PNG")
+    (elsewhere / "x.html").write_text("secret")
+    (folder / "compare" / "out.html").symlink_to(elsewhere / "x.html")
+    (folder / "samples" / "out").symlink_to(elsewhere)
+    (folder / "samples" / "page.html").write_text("not a compare page")
+    key = folder_key(folder)
+    assert page_url(folder, page) == f"results-files/{key}/compare/a-vs-b.html"
+    assert servable([folder], key, "compare/a-vs-b.html") == page.resolve()
+    assert servable([folder], key, "compare/../samples/a/0.png") == (folder / "samples/a/0.png").resolve()
+    for refused in ("results.jsonl", "compare/../results.jsonl", "compare/out.html", "samples/out/secret.png",
+                    "../elsewhere/secret.png", "samples/page.html", "compare", "", "compare/a-vs-b.html\0"):
+        assert servable([folder], key, refused) is None, refused
+    assert servable([elsewhere], key, "compare/a-vs-b.html") is None  # a folder the app does not read
