@@ -112,9 +112,17 @@ def setting_text(row: dict) -> str:
     return ", ".join(p for p in parts if p)
 
 
+def run_of(model: str) -> str:
+    """The run a model label names: evaluate labels a checkpoint ``<run>/<name>`` by default
+    (``tiny-phase1/ep0-ba2-rank0``, the demo ``phase1/ba2``), so each checkpoint is a model of its own; a label
+    without a slash is its own run."""
+    return model.rsplit("/", 1)[0] if "/" in model.strip("/") else model
+
+
 def series_of(row: dict) -> str:
-    """The plot series a row belongs to: its model and settings (``tiny-phase1 · guidance 5, DDIM, EMA``)."""
-    return " · ".join(str(p) for p in (row.get("model") or "", setting_text(row)) if p)
+    """The plot series a row belongs to: its run and settings (``tiny-phase1 · guidance 5, DDIM, EMA``), so that a
+    run's checkpoints scored alike make one line."""
+    return " · ".join(str(p) for p in (run_of(str(row.get("model") or "")), setting_text(row)) if p)
 
 
 @dataclass(frozen=True)

@@ -212,11 +212,9 @@ class UI:
             self.s_plot = gr.HTML(elem_id="scores-plot", js_on_load=None, padding=True)
             self.s_table = gr.Dataframe(interactive=False, elem_id="scores-table",
                                         label="Rows, one per results row (select one to open its checkpoint below)")
-            with gr.Row(equal_height=True):
-                self.s_selected = gr.Markdown("Select a row of the table to open its checkpoint in Generate.",
-                                              elem_id="scores-selected")
-                self.s_open = gr.Button(OPEN_IN_GENERATE, interactive=False, scale=0, min_width=160,
-                                        elem_id="scores-open")
+            self.s_selected = gr.Markdown("Select a row of the table to open its checkpoint in Generate.",
+                                          elem_id="scores-selected")
+            self.s_open = gr.Button(OPEN_IN_GENERATE, interactive=False, elem_id="scores-open")  # names it: whole width
             self.s_digest = gr.State(None)  # the selected row's checkpoint hash
             self.s_pages = gr.HTML(visible=False, elem_id="scores-compare-pages", js_on_load=None)
 

@@ -199,3 +199,21 @@ def test_results_files_serves_compare_pages_and_images_inside_the_folders_only(t
                     "../elsewhere/secret.png", "samples/page.html", "compare", "", "compare/a-vs-b.html\0"):
         assert servable([folder], key, refused) is None, refused
     assert servable([elsewhere], key, "compare/a-vs-b.html") is None  # a folder the app does not read
+
+
+def test_a_runs_checkpoints_scored_alike_are_one_series():
+    """evaluate labels each checkpoint `<run>/<name>` by default (the demo: `phase1/ba2`): one line per run and
+    setting, not a point per checkpoint."""
+    from app.scores import Metric, points_of
+
+    rows = [dict(checkpoint_hash=f"h{step}{g}", model=f"{run}/ba{step}", step=step, guidance=g, sampler="DDIM",
+                 fid=float(step)) for run in ("phase1", "phase2") for step in (2, 4) for g in (3.0, 5.0)]
+    rows.append(dict(checkpoint_hash="hub", model="sd2-base", step=0, guidance=3.0, sampler="DDIM", fid=1.0))
+    points = points_of(rows, Metric("fid", "FID"), {})
+    series = {}
+    for p in points:
+        series.setdefault(p.series, []).append(p.step)
+    assert series == {"phase1 · guidance 3, DDIM": [2, 4], "phase1 · guidance 5, DDIM": [2, 4],
+                      "phase2 · guidance 3, DDIM": [2, 4], "phase2 · guidance 5, DDIM": [2, 4],
+                      "sd2-base · guidance 3, DDIM": [0]}
+    assert {p.model for p in points if p.step == 2} == {"phase1/ba2", "phase2/ba2"}  # compare pages name models
