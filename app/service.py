@@ -26,8 +26,9 @@ from PIL import Image
 
 from train.errors import WorkbenchError, first_line
 
-from train.checkpoints import Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint
-from train.generation import ImageRecord, generate_images, save_png, with_metadata
+from train.checkpoints import (Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint,
+                               weights_of)
+from train.generation import WEIGHT_CHOICES, ImageRecord, generate_images, save_png, with_metadata
 
 from .cache import PipelineCache
 from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, generate, pixel_steps, record_of,
@@ -37,7 +38,7 @@ from .scores import ScoreFiles
 from .xyz import Plan, parse_axis, plan
 
 log = logging.getLogger("app")
-WEIGHTS = ("ema", "raw")
+WEIGHTS = WEIGHT_CHOICES  # "auto": EMA where the checkpoint holds EMA weights
 NOT_FOUND = "checkpoint not found: "  # train.checkpoints' words for a name that names nothing
 NOT_A_PIPELINE = "is a folder but not a diffusers pipeline"  # ... and for a folder that is no checkpoint
 KNOWN_SHOWN = 5  # labels a "checkpoint not found" message names
@@ -154,10 +155,18 @@ class Service:
         ckpt = self.open(text)
         return ckpt, describe(ckpt)
 
-    def pipeline(self, ckpt: Checkpoint, weights: str):
-        """The pipeline for a checkpoint's EMA or raw weights, from the cache or loaded into it."""
+    def weights_of(self, ckpt: Checkpoint, weights: str) -> str:
+        """What a record says of the weights a choice ("auto", "ema", "raw") opens: "ema" or "raw" of a Composer
+        checkpoint, "stored" for the kinds that hold one set (``train.checkpoints.weights_of``)."""
         check_weights(weights)
-        ema = weights == "ema" and ckpt.kind in ("composer", "mosaicml")  # the other kinds hold one set of weights
+        try:
+            return weights_of(ckpt, weights)
+        except WorkbenchError as e:
+            raise WorkbenchError(self.redact(f"{ckpt.label}: {str(e).replace(str(ckpt.path), ckpt.label)}")) from None
+
+    def pipeline(self, ckpt: Checkpoint, weights: str):
+        """The pipeline for a checkpoint's chosen weights, from the cache or loaded into it."""
+        ema = self.weights_of(ckpt, weights) == "ema"
         key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime)
         return self.cache.get(key, lambda: self._load(ckpt, ema))
 
@@ -306,7 +315,7 @@ class Service:
             pipe = self.pipeline(ckpt, weights)
             out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total), should_stop=stop.is_set)
             for i, image in enumerate(out):
-                record = record_of(params, i, ckpt.label, content_hash(ckpt), weights_label(ckpt, weights))
+                record = record_of(params, i, ckpt.label, content_hash(ckpt), self.weights_of(ckpt, weights))
                 images.append(self._keep(image, record))
                 records.append(record)
         return Result(images, records, time.perf_counter() - t0)
@@ -325,7 +334,8 @@ class Service:
             pixels = generate_images(pipe, [c.params.prompt for c in call], [c.params.seed for c in call],
                                      settings_of(first.params), on_step=step, should_stop=stop.is_set)
             for cell, image in zip(call, pixels):
-                record = record_of(cell.params, 0, ckpt.label, content_hash(ckpt), weights_label(ckpt, cell.weights))
+                record = record_of(cell.params, 0, ckpt.label, content_hash(ckpt),
+                                   self.weights_of(ckpt, cell.weights))
                 by_cell[cell.position] = (self._keep(Image.fromarray(image), record), record)
             done += len(call)
         on_progress(1.0, n, n)
@@ -348,11 +358,6 @@ class Service:
 def check_weights(weights) -> None:
     if weights not in WEIGHTS:
         raise WorkbenchError(f"weights must be one of {', '.join(WEIGHTS)}, got {shown(weights)}")
-
-
-def weights_label(ckpt: Checkpoint, weights: str) -> str:
-    """What a record says of the weights: EMA or raw for Composer files, "stored" for kinds that hold one set."""
-    return weights if ckpt.kind in ("composer", "mosaicml") else "stored"
 
 
 @dataclass

@@ -6,7 +6,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from train.generation import SAMPLERS
+from train.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, SAMPLERS, WEIGHT_CHOICES
 
 from .config import (GENERATION_DTYPES, INCEPTION_FEATURES, EvalConfig, guidance_scales, load_eval_config, positive,
                      replicates)
@@ -93,8 +93,8 @@ def _summary(rows: list[dict]) -> None:
             color, shape, count, position, one_object, every = (r.get(c, float("nan")) for c in HEADLINE_COLUMNS)
             attrs = (f", one group: colour {color:.2f} shape {shape:.2f} count {count:.2f}, position {position:.2f},"
                      f" all right: one object {one_object:.2f}, every prompt {every:.2f}")
-        print(f"{r['model']} cfg {r['guidance']:g}: {', '.join(scores)}{attrs} ({r['n_images']} images, "
-              f"{r['seconds_total']:.1f} s)")
+        print(f"{r['model']} ({r.get('weights')} weights) cfg {r['guidance']:g}: {', '.join(scores)}{attrs} "
+              f"({r['n_images']} images, {r['seconds_total']:.1f} s)")
 
 
 def cmd_run(args) -> None:
@@ -143,6 +143,7 @@ def cmd_train_scorer(args) -> None:
 
 def cmd_compare(args) -> None:
     from .compare import check_replicates, compare_store, rows_of, write_comparison
+    from .verdict import replicates_text
     from .store import ResultsStore
     from .study_votes import read_study
 
@@ -162,15 +163,13 @@ def cmd_compare(args) -> None:
     results = compare_store(cfg.out, args.a, args.b, replicates=cfg.bootstrap, seed=cfg.seed)
     for result in results:
         print(f"A = {result['a']}, B = {result['b']}, guidance {result['guidance']:g}, {result['n_images']} images "
-              f"of {result['n_prompts']} prompts, {result['bootstrap']} paired bootstrap replicates:")
+              f"of {result['n_prompts']} prompts, {replicates_text(result)}:")
         for m in result["metrics"]:
             print(f"  {m['sentence']}")
         verdict = result["overall"]
         print(f"  {verdict['heading']}")
         for family in verdict["families"]:
             print(f"    {family['sentence']}")
-        if verdict["note"]:
-            print(f"  note: {verdict['note']}")
         print(f"  (written to {write_comparison(cfg.out, result)})")
     from .compare_page import write_compare_page
 
@@ -209,12 +208,14 @@ def _common(p, scoring: bool = True) -> None:
     p.add_argument("--n-per-prompt", type=_positive, help=f"images per prompt (default {DEFAULT['n_per_prompt']})")
     p.add_argument("--n-reference", type=_positive, help=f"reference images for the statistics (default {DEFAULT['n_reference']})")
     p.add_argument("--guidance", type=_guidance,
-                   help=f"guidance scales (default {','.join(f'{g:g}' for g in DEFAULT['guidance'])})")
+                   help=f"guidance scales (default the sweep {','.join(f'{g:g}' for g in DEFAULT['guidance'])}, which "
+                        f"holds {DEFAULT_GUIDANCE:g}, what dwb sample and the app generate at)")
     p.add_argument("--steps", type=_positive, help=f"sampler steps (default {DEFAULT['steps']})")
     p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
-                   help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's own, DPM++ 2M for training "
-                        "checkpoints); it names the samples' folder and the results' 'sampler' column")
-    p.add_argument("--size", type=_positive, help="image side (default: the model's native size)")
+                   help=f"one of: {', '.join(SAMPLERS)} (default {DEFAULT_SAMPLER}); a sampler named here also names "
+                        "the samples' folder; the results' 'sampler' column records it")
+    p.add_argument("--size", type=_positive, help="image side (default: the checkpoint's native size, the resolution "
+                                                  "it was trained at where it records one)")
     p.add_argument("--batch-size", type=_positive, help=f"generation and feature batch (default {DEFAULT['batch_size']})")
     p.add_argument("--seed", type=int, help=f"base of the per-image seeds (default {DEFAULT['seed']})")
     p.add_argument("--clip", help="CLIP model folder or hub id for CLIP score (default: no CLIP score)")
@@ -225,7 +226,11 @@ def _common(p, scoring: bool = True) -> None:
     p.add_argument("--bootstrap", type=_replicates,
                    help=f"bootstrap replicates for the 95%% intervals (prompts resampled; default {DEFAULT['bootstrap']}); "
                         "0: no intervals")
-    p.add_argument("--ema", action="store_true", default=None, help="score the EMA weights")
+    p.add_argument("--weights", choices=WEIGHT_CHOICES,
+                   help=f"a Composer checkpoint's EMA or raw weights (default {DEFAULT['weights']}: EMA where it holds "
+                        "them); each row's 'weights' says which were scored: ema, raw, or stored (the one set of "
+                        "the other kinds)")
+    p.add_argument("--ema", action="store_true", default=None, help="the same as --weights ema")
     p.add_argument("--kid-subsets", type=_positive, help=f"KID subsets (default {DEFAULT['kid_subsets']})")
     p.add_argument("--kid-subset-size", type=_positive, help=f"images per KID subset (default {DEFAULT['kid_subset_size']})")
     p.add_argument("--device", help=f"auto, cpu or cuda (default {DEFAULT['device']})")
@@ -235,6 +240,11 @@ def _common(p, scoring: bool = True) -> None:
     p.add_argument("--allow-fewer-reference", action="store_true", default=None,
                    help="use a reference set smaller than --n-reference")
     p.add_argument("--cache", help="reference statistics cache (default OUT/cache)")
+
+
+def _set_help(parser, dest: str, text: str) -> None:
+    """One subcommand's own help for an option that ``_common`` adds to several."""
+    next(a for a in parser._actions if a.dest == dest).help = text.replace("%", "%%")
 
 
 def register(sub) -> None:
@@ -266,6 +276,10 @@ def register(sub) -> None:
     p.add_argument("b", help="model label or checkpoint path")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. bootstrap=1000")
     _common(p, scoring=False)
+    _set_help(p, "bootstrap", f"paired bootstrap replicates (prompts resampled; default {DEFAULT['bootstrap']}, at "
+                              f"least 40); a family of several metrics gets 80 per metric where that is more, so that "
+                              f"Holm's adjustment within it can find a difference (1,200 for the 14 attribute "
+                              f"accuracies); the output gives each family's count")
     p.add_argument("--study", action="append", default=[], metavar="DIR",
                    help="a `dwb human-eval` study of A's and B's images, reported (`dwb human-eval report DIR`): its "
                         "raters' votes beside each pair on the comparison page; repeatable")

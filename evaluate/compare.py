@@ -6,14 +6,15 @@ draws one set of prompt weights (``bootstrap.prompt_weights``) and applies it to
 images, and each metric's difference B - A gets the interval and two-sided p-value of ``bootstrap.py``
 from those paired replicates (per-image metrics: weighted means; set metrics: the weighted generated
 features against the one fixed reference). One rule gives both, so a metric's verdict (``verdict.py``)
-reads the same from either; the overall verdict per metric family adjusts the p-values of all the
-comparison's metrics together (Holm). Rows scored on different prompts, seeds, numbers of images,
+reads the same from either; the overall verdict per metric family adjusts the p-values of the family's
+metrics together (Holm). Rows scored on different prompts, seeds, numbers of images,
 extractors or reference statistics are refused: FID and KID depend on the number of images, and the
 pairing needs the same images' counterparts.
 """
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +26,12 @@ from train.common import write_text_whole
 from .bootstrap import interval, p_floor, p_value, prompt_weights, weighted_means
 from .layout import comparison_file
 from .metrics import FeatureStats
-from .names import difference_range
+from .names import IMAGE_QUALITY, difference_range, metric
 from .reference import ReferenceStats
 from .row import FEATURES, VERDICTS, RowImages, mean_values, set_replicates
 from .samples import MANIFEST, read_manifest
 from .store import ATTRIBUTE_COLUMNS, ResultsStore
-from .verdict import overall, with_verdicts
+from .verdict import family_replicates, overall, with_verdicts
 
 MUST_MATCH = ("prompts", "n_images", "size", "extractor", "n_reference", "dinov2")
 
@@ -103,7 +104,8 @@ def _metrics(a: dict, b: dict) -> list[str]:
 
 def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed: int = 0) -> dict:
     """Each metric's difference B - A with its paired bootstrap interval and p-value, the verdicts in words,
-    and the overall verdict per metric family (``verdict.overall``)."""
+    and the overall verdict per metric family (``verdict.overall``). Each family gets ``replicates``, or more
+    where it has several metrics (``verdict.family_replicates``); every family reads the first rows of one draw."""
     check_replicates(replicates)
     _check_rows(a, b)
     out = Path(out)
@@ -111,21 +113,27 @@ def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed:
     ib, refs_b, _, mb = load_row_images(out, b)
     _check_images(a, b, ma, mb, refs_a, refs_b)
     references = load_references(refs_a)
-    weights = prompt_weights(ia.prompts, replicates, seed)  # one draw of prompts for both checkpoints: paired
+    names = _metrics(a, b)
+    sizes = Counter(metric(n).family for n in names)
+    counts = {family: family_replicates(replicates, n) for family, n in sizes.items()}
+    weights = prompt_weights(ia.prompts, max(counts.values()), seed)  # one draw for both checkpoints: paired
+    set_weights = weights[:counts.get(IMAGE_QUALITY, replicates)]  # the costly ones: a Gram matrix per replicate
     reps = []
     for images in (ia, ib):
         means = {k: weighted_means(v, weights) for k, v in mean_values(images, captions).items()}
-        reps.append({**set_replicates(images, references, weights), **means})
+        reps.append({**set_replicates(images, references, set_weights), **means})
     metrics = []
-    for name in _metrics(a, b):
-        diff, reps_diff = float(b[name] - a[name]), reps[1][name] - reps[0][name]
+    for name in names:
+        n = counts[metric(name).family]
+        diff, reps_diff = float(b[name] - a[name]), (reps[1][name] - reps[0][name])[:n]
         lo, hi = interval(diff, reps_diff, bounds=difference_range(name))
         metrics.append({"metric": name, "a": a[name], "b": b[name], "difference": diff, "lo": lo, "hi": hi,
-                        "p": p_value(diff, reps_diff)})
-    metrics = with_verdicts(metrics, replicates)
+                        "p": p_value(diff, reps_diff), "replicates": n})
+    metrics = with_verdicts(metrics)
     return {"a": a["model"], "b": b["model"], "guidance": a["guidance"], "sampler_a": a.get("sampler"),
             "sampler_b": b.get("sampler"), "n_images": a["n_images"], "n_prompts": int(len(np.unique(ia.prompts))),
-            "bootstrap": replicates, "seed": seed, "metrics": metrics, "overall": overall(metrics, replicates)}
+            "bootstrap": replicates, "replicates": counts, "seed": seed, "metrics": metrics,
+            "overall": overall(metrics)}
 
 
 def write_comparison(out: str | Path, result: dict) -> Path:

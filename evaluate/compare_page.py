@@ -28,6 +28,7 @@ from .layout import comparison_page
 from .samples import MANIFEST, read_manifest
 from .store import ResultsStore
 from .study_votes import CHOICES, Counts, StudyVotes, check_studies, pair_votes
+from .verdict import replicates_text
 
 MAX_PAIRS = 48  # image pairs shown per guidance scale
 SHOWN_SIZE = (128, 256)  # an image is shown at its own side, enlarged to the first or shrunk to the second
@@ -193,8 +194,7 @@ def section(out: Path, page: Path, result: dict, rows: tuple[dict, dict], studie
     votes = pair_votes(studies, *rows) if studies else None
     return (f"<section class='guidance' data-guidance='{result['guidance']:g}'>"
             f"<h2>Guidance {result['guidance']:g}{_text(sampler)}</h2>"
-            f"<p><small>{result['n_images']} images of {result['n_prompts']} prompts, {result['bootstrap']} paired "
-            f"bootstrap replicates; the interval and p-value resample prompts.</small></p>{verdict_table(result)}"
+            f"<p><small>{result['n_images']} images of {result['n_prompts']} prompts, {replicates_text(result)}; the interval and p-value resample prompts.</small></p>{verdict_table(result)}"
             f"{pairs_part(image_pairs(out, *rows), page, votes, questions, max_pairs)}</section>")
 
 

@@ -17,6 +17,7 @@ from train.common import whole_file, write_text_whole
 from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
 from .names import display_name, with_direction
 from .store import ResultsStore
+from .verdict import replicates_text
 
 ALL_RIGHT = attr_column("all", "all")  # every attribute right over every prompt
 
@@ -179,7 +180,7 @@ def _comparisons(folder: Path) -> list[str]:
         lines += [verdict["heading"], *(f["sentence"] for f in verdict["families"])] if verdict else []
         lines += [verdict["note"]] if verdict.get("note") else []
         parts.append(f"<p><b>A = {html.escape(c['a'])}, B = {html.escape(c['b'])}</b>, guidance {c['guidance']:g}, "
-                     f"{c['n_images']} images, {c['bootstrap']} paired replicates<br>"
+                     f"{c['n_images']} images, {replicates_text(c)}<br>"
                      + "<br>".join(html.escape(line) for line in lines) + "</p>")
     return ["<h2>Comparisons (dwb evaluate compare)</h2>", *parts] if parts else []
 

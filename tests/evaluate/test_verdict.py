@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from evaluate.bootstrap import holm, interval, p_value
+from evaluate.bootstrap import holm, interval, p_floor, p_value
 from evaluate.compare import compare_rows
 from evaluate.metrics import FeatureStats
 from evaluate.names import metric
 from evaluate.reference import ReferenceStats
 from evaluate.row import row_metrics
 from evaluate.store import ATTRIBUTE_COLUMNS, ResultsStore
-from evaluate.verdict import overall, p_text
+from evaluate.verdict import family_replicates, overall, p_text
 from train.common import interval_text
 from train.errors import WorkbenchError
 
@@ -132,25 +132,30 @@ def test_a_lower_is_better_metric_names_the_checkpoint_that_lowers_it(checkpoint
     assert 0 < lo <= -fid["difference"] <= hi  # the gain: how much lower B's FID is
 
 
-def test_holm_takes_back_a_barely_significant_metric(checkpoints):
-    """Three metrics; FID and KID are the same for A and B (p = 1). A CLIP score with p between 0.05 / 3 and
-    0.05 is better alone, and not once the three are adjusted together."""
+def test_holm_within_a_family_takes_back_a_barely_significant_metric(checkpoints):
+    """FID and KID form the image-quality family; KID is the same for A and B (p = 1). B's features: A's with
+    per-image noise, moved towards the reference by a scanned amount (p crosses 0.05 near a shift of 0.013): a
+    FID with p between 0.05 / 2 and 0.05 is better alone, and not once the family's two metrics are adjusted
+    together. The CLIP score, alone in its family, is not adjusted."""
     out, a, new_b, _ = checkpoints
+    noise = np.random.default_rng(1).normal(0, 0.3, (PROMPTS, DIM))
     found = None
-    for i, gain in enumerate(np.linspace(0.25, 0.45, 21)):
-        result = compare_rows(out, a, new_b(f"b{i}", gain), replicates=400)
-        clip = next(m for m in result["metrics"] if m["metric"] == "clip_score")
-        if 0.05 / 3 < clip["p"] < 0.05:
-            found = result, clip
+    for i, shift in enumerate(np.linspace(0.0, 0.03, 31)):
+        result = compare_rows(out, a, new_b(f"b{i}", 0.4, shift=shift - noise), replicates=400)
+        fid = next(m for m in result["metrics"] if m["metric"] == "fid")
+        if 0.05 / 2 < fid["p"] < 0.05:
+            found = result, fid
             break
     assert found is not None
-    result, clip = found
-    assert [m["p"] for m in result["metrics"] if m["metric"] != "clip_score"] == [1.0, 1.0]
-    assert clip["better"] == "B" and clip["p_holm"] == pytest.approx(3 * clip["p"]) and clip["better_holm"] is None
-    assert "Holm-adjusted over 3 metrics" in clip["sentence"] and clip["sentence"].endswith("cannot tell)")
+    result, fid = found
+    kid, clip = (next(m for m in result["metrics"] if m["metric"] == k) for k in ("kid_mean", "clip_score"))
+    assert kid["p"] > 0.5 and fid["better"] == "B" and fid["better_holm"] is None  # KID: the same in both rows
+    assert fid["p_holm"] == pytest.approx(2 * fid["p"])
+    assert "Holm-adjusted over the 2 image quality metrics" in fid["sentence"] and fid["sentence"].endswith("cannot tell)")
+    assert clip["p_holm"] == clip["p"] and "Holm" not in clip["sentence"]
     families = {f["family"]: f for f in result["overall"]["families"]}
-    assert families["text alignment"]["verdict"] is None and families["text alignment"]["cannot_tell"] == 1
-    assert families["image quality"]["metrics"] == ["fid", "kid_mean"]
+    assert families["image quality"]["verdict"] is None and families["image quality"]["metrics"] == ["fid", "kid_mean"]
+    assert families["text alignment"]["verdict"] == ("B" if clip["better"] == "B" else None)
 
 
 def test_holm_by_hand():
@@ -206,14 +211,40 @@ def test_a_comparison_needs_replicates_in_both_tails(checkpoints):
         compare_rows(out, a, new_b("b", 1.0), replicates=39)
 
 
-def test_the_overall_verdict_counts_each_family_and_says_when_replicates_are_too_few():
+def test_the_overall_verdict_counts_each_family():
     def m(key: str, better: str | None) -> dict:
         return {"metric": key, "family": metric(key).family, "better_holm": better}
 
     metrics = [m("fid", "B"), m("kid_mean", "A"), m("clip_score", "B"), *(m(k, None) for k in ATTRIBUTE_COLUMNS)]
-    verdict = overall(metrics, replicates=200)
+    verdict = overall(metrics)
     families = {f["family"]: f for f in verdict["families"]}
     assert families["image quality"]["verdict"] == "mixed" and families["text alignment"]["verdict"] == "B"
     assert families["attribute accuracy"]["cannot_tell"] == len(ATTRIBUTE_COLUMNS) == 14
-    assert verdict["n_metrics"] == 17 and verdict["replicates_needed"] == 680  # 2 x 17 / (B + 1) < 0.05
-    assert "--bootstrap 680" in verdict["note"] and overall(metrics, replicates=680)["note"] is None
+    assert families["image quality"]["sentence"] == "image quality: mixed (2 metrics: 1 for B, 1 for A, 0 cannot tell)"
+    assert verdict["n_metrics"] == 17 and "within each family" in verdict["heading"]
+
+
+def test_a_family_of_several_metrics_gets_replicates_enough_for_holm_to_find_a_difference():
+    """Holm's first step over m metrics asks p < 0.05 / m; the smallest p of B replicates is 2 / (B + 1). At the
+    counts given, an estimate past every replicate passes it, for each family size."""
+    for m in range(1, 20):
+        b = family_replicates(200, m)
+        assert b >= 200 and b % 100 == 0
+        assert m * p_floor(b) < 0.05 / 2  # with room: p twice the floor still passes
+    assert family_replicates(200, 14) == 1200 and family_replicates(2000, 14) == 2000 and family_replicates(50, 1) == 50
+
+
+def test_each_family_is_compared_on_its_own_count_of_replicates(checkpoints):
+    """Asked for 40: the image-quality family (FID and KID) is raised to 200, the CLIP score alone keeps 40;
+    each metric's p respects its own family's floor, and the header names the raised count."""
+    from evaluate.verdict import replicates_text
+
+    out, a, new_b, _ = checkpoints
+    result = compare_rows(out, a, new_b("far", 3.0, shift=0.5), replicates=40)
+    assert result["replicates"] == {"image quality": 200, "text alignment": 40}
+    by_key = {m["metric"]: m for m in result["metrics"]}
+    assert by_key["fid"]["replicates"] == by_key["kid_mean"]["replicates"] == 200
+    assert by_key["clip_score"]["replicates"] == 40
+    assert by_key["fid"]["p"] == pytest.approx(p_floor(200)) and by_key["clip_score"]["p"] == pytest.approx(p_floor(40))
+    assert by_key["fid"]["better_holm"] == "B"  # 2 x 2 / 201 < 0.05: the raised count lets Holm find it
+    assert replicates_text(result) == "40 paired bootstrap replicates (200 for image quality)"
