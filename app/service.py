@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import logging
 import threading
 import time
@@ -38,6 +39,9 @@ from .xyz import Plan, parse_axis, plan
 
 log = logging.getLogger("app")
 WEIGHTS = WEIGHT_CHOICES  # "auto": EMA where the checkpoint holds EMA weights
+NOT_FOUND = "checkpoint not found: "  # train.checkpoints' words for a name that names nothing
+NOT_A_PIPELINE = "is a folder but not a diffusers pipeline"  # ... and for a folder that is no checkpoint
+KNOWN_SHOWN = 5  # labels a "checkpoint not found" message names
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
@@ -106,7 +110,21 @@ class Service:
         try:
             return find_checkpoint(text, roots=self.roots, allow_download=self.allow_download)
         except WorkbenchError as e:
-            raise WorkbenchError(self.redact(str(e))) from None
+            if NOT_A_PIPELINE in str(e):  # a folder under the roots that holds no checkpoint of its own
+                e = WorkbenchError(f"{NOT_FOUND}{text.strip()} (a folder, not a checkpoint)")
+            message = self.redact(str(e))
+            raise WorkbenchError(f"{message}; {self.known_labels(text)}" if message.startswith(NOT_FOUND)
+                                 else message) from None
+
+    def known_labels(self, text: str) -> str:
+        """The checkpoints the app lists, those named most like ``text`` first: a few, then how many more."""
+        labels = [c.label for c in self.checkpoints()]
+        if not labels:
+            return "no checkpoint is under the app's folders"
+        near = sorted(labels, key=lambda label: difflib.SequenceMatcher(None, text, label).ratio(),
+                      reverse=True)[:KNOWN_SHOWN]  # ties keep the list's natural order
+        more = f" and {len(labels) - len(near)} more" if len(labels) > len(near) else ""
+        return f"the app's checkpoints: {', '.join(near)}{more}"
 
     def redact(self, message: str) -> str:
         """A message with the roots' absolute paths replaced by the names the UI shows under them, and the
@@ -118,15 +136,20 @@ class Service:
             message = message.replace(str(root), root.name)
         return message.replace(str(hub_cache()), "the Hugging Face cache")
 
-    def label_of_hash(self, digest: str) -> str | None:
-        """The label of the checkpoint under the roots whose content hash is ``digest`` (hashes are cached)."""
+    def labels_by_hash(self) -> dict[str, str]:
+        """Content hash -> label of each readable checkpoint under the roots (hashes are cached; the first label
+        of a hash wins)."""
+        labels: dict[str, str] = {}
         for ckpt in self.checkpoints():
             try:
-                if content_hash(ckpt) == digest:
-                    return ckpt.label
+                labels.setdefault(content_hash(ckpt), ckpt.label)
             except (OSError, WorkbenchError):
                 continue
-        return None
+        return labels
+
+    def label_of_hash(self, digest: str) -> str | None:
+        """The label of the checkpoint under the roots whose content hash is ``digest``."""
+        return self.labels_by_hash().get(digest)
 
     def info(self, text: str) -> tuple[Checkpoint, CheckpointInfo]:
         ckpt = self.open(text)
