@@ -5,6 +5,8 @@ import argparse
 import ipaddress
 from pathlib import Path
 
+from train.generation import MAX_SIZE, MAX_STEPS, MIN_SIZE
+
 from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB
 
 
@@ -111,8 +113,8 @@ def register(sub) -> None:
     p.add_argument("--cache-size", type=_at_least(1), default=2, help="pipelines kept loaded (least recently used go)")
     p.add_argument("--concurrency", type=_at_least(1), default=1, help="generations running at once")
     p.add_argument("--queue-size", type=_at_least(1), default=16, help="requests waiting at most; more are refused")
-    p.add_argument("--max-steps", type=_at_least(1), default=150, help="most denoising steps a request may ask")
-    p.add_argument("--max-size", type=_at_least(16), default=1024, help="largest width or height (a multiple of 8)")
+    p.add_argument("--max-steps", type=_at_least(1), default=MAX_STEPS, help="most denoising steps a request may ask")
+    p.add_argument("--max-size", type=_at_least(MIN_SIZE), default=MAX_SIZE, help="largest width or height (a multiple of 8)")
     p.add_argument("--max-batch", type=_at_least(1), default=8,
                    help="most images one request may ask (Generate's batch, X/Y/Z's cells per call)")
     p.add_argument("--max-pixel-steps", type=_count, default="250M", metavar="N",

@@ -19,7 +19,7 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from train.common import calm_gradio_queue, queue_jobs, serialize_queue_joins, serve_gradio_with
-from train.generation import DEFAULT_SAMPLER, SAMPLERS
+from train.generation import DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, SAMPLERS
 from train.common import allow_open_files, deadline_protocol
 
 from .generate import DEFAULT_GUIDANCE, MAX_SEED
@@ -72,7 +72,7 @@ def settings_controls(prefix: str, limits, size: int) -> Controls:
     negative = gr.Textbox("", label="Negative prompt", lines=1, elem_id=f"{prefix}negative",
                           max_length=limits.max_prompt_chars)
     sampler = gr.Dropdown(list(SAMPLERS), value=DEFAULT_SAMPLER, label="Sampler", elem_id=f"{prefix}sampler")
-    steps = gr.Slider(1, limits.max_steps, value=min(25, limits.max_steps), step=1, label="Steps",
+    steps = gr.Slider(1, limits.max_steps, value=min(DEFAULT_STEPS, limits.max_steps), step=1, label="Steps",
                       elem_id=f"{prefix}steps")
     guidance = gr.Slider(0, limits.max_guidance, value=DEFAULT_GUIDANCE, step=0.5, label="Guidance scale",
                          elem_id=f"{prefix}guidance")
@@ -97,7 +97,8 @@ def checkpoint_row(prefix: str, found, value, multiselect: bool = False):
                                  allow_custom_value=True, scale=5, elem_id=f"{prefix}checkpoint{'s' if multiselect else ''}",
                                  label=label)
         refresh = gr.Button("↻ Refresh", scale=0, min_width=90, elem_id=f"{prefix}refresh")
-        weights = gr.Radio([("EMA", "ema"), ("raw", "raw")], value="ema", label="Weights", scale=1,
+        weights = gr.Radio([("auto (EMA where held)", "auto"), ("EMA", "ema"), ("raw", "raw")], value=DEFAULT_WEIGHTS,
+                           label="Weights", scale=1,
                            elem_id=f"{prefix}weights")
     return checkpoint, refresh, weights
 
