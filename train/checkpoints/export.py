@@ -115,3 +115,40 @@ def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bo
     with whole_file(out.with_suffix(".yaml")) as partial:
         partial.write_text(yaml.safe_dump(original_config(spec), sort_keys=False))
     return out
+
+
+def card_spec(ckpt: Checkpoint, settings: dict | None) -> tuple[dict, dict | None]:
+    """(spec, timestamp) for the model card: a Composer checkpoint's own (its training section too), the
+    description of any other kind."""
+    if ckpt.kind in ("composer", "mosaicml"):
+        from .composer import read_checkpoint
+
+        data = read_checkpoint(ckpt.path, settings)
+        return data["spec"], data["timestamp"]
+    from .open import describe
+
+    info = describe(ckpt)
+    return {"architecture": info.architecture or ckpt.kind, "prediction_type": info.prediction_type,
+            "resolution": info.resolution, "vae": {}}, None
+
+
+def export_checkpoint(ref: str | Path, out: str | Path, *, fmt: str | None = None, ema: bool = False,
+                      half: bool = False, settings: dict | None = None, results: list[Path] = (),
+                      studies: list[Path] = ()) -> tuple[Path, str]:
+    """`dwb export`: (what was written, its format). A folder gets a model card (``README.md``) with the scores
+    of ``results`` (evaluate results stores) and ``studies`` (human-eval study folders) for this checkpoint."""
+    from .hashing import content_hash
+    from .model_card import model_card_text
+    from .open import export_pipeline
+
+    fmt = export_format(out, fmt)
+    ckpt = find_checkpoint(ref)
+    if fmt == "single-file":
+        if results or studies:
+            raise WorkbenchError("--results and --study go into a folder export's model card; a single file has none")
+        return export_single_file(ckpt, out, ema=ema, half=half, settings=settings), fmt
+    spec, timestamp = card_spec(ckpt, settings)
+    readme = model_card_text(spec, label=ckpt.label, checkpoint_hash=content_hash(ckpt),
+                             weights="EMA" if ema else "raw", timestamp=timestamp, results=list(results),
+                             studies=list(studies))
+    return export_pipeline(ckpt, out, ema=ema, half=half, settings=settings, readme=readme), fmt

@@ -144,13 +144,17 @@ def load_pipeline(ref: str | Path | Checkpoint, *, ema: bool = False, device: st
     return pipe.to(device=device, dtype=dtype) if dtype is not None else pipe.to(device)
 
 
-def export_pipeline(ref: str | Path, out: str | Path, ema: bool = False) -> Path:
-    """`dwb export`: any checkpoint to a diffusers folder (safetensors) any diffusers user loads."""
+def export_pipeline(ref: str | Path | Checkpoint, out: str | Path, ema: bool = False, *, half: bool = False,
+                    settings: dict | None = None, readme: str | None = None) -> Path:
+    """`dwb export`: any checkpoint to a diffusers folder (safetensors) any diffusers user loads; ``half``
+    writes float16 weights as diffusers' ``fp16`` variant, ``readme`` is the model card (``model_card``)."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise WorkbenchError(f"export folder {out} is not empty")
-    pipe = load_pipeline(ref, ema=ema)
+    pipe = load_pipeline(ref, ema=ema, settings=settings, dtype=torch.float16 if half else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     with whole_folder(out) as partial:  # a full disk leaves no half export behind
-        pipe.save_pretrained(partial, safe_serialization=True)
+        pipe.save_pretrained(partial, safe_serialization=True, variant="fp16" if half else None)
+        if readme is not None:
+            (partial / "README.md").write_text(readme)
     return out
