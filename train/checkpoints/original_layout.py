@@ -17,7 +17,7 @@ import torch
 
 from ..errors import CheckpointError
 from .composer import DROPPED_SUFFIXES
-from .single_file import SD1_TEXT, SD2_TEXT, SD_SCHEDULE, TEXT, UNET, VAE
+from .single_file import SD1_TEXT, SD2_TEXT, SD_SCHEDULE, UNET, VAE
 
 UNET_RESNET = (("norm1.", "in_layers.0."), ("conv1.", "in_layers.2."), ("time_emb_proj.", "emb_layers.1."),
                ("norm2.", "out_layers.0."), ("conv2.", "out_layers.3."), ("conv_shortcut.", "skip_connection."))
@@ -79,7 +79,8 @@ def unet_prefixes(config: dict) -> tuple[list[tuple[str, str]], list[tuple[str, 
         if level < levels - 1:
             other.append((f"down_blocks.{level}.downsamplers.0.conv.", f"input_blocks.{(level + 1) * (per + 1)}.0.op."))
             after = 2 if config["up_block_types"][level].startswith("CrossAttn") else 1
-            other.append((f"up_blocks.{level}.upsamplers.0.conv.", f"output_blocks.{level * (per + 1) + per}.{after}.conv."))
+            last = level * (per + 1) + per
+            other.append((f"up_blocks.{level}.upsamplers.0.conv.", f"output_blocks.{last}.{after}.conv."))
     return resnets, other
 
 
@@ -97,7 +98,8 @@ def vae_prefixes(config: dict) -> tuple[list, list, list]:
                   (f"{part}.conv_norm_out.", f"{part}.norm_out.")]
     for level in range(levels):
         up = levels - 1 - level
-        resnets += [(f"encoder.down_blocks.{level}.resnets.{j}.", f"encoder.down.{level}.block.{j}.") for j in range(per)]
+        resnets += [(f"encoder.down_blocks.{level}.resnets.{j}.", f"encoder.down.{level}.block.{j}.")
+                    for j in range(per)]
         resnets += [(f"decoder.up_blocks.{level}.resnets.{j}.", f"decoder.up.{up}.block.{j}.") for j in range(per + 1)]
         other += [(f"encoder.down_blocks.{level}.downsamplers.0.conv.", f"encoder.down.{level}.downsample.conv."),
                   (f"decoder.up_blocks.{level}.upsamplers.0.conv.", f"decoder.up.{up}.upsample.conv.")]
