@@ -3,7 +3,7 @@ beside the diffusers-folder export of the same checkpoint, each in its own proce
 
 Per export: wall time, peak resident memory (``/usr/bin/time -v``'s maximum RSS: it counts the pages of the
 memory-mapped checkpoint the export has read, which the kernel can drop, as well as its own) and the size of
-what it wrote. Afterwards, a sample of tensors of each file is checked against the checkpoint's weights.
+what it wrote (a single file's: the .safetensors alone; its .yaml and .config/ are a few MB). Afterwards, a sample of tensors of each file is checked against the checkpoint's weights.
 
     python bench/export_single_file.py            # about 6 GB of RAM to build the checkpoint, 25 GB of disk
     python bench/export_single_file.py --smoke    # the tiny checkpoint, for seconds
@@ -24,10 +24,10 @@ DWB = ROOT / ".venv" / "bin" / "dwb"
 
 def timed_export(checkpoint: str, out: Path, *flags: str) -> dict:
     """One `dwb export` in its own process: seconds, peak RSS (GiB) and the bytes written."""
-    if out.is_dir():
-        shutil.rmtree(out)
-    for path in (out, out.with_suffix(".yaml")):
-        if path.is_file():
+    for path in (out, out.with_suffix(".yaml"), out.with_name(out.stem + ".config")):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.is_file():
             path.unlink()
     t = time.perf_counter()
     run = subprocess.run(["/usr/bin/time", "-v", str(DWB), "export", checkpoint, str(out), *flags], cwd=ROOT,

@@ -95,7 +95,7 @@ def cmd_train(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from .checkpoints import export_checkpoint
+    from .checkpoints import config_folder, export_checkpoint
 
     settings = {k: v for k, v in (("prediction_type", args.prediction_type), ("latent_scale", args.latent_scale))
                 if v is not None}
@@ -103,8 +103,10 @@ def cmd_export(args) -> None:
                                  settings=settings, results=args.results or [], studies=args.study or [])
     weights = f"{'EMA' if args.ema else 'raw'} weights ({'float16' if args.half else 'float32'})"
     if fmt == "single-file":
+        config = config_folder(out)
         print(f"exported {weights} of {args.checkpoint} to {out} and its original config {out.with_suffix('.yaml')} "
-              f"(AUTOMATIC1111, ComfyUI, Forge; diffusers.StableDiffusionPipeline.from_single_file)")
+              f"(AUTOMATIC1111, ComfyUI, Forge; diffusers.StableDiffusionPipeline.from_single_file('{out}', "
+              f"config='{config}'))")
     else:
         print(f"exported {weights} of {args.checkpoint} to {out} with its model card {out / 'README.md'} "
               f"(diffusers.StableDiffusionPipeline.from_pretrained('{out}'))")

@@ -97,9 +97,9 @@ def test_the_tiny_models_ema_export_reads_back_in_diffusers_and_dwb(tiny_run, tm
     out = tmp_path / "tiny.safetensors"
     run = dwb("export", str(ckpt), str(out), "--ema")
     assert run.returncode == 0, run.stderr
-    config = tmp_path / "config"
+    config = tmp_path / "tiny.config"  # written beside the file: configs and tokenizer, no weights
+    assert not list(config.rglob("*.safetensors"))
     source = load_pipeline(ckpt, ema=True)
-    source.save_pretrained(config)
     ema = model_weights(read_checkpoint(ckpt), ema=True)
     raw = model_weights(read_checkpoint(ckpt), ema=False)
     assert not torch.equal(ema["unet.conv_in.weight"], raw["unet.conv_in.weight"])  # the EMA weights were taken
@@ -107,6 +107,9 @@ def test_the_tiny_models_ema_export_reads_back_in_diffusers_and_dwb(tiny_run, tm
                 for p in ("unet", "vae", "text_encoder")}
     assert_same_tensors(from_single_file(out, config), expected)
     assert find_checkpoint(out).kind == "single-file"
+    from train.checkpoints import discover
+
+    assert [c.label for c in discover([tmp_path])] == ["tiny.safetensors"]  # the config folder is no checkpoint
     assert np.array_equal(image(load_pipeline(out)), image(source))
 
 

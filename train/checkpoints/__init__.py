@@ -22,7 +22,7 @@ __getattr__, __all__ = face(__name__, {
     "autoresume": "checkpoint_problem resume_problem select_resume_checkpoint",
     "components": "build_pipeline build_unet load_frozen_parts load_part random_text_encoder random_vae",
     "composer": "has_ema model_weights read_checkpoint",
-    "export": "export_checkpoint export_format export_single_file",
+    "export": "config_folder export_checkpoint export_format export_single_file",
     "find": "discover find_checkpoint label_under list_checkpoints raise_reason resolve_roots",
     "hashing": "content_hash fingerprint",
     "hub": "hub_cache is_hub_id",

@@ -3,7 +3,10 @@
 The file holds the UNet, VAE and text tower under the original names (``original_layout``), in float32 or
 float16 (``half``), and in its metadata the model spec (``single_file.SPEC_KEY``: every config and the
 tokenizer's files, so `dwb` reopens it exactly, the tiny model's too). Beside it, ``NAME.yaml`` is the
-original config AUTOMATIC1111 reads for an SD 2.x file (sizes, ``parameterization: v``, the latent scale).
+original config AUTOMATIC1111 reads for an SD 2.x file (sizes, ``parameterization: v``, the latent scale),
+and ``NAME.config/`` the diffusers configs and tokenizer (no weights) that diffusers' single-file loader
+takes as ``config=`` offline: an original config cannot say the tiny model's 8 GroupNorm groups or its
+fitted tokenizer.
 
 Written one tensor at a time (the safetensors layout: 8 bytes of header length, the JSON header, then
 each tensor's bytes in order), so the export holds the checkpoint's memory-mapped weights and one
@@ -18,7 +21,7 @@ from types import SimpleNamespace
 import torch
 import yaml
 
-from ..common import whole_file
+from ..common import whole_file, whole_folder
 from ..errors import WorkbenchError
 from .find import Checkpoint, find_checkpoint
 from .original_layout import Entry, original_config, original_entries
@@ -97,11 +100,20 @@ def write_safetensors(path: Path, entries: list[Entry], half: bool, metadata: di
             f.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
 
 
+def config_folder(out: Path) -> Path:
+    """``NAME.config/`` beside ``NAME.safetensors``: the diffusers configs and tokenizer, no weights."""
+    return out.with_name(out.stem + ".config")
+
+
 def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bool = False, half: bool = False,
                        settings: dict | None = None) -> Path:
-    """`dwb export CKPT OUT.safetensors`: the original layout, its spec in the metadata, ``OUT.yaml`` beside it."""
+    """`dwb export CKPT OUT.safetensors`: the original layout, its spec in the metadata; beside it ``OUT.yaml``
+    (the original config) and ``OUT.config/`` (what ``from_single_file(OUT, config=OUT.config)`` reads offline)."""
+    from .schedules import inference_scheduler
+    from .single_file import write_spec_folder
+
     out = Path(out)
-    for path in (out, out.with_suffix(".yaml")):
+    for path in (out, out.with_suffix(".yaml"), config_folder(out)):
         if path.exists():
             raise WorkbenchError(f"{path} exists: remove it or choose another name")
     ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref)
@@ -114,6 +126,8 @@ def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bo
         write_safetensors(partial, entries, half, metadata)
     with whole_file(out.with_suffix(".yaml")) as partial:
         partial.write_text(yaml.safe_dump(original_config(spec), sort_keys=False))
+    with whole_folder(config_folder(out)) as partial:
+        write_spec_folder(partial, spec, inference_scheduler(spec["prediction_type"]))
     return out
 
 

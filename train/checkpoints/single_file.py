@@ -297,6 +297,7 @@ def write_spec_folder(folder: Path, spec: dict, scheduler) -> Path:
     (folder / "tokenizer").mkdir(parents=True, exist_ok=True)
     for name, content in spec["tokenizer"].items():
         (folder / "tokenizer" / Path(name).name).write_text(content)
+    scheduler.save_pretrained(folder / "scheduler")
     _write_json(folder / "model_index.json", _model_index(scheduler))
     return folder
 
