@@ -5,7 +5,7 @@ Per export: wall time, peak resident memory (``/usr/bin/time -v``'s maximum RSS:
 memory-mapped checkpoint the export has read, which the kernel can drop, as well as its own) and the size of
 what it wrote (a single file's: the .safetensors alone; its .yaml and .config/ are a few MB). Afterwards, a sample of tensors of each file is checked against the checkpoint's weights.
 
-    python bench/export_single_file.py            # about 6 GB of RAM to build the checkpoint, 25 GB of disk
+    python bench/export_single_file.py            # about 6 GB of RAM to build the checkpoint, 16 GB of disk
     python bench/export_single_file.py --smoke    # the tiny checkpoint, for seconds
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import argparse
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -64,15 +65,55 @@ def check_tensors(checkpoint: str, out: Path, half: bool) -> int:
     return len(pairs)
 
 
+def sd2_base_checkpoint() -> str:
+    """SD2-base (random weights) as a Composer checkpoint of this project, its spec inside, built around one copy
+    of the model (about 6 GB; door_cost.py's builder, which also writes a folder and a single file, holds two)."""
+    import torch
+    from composer import Trainer
+    from composer.models import ComposerModel
+
+    from _common import random_sd2_base
+    from train.checkpoints.spec import ModelSpec, make_spec
+
+    path = RUN.out / "sd2-base" / "sd2-base-rank0.pt"
+    if path.is_file():
+        return str(path)
+
+    class Parts(ComposerModel):  # the parts under the names dwb train's model saves them by
+        def __init__(self, pipe):
+            super().__init__()
+            self.unet, self.vae, self.text_encoder = pipe.unet, pipe.vae, pipe.text_encoder
+            self.tokenizer, self.prediction_type = pipe.tokenizer, "epsilon"
+
+        def forward(self, batch):
+            return batch
+
+        def loss(self, outputs, batch):
+            return outputs.mean()
+
+    with torch.no_grad():
+        model = Parts(random_sd2_base(["a photo of a cat", "two red circles left of a blue square"]))
+    trainer = Trainer(model=model, max_duration="1ba", device="cpu", progress_bar=False, log_to_console=False,
+                      callbacks=[ModelSpec(make_spec(model, "sd2-base", 512))],
+                      optimizers=torch.optim.SGD(model.unet.parameters(), lr=0.0))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    trainer.save_checkpoint(str(path))
+    trainer.close()
+    return str(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parse_args(ap, smoke={})
+    ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    args = parse_args(ap, smoke={})
+    if args.build_only:
+        sd2_base_checkpoint()
+        return
     if RUN.smoke:
         checkpoint = str(tiny_checkpoint())
-    else:
-        from door_cost import full_size_checkpoints  # the SD2-base Composer checkpoint door_cost.py builds
-
-        checkpoint = full_size_checkpoints()["composer"]
+    else:  # built in a process of its own, so this one stays small while the exports run
+        subprocess.run([sys.executable, __file__, "--out", str(RUN.out), "--build-only"], check=True)
+        checkpoint = sd2_base_checkpoint()
     out = RUN.out / "export-bench"
     out.mkdir(parents=True, exist_ok=True)
     results = {"checkpoint": checkpoint, "checkpoint_bytes": Path(checkpoint).stat().st_size}
@@ -83,6 +124,8 @@ def main() -> None:
         results[name] = timed_export(checkpoint, target, *flags)
         if target.suffix == ".safetensors" and not RUN.smoke:
             results[name]["tensors_checked"] = check_tensors(checkpoint, target, half="--half" in flags)
+            target.unlink()  # the disk a full-size run needs: one export at a time
+        print(name, results[name], flush=True)
     folder = results["diffusers_folder_fp32"]
     for name in ("single_file_fp32", "single_file_fp16")[:1 if RUN.smoke else 2]:
         results[name]["time_vs_folder"] = round(results[name]["seconds"] / folder["seconds"], 2)
