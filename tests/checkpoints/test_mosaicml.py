@@ -97,6 +97,7 @@ def reference_pipeline(weights: dict, prediction_type: str):
                                    feature_extractor=None, requires_safety_checker=False)
 
 
+@pytest.mark.slow  # four pipelines built and sampled: 70 s at load 10+ on 2 cores
 def test_an_old_checkpoint_opens_with_position_ids_dropped_and_fp16_parts_taken(checkpoints, caplog):
     path = checkpoints["plain"]
     state = saved(path)
@@ -131,6 +132,7 @@ def test_flags_say_what_the_file_cannot_and_a_recorded_config_is_read(checkpoint
         load_pipeline(checkpoints["recorded"], settings={"prediction_type": "epsilon"})
 
 
+@pytest.mark.slow  # 35 s at load 10+ on 2 cores
 def test_an_old_checkpoint_exports_to_a_single_file_with_its_settings(checkpoints, tmp_path, dwb):
     import yaml
     from safetensors.torch import load_file
