@@ -205,7 +205,7 @@ def register_model(sub) -> None:
                                       "original-layout OUT.safetensors (AUTOMATIC1111, ComfyUI, Forge)")
     p.add_argument("checkpoint")
     p.add_argument("out", help="a folder (diffusers), or NAME.safetensors (one file in the original SD layout, "
-                               "NAME.yaml beside it)")
+                               "NAME.yaml and NAME.config/ beside it)")
     p.add_argument("--format", choices=("diffusers", "single-file"), help="default: from OUT's suffix")
     p.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")
     p.add_argument("--half", action="store_true", help="float16 weights (half the size); default float32")

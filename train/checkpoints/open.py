@@ -151,7 +151,10 @@ def export_pipeline(ref: str | Path | Checkpoint, out: str | Path, ema: bool = F
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise WorkbenchError(f"export folder {out} is not empty")
-    pipe = load_pipeline(ref, ema=ema, settings=settings, dtype=torch.float16 if half else None)
+    pipe = load_pipeline(ref, ema=ema, settings=settings)
+    if half:  # part by part: a whole float16 pipeline on the CPU makes diffusers warn that it cannot run
+        for part in (pipe.unet, pipe.vae, pipe.text_encoder):
+            part.to(torch.float16)
     out.parent.mkdir(parents=True, exist_ok=True)
     with whole_folder(out) as partial:  # a full disk leaves no half export behind
         pipe.save_pretrained(partial, safe_serialization=True, variant="fp16" if half else None)
