@@ -186,8 +186,11 @@ def test_a_folder_export_carries_a_model_card_the_hub_reads(scored, tmp_path, dw
 
     ckpt, results, study = scored
     out = tmp_path / "export"
-    run = dwb("export", str(ckpt), str(out), "--ema", "--results", str(results), "--study", str(study))
+    run = dwb("export", str(ckpt), str(out), "--ema", "--half", "--results", str(results), "--study", str(study))
     assert run.returncode == 0, run.stderr
+    assert (out / "unet" / "diffusion_pytorch_model.fp16.safetensors").is_file()  # diffusers' fp16 variant
+    exported, source = load_pipeline(out), load_pipeline(ckpt, ema=True)
+    assert all(torch.equal(v, source.unet.state_dict()[k].half().float()) for k, v in exported.unet.state_dict().items())
     card = ModelCard.load(out / "README.md")
     assert (card.data.library_name, card.data.pipeline_tag) == ("diffusers", "text-to-image")
     assert card.data.base_model is None  # the tiny architecture starts from no hub model
