@@ -138,11 +138,31 @@ def cmd_train(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from .checkpoints import export_pipeline
+    from .checkpoints import config_folder, export_checkpoint
 
-    out = export_pipeline(args.checkpoint, args.out, ema=args.ema)
-    print(f"exported {'EMA' if args.ema else 'raw'} weights of {args.checkpoint} to {out} "
-          f"(diffusers.StableDiffusionPipeline.from_pretrained('{out}'))")
+    settings = {k: v for k, v in (("prediction_type", args.prediction_type), ("latent_scale", args.latent_scale))
+                if v is not None}
+    out, fmt = export_checkpoint(args.checkpoint, args.out, fmt=args.format, ema=args.ema, half=args.half,
+                                 settings=settings, results=args.results or [], studies=args.study or [])
+    weights = f"{'EMA' if args.ema else 'raw'} weights ({'float16' if args.half else 'float32'})"
+    if fmt == "single-file":
+        config = config_folder(out)
+        print(f"exported {weights} of {args.checkpoint} to {out} and its original config {out.with_suffix('.yaml')} "
+              f"(AUTOMATIC1111, ComfyUI, Forge; diffusers.StableDiffusionPipeline.from_single_file('{out}', "
+              f"config='{config}'))")
+    else:
+        print(f"exported {weights} of {args.checkpoint} to {out} with its model card {out / 'README.md'} "
+              f"(diffusers.StableDiffusionPipeline.from_pretrained('{out}'))")
+
+
+def _latent_scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"a positive number, not {text!r} (SD 2.x: 0.18215)")
+    return value
 
 
 def first_seed(seed: int, n: int) -> int:
@@ -257,10 +277,23 @@ def register_model(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("export", help="any checkpoint -> diffusers folder (safetensors)")
+    p = sub.add_parser("export", help="any checkpoint -> diffusers folder with a model card, or one "
+                                      "original-layout OUT.safetensors (AUTOMATIC1111, ComfyUI, Forge)")
     p.add_argument("checkpoint")
-    p.add_argument("out")
+    p.add_argument("out", help="a folder (diffusers), or NAME.safetensors (one file in the original SD layout, "
+                               "NAME.yaml and NAME.config/ beside it)")
+    p.add_argument("--format", choices=("diffusers", "single-file"), help="default: from OUT's suffix")
     p.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")
+    p.add_argument("--half", action="store_true", help="float16 weights (half the size); default float32")
+    p.add_argument("--prediction-type", choices=("epsilon", "v_prediction"),
+                   help="for a Composer checkpoint that does not record it (mosaicml/diffusion's)")
+    p.add_argument("--latent-scale", type=_latent_scale, metavar="SCALE",
+                   help="the VAE latent scale, for a Composer checkpoint that does not record it (SD 2.x: 0.18215; "
+                        "mosaicml/diffusion's latent_std is its inverse)")
+    p.add_argument("--results", action="append", metavar="FOLDER",
+                   help="an evaluate results store whose scores of this checkpoint go into the model card; repeatable")
+    p.add_argument("--study", action="append", metavar="FOLDER",
+                   help="a human-eval study whose win rates of this checkpoint go into the model card; repeatable")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("sample", help="a grid PNG of prompts x seeds from any checkpoint, with its parameters")

@@ -107,6 +107,23 @@ def public_config(config: dict) -> dict:
     return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
+def training_record(cfg: TrainConfig) -> dict:
+    """The run's data and schedule as the spec keeps them (a model card shows them): sources, not credentials."""
+    from dataclasses import asdict
+
+    return {
+        "data": {"path": cfg.data.path, "remote": cfg.data.remote, "streams": [asdict(s) for s in cfg.data.streams],
+                 "resolution": cfg.data.resolution, "precomputed_latents": cfg.data.precomputed},
+        "schedule": {"max_duration": cfg.max_duration, "global_train_batch_size": cfg.global_train_batch_size,
+                     "optimizer": "AdamW", "lr": cfg.optimizer.lr, "weight_decay": cfg.optimizer.weight_decay,
+                     "scheduler": cfg.scheduler.name, "t_warmup": cfg.scheduler.t_warmup,
+                     "ema_smoothing": cfg.ema.smoothing if cfg.ema.enabled else None},
+        "recipe": {"run_name": cfg.run_name, "seed": cfg.seed, "pretrained": cfg.model.pretrained,
+                   "starting_point": cfg.load_path, "caption_dropout": cfg.model.caption_dropout,
+                   "min_snr_gamma": cfg.model.min_snr_gamma, "precision": cfg.precision},
+    }
+
+
 def checked_load_path(cfg: TrainConfig, spec: dict) -> str | None:
     """``load_path`` as a local file Composer may unpickle: a remote one is fetched first, then it must read
     as plain data (``weights_only``) and hold this run's architecture, before Composer touches it."""
@@ -300,7 +317,7 @@ def build_trainer(cfg: TrainConfig):
     model = build_model(cfg)
     check_save_folder(save_folder, estimate_checkpoint_bytes(model, cfg.ema.enabled))
     attention = set_attention(model.unet, cfg.model.attention, device)
-    spec = make_spec(model, cfg.model.architecture, cfg.data.resolution)
+    spec = make_spec(model, cfg.model.architecture, cfg.data.resolution, training_record(cfg))
     load_path = checked_load_path(cfg, spec)
     attach_latents(cfg, model)
     resume_from = resolve_resume(cfg, save_folder)

@@ -15,6 +15,7 @@ import collections
 import datetime
 import functools
 import io
+import logging
 import pickle
 import zipfile
 from pathlib import Path
@@ -31,6 +32,10 @@ SAFE_TYPES = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, datetime.t
               torch.torch_version.TorchVersion,
               *(type(np.dtype(t)) for t in ("uint32", "int64", "float64", "float32", "bool"))]
 EMA_ALGORITHMS = ("EMA", "FusedEMA")
+# Keys transformers before 4.31 saved with CLIP's text model (``embeddings.position_ids``, 0..76): a constant
+# buffer, no longer part of the model's state, which a strict load would refuse.
+DROPPED_SUFFIXES = (".position_ids",)
+log = logging.getLogger("checkpoints")
 
 
 def load_state(path: str | Path) -> dict:
@@ -57,24 +62,41 @@ def is_mosaicml_state(state: dict) -> bool:
     return all(any(k.startswith(p) for k in keys) for p in ("unet.", "vae.", "text_encoder."))
 
 
-def read_checkpoint(path: str | Path) -> dict:
-    """``{'kind', 'spec', 'model', 'ema_state', 'timestamp'}`` of a Composer checkpoint, ours or mosaicml/diffusion's."""
-    return _interpret(load_state(path), path)
+def read_checkpoint(path: str | Path, settings: dict | None = None) -> dict:
+    """``{'kind', 'spec', 'model', 'ema_state', 'timestamp', 'dropped', 'notes'}`` of a Composer checkpoint, ours or
+    mosaicml/diffusion's. ``settings`` (``prediction_type``, ``latent_scale``: the command's flags) say what a
+    mosaicml/diffusion file does not; one that contradicts what the file says is refused. What was dropped
+    or assumed is logged, one line each."""
+    ckpt = _interpret(load_state(path), path, settings)
+    if ckpt["dropped"]:
+        log.warning("%s: dropped %s (a constant buffer transformers before 4.31 saved with CLIP's text model, "
+                    "not a weight)", path, ", ".join(ckpt["dropped"]))
+    for note in ckpt["notes"]:
+        log.warning("%s", note)
+    return ckpt
 
 
-def _interpret(state: dict, path) -> dict:
+def _interpret(state: dict, path, settings: dict | None = None) -> dict:
+    from .spec_from_weights import recorded_settings, settle_spec, spec_from_weights
+
     spec = (state.get("callbacks") or {}).get("ModelSpec", {}).get("spec")
     kind = "composer"
+    model = state["model"]
+    dropped = sorted(k for k in model if k.endswith(DROPPED_SUFFIXES))
+    if dropped:
+        model = {k: v for k, v in model.items() if k not in dropped}
     if not spec or spec.get("format") != SPEC_FORMAT:
         if not is_mosaicml_state(state):
             raise CheckpointError(f"{path} is neither a diffusion-workbench checkpoint (no model spec inside) nor "
                                   "a mosaicml/diffusion one (no unet., vae. and text_encoder. weights)")
-        from .spec_from_weights import spec_from_weights
-
-        spec, kind = spec_from_weights(state["model"], where=str(path)), "mosaicml"
+        said = recorded_settings(state)
+        spec, kind = spec_from_weights(model, where=str(path)), "mosaicml"
+    else:
+        said = {"prediction_type": spec["prediction_type"], "latent_scale": spec["vae"].get("scaling_factor")}
+    spec, notes = settle_spec(spec, said, settings or {}, where=str(path))
     ema_state = next((s for name, s in state.get("algorithms", []) if name in EMA_ALGORITHMS), None)
-    return {"kind": kind, "spec": spec, "model": state["model"], "ema_state": ema_state,
-            "timestamp": state.get("timestamp")}
+    return {"kind": kind, "spec": spec, "model": model, "ema_state": ema_state,
+            "timestamp": state.get("timestamp"), "dropped": dropped, "notes": notes}
 
 
 # ---------------------------------------------------------------------------------------------

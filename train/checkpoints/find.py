@@ -233,7 +233,8 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
             here = Path(dirpath)
             depth = len(here.relative_to(root).parts)
             if "model_index.json" in filenames:
-                found.setdefault(here, Checkpoint(str(here), "diffusers", label_under(here, roots), here))
+                if any((here / "unet").glob("diffusion_pytorch_model*")):  # not a config folder without weights
+                    found.setdefault(here, Checkpoint(str(here), "diffusers", label_under(here, roots), here))
                 dirnames[:] = []  # a pipeline's subfolders hold its parts, not more checkpoints
                 continue
             dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS and depth < max_depth]

@@ -74,18 +74,27 @@ def _load_module(module: torch.nn.Module, weights: dict, prefix: str, where) -> 
         module.load_state_dict(sub, strict=True, assign=True)
     except RuntimeError as e:
         raise CheckpointError(f"{where}: the {prefix.rstrip('.')} weights do not match the model spec "
-                              f"({first_line(e)})") from None
+                              f"({state_dict_problem(e)})") from None
 
 
-def pipeline_from_composer(path: str | Path, ema: bool = False):
-    """A Composer checkpoint (this project's, or mosaicml/diffusion's) rebuilt from its spec and weights."""
+def state_dict_problem(e: RuntimeError, limit: int = 300) -> str:
+    """What ``load_state_dict`` refused, keys included: its first line only says "Error(s) in loading
+    state_dict for CLIPTextModel:", the keys follow on the next lines."""
+    lines = [" ".join(line.split()) for line in str(e).strip().splitlines()[1:] if line.strip()]
+    text = "; ".join(lines) or first_line(e)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict | None = None):
+    """A Composer checkpoint (this project's, or mosaicml/diffusion's) rebuilt from its spec and weights;
+    ``settings`` (``prediction_type``, ``latent_scale``) say what a mosaicml/diffusion file does not."""
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
     from .components import build_pipeline
 
-    ckpt = read_checkpoint(path)
+    ckpt = read_checkpoint(path, settings)
     spec = ckpt["spec"]
     weights = model_weights(ckpt, ema=ema)
     try:  # parameters without storage: a random initialisation the weights replace cost most of the open
@@ -125,14 +134,18 @@ def pipeline_from_folder(path: Path, where: str):
 
 def load_pipeline(ref: str | Path | Checkpoint, *, ema: bool = False, device: str | torch.device = "cpu",
                   dtype: torch.dtype | None = None, roots: list[Path] | None = None,
-                  allow_download: bool | None = None):
+                  allow_download: bool | None = None, settings: dict | None = None):
     """A ready ``StableDiffusionPipeline`` from any checkpoint reference (see ``find_checkpoint``).
 
-    ``ema`` picks a Composer checkpoint's EMA weights (the other kinds hold one set of weights).
+    ``ema`` picks a Composer checkpoint's EMA weights (the other kinds hold one set of weights);
+    ``settings`` give a Composer checkpoint's ``prediction_type`` and ``latent_scale`` where the file cannot.
     """
     ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref, roots=roots, allow_download=allow_download)
+    if settings and ckpt.kind not in ("composer", "mosaicml"):
+        raise WorkbenchError(f"{ckpt.label}: --prediction-type and --latent-scale are for Composer checkpoints, "
+                             f"which may not record them; a {ckpt.kind} checkpoint's config says them")
     if ckpt.kind in ("composer", "mosaicml"):
-        pipe = pipeline_from_composer(ckpt.path, ema=ema)
+        pipe = pipeline_from_composer(ckpt.path, ema=ema, settings=settings)
     elif ckpt.kind in ("diffusers", "hub"):
         pipe = pipeline_from_folder(ckpt.path, ckpt.label)
     elif ckpt.kind == "single-file":
@@ -144,13 +157,20 @@ def load_pipeline(ref: str | Path | Checkpoint, *, ema: bool = False, device: st
     return pipe.to(device=device, dtype=dtype) if dtype is not None else pipe.to(device)
 
 
-def export_pipeline(ref: str | Path, out: str | Path, ema: bool = False) -> Path:
-    """`dwb export`: any checkpoint to a diffusers folder (safetensors) any diffusers user loads."""
+def export_pipeline(ref: str | Path | Checkpoint, out: str | Path, ema: bool = False, *, half: bool = False,
+                    settings: dict | None = None, readme: str | None = None) -> Path:
+    """`dwb export`: any checkpoint to a diffusers folder (safetensors) any diffusers user loads; ``half``
+    writes float16 weights as diffusers' ``fp16`` variant, ``readme`` is the model card (``model_card``)."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise WorkbenchError(f"export folder {out} is not empty")
-    pipe = load_pipeline(ref, ema=ema)
+    pipe = load_pipeline(ref, ema=ema, settings=settings)
+    if half:  # part by part: a whole float16 pipeline on the CPU makes diffusers warn that it cannot run
+        for part in (pipe.unet, pipe.vae, pipe.text_encoder):
+            part.to(torch.float16)
     out.parent.mkdir(parents=True, exist_ok=True)
     with whole_folder(out) as partial:  # a full disk leaves no half export behind
-        pipe.save_pretrained(partial, safe_serialization=True)
+        pipe.save_pretrained(partial, safe_serialization=True, variant="fp16" if half else None)
+        if readme is not None:
+            (partial / "README.md").write_text(readme)
     return out

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from diffusers import StableDiffusionPipeline
 
 SUFFIXES = (".safetensors", ".ckpt")
+SPEC_KEY = "dwb.spec"  # the metadata entry holding the model spec of a file `dwb export` wrote
 UNET, VAE, TEXT = "model.diffusion_model.", "first_stage_model.", "cond_stage_model."
 SD1_TEXT = "cond_stage_model.transformer.text_model."  # OpenAI CLIP, transformers' CLIPTextModel keys
 SD2_TEXT = "cond_stage_model.model."  # OpenCLIP
@@ -184,20 +185,47 @@ def is_single_file(path: Path) -> bool:
         return False
 
 
-def _inspect(path: Path) -> tuple[dict, str, dict, dict]:
-    """(tensor shapes, family, original config, description) of a single file, or a one-line refusal."""
+def embedded_spec(path: Path) -> dict | None:
+    """The model spec ``dwb export`` keeps in a ``.safetensors`` file's metadata (``SPEC_KEY``), if any: every
+    config exactly (GroupNorm groups and a run's own tokenizer too, which an original config cannot say)."""
+    if path.suffix != ".safetensors":
+        return None
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            metadata = json.loads(f.read(min(n, MAX_HEADER))).get("__metadata__") or {}
+        if SPEC_KEY not in metadata:
+            return None
+        spec = json.loads(metadata[SPEC_KEY])
+    except (OSError, ValueError, UnicodeDecodeError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"cannot read {path}'s metadata: {_first_line(e)}") from None
+    from .spec import SPEC_FORMAT  # with composer's Callback: imported only for a file that has a spec
+
+    if not (isinstance(spec, dict) and spec.get("format") == SPEC_FORMAT):
+        raise CheckpointError(f"{path}: its {SPEC_KEY} metadata is not a {SPEC_FORMAT} model spec")
+    return spec
+
+
+def _inspect(path: Path) -> tuple[dict, str, dict | None, dict]:
+    """(tensor shapes, family, original config, description) of a single file, or a one-line refusal. A file
+    ``dwb export`` wrote is described by the spec in its metadata (the description's ``spec``)."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     shapes = read_shapes(path)
     family = _family(shapes, path)
+    spec = embedded_spec(path)
+    if spec is not None:
+        return shapes, family, None, {"architecture": spec["architecture"], "resolution": spec["resolution"],
+                                      "prediction_type": spec["prediction_type"],
+                                      "original_config": f"{path.name}'s {SPEC_KEY} metadata", "spec": spec}
     config, source = _original_config(path, family)
     return shapes, family, config, _about(family, config, source)
 
 
 def describe_single_file(path: Path) -> dict:
-    """``architecture`` (sd1, sd2-base, sd2-v), ``resolution``, ``prediction_type`` and the
+    """``architecture`` (sd1, sd2-base, sd2-v, or an exported spec's), ``resolution``, ``prediction_type`` and the
     ``original_config`` it was read with, from the keys and the config alone (no model is built)."""
-    return _inspect(Path(path))[3]
+    return {k: v for k, v in _inspect(Path(path))[3].items() if k != "spec"}
 
 
 def _count(shapes: dict, prefix: str) -> int:
@@ -253,13 +281,33 @@ def write_config_folder(folder: Path, shapes: dict, family: str, config: dict, a
     text.save_pretrained(folder / "text_encoder")
     write_clip_tokenizer(folder / "tokenizer", pad_token=TEXT_TOWER[family]["pad_token"],
                          max_length=text.max_position_embeddings)
-    _write_json(folder / "model_index.json", {
-        "_class_name": "StableDiffusionPipeline", "requires_safety_checker": False,
-        "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"],
-        "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
-        "scheduler": ["diffusers", type(scheduler).__name__], "safety_checker": [None, None],
-        "feature_extractor": [None, None]})
+    _write_json(folder / "model_index.json", _model_index(scheduler))
     return folder
+
+
+def write_spec_folder(folder: Path, spec: dict, scheduler) -> Path:
+    """A diffusers pipeline folder without weights from a model spec: its configs and tokenizer files as they are."""
+    from transformers import CLIPTextConfig
+
+    _write_json(folder / "unet" / "config.json", {"_class_name": "UNet2DConditionModel", **spec["unet"]})
+    _write_json(folder / "vae" / "config.json", {"_class_name": "AutoencoderKL", **spec["vae"]})
+    text = CLIPTextConfig.from_dict(spec["text_encoder"])
+    text.architectures = ["CLIPTextModel"]
+    text.save_pretrained(folder / "text_encoder")
+    (folder / "tokenizer").mkdir(parents=True, exist_ok=True)
+    for name, content in spec["tokenizer"].items():
+        (folder / "tokenizer" / Path(name).name).write_text(content)
+    scheduler.save_pretrained(folder / "scheduler")
+    _write_json(folder / "model_index.json", _model_index(scheduler))
+    return folder
+
+
+def _model_index(scheduler) -> dict:
+    return {"_class_name": "StableDiffusionPipeline", "requires_safety_checker": False,
+            "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"],
+            "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+            "scheduler": ["diffusers", type(scheduler).__name__], "safety_checker": [None, None],
+            "feature_extractor": [None, None]}
 
 
 def _missing_weights(pipe) -> list[str]:
@@ -300,7 +348,10 @@ def load_single_file(path: Path) -> StableDiffusionPipeline:
     scheduler = inference_scheduler(about["prediction_type"])
     try:
         with tempfile.TemporaryDirectory(prefix="dwb-single-file-") as folder, _quiet_diffusers():
-            write_config_folder(Path(folder), shapes, family, config, about, scheduler)
+            if "spec" in about:
+                write_spec_folder(Path(folder), about["spec"], scheduler)
+            else:
+                write_config_folder(Path(folder), shapes, family, config, about, scheduler)
             pipe = StableDiffusionPipeline.from_single_file(
                 str(path), config=folder, local_files_only=True, torch_dtype=torch.float32, scheduler=scheduler,
                 safety_checker=None, feature_extractor=None, requires_safety_checker=False)

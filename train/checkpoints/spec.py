@@ -20,7 +20,8 @@ def _plain(value):
     return json.loads(json.dumps(value, default=str))
 
 
-def make_spec(model, architecture: str, resolution: int) -> dict:
+def make_spec(model, architecture: str, resolution: int, training: dict | None = None) -> dict:
+    """The spec of ``model``; ``training`` (`dwb train`'s data and schedule) is what a model card shows."""
     tokenizer_files = {}
     if model.tokenizer is not None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -35,6 +36,7 @@ def make_spec(model, architecture: str, resolution: int) -> dict:
         "vae": _plain(dict(model.vae.config)),
         "text_encoder": _plain(model.text_encoder.config.to_dict()),
         "tokenizer": tokenizer_files,
+        **({"training": _plain(training)} if training else {}),
     }
 
 

@@ -120,3 +120,67 @@ def sd2_tokenizer_files() -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="dwb-tokenizer-") as tmp:
         write_clip_tokenizer(tmp, pad_token="!")
         return {p.name: p.read_text() for p in Path(tmp).iterdir() if p.is_file()}
+
+
+# ---------------------------------------------------------------------------------------------
+# What the weights cannot show: the prediction type and the latent scale
+
+PREDICTION_TYPES = ("epsilon", "v_prediction")
+FLAGS = {"prediction_type": "--prediction-type", "latent_scale": "--latent-scale"}
+# Where a Composer checkpoint holds weights or optimizer state: never searched for settings.
+WEIGHT_SECTIONS = ("model", "optimizers", "algorithms", "schedulers", "scaler", "rng")
+SEARCH_DEPTH = 6
+
+
+def _settings_in(node, depth: int = SEARCH_DEPTH) -> dict:
+    """``prediction_type`` and the latent scale from any mapping in ``node``: mosaicml/diffusion's
+    ``StableDiffusion`` takes ``prediction_type`` and ``latent_std`` (latents are divided by it, so the
+    scale is its inverse); a run's config kept in the checkpoint holds them under those names."""
+    found = {}
+    if depth == 0:
+        return found
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, (list, tuple)) else ()
+    for key, value in items:
+        if key == "prediction_type" and value in PREDICTION_TYPES:
+            found.setdefault("prediction_type", value)
+        elif key == "latent_std" and isinstance(value, (int, float)) and value > 0:
+            found.setdefault("latent_scale", 1.0 / float(value))
+        elif isinstance(value, (dict, list, tuple)):
+            for name, setting in _settings_in(value, depth - 1).items():
+                found.setdefault(name, setting)
+    return found
+
+
+def recorded_settings(state: dict) -> dict:
+    """The prediction type and latent scale a spec-less Composer checkpoint records, where it records them:
+    in the plain data Composer keeps besides the weights (callbacks' states, integrations, metadata)."""
+    return _settings_in({k: v for k, v in state.items() if k not in WEIGHT_SECTIONS})
+
+
+def _differs(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(float(a) - float(b)) > 1e-6 * max(abs(float(a)), abs(float(b)))
+    return a != b
+
+
+def settle_spec(spec: dict, said: dict, flags: dict, where: str) -> tuple[dict, list[str]]:
+    """The spec with the prediction type and latent scale settled: what the file says (``said``), else the
+    command's flag, else the SD2 default with a note saying which flag to pass. A flag that contradicts
+    the file is refused."""
+    spec = {**spec, "vae": dict(spec["vae"])}
+    current = {"prediction_type": spec["prediction_type"], "latent_scale": spec["vae"].get("scaling_factor")}
+    notes = []
+    for name, flag in FLAGS.items():
+        given, known = flags.get(name), said.get(name)
+        if given is not None and known is not None and _differs(given, known):
+            raise CheckpointError(f"{where} records {name} {known}; {flag} {given} contradicts it")
+        value = known if known is not None else given
+        if value is None:
+            notes.append(f"{where} does not record its {name.replace('_', ' ')}: read as {current[name]} "
+                         f"(pass {flag} if it was trained otherwise)")
+            continue
+        if name == "prediction_type":
+            spec["prediction_type"] = value
+        else:
+            spec["vae"]["scaling_factor"] = float(value)
+    return spec, notes

@@ -1,0 +1,168 @@
+"""`dwb export` to one original-layout ``.safetensors`` file: what AUTOMATIC1111, ComfyUI and Forge load.
+
+The file holds the UNet, VAE and text tower under the original names (``original_layout``), in float32 or
+float16 (``half``), and in its metadata the model spec (``single_file.SPEC_KEY``: every config and the
+tokenizer's files, so `dwb` reopens it exactly, the tiny model's too). Beside it, ``NAME.yaml`` is the
+original config AUTOMATIC1111 reads for an SD 2.x file (sizes, ``parameterization: v``, the latent scale),
+and ``NAME.config/`` the diffusers configs and tokenizer (no weights) that diffusers' single-file loader
+takes as ``config=`` offline: an original config cannot say the tiny model's 8 GroupNorm groups or its
+fitted tokenizer.
+
+Written one tensor at a time (the safetensors layout: 8 bytes of header length, the JSON header, then
+each tensor's bytes in order), so the export holds the checkpoint's memory-mapped weights and one
+converted tensor, never a second copy of the model. Never a pickle: a ``.ckpt`` name is refused.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import yaml
+
+from ..common import whole_file, whole_folder
+from ..errors import WorkbenchError
+from .find import Checkpoint, find_checkpoint
+from .original_layout import Entry, original_config, original_entries
+from .single_file import SPEC_KEY
+
+FORMATS = ("diffusers", "single-file")
+DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+               torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}
+ALIGN = 8  # the safetensors header is padded so the tensors start on an 8-byte boundary
+
+
+def export_format(out: str | Path, fmt: str | None) -> str:
+    """``single-file`` for a ``.safetensors`` name (or when asked), ``diffusers`` (a folder) otherwise."""
+    suffix = Path(out).suffix.lower()
+    if suffix in (".ckpt", ".pt", ".pth", ".bin"):
+        raise WorkbenchError(f"{out}: exports are safetensors only (a {suffix} file is a pickle, which runs code "
+                             "when loaded); name it .safetensors")
+    if fmt is None:
+        return "single-file" if suffix == ".safetensors" else "diffusers"
+    if fmt == "single-file" and suffix != ".safetensors":
+        raise WorkbenchError(f"{out}: a single-file export is named NAME.safetensors")
+    if fmt == "diffusers" and suffix == ".safetensors":
+        raise WorkbenchError(f"{out}: a diffusers export is a folder; a .safetensors name is a single file")
+    return fmt
+
+
+def spec_and_weights(ckpt: Checkpoint, ema: bool, settings: dict | None) -> tuple[dict, dict]:
+    """The model spec and the ``unet.``/``vae.``/``text_encoder.`` weights in diffusers' names. A Composer
+    checkpoint's come straight from the file (memory-mapped); other kinds are opened as a pipeline."""
+    if ckpt.kind in ("composer", "mosaicml"):
+        from .composer import model_weights, read_checkpoint
+
+        data = read_checkpoint(ckpt.path, settings)
+        return data["spec"], model_weights(data, ema=ema)
+    from .open import describe, load_pipeline
+    from .spec import make_spec
+
+    pipe = load_pipeline(ckpt, ema=ema, settings=settings)
+    info = describe(ckpt)
+    model = SimpleNamespace(unet=pipe.unet, vae=pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
+                            prediction_type=pipe.scheduler.config.get("prediction_type", "epsilon"))
+    spec = make_spec(model, info.architecture or ckpt.kind, info.resolution)
+    weights = {f"{part}.{k}": v for part in ("unet", "vae", "text_encoder")
+               for k, v in getattr(pipe, part).state_dict().items()}
+    return spec, weights
+
+
+def _out_dtype(tensor_dtype: torch.dtype, half: bool) -> torch.dtype:
+    if not tensor_dtype.is_floating_point:
+        return tensor_dtype
+    return torch.float16 if half else torch.float32
+
+
+def _header(entries: list[Entry], half: bool, metadata: dict[str, str]) -> bytes:
+    header, offset = {"__metadata__": metadata}, 0
+    for entry in entries:
+        dtype = _out_dtype(entry.dtype, half)
+        size = dtype.itemsize * int(torch.Size(entry.shape).numel())
+        header[entry.name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(entry.shape),
+                              "data_offsets": [offset, offset + size]}
+        offset += size
+    data = json.dumps(header, separators=(",", ":")).encode()
+    return data + b" " * (-len(data) % ALIGN)
+
+
+def write_safetensors(path: Path, entries: list[Entry], half: bool, metadata: dict[str, str]) -> None:
+    """A safetensors file written tensor by tensor, each made, converted and written, then let go."""
+    header = _header(entries, half, metadata)
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        for entry in entries:
+            tensor = entry.make().detach().to("cpu", _out_dtype(entry.dtype, half)).contiguous()
+            if tuple(tensor.shape) != entry.shape:
+                raise WorkbenchError(f"{entry.name}: made with shape {tuple(tensor.shape)}, not {entry.shape}")
+            f.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
+
+
+def config_folder(out: Path) -> Path:
+    """``NAME.config/`` beside ``NAME.safetensors``: the diffusers configs and tokenizer, no weights."""
+    return out.with_name(out.stem + ".config")
+
+
+def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bool = False, half: bool = False,
+                       settings: dict | None = None) -> Path:
+    """`dwb export CKPT OUT.safetensors`: the original layout, its spec in the metadata; beside it ``OUT.yaml``
+    (the original config) and ``OUT.config/`` (what ``from_single_file(OUT, config=OUT.config)`` reads offline)."""
+    from .schedules import inference_scheduler
+    from .single_file import write_spec_folder
+
+    out = Path(out)
+    for path in (out, out.with_suffix(".yaml"), config_folder(out)):
+        if path.exists():
+            raise WorkbenchError(f"{path} exists: remove it or choose another name")
+    ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref)
+    spec, weights = spec_and_weights(ckpt, ema, settings)
+    entries = original_entries(weights, spec)
+    metadata = {"format": "pt", SPEC_KEY: json.dumps(spec), "dwb.source": ckpt.label,
+                "dwb.weights": "ema" if ema else "raw", "dwb.dtype": "float16" if half else "float32"}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with whole_file(out) as partial:  # a full disk leaves no half file behind
+        write_safetensors(partial, entries, half, metadata)
+    with whole_file(out.with_suffix(".yaml")) as partial:
+        partial.write_text(yaml.safe_dump(original_config(spec), sort_keys=False))
+    with whole_folder(config_folder(out)) as partial:
+        write_spec_folder(partial, spec, inference_scheduler(spec["prediction_type"]))
+    return out
+
+
+def card_spec(ckpt: Checkpoint, settings: dict | None) -> tuple[dict, dict | None]:
+    """(spec, timestamp) for the model card: a Composer checkpoint's own (its training section too), the
+    description of any other kind."""
+    if ckpt.kind in ("composer", "mosaicml"):
+        from .composer import read_checkpoint
+
+        data = read_checkpoint(ckpt.path, settings)
+        return data["spec"], data["timestamp"]
+    from .open import describe
+
+    info = describe(ckpt)
+    return {"architecture": info.architecture or ckpt.kind, "prediction_type": info.prediction_type,
+            "resolution": info.resolution, "vae": {}}, None
+
+
+def export_checkpoint(ref: str | Path, out: str | Path, *, fmt: str | None = None, ema: bool = False,
+                      half: bool = False, settings: dict | None = None, results: list[Path] = (),
+                      studies: list[Path] = ()) -> tuple[Path, str]:
+    """`dwb export`: (what was written, its format). A folder gets a model card (``README.md``) with the scores
+    of ``results`` (evaluate results stores) and ``studies`` (human-eval study folders) for this checkpoint."""
+    from .hashing import content_hash
+    from .model_card import model_card_text
+    from .open import export_pipeline
+
+    fmt = export_format(out, fmt)
+    ckpt = find_checkpoint(ref)
+    if fmt == "single-file":
+        if results or studies:
+            raise WorkbenchError("--results and --study go into a folder export's model card; a single file has none")
+        return export_single_file(ckpt, out, ema=ema, half=half, settings=settings), fmt
+    spec, timestamp = card_spec(ckpt, settings)
+    readme = model_card_text(spec, label=ckpt.label, checkpoint_hash=content_hash(ckpt),
+                             weights="EMA" if ema else "raw", timestamp=timestamp, results=list(results),
+                             studies=list(studies))
+    return export_pipeline(ckpt, out, ema=ema, half=half, settings=settings, readme=readme), fmt
