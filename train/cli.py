@@ -138,13 +138,15 @@ def cmd_train(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from .checkpoints import config_folder, export_checkpoint
+    from .checkpoints import config_folder, export_checkpoint, find_checkpoint, weights_of
 
     settings = {k: v for k, v in (("prediction_type", args.prediction_type), ("latent_scale", args.latent_scale))
                 if v is not None}
-    out, fmt = export_checkpoint(args.checkpoint, args.out, fmt=args.format, ema=args.ema, half=args.half,
+    chosen = weights_of(find_checkpoint(args.checkpoint), "ema" if args.ema else args.weights)
+    out, fmt = export_checkpoint(args.checkpoint, args.out, fmt=args.format, ema=chosen == "ema", half=args.half,
                                  settings=settings, results=args.results or [], studies=args.study or [])
-    weights = f"{'EMA' if args.ema else 'raw'} weights ({'float16' if args.half else 'float32'})"
+    named = {"ema": "EMA", "raw": "raw", "stored": "the"}[chosen]
+    weights = f"{named} weights ({'float16' if args.half else 'float32'})"
     if fmt == "single-file":
         config = config_folder(out)
         print(f"exported {weights} of {args.checkpoint} to {out} and its original config {out.with_suffix('.yaml')} "
@@ -283,7 +285,11 @@ def register_model(sub) -> None:
     p.add_argument("out", help="a folder (diffusers), or NAME.safetensors (one file in the original SD layout, "
                                "NAME.yaml and NAME.config/ beside it)")
     p.add_argument("--format", choices=("diffusers", "single-file"), help="default: from OUT's suffix")
-    p.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument("--weights", choices=WEIGHT_CHOICES, default=DEFAULT_WEIGHTS,
+                         help="a Composer checkpoint's EMA or raw weights (default auto: EMA where it holds them, as "
+                              "dwb sample, the app and dwb evaluate open it)")
+    weights.add_argument("--ema", action="store_true", help="the same as --weights ema")
     p.add_argument("--half", action="store_true", help="float16 weights (half the size); default float32")
     p.add_argument("--prediction-type", choices=("epsilon", "v_prediction"),
                    help="for a Composer checkpoint that does not record it (mosaicml/diffusion's)")

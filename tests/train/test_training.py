@@ -1,4 +1,6 @@
 """Composer end to end on tiny models: fit, checkpoint, resume, phase 2 from phase 1, export, load."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -176,6 +178,10 @@ def test_cli_export_and_sample(tiny_run, tmp_path, dwb):
     assert (tmp_path / "exp" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
     again = dwb("export", str(ckpt), str(tmp_path / "exp"))
     assert again.returncode == 1 and "is not empty" in again.stderr  # never overwrites an export
+    auto = dwb("export", str(ckpt), str(tmp_path / "auto"))  # the default, as every command opens a checkpoint
+    assert auto.returncode == 0 and "exported EMA weights" in auto.stdout, auto.stderr
+    unet = Path("unet") / "diffusion_pytorch_model.safetensors"
+    assert (tmp_path / "auto" / unet).read_bytes() == (tmp_path / "exp" / unet).read_bytes()
     r = dwb("sample", str(tmp_path / "exp"), str(tmp_path / "grid.png"), "--prompt", "a red circle",
             "--prompt", "two blue squares", "--seeds", "3", "--steps", "2")
     assert r.returncode == 0, r.stderr
