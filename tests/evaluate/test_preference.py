@@ -1,0 +1,187 @@
+"""The human-preference scores equal their authors' own scoring code on the same weights and images.
+
+Each model's weights are random and seeded, in its published file layout, at small widths where the
+published sizes would take minutes on a CPU (each fixture says which). The references:
+- HPSv2.1: ``hpsv2.img_score.score`` of the ``hpsv2`` 1.2.0 package, unchanged (its model built by its own
+  ``create_model_and_transforms`` at the fixture's sizes, which ``score`` then loads the checkpoint into).
+- ImageReward: ``ImageReward.utils.load`` and ``ImageReward.score`` of the ``image-reward`` 1.5 package,
+  unchanged, building the fixture's sizes.
+- PickScore: the transformers snippet of its model card (yuvalkirstain/PickScore_v1, "Example usage").
+- The aesthetic predictor: its published ``simple_inference.py`` (christophschuhmann/improved-aesthetic-
+  predictor): its five-layer ``MLP`` on the unit-norm CLIP image embedding.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from evaluate.prompts import shapes_prompts
+from evaluate.preference import to_pil
+from train.errors import WorkbenchError
+
+from .preference_fixtures import hpsv2_package, test_images, write_hps, write_image_reward, write_pickscore
+
+test_images.__test__ = False
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def captions() -> list[str]:
+    return [p.text for p in shapes_prompts(4)]
+
+
+@pytest.fixture(scope="module")
+def images() -> torch.Tensor:
+    return test_images(4)
+
+
+def _tells_apart(ours: np.ndarray, swapped: np.ndarray) -> None:
+    """A fixture that can tell right from wrong: images score apart, and another caption changes a score,
+    each by far more than the tolerance."""
+    assert np.ptp(ours) > 1000 * TOLERANCE, ours
+    assert np.abs(ours - swapped).max() > 1000 * TOLERANCE, (ours, swapped)
+
+
+def _swap(captions: list[str]) -> list[str]:
+    return captions[1:] + captions[:1]
+
+
+@pytest.fixture(scope="module")
+def hps(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hps")
+    reference, factory = hpsv2_package(tmp / "package")
+    return reference, factory, write_hps(tmp, factory)
+
+
+def test_hps_equals_the_hpsv2_package(hps, images, captions):
+    from evaluate.hps import HpsScorer
+
+    reference, factory, path = hps
+    model, _, preprocess_val = factory.create_model_and_transforms("tiny-ViT-H-14", None, **hps_args())
+    reference.model_dict.update(model=model, preprocess_val=preprocess_val)  # what initialize_model would keep
+    try:
+        theirs = np.array([reference.score(im, c, cp=str(path), hps_version="v2.1")[0]
+                           for im, c in zip(to_pil(images), captions)])
+    finally:
+        reference.model_dict.clear()
+    scorer = HpsScorer(path.parent)
+    ours = scorer(images, captions).numpy()
+    np.testing.assert_allclose(ours, theirs, atol=TOLERANCE, rtol=0)
+    _tells_apart(ours, scorer(images, _swap(captions)).numpy())
+    assert scorer.model.visual.transformer.resblocks[0].attn.num_heads == 2  # 160 / ViT-H-14's 80-wide heads
+
+
+def hps_args():
+    from .preference_fixtures import HPS_ARGS
+
+    return HPS_ARGS
+
+
+def test_imagereward_equals_the_image_reward_package(images, captions, tmp_path_factory):
+    from evaluate.imagereward import ImageRewardScorer
+
+    folder = tmp_path_factory.mktemp("imagereward")
+    load, sizes = write_image_reward(folder, " ".join(captions).replace(",", " ").split())
+    with sizes():
+        model = load(str(folder / "ImageReward.pt"), device="cpu", med_config=str(folder / "med_config.json")).eval()
+        theirs = np.array([model.score(c, im) for im, c in zip(to_pil(images), captions)])
+    scorer = ImageRewardScorer(folder)
+    ours = scorer(images, captions).numpy()
+    np.testing.assert_allclose(ours, theirs, atol=TOLERANCE, rtol=0)
+    _tells_apart(ours, scorer(images, _swap(captions)).numpy())
+
+
+@pytest.fixture(scope="module")
+def tiny_pickscore(components, tmp_path_factory):
+    return write_pickscore(tmp_path_factory.mktemp("pickscore"), components / "tokenizer")
+
+
+def test_pickscore_equals_its_model_cards_snippet(tiny_pickscore, images, captions):
+    from transformers import AutoModel, AutoProcessor
+
+    from evaluate.pickscore import PickScorer
+
+    processor, model = AutoProcessor.from_pretrained(tiny_pickscore), AutoModel.from_pretrained(tiny_pickscore).eval()
+    theirs = []
+    for image, prompt in zip(to_pil(images), captions):  # the card's calc_probs, one image per prompt, no softmax
+        image_inputs = processor(images=[image], padding=True, truncation=True, max_length=77, return_tensors="pt")
+        text_inputs = processor(text=prompt, padding=True, truncation=True, max_length=77, return_tensors="pt")
+        with torch.no_grad():
+            image_embs = model.get_image_features(**image_inputs)
+            image_embs = image_embs / torch.norm(image_embs, dim=-1, keepdim=True)
+            text_embs = model.get_text_features(**text_inputs)
+            text_embs = text_embs / torch.norm(text_embs, dim=-1, keepdim=True)
+            theirs.append((model.logit_scale.exp() * (text_embs @ image_embs.T)[0]).item())
+    scorer = PickScorer(tiny_pickscore)
+    ours = scorer(images, captions).numpy()
+    np.testing.assert_allclose(ours, theirs, atol=TOLERANCE, rtol=0)
+    _tells_apart(ours, scorer(images, _swap(captions)).numpy())
+
+
+class PublishedMLP(torch.nn.Module):
+    """simple_inference.py's ``MLP`` (a LightningModule there; its forward is ``self.layers(x)``)."""
+
+    def __init__(self, input_size):
+        super().__init__()
+        nn = torch.nn
+        self.layers = nn.Sequential(nn.Linear(input_size, 1024), nn.Dropout(0.2), nn.Linear(1024, 128),
+                                    nn.Dropout(0.2), nn.Linear(128, 64), nn.Dropout(0.1), nn.Linear(64, 16),
+                                    nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+@pytest.fixture(scope="module")
+def aesthetic_head(tiny_clip, tmp_path_factory):
+    """``sac+logos+ava1-l14-linearMSE.pth``'s layout for the tiny CLIP's 16-d embeddings (published: 768-d),
+    initialised as trained heads are scaled (std 1 / sqrt(fan-in)), seeded."""
+    torch.manual_seed(3)
+    head = PublishedMLP(16)
+    with torch.no_grad():
+        for layer in head.layers:
+            if isinstance(layer, torch.nn.Linear):
+                layer.weight.normal_(0, layer.in_features ** -0.5)
+    path = tmp_path_factory.mktemp("aesthetic") / "sac+logos+ava1-l14-linearMSE.pth"
+    torch.save(head.state_dict(), path)
+    return path
+
+
+def test_aesthetic_equals_the_published_predictor(tiny_clip, aesthetic_head, images, captions):
+    from evaluate.aesthetic import AestheticScorer
+    from evaluate.clip import load_clip
+
+    mlp = PublishedMLP(16)
+    mlp.load_state_dict(torch.load(aesthetic_head))
+    mlp.eval()
+    clip, processor = load_clip(tiny_clip)
+    with torch.no_grad():
+        features = clip.get_image_features(**processor(images=to_pil(images), return_tensors="pt")).numpy()
+        l2 = np.atleast_1d(np.linalg.norm(features, 2, -1))
+        l2[l2 == 0] = 1
+        theirs = mlp(torch.from_numpy(features / np.expand_dims(l2, -1)).float()).squeeze(-1).numpy()  # normalized()
+    scorer = AestheticScorer(aesthetic_head, clip=str(tiny_clip))
+    ours = scorer(images, captions).numpy()
+    np.testing.assert_allclose(ours, theirs, atol=TOLERANCE, rtol=0)
+    assert np.ptp(ours) > 1000 * TOLERANCE
+    np.testing.assert_array_equal(scorer(images, _swap(captions)).numpy(), ours)  # the caption plays no part
+
+
+def test_missing_weights_are_one_line_errors_naming_the_download(tmp_path, monkeypatch):
+    from evaluate.aesthetic import AestheticScorer
+    from evaluate.hps import HpsScorer
+    from evaluate.imagereward import ImageRewardScorer
+    from evaluate.pickscore import PickScorer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cases = [(HpsScorer, tmp_path, "HPS_v2.1_compressed.pt"), (ImageRewardScorer, tmp_path, "ImageReward.pt"),
+             (AestheticScorer, tmp_path / "none.pth", "sac+logos+ava1-l14-linearMSE.pth"),
+             (PickScorer, tmp_path / "none", "yuvalkirstain/PickScore_v1")]
+    for scorer, where, named in cases:
+        with pytest.raises(WorkbenchError) as e:
+            scorer(where)
+        assert named in str(e.value) and "download" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    (tmp_path / "HPS_v2.1_compressed.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(WorkbenchError, match="cannot read the HPSv2.1 weights"):
+        HpsScorer(tmp_path)
