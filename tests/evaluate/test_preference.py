@@ -78,11 +78,17 @@ def hps_args():
     return HPS_ARGS
 
 
-def test_imagereward_equals_the_image_reward_package(images, captions, tmp_path_factory):
+@pytest.fixture(scope="module")
+def image_reward(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("imagereward")
+    words = " ".join(p.text for p in shapes_prompts(64)).replace(",", " ").split()
+    return (folder, *write_image_reward(folder, words))
+
+
+def test_imagereward_equals_the_image_reward_package(image_reward, images, captions):
     from evaluate.imagereward import ImageRewardScorer
 
-    folder = tmp_path_factory.mktemp("imagereward")
-    load, sizes = write_image_reward(folder, " ".join(captions).replace(",", " ").split())
+    folder, load, sizes = image_reward
     with sizes():
         model = load(str(folder / "ImageReward.pt"), device="cpu", med_config=str(folder / "med_config.json")).eval()
         theirs = np.array([model.score(c, im) for im, c in zip(to_pil(images), captions)])
@@ -185,3 +191,46 @@ def test_missing_weights_are_one_line_errors_naming_the_download(tmp_path, monke
     (tmp_path / "HPS_v2.1_compressed.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(WorkbenchError, match="cannot read the HPSv2.1 weights"):
         HpsScorer(tmp_path)
+
+
+def test_run_compare_and_report_carry_the_four_scores(tiny_run, shapes_data, inception_weights, tiny_pickscore, hps,
+                                                      image_reward, tiny_clip, aesthetic_head, tmp_path, capsys):
+    """`dwb evaluate run --pickscore W --hps W --imagereward W --aesthetic W`, then `compare`: each score per
+    image in the manifest, its mean with an interval and per category, a paired difference in its own family."""
+    import json
+
+    from dwb import main
+    from evaluate.store import ResultsStore
+
+    a, b = tiny_run / "ep0-ba2-rank0.pt", tiny_run / "ep0-ba4-rank0.pt"
+    out = tmp_path / "res"
+    args = [str(a), str(b), "--out", str(out), "--reference", str(shapes_data / "eval/32"), "--inception-weights",
+            str(inception_weights), "--inception-features", "64", "--prompts", "shapes", "--n-prompts", "6",
+            "--n-reference", "16", "--guidance", "5", "--steps", "2", "--size", "16", "--batch-size", "6",
+            "--kid-subset-size", "6", "--kid-subsets", "2", "--device", "cpu", "--clip", str(tiny_clip),
+            "--pickscore", str(tiny_pickscore), "--hps", str(hps[2]), "--imagereward", str(image_reward[0]),
+            "--aesthetic", str(aesthetic_head)]
+    assert main(["evaluate", "run", *args]) == 0
+    printed = capsys.readouterr().out
+    keys = ("pickscore", "hps", "imagereward", "aesthetic")
+    rows = ResultsStore(out).rows()
+    for r in rows:
+        manifest = [json.loads(x) for x in (out / r["samples"] / "manifest.jsonl").read_text().splitlines()]
+        for k in keys:
+            assert r[f"{k}_lo"] <= r[k] <= r[f"{k}_hi"] and r[f"{k}_lo"] < r[f"{k}_hi"], (k, r)
+            assert np.mean([m[k] for m in manifest]) == pytest.approx(r[k], abs=1e-5)
+            assert all(k in c for c in r["categories"])
+        assert set(r["preference_models"]) == set(keys)
+    assert all(name in printed for name in ("PickScore", "HPSv2.1", "ImageReward", "aesthetic score"))
+    table = json.loads((out / "metrics.json").read_text())
+    assert {k: table[k]["family"] for k in keys} == dict.fromkeys(keys, "human preference")
+    assert "PickScore" in (out / "report" / "index.html").read_text()
+
+    assert main(["evaluate", "compare", str(a), str(b), "--out", str(out), "--bootstrap", "50"]) == 0
+    [result] = [json.loads(p.read_text()) for p in (out / "compare").glob("*.json")]
+    ours = [m for m in result["metrics"] if m["metric"] in keys]
+    assert [m["metric"] for m in ours] == list(keys)
+    for m in ours:
+        assert m["difference"] == pytest.approx(m["b"] - m["a"]) and m["lo"] <= m["difference"] <= m["hi"]
+    assert "human preference" in [f["family"] for f in result["overall"]["families"]]
+    assert result["replicates"]["human preference"] == 400  # Holm within the family of 4: 80 per metric
