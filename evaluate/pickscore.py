@@ -3,8 +3,9 @@ of one prompt; the score is the CLIP logit, 100 x cos(image, caption) with the m
 
 Loaded as its authors document it: transformers' ``AutoModel`` of ``yuvalkirstain/PickScore_v1`` with the
 processor of ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K`` (the model's own folder is tried first: a local
-copy usually holds both). On Pick-a-Pic's test set PickScore agrees with people's choices 70.5% of the
-time (the paper); over models it ranks as people do (Spearman 0.917, where FID gives -0.900).
+copy usually holds both). Over models it ranks as people do (Spearman 0.917 in the Pick-a-Pic paper,
+where FID gives -0.900); on HPD v2's test set it agrees with people's choices 79.8% of the time (HPSv2's
+README).
 """
 from __future__ import annotations
 
