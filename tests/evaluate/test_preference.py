@@ -225,6 +225,11 @@ def test_run_compare_and_report_carry_the_four_scores(tiny_run, shapes_data, inc
     table = json.loads((out / "metrics.json").read_text())
     assert {k: table[k]["family"] for k in keys} == dict.fromkeys(keys, "human preference")
     assert "PickScore" in (out / "report" / "index.html").read_text()
+    import csv
+
+    with open(out / "results.csv") as f:
+        table_rows = list(csv.DictReader(f))
+    assert [float(x["hps_lo"]) for x in table_rows] == pytest.approx([r["hps_lo"] for r in rows])
 
     assert main(["evaluate", "compare", str(a), str(b), "--out", str(out), "--bootstrap", "50"]) == 0
     [result] = [json.loads(p.read_text()) for p in (out / "compare").glob("*.json")]
