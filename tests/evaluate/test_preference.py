@@ -193,6 +193,7 @@ def test_missing_weights_are_one_line_errors_naming_the_download(tmp_path, monke
         HpsScorer(tmp_path)
 
 
+@pytest.mark.slow  # two checkpoints scored by all four, then compared: about 35 s on a busy 2-core machine
 def test_run_compare_and_report_carry_the_four_scores(tiny_run, shapes_data, inception_weights, tiny_pickscore, hps,
                                                       image_reward, tiny_clip, aesthetic_head, tmp_path, capsys):
     """`dwb evaluate run --pickscore W --hps W --imagereward W --aesthetic W`, then `compare`: each score per
