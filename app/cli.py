@@ -5,6 +5,8 @@ import argparse
 import ipaddress
 from pathlib import Path
 
+from train.generation import MAX_SIZE, MAX_STEPS, MIN_SIZE
+
 from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB
 
 
@@ -46,6 +48,16 @@ def _address(value: str) -> str:
         raise argparse.ArgumentTypeError(f"expected an IP address or network, got {value!r}") from None
 
 
+class DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default said once: added to its help unless the help says it already, and never "None" or
+    "False" (an option with nothing to show)."""
+
+    def _get_help_string(self, action) -> str:
+        if "(default" in (action.help or "") or action.default in (None, False):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def cmd_app(args) -> None:
     from train.errors import WorkbenchError
 
@@ -82,7 +94,7 @@ def cmd_app(args) -> None:
     launch(demo, uploads, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency,
            max_upload_mb=args.max_upload_mb, upload_max_age=args.upload_max_age,
            trusted_proxies=args.trusted_proxy or [], request_timeout=args.request_timeout,
-           max_connections=args.max_connections)
+           max_connections=args.max_connections, results_folders=service.scores.results_folders)
 
 
 def register(sub) -> None:
@@ -90,20 +102,21 @@ def register(sub) -> None:
                        description="A Gradio app on 127.0.0.1 that generates images from the checkpoints under "
                                    "--checkpoints (and nothing outside them): Composer files, mosaicml/diffusion "
                                    "checkpoints, diffusers folders, single files; hub ids from the local cache.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsOnce)
     p.add_argument("--checkpoints", nargs="+", action="extend", metavar="DIR",
                    help="folders whose checkpoints the app lists and may open (default: the current folder)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0 exposes it to the network)")
-    p.add_argument("--port", type=_at_least(1), default=7860)
+    p.add_argument("--port", type=_at_least(1), default=7860, help="port to serve on")
     p.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: float32 on CPU, bfloat16 (float16 without bf16 support) on a GPU")
     p.add_argument("--cache-size", type=_at_least(1), default=2, help="pipelines kept loaded (least recently used go)")
     p.add_argument("--concurrency", type=_at_least(1), default=1, help="generations running at once")
     p.add_argument("--queue-size", type=_at_least(1), default=16, help="requests waiting at most; more are refused")
-    p.add_argument("--max-steps", type=_at_least(1), default=150)
-    p.add_argument("--max-size", type=_at_least(16), default=1024, help="largest width or height (a multiple of 8)")
-    p.add_argument("--max-batch", type=_at_least(1), default=8)
+    p.add_argument("--max-steps", type=_at_least(1), default=MAX_STEPS, help="most denoising steps a request may ask")
+    p.add_argument("--max-size", type=_at_least(MIN_SIZE), default=MAX_SIZE, help="largest width or height (a multiple of 8)")
+    p.add_argument("--max-batch", type=_at_least(1), default=8,
+                   help="most images one request may ask (Generate's batch, X/Y/Z's cells per call)")
     p.add_argument("--max-pixel-steps", type=_count, default="250M", metavar="N",
                    help="most work one request may ask: width x height x steps, summed over its images (an X/Y/Z "
                         "plot: over its cells); k, M, G: thousands, millions, billions")

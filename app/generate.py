@@ -13,21 +13,20 @@ from typing import Callable
 from PIL import Image
 
 from train.errors import WorkbenchError
-from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, ImageRecord, Settings, StepHook,  # noqa: F401 - app's names
+from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,  # noqa: F401 - app's names
+                              MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE, ImageRecord, Settings, StepHook,
                               Stopped, check_sampler, generate_images)
-
-MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a random one
 
 
 @dataclass(frozen=True)
 class Limits:
     """What one request, and one client at once, may ask for; `dwb app` flags set them."""
 
-    max_steps: int = 150
-    min_size: int = 16
-    max_size: int = 1024
+    max_steps: int = MAX_STEPS  # these four as in `dwb sample` (train.generation.defaults)
+    min_size: int = MIN_SIZE
+    max_size: int = MAX_SIZE
     max_batch: int = 8
-    max_guidance: float = 30.0
+    max_guidance: float = MAX_GUIDANCE
     # CLIP reads 77 tokens (a few hundred characters); a 4 MB prompt held the only generation slot for
     # 108 s (tokenizing it, then writing it twice into every PNG), so longer text is refused at once.
     max_prompt_chars: int = 2000
@@ -77,7 +76,7 @@ class GenerationParams:
     prompt: str
     negative_prompt: str = ""
     sampler: str = DEFAULT_SAMPLER
-    steps: int = 25
+    steps: int = DEFAULT_STEPS
     guidance: float = DEFAULT_GUIDANCE
     width: int = 512
     height: int = 512

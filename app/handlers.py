@@ -16,12 +16,15 @@ import gradio as gr
 import pandas as pd
 
 from train.checkpoints import content_hash
+from train.common import interval_text
 from train.errors import WorkbenchError, first_line
 from train.generation import PROMPT_SETS, read_prompt_table
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
 from .png_info import read_png_info, settings_from
-from .scores import METRICS, scores_of, setting_text
+from .results_files import page_url
+from .score_plot import score_plot
+from .scores import Metric, ScorePoint, WinRate, points_of, scores_of, setting_text, significant
 from .service import Result, Service
 from .uploads import Uploads
 from .xyz import NONE
@@ -103,6 +106,9 @@ def steps_progress(progress: gr.Progress):
     return lambda done, total: progress((done, total), desc="denoising", unit="steps")
 
 
+OPEN_IN_GENERATE = "Open in Generate"  # the Scores tab's button before a row is selected
+
+
 class Handlers:
     """The app's events, on one ``Service``."""
 
@@ -143,18 +149,29 @@ class Handlers:
 
     def scores_note(self, digest: str) -> str:
         """Markdown lines: each results row of the checkpoint, and its human win rates."""
-        lines = []
+        lines, metrics = [], self.service.scores.metrics()
         for row in self.service.scores.rows_for(digest):
-            shown = " · ".join(s.text() for s in scores_of(row))
+            shown = " · ".join(s.text() for s in scores_of(row, metrics))
             if shown:
                 lines.append(f"- **scores** ({as_markdown(setting_text(row))}): {shown}")  # our numbers
         for w in self.service.scores.win_rates(digest):
-            interval = f" [{w.lo:.0%}, {w.hi:.0%}]" if w.lo is not None else ""
-            other = self.service.label_of_hash(w.opponent) or "another model"
             lines.append(f"- **human preference** ({as_markdown(w.question)}, study {as_markdown(w.study)}): "
-                         f"preferred {w.rate:.0%}{interval} of {w.decisive} decisive votes against "
-                         f"{as_markdown(other, code=True)}")
+                         + self.preference_text(w))
         return "\n\n" + "\n".join(lines) if lines else ""
+
+    def preference_text(self, w: WinRate) -> str:
+        """A win rate in words, the preferred model first (this one when the rate is 50%): its share of the
+        decisive votes with the 95% interval, rounded outward as human-eval's report does."""
+        other = as_markdown(self.service.label_of_hash(w.opponent) or "another model", code=True)
+        flip = w.rate < 0.5
+        first, second = (other, "this checkpoint") if flip else ("this checkpoint", other)
+        rate, lo, hi = (1 - w.rate, *(None if v is None else 1 - v for v in (w.hi, w.lo))) if flip else \
+            (w.rate, w.lo, w.hi)
+        share = (interval_text(100 * rate, 100 * lo, 100 * hi, threshold=50) + "%" if lo is not None
+                 else f"{100 * rate:.0f}%")
+        verdict = "" if lo is None else f": {first} is preferred" if lo > 0.5 else " (cannot tell yet: the interval " \
+            "holds 50%)"
+        return f"{first} over {second}, {share} of {w.decisive} decisive votes{verdict}"
 
     def default_size(self, labels: list[str]) -> int:
         """The training resolution of the newest readable checkpoint (512 without one)."""
@@ -343,44 +360,75 @@ class Handlers:
 
     # -- Scores ----------------------------------------------------------------------------------
 
-    def scores_table(self, metric: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-        """(the plot's points, the table's rows, a note) for one metric over every results row."""
-        rows = []
-        for row in self.service.scores.rows():
-            score = next((s for s in scores_of(row) if s.metric == metric), None)
-            if score is None or not isinstance(row.get("step"), int):
-                continue
-            label = self.service.label_of_hash(row["checkpoint_hash"])
-            series = " · ".join(str(p) for p in (row.get("model") or "", setting_text(row)) if p)
-            rows.append({"checkpoint": label or "(not under the app's folders)", "step": row["step"],
-                         "series": series, METRICS[metric]: score.value, "low": score.lo, "high": score.hi,
-                         "hash": row["checkpoint_hash"]})
-        table = pd.DataFrame(rows, columns=["checkpoint", "step", "series", METRICS[metric], "low", "high", "hash"])
-        table = table.sort_values(["series", "step"], kind="stable").reset_index(drop=True)
-        note = "" if rows else f"No {METRICS[metric]} scores found: run `dwb evaluate` or give --results."
-        return table.rename(columns={METRICS[metric]: "value"}), table, note
+    def scores_view(self, metric: str | None):
+        """On each page load: the metrics some row measured (the one chosen kept while it is there), and the
+        chosen one's plot, table, note and compare pages (``scores_table``)."""
+        measured = self.service.scores.measured()
+        keys = [m.key for m in measured]
+        chosen = metric if metric in keys else "fid" if "fid" in keys else next(iter(keys), None)
+        return gr.update(choices=[(m.title(), m.key) for m in measured], value=chosen), *self.scores_table(chosen)
 
-    def open_from_table(self, evt: gr.SelectData):
+    def scores_table(self, metric: str | None):
+        """(the plot, the table, a note, the compare pages of the models shown) of one metric over every row."""
+        scores = self.service.scores
+        measured = {m.key: m for m in scores.measured()}
+        chosen = measured.get(metric or "")
+        if chosen is None:
+            return (score_plot([], Metric("", "")), score_table([], None), "Pick a metric." if measured else
+                    "No scores yet: score checkpoints with `dwb evaluate run CKPT ... --out OUT` and start the app "
+                    "with `--results OUT`.", self.compare_pages(set()))
+        points = points_of(scores.rows(), chosen, self.service.labels_by_hash())
+        note = "" if points else (f"{as_markdown(chosen.name)} was measured only for checkpoints with no training "
+                                  "step (hub models, exported pipelines), which this plot cannot place: their scores "
+                                  "are in the Generate tab's note when they are picked there.")
+        return score_plot(points, chosen), score_table(points, chosen), note, \
+            self.compare_pages({p.model for p in points})
+
+    def select_row(self, metric: str | None, evt: gr.SelectData):
+        """The row clicked in the table: (its checkpoint's hash, a note saying what Open in Generate does, the
+        button, the compare pages of its model)."""
         row = evt.row_value or []
-        return self._open(row[-1] if row else None)
+        chosen = self.service.scores.metrics().get(metric or "")
+        points = points_of(self.service.scores.rows(), chosen, self.service.labels_by_hash()) if chosen else []
+        point = next((p for p in points if row and [p.digest, str(p.step), p.series] == [row[-1], str(row[1]), row[2]]),
+                     None)
+        closed = gr.update(interactive=False, value=OPEN_IN_GENERATE)
+        if point is None:
+            return None, "", closed, gr.update()
+        where = f"step {point.step}, {as_markdown(point.score.text())}, {as_markdown(point.series)}"
+        if point.checkpoint is None:
+            return None, (f"Selected a row at {where}: its checkpoint is not under the app's folders, so it cannot be "
+                          "opened."), closed, self.compare_pages({point.model})
+        return point.digest, (f"Selected {as_markdown(point.checkpoint, code=True)} at {where}. The button makes it "
+                              "the Generate tab's checkpoint and shows that tab."), \
+            gr.update(interactive=True, value=f"Open {point.checkpoint} in Generate"), self.compare_pages({point.model})
 
-    def open_from_plot(self, metric: str, evt: gr.SelectData):
-        """The checkpoint whose step is nearest the middle of the range brushed on the plot."""
-        lo, hi = (evt.index if isinstance(evt.index, (list, tuple)) and len(evt.index) == 2 else (None, None))
-        points = self.scores_table(metric)[0]
-        points = points[points["checkpoint"] != "(not under the app's folders)"]
-        if lo is None or points.empty:
-            return self._open(None)
-        middle = (float(lo) + float(hi)) / 2
-        return self._open(points.iloc[(points["step"] - middle).abs().argsort().iloc[0]]["hash"])
-
-    def _open(self, digest: str | None):
+    def open_in_generate(self, digest: str | None):
+        """The selected row's checkpoint in the Generate tab: (checkpoint, note, width, height, the tab shown)."""
         label = self.service.label_of_hash(digest) if digest else None
         if label is None:
-            gr.Warning("that point's checkpoint is not under the app's folders")
-            return gr.update(), gr.update(), gr.update(), gr.update()
+            gr.Warning("select a row whose checkpoint is under the app's folders first")
+            return gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
         note, w, h = self.checkpoint_note(label)
-        return gr.update(value=label), note, w, h
+        return gr.update(value=label), note, w, h, gr.Tabs(selected="generate-tab")
+
+    def compare_pages(self, models: set[str]):
+        """Links to `dwb evaluate compare`'s pages of ``models``, served from their results folders
+        (``app.results_files``), each opening in a tab of its own; hidden when there is none."""
+        links = [f'<li><a href="{html.escape(page_url(folder, page))}" target="_blank" rel="noopener">'
+                 f'{html.escape(page.name)}</a></li>' for folder, page in self.service.scores.compare_pages(models)]
+        return gr.update(value=f"<p>Compare pages (<code>dwb evaluate compare</code>):</p><ul>{''.join(links)}</ul>"
+                         if links else "", visible=bool(links))
+
+
+def score_table(points: list[ScorePoint], metric: Metric | None):
+    """The Scores tab's rows: checkpoint, step, series, value and 95% interval to 4 significant digits, hash."""
+    title = metric.name if metric else "value"
+    table = pd.DataFrame([{"checkpoint": p.checkpoint or "(not under the app's folders)", "step": p.step,
+                           "series": p.series, title: p.score.value, "95% interval": p.score.interval_text(),
+                           "hash": p.digest} for p in points],
+                         columns=["checkpoint", "step", "series", title, "95% interval", "hash"])
+    return table.style.format({title: significant})
 
 
 def cost_or_zero(cost: Callable, inputs: list) -> int:

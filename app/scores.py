@@ -3,7 +3,9 @@
 - ``results.jsonl`` (`dwb evaluate run` / `watch`): one JSON object per (checkpoint, guidance) row with
   ``checkpoint_hash``, ``model``, ``step``, ``guidance``, ``sampler``, ``weights`` and metrics, each with an
   optional 95% interval in ``<metric>_lo`` / ``<metric>_hi``. Found beside the checkpoints (their folder or
-  a parent up to the root) and in the ``--results`` folders.
+  a parent up to the root) and in the ``--results`` folders. Beside it, ``metrics.json`` (evaluate's names of
+  its metric columns: ``{"fid": {"name": "FID", "lower_is_better": true, "family": "image quality"}}``; a column
+  none describes is shown by its key), and ``compare/*.html`` (`dwb evaluate compare`'s pages).
 - ``STUDY/report/results.json`` (`dwb human-eval report`): ``model_info`` gives each model's
   ``checkpoint_hash``, ``comparisons`` each pair's win rate with its intervals; from ``--study`` folders.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +27,10 @@ from train.generation import with_sampler_key
 
 log = logging.getLogger("app")
 RESULTS = "results.jsonl"
+METRICS_FILE = "metrics.json"  # evaluate's description of its metric columns, beside results.jsonl
+COMPARE_PAGES = "compare"  # `dwb evaluate compare`'s pages: OUT/compare/<A>-vs-<B>*.html
 STUDY_RESULTS = Path("report") / "results.json"
-# metric column -> how the app names it; lower is better for the distances
-METRICS = {"fid": "FID", "kid_mean": "KID", "clip_score": "CLIP score", "cmmd": "CMMD", "fd_dinov2": "FD-DINOv2",
-           "attr_all_all": "attributes right"}
-LOWER_IS_BETTER = {"fid", "kid_mean", "cmmd", "fd_dinov2"}
+WIN_RATE_INTERVALS = ("clustered_wilson", "two_way", "wilson")  # a study report's keys, the preferred first
 
 
 def _number(value) -> float | None:
@@ -36,26 +38,70 @@ def _number(value) -> float | None:
         else None
 
 
+def significant(x: float, digits: int = 4) -> str:
+    """``x`` to ``digits`` significant digits, with no exponent from 1 up (12345.6 -> 12350, 0.012345 -> 0.01235)."""
+    text = f"{x:.{digits}g}"
+    return f"{float(text):.0f}" if "e" in text and 1 <= abs(x) < 1e15 else text
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric column of results rows: its name for people and which way is better, as evaluate's
+    ``metrics.json`` describes it; a column none describes keeps its key as its name."""
+
+    key: str
+    name: str
+    lower_is_better: bool | None = None
+
+    def title(self) -> str:
+        """``FID (lower is better)``."""
+        better = {True: "lower is better", False: "higher is better"}.get(self.lower_is_better)
+        return f"{self.name} ({better})" if better else self.name
+
+
+def described_metric(key: str, entry) -> Metric | None:
+    """A metrics.json entry (``{"name": "FID", "lower_is_better": true, ...}``) as a Metric; None for an entry
+    that is no object."""
+    if not isinstance(entry, dict):
+        return None
+    name, lower = entry.get("name"), entry.get("lower_is_better")
+    return Metric(key, name if isinstance(name, str) and name.strip() else key,
+                  lower if isinstance(lower, bool) else None)
+
+
+def interval_columns(row: dict) -> list[str]:
+    """The columns a row gives a 95% interval (``<key>_lo`` and ``<key>_hi``): metrics, in a store written before
+    evaluate wrote ``metrics.json`` beside it."""
+    return [key[:-3] for key in row if key.endswith("_lo") and f"{key[:-3]}_hi" in row and key[:-3] in row]
+
+
 @dataclass(frozen=True)
 class Score:
-    metric: str  # a METRICS key
+    metric: Metric
     value: float
     lo: float | None  # the 95% interval, where the row has one
     hi: float | None
 
+    def interval_text(self) -> str:
+        return f"[{significant(self.lo)}, {significant(self.hi)}]" if self.lo is not None and self.hi is not None \
+            else ""
+
     def text(self) -> str:
-        interval = f" [{self.lo:.4g}, {self.hi:.4g}]" if self.lo is not None and self.hi is not None else ""
-        return f"{METRICS[self.metric]} {self.value:.4g}{interval}"
+        return " ".join(p for p in (self.metric.name, significant(self.value), self.interval_text()) if p)
 
 
-def scores_of(row: dict) -> list[Score]:
+def score_of(row: dict, metric: Metric) -> Score | None:
+    """The row's value of ``metric`` with its interval when the row has one; None when it was not measured."""
+    value = _number(row.get(metric.key))
+    if value is None:
+        return None
+    lo, hi = _number(row.get(f"{metric.key}_lo")), _number(row.get(f"{metric.key}_hi"))
+    return Score(metric, value, *((lo, hi) if lo is not None and hi is not None else (None, None)))
+
+
+def scores_of(row: dict, metrics: dict[str, Metric]) -> list[Score]:
     """The metrics a results row holds, each with its interval when the row has one."""
-    out = []
-    for metric in METRICS:
-        value = _number(row.get(metric))
-        if value is not None:
-            out.append(Score(metric, value, _number(row.get(f"{metric}_lo")), _number(row.get(f"{metric}_hi"))))
-    return out
+    return [s for m in metrics.values() if (s := score_of(row, m)) is not None]
 
 
 def setting_text(row: dict) -> str:
@@ -64,6 +110,48 @@ def setting_text(row: dict) -> str:
              str(row.get("sampler") or ""), f"{row['steps']} steps" if row.get("steps") else "",
              {"ema": "EMA", "raw": "raw"}.get(row.get("weights"), "")]
     return ", ".join(p for p in parts if p)
+
+
+def run_of(model: str) -> str:
+    """The run a model label names: evaluate labels a checkpoint ``<run>/<name>`` by default
+    (``tiny-phase1/ep0-ba2-rank0``, the demo ``phase1/ba2``), so each checkpoint is a model of its own; a label
+    without a slash is its own run."""
+    return model.rsplit("/", 1)[0] if "/" in model.strip("/") else model
+
+
+def series_of(row: dict) -> str:
+    """The plot series a row belongs to: its run and settings (``tiny-phase1 · guidance 5, DDIM, EMA``), so that a
+    run's checkpoints scored alike make one line."""
+    return " · ".join(str(p) for p in (run_of(str(row.get("model") or "")), setting_text(row)) if p)
+
+
+@dataclass(frozen=True)
+class ScorePoint:
+    """One results row's value of one metric at its training step."""
+
+    checkpoint: str | None  # the checkpoint's label under the app's folders; None when it is not there
+    digest: str
+    model: str
+    series: str
+    step: int
+    score: Score
+
+
+def points_of(rows: list[dict], metric: Metric, labels: dict[str, str]) -> list[ScorePoint]:
+    """The rows that measured ``metric`` at a training step, by series and step; ``labels``: hash -> label."""
+    points = [ScorePoint(labels.get(row["checkpoint_hash"]), row["checkpoint_hash"], str(row.get("model") or ""),
+                         series_of(row), row["step"], score)
+              for row in rows if (score := score_of(row, metric)) is not None
+              and isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool)]
+    return sorted(points, key=lambda p: (p.series, p.step))
+
+
+def names_model(page: str, model: str) -> bool:
+    """Whether a compare page's file name (``<A>-vs-<B>.html``, ``<A>-vs-<B>-cfg5.html``) names ``model``, written
+    the way evaluate writes labels into file names (each run of other characters than letters, digits, ``_.-``
+    as ``_``)."""
+    part = re.escape(re.sub(r"[^A-Za-z0-9_.-]+", "_", model))
+    return bool(model) and re.search(rf"(?:^|-vs-){part}(?:-|\.html$)", page) is not None
 
 
 @dataclass(frozen=True)
@@ -108,6 +196,38 @@ class ScoreFiles:
     def rows_for(self, digest: str) -> list[dict]:
         return [row for row in self.rows() if row.get("checkpoint_hash") == digest]
 
+    def metrics(self) -> dict[str, Metric]:
+        """Every metric column the app knows: as evaluate describes them (``metrics.json`` beside a results file,
+        the first description of a column winning), then, by their keys, the columns with an interval in a store
+        that no metrics.json describes (one written before evaluate wrote it)."""
+        described: dict[str, Metric] = {}
+        for path in self.results_files():
+            described_here = path.parent / METRICS_FILE
+            for key, entry in (self._read(described_here, _json_file) if described_here.is_file() else {}).items():
+                if key not in described and (metric := described_metric(key, entry)) is not None:
+                    described[key] = metric
+        for row in self.rows():
+            for key in interval_columns(row):
+                described.setdefault(key, Metric(key, key))
+        return described
+
+    def measured(self) -> list[Metric]:
+        """The metrics some row measured, in the order ``metrics`` gives them."""
+        rows = self.rows()
+        return [m for m in self.metrics().values() if any(_number(row.get(m.key)) is not None for row in rows)]
+
+    def results_folders(self) -> list[Path]:
+        """The folders of the results stores the app reads."""
+        return list(dict.fromkeys(path.parent for path in self.results_files()))
+
+    def compare_pages(self, models: set[str]) -> list[tuple[Path, Path]]:
+        """(results folder, page) of each of `dwb evaluate compare`'s pages (``compare/*.html`` in a results
+        folder) whose name names one of ``models``, by name; plain files only (a link could lead anywhere)."""
+        pages = [(folder, page) for folder in self.results_folders() if (folder / COMPARE_PAGES).is_dir()
+                 for page in (folder / COMPARE_PAGES).glob("*-vs-*.html")
+                 if not page.is_symlink() and page.is_file() and any(names_model(page.name, m) for m in models)]
+        return sorted(pages, key=lambda p: p[1].name)
+
     def win_rates(self, digest: str) -> list[WinRate]:
         """The checkpoint's human win rates against each other model of every study that rated it."""
         out = []
@@ -151,8 +271,9 @@ def _json_file(path: Path) -> dict:
 
 
 def _interval(comparison: dict, flip: bool) -> tuple[float | None, float | None]:
-    """The report's two-way (prompts and raters) interval, else its Wilson interval; for model_b, 1 - it."""
-    for key in ("two_way", "wilson"):
+    """The report's interval: Wilson's on the effective number of votes (human-eval's default), else, in a report
+    written before it, the two-way (prompts and raters) bootstrap's, else plain Wilson's; for model_b, 1 - it."""
+    for key in WIN_RATE_INTERVALS:
         pair = comparison.get(key)
         if isinstance(pair, list) and len(pair) == 2 and all(_number(v) is not None for v in pair):
             lo, hi = pair

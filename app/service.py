@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import logging
 import threading
 import time
@@ -25,8 +26,9 @@ from PIL import Image
 
 from train.errors import WorkbenchError, first_line
 
-from train.checkpoints import Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint
-from train.generation import ImageRecord, generate_images, save_png, with_metadata
+from train.checkpoints import (Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint,
+                               weights_of)
+from train.generation import WEIGHT_CHOICES, ImageRecord, generate_images, save_png, with_metadata
 
 from .cache import PipelineCache
 from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, generate, pixel_steps, record_of,
@@ -36,7 +38,10 @@ from .scores import ScoreFiles
 from .xyz import Plan, parse_axis, plan
 
 log = logging.getLogger("app")
-WEIGHTS = ("ema", "raw")
+WEIGHTS = WEIGHT_CHOICES  # "auto": EMA where the checkpoint holds EMA weights
+NOT_FOUND = "checkpoint not found: "  # train.checkpoints' words for a name that names nothing
+NOT_A_PIPELINE = "is a folder but not a diffusers pipeline"  # ... and for a folder that is no checkpoint
+KNOWN_SHOWN = 5  # labels a "checkpoint not found" message names
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
@@ -105,7 +110,21 @@ class Service:
         try:
             return find_checkpoint(text, roots=self.roots, allow_download=self.allow_download)
         except WorkbenchError as e:
-            raise WorkbenchError(self.redact(str(e))) from None
+            if NOT_A_PIPELINE in str(e):  # a folder under the roots that holds no checkpoint of its own
+                e = WorkbenchError(f"{NOT_FOUND}{text.strip()} (a folder, not a checkpoint)")
+            message = self.redact(str(e))
+            raise WorkbenchError(f"{message}; {self.known_labels(text)}" if message.startswith(NOT_FOUND)
+                                 else message) from None
+
+    def known_labels(self, text: str) -> str:
+        """The checkpoints the app lists, those named most like ``text`` first: a few, then how many more."""
+        labels = [c.label for c in self.checkpoints()]
+        if not labels:
+            return "no checkpoint is under the app's folders"
+        near = sorted(labels, key=lambda label: difflib.SequenceMatcher(None, text, label).ratio(),
+                      reverse=True)[:KNOWN_SHOWN]  # ties keep the list's natural order
+        more = f" and {len(labels) - len(near)} more" if len(labels) > len(near) else ""
+        return f"the app's checkpoints: {', '.join(near)}{more}"
 
     def redact(self, message: str) -> str:
         """A message with the roots' absolute paths replaced by the names the UI shows under them, and the
@@ -117,24 +136,37 @@ class Service:
             message = message.replace(str(root), root.name)
         return message.replace(str(hub_cache()), "the Hugging Face cache")
 
-    def label_of_hash(self, digest: str) -> str | None:
-        """The label of the checkpoint under the roots whose content hash is ``digest`` (hashes are cached)."""
+    def labels_by_hash(self) -> dict[str, str]:
+        """Content hash -> label of each readable checkpoint under the roots (hashes are cached; the first label
+        of a hash wins)."""
+        labels: dict[str, str] = {}
         for ckpt in self.checkpoints():
             try:
-                if content_hash(ckpt) == digest:
-                    return ckpt.label
+                labels.setdefault(content_hash(ckpt), ckpt.label)
             except (OSError, WorkbenchError):
                 continue
-        return None
+        return labels
+
+    def label_of_hash(self, digest: str) -> str | None:
+        """The label of the checkpoint under the roots whose content hash is ``digest``."""
+        return self.labels_by_hash().get(digest)
 
     def info(self, text: str) -> tuple[Checkpoint, CheckpointInfo]:
         ckpt = self.open(text)
         return ckpt, describe(ckpt)
 
-    def pipeline(self, ckpt: Checkpoint, weights: str):
-        """The pipeline for a checkpoint's EMA or raw weights, from the cache or loaded into it."""
+    def weights_of(self, ckpt: Checkpoint, weights: str) -> str:
+        """What a record says of the weights a choice ("auto", "ema", "raw") opens: "ema" or "raw" of a Composer
+        checkpoint, "stored" for the kinds that hold one set (``train.checkpoints.weights_of``)."""
         check_weights(weights)
-        ema = weights == "ema" and ckpt.kind in ("composer", "mosaicml")  # the other kinds hold one set of weights
+        try:
+            return weights_of(ckpt, weights)
+        except WorkbenchError as e:
+            raise WorkbenchError(self.redact(f"{ckpt.label}: {str(e).replace(str(ckpt.path), ckpt.label)}")) from None
+
+    def pipeline(self, ckpt: Checkpoint, weights: str):
+        """The pipeline for a checkpoint's chosen weights, from the cache or loaded into it."""
+        ema = self.weights_of(ckpt, weights) == "ema"
         key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime)
         return self.cache.get(key, lambda: self._load(ckpt, ema))
 
@@ -283,7 +315,7 @@ class Service:
             pipe = self.pipeline(ckpt, weights)
             out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total), should_stop=stop.is_set)
             for i, image in enumerate(out):
-                record = record_of(params, i, ckpt.label, content_hash(ckpt), weights_label(ckpt, weights))
+                record = record_of(params, i, ckpt.label, content_hash(ckpt), self.weights_of(ckpt, weights))
                 images.append(self._keep(image, record))
                 records.append(record)
         return Result(images, records, time.perf_counter() - t0)
@@ -302,7 +334,8 @@ class Service:
             pixels = generate_images(pipe, [c.params.prompt for c in call], [c.params.seed for c in call],
                                      settings_of(first.params), on_step=step, should_stop=stop.is_set)
             for cell, image in zip(call, pixels):
-                record = record_of(cell.params, 0, ckpt.label, content_hash(ckpt), weights_label(ckpt, cell.weights))
+                record = record_of(cell.params, 0, ckpt.label, content_hash(ckpt),
+                                   self.weights_of(ckpt, cell.weights))
                 by_cell[cell.position] = (self._keep(Image.fromarray(image), record), record)
             done += len(call)
         on_progress(1.0, n, n)
@@ -325,11 +358,6 @@ class Service:
 def check_weights(weights) -> None:
     if weights not in WEIGHTS:
         raise WorkbenchError(f"weights must be one of {', '.join(WEIGHTS)}, got {shown(weights)}")
-
-
-def weights_label(ckpt: Checkpoint, weights: str) -> str:
-    """What a record says of the weights: EMA or raw for Composer files, "stored" for kinds that hold one set."""
-    return weights if ckpt.kind in ("composer", "mosaicml") else "stored"
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The Gradio Blocks of `dwb app`: Generate, Compare (side by side or A/B slider), X/Y/Z plot, PNG Info and
-Scores tabs, and the API they expose. The tabs share one set of controls' builder (``settings_controls``);
-what each event does is ``app.handlers``.
+Scores tabs, and the API they expose. Generate, Compare and X/Y/Z show one set of settings, each tab its own
+controls (``settings_controls``) kept equal by ``wire_settings``; what each event does is ``app.handlers``.
 
 API (``gradio_client``): ``/generate`` returns (gallery, parameters); ``/compare`` (gallery, A/B pair,
 parameters); ``/xyz_plot`` (grids, cells, parameters); ``/png_info`` (parameters text, values, notes);
@@ -13,17 +13,18 @@ import logging
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 from starlette.middleware import Middleware
 
 from train.common import calm_gradio_queue, queue_jobs, serialize_queue_joins, serve_gradio_with
-from train.generation import DEFAULT_SAMPLER, SAMPLERS
+from train.generation import DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, SAMPLERS
 from train.common import allow_open_files, deadline_protocol
 
 from .generate import DEFAULT_GUIDANCE, MAX_SEED
-from .handlers import Handlers, as_markdown, queue_validator
-from .scores import METRICS
+from .handlers import OPEN_IN_GENERATE, Handlers, as_markdown, queue_validator
+from .results_files import ResultsFiles
 from .service import Service
 from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB, UploadLimit, Uploads
 from .xyz import AXES, NONE
@@ -34,7 +35,15 @@ CONCURRENCY_ID = "generation"  # generate, compare and the X/Y/Z plot share one 
 # checkpoint file being opened, the interpreter's own.
 FILES_BESIDES_CONNECTIONS = 256
 PROMPT_SET_CHOICES = [("DrawBench (200 prompts)", "drawbench"), ("PartiPrompts (1,632 prompts)", "parti")]
-CSS = "#gallery, #compare-gallery, #xyz-grids {min-height: 320px}"
+CSS = ("#gallery, #compare-gallery, #xyz-grids {min-height: 320px}"
+       # the X/Y/Z plot's captions (a cell's settings) whole, under their image, where Gradio cuts them to one line
+       " #xyz-gallery .caption-label, #xyz-grids .caption-label {position: static; max-width: none; border: none;"
+       " white-space: normal; overflow-wrap: anywhere; flex-shrink: 0}"
+       " #xyz-gallery .thumbnail-item, #xyz-grids .thumbnail-item {aspect-ratio: auto; height: auto; display: flex;"
+       " flex-direction: column}"
+       " #xyz-gallery .thumbnail-item > img {aspect-ratio: 1} #xyz-grids .thumbnail-item > img {height: auto}"
+       " #xyz-grids .grid-wrap {max-height: none}")  # a grid whole, not in a box scrolled to its top
+DICE_ICON = str(Path(__file__).with_name("static") / "dice.svg")
 UPLOAD_MAX_AGE = 120  # seconds an upload no event has read is kept (an event deletes what it reads at once)
 
 
@@ -50,6 +59,7 @@ class Controls:
     width: gr.Slider
     height: gr.Slider
     seed: gr.Number
+    dice: gr.Button  # puts a random seed in the box
 
     def inputs(self) -> list:
         return [self.prompt, self.negative, self.sampler, self.steps, self.guidance, self.width, self.height,
@@ -62,7 +72,7 @@ def settings_controls(prefix: str, limits, size: int) -> Controls:
     negative = gr.Textbox("", label="Negative prompt", lines=1, elem_id=f"{prefix}negative",
                           max_length=limits.max_prompt_chars)
     sampler = gr.Dropdown(list(SAMPLERS), value=DEFAULT_SAMPLER, label="Sampler", elem_id=f"{prefix}sampler")
-    steps = gr.Slider(1, limits.max_steps, value=min(25, limits.max_steps), step=1, label="Steps",
+    steps = gr.Slider(1, limits.max_steps, value=min(DEFAULT_STEPS, limits.max_steps), step=1, label="Steps",
                       elem_id=f"{prefix}steps")
     guidance = gr.Slider(0, limits.max_guidance, value=DEFAULT_GUIDANCE, step=0.5, label="Guidance scale",
                          elem_id=f"{prefix}guidance")
@@ -73,10 +83,9 @@ def settings_controls(prefix: str, limits, size: int) -> Controls:
     with gr.Row(elem_classes="seed-row"):
         seed = gr.Number(-1, precision=0, label="Seed (-1: a random one; image i of a batch uses seed + i)",
                          elem_id=f"{prefix}seed", scale=4)
-        dice = gr.Button("🎲 Random", elem_id=f"{prefix}randomize", scale=0, min_width=90)
-    dice.click(lambda: random.randint(0, MAX_SEED - limits.max_batch), outputs=seed, queue=False,
-               api_visibility="private")
-    return Controls(prompt, negative, sampler, steps, guidance, width, height, seed)
+        # an SVG die: the emoji 🎲 was an empty box in a Chromium without an emoji font
+        dice = gr.Button("Random", icon=DICE_ICON, elem_id=f"{prefix}randomize", scale=0, min_width=110)
+    return Controls(prompt, negative, sampler, steps, guidance, width, height, seed, dice)
 
 
 def checkpoint_row(prefix: str, found, value, multiselect: bool = False):
@@ -88,7 +97,8 @@ def checkpoint_row(prefix: str, found, value, multiselect: bool = False):
                                  allow_custom_value=True, scale=5, elem_id=f"{prefix}checkpoint{'s' if multiselect else ''}",
                                  label=label)
         refresh = gr.Button("↻ Refresh", scale=0, min_width=90, elem_id=f"{prefix}refresh")
-        weights = gr.Radio([("EMA", "ema"), ("raw", "raw")], value="ema", label="Weights", scale=1,
+        weights = gr.Radio([("auto (EMA where held)", "auto"), ("EMA", "ema"), ("raw", "raw")], value=DEFAULT_WEIGHTS,
+                           label="Weights", scale=1,
                            elem_id=f"{prefix}weights")
     return checkpoint, refresh, weights
 
@@ -100,9 +110,10 @@ def run_buttons(prefix: str, label: str, run_id: str):
     return run, stop
 
 
-def results_column(prefix: str):
+def results_column(prefix: str, object_fit: str = "cover"):
     """(gallery, parameters text, the images' parameters as state)."""
-    gallery = gr.Gallery(label="Images", format="png", columns=4, elem_id=f"{prefix}gallery", interactive=False)
+    gallery = gr.Gallery(label="Images", format="png", columns=4, elem_id=f"{prefix}gallery", interactive=False,
+                         object_fit=object_fit)
     parameters = gr.Textbox(label="Parameters", lines=4, interactive=False, elem_id=f"{prefix}parameters",
                             buttons=["copy"])
     return gallery, parameters, gr.State([])
@@ -180,8 +191,8 @@ class UI:
                     self.x_run, self.x_stop = run_buttons("xyz-", "Plot", "xyz-plot")
                 with gr.Column(scale=2):
                     self.x_grids = gr.Gallery(label="Grids (one per Z value)", format="png", columns=1,
-                                              elem_id="xyz-grids", interactive=False)
-                    self.x_gallery, self.x_parameters, self.x_texts = results_column("xyz-")
+                                              elem_id="xyz-grids", interactive=False, object_fit="contain")
+                    self.x_gallery, self.x_parameters, self.x_texts = results_column("xyz-", object_fit="contain")
 
     def png_info_tab(self) -> None:
         with gr.Tab("PNG Info", id="png-info-tab"):
@@ -196,14 +207,17 @@ class UI:
 
     def scores_tab(self) -> None:
         with gr.Tab("Scores", id="scores-tab"):
-            self.metric = gr.Dropdown([(name, key) for key, name in METRICS.items()], value="fid", label="Metric",
-                                      elem_id="scores-metric")
+            self.metric = gr.Dropdown([], label="Metric (those some results row measured)", elem_id="scores-metric")
             self.s_note = gr.Markdown(elem_id="scores-note")
-            self.s_plot = gr.ScatterPlot(x="step", y="value", color="series", label="The run's metric against step "
-                                         "(select a range to open the checkpoint nearest its middle)",
-                                         elem_id="scores-plot")
+            # an SVG the app draws (app.score_plot says why): js_on_load=None, no click events of gr.HTML's own
+            self.s_plot = gr.HTML(elem_id="scores-plot", js_on_load=None, padding=True)
             self.s_table = gr.Dataframe(interactive=False, elem_id="scores-table",
-                                        label="Rows (select one to open its checkpoint in Generate)")
+                                        label="Rows, one per results row (select one to open its checkpoint below)")
+            self.s_selected = gr.Markdown("Select a row of the table to open its checkpoint in Generate.",
+                                          elem_id="scores-selected")
+            self.s_open = gr.Button(OPEN_IN_GENERATE, interactive=False, elem_id="scores-open")  # names it: whole width
+            self.s_digest = gr.State(None)  # the selected row's checkpoint hash
+            self.s_pages = gr.HTML(visible=False, elem_id="scores-compare-pages", js_on_load=None)
 
 
 def wire_generation(ui: UI) -> None:
@@ -230,7 +244,8 @@ def wire_generation(ui: UI) -> None:
 
 def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     h, private = ui.h, dict(queue=False, api_visibility="private")
-    ui.checkpoint.change(h.checkpoint_note, ui.checkpoint, [ui.note, ui.g.width, ui.g.height], **private)
+    carry_settings(ui, ui.checkpoint.change(h.checkpoint_note, ui.checkpoint, [ui.note, ui.g.width, ui.g.height],
+                                            **private))
     dropdowns = [ui.checkpoint, ui.c_checkpoints, ui.x_checkpoint]
     for button in (ui.refresh, ui.c_refresh, ui.x_refresh):
         button.click(h.refresh, None, dropdowns, **private)
@@ -242,15 +257,49 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
                           api_visibility="private")
     ui.prompt_set.input(h.prompt_set, [ui.prompt_set, *kinds], [*kinds, *texts], **private)
     ui.png.upload(h.png_info, ui.png, [ui.png_text, ui.png_values, ui.png_notes], api_name="png_info")
-    ui.send.click(h.send_to_generate, ui.png_values,
-                  [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs], **private)
-    ui.metric.change(h.scores_table, ui.metric, [ui.s_plot, ui.s_table, ui.s_note], **private)
-    opened = [ui.checkpoint, ui.note, ui.g.width, ui.g.height]
-    ui.s_table.select(h.open_from_table, None, opened, **private)
-    ui.s_plot.select(h.open_from_plot, ui.metric, opened, **private)
-    demo.load(h.on_load, ui.checkpoint, [ui.checkpoint, ui.c_checkpoints, ui.x_checkpoint, ui.note, ui.g.width,
-                                         ui.g.height], **private)
-    demo.load(h.scores_table, ui.metric, [ui.s_plot, ui.s_table, ui.s_note], **private)
+    carry_settings(ui, ui.send.click(h.send_to_generate, ui.png_values,
+                                     [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs], **private))
+    scores = [ui.s_plot, ui.s_table, ui.s_note, ui.s_pages]
+    ui.metric.input(h.scores_table, ui.metric, scores, **private)
+    ui.s_table.select(h.select_row, ui.metric, [ui.s_digest, ui.s_selected, ui.s_open, ui.s_pages], **private)
+    carry_settings(ui, ui.s_open.click(h.open_in_generate, ui.s_digest,
+                                       [ui.checkpoint, ui.note, ui.g.width, ui.g.height, tabs], **private))
+    carry_settings(ui, demo.load(h.on_load, ui.checkpoint, [ui.checkpoint, ui.c_checkpoints, ui.x_checkpoint, ui.note,
+                                                            ui.g.width, ui.g.height], **private))
+    demo.load(h.scores_view, ui.metric, [ui.metric, *scores], **private)
+
+
+def wire_settings(ui: UI) -> None:
+    """Prompt, negative prompt, sampler, steps, guidance, size and seed are one set of settings, shown in the
+    Generate, Compare and X/Y/Z tabs. A user's change in one tab is copied to the others in the browser:
+    ``.input`` fires on a user's change only, so the copies fire nothing back. Events that set them (a checkpoint's
+    size, PNG Info's Send to Generate, Open in Generate) set the Generate tab's, and ``carry_settings`` copies those;
+    the dice puts one seed in all three."""
+    tabs = (ui.g, ui.c, ui.x)
+    for k in range(len(ui.g.inputs())):
+        for source in tabs:
+            control = source.inputs()[k]
+            gr.on(user_edits(control), None, control, [t.inputs()[k] for t in tabs if t is not source],
+                  js="(v) => [v, v]", queue=False, api_visibility="private")
+
+    def draw() -> tuple:  # low enough that a batch's last seed (seed + batch size - 1) is a seed too
+        return (random.randint(0, MAX_SEED - ui.limits.max_batch),) * len(tabs)
+
+    for source in tabs:
+        source.dice.click(draw, None, [t.seed for t in tabs], queue=False, api_visibility="private")
+
+
+def user_edits(control) -> list:
+    """The events of a user's change to ``control``. Gradio 6.17's Textbox and Number fire ``input`` on a key
+    press only (pasting or deleting fires nothing), so their ``blur`` too: a user leaves the box to reach
+    another tab."""
+    return [control.input, *([control.blur] if isinstance(control, (gr.Textbox, gr.Number)) else [])]
+
+
+def carry_settings(ui: UI, event) -> None:
+    """After ``event`` has set the Generate tab's settings, the same in the Compare and X/Y/Z tabs."""
+    event.then(None, ui.g.inputs(), [*ui.c.inputs(), *ui.x.inputs()], js="(...v) => [...v, ...v]", queue=False,
+               api_visibility="private")
 
 
 def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-workbench",
@@ -270,17 +319,20 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
             ui.png_info_tab()
             ui.scores_tab()
         wire_generation(ui)
+        wire_settings(ui)
         wire_panels(ui, demo, tabs)
     return demo, uploads
 
 
 def launch(demo: gr.Blocks, uploads: Uploads, *, host: str, port: int, queue_size: int, concurrency: int,
            max_upload_mb: int = 8, upload_max_age: float = UPLOAD_MAX_AGE, trusted_proxies: list[str] = (),
-           request_timeout: float, max_connections: int, prevent_thread_lock: bool = False, quiet: bool = False):
+           request_timeout: float, max_connections: int, prevent_thread_lock: bool = False, quiet: bool = False,
+           results_folders=list):
     """Queue (a concurrency limit and a maximum size) and serve on ``host:port``.
 
     Gradio serves only its own cache of returned images and of uploads: no ``allowed_paths``, so neither the
-    checkpoint folders nor any other file is reachable through its file route. Uploads are capped at
+    checkpoint folders nor any other file is reachable through its file route; beside it, ``/results-files/``
+    serves the compare pages and images of the results folders ``results_folders()`` lists (``app.results_files``). Uploads are capped at
     ``max_upload_mb`` each (Gradio refuses larger ones with 413), per client and in all (``app.uploads``), and
     deleted once read, or after ``upload_max_age`` seconds. The queue does not poll
     (``train.common.compat.calm_gradio_queue``): its wake-ups slowed the generations running in this process. Every
@@ -301,4 +353,5 @@ def launch(demo: gr.Blocks, uploads: Uploads, *, host: str, port: int, queue_siz
                        footer_links=["api", "settings"], show_error=True, css=CSS, allowed_paths=[],
                        max_file_size=f"{max_upload_mb}mb", favicon_path=None, pwa=False, mcp_server=False,
                        ssr_mode=False, enable_monitoring=False,
-                       app_kwargs={"middleware": [Middleware(UploadLimit, uploads=uploads)]})
+                       app_kwargs={"middleware": [Middleware(UploadLimit, uploads=uploads),
+                                                  Middleware(ResultsFiles, folders=results_folders)]})

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from train.generation import DEFAULT_GUIDANCE
+
 
 def cmd_demo(args) -> None:
     from .run import run_demo
@@ -11,7 +13,14 @@ def cmd_demo(args) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="every stage on the offline shapes domain, in minutes")
+    from .settings import generation
+
+    full, quick = generation(), generation(quick=True)
+    p = sub.add_parser("demo", help="every stage on the offline shapes domain, in minutes",
+                       description=f"Grids and scores at guidance {full['guidance']:g} (where the tiny model draws "
+                                   f"best; the workbench's default is {DEFAULT_GUIDANCE:g}), {full['steps']} steps "
+                                   f"({quick['steps']} with --quick), {full['sampler']}, {full['weights']} weights "
+                                   "(EMA: every demo checkpoint holds them); demo.json records them.")
     p.add_argument("--out", default="demo-output")
     p.add_argument("--quick", action="store_true", help="the same stages in seconds (for tests)")
     p.add_argument("--seed", type=int, default=0)

@@ -14,15 +14,9 @@ import psutil
 
 from evaluate.attribute_accuracy import HEADLINE_COLUMNS
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-# Guidance of the grids and the scores. The tiny model's attribute accuracy peaks near 3 and falls at
-# higher scales (measured: BENCHMARKS.md, "The demo's scores").
-GUIDANCE = 3.0
+from .settings import FULL, GUIDANCE, QUICK, generation
 
-# Phase lengths, batch and resolution come from configs/tiny-phase{1,2}.yaml; --quick shrinks them.
-FULL = dict(n=12000, n_eval=1000, vae_steps=1200, steps=20, scorer_epochs=4, score_prompts=256, train=[])
-QUICK = dict(n=256, n_eval=32, vae_steps=10, steps=4, scorer_epochs=1, score_prompts=8,
-             train=["max_duration=4ba", "save_interval=2ba", "global_train_batch_size=16", "device_train_microbatch_size=16"])
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @contextmanager
@@ -104,16 +98,19 @@ def train_phases(out: Path, p: dict, seed: int, quick: bool, stages: list) -> tu
 
 
 def write_grids(out: Path, phase_dirs: dict, resolutions: dict, steps: int) -> list[Path]:
-    """One grid PNG per checkpoint of both phases (EMA weights)."""
-    from train.checkpoints import load_pipeline
-    from train.generation import write_grid
+    """One grid PNG per checkpoint of both phases (EMA weights), its settings in its PNG parameters."""
+    from train.checkpoints import content_hash, load_pipeline, weights_of
+    from train.generation import Settings, write_grid
 
     grids = []
     for phase, folder in phase_dirs.items():
+        settings = Settings(steps=steps, guidance=GUIDANCE, width=resolutions[phase], height=resolutions[phase])
         for ckpt in checkpoints(folder):
             png = out / "grids" / f"{label(phase, ckpt).replace('/', '-')}.png"
-            write_grid(load_pipeline(ckpt, ema=True), png, title=f"{label(phase, ckpt)} (EMA), guidance {GUIDANCE:g}",
-                       guidance=GUIDANCE, steps=steps, size=resolutions[phase])
+            weights = weights_of(ckpt)
+            write_grid(load_pipeline(ckpt, ema=weights == "ema"), png, settings=settings,
+                       title=f"{label(phase, ckpt)} ({weights} weights), guidance {GUIDANCE:g}",
+                       checkpoint=label(phase, ckpt), checkpoint_hash=content_hash(ckpt), weights=weights)
             grids.append(png)
     return grids
 
@@ -136,16 +133,18 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
         export_pipeline(final.path, out / "export", ema=True)
     with measured("grids: one per checkpoint", stages):
         grids = write_grids(out, phase_dirs, resolutions, p["steps"])
-    with measured(f"evaluate: every checkpoint (domain FID, attribute accuracy at guidance {GUIDANCE:g})", stages):
+    with measured(f"evaluate: every checkpoint (domain FID, attribute accuracy at guidance {GUIDANCE:g}), the last "
+                  "against the middle one", stages):
         scores = score_checkpoints(out, phase_dirs, resolutions, n_prompts=p["score_prompts"], steps=p["steps"],
                                    seed=seed, progress=not quick)
+        comparison = compare_last_with_middle(out, scores, seed)
     with measured("study: blind A/B pairs of the first, middle and last checkpoints", stages):
         study = write_study(out, scores)
     report = {"quick": quick, "seed": seed, "startup_seconds": startup,
               "total_seconds": round(time.perf_counter() - t_start, 1), "stages": stages,
               "final_checkpoint": str(final.path), "export": str(out / "export"), "grids": [str(g) for g in grids],
-              "scorer": str(out / "scorer.pt"), "scores": scores, "evaluation": str(out / "eval" / "report" / "index.html"),
-              "study": study}
+              "generation": generation(quick), "scorer": str(out / "scorer.pt"), "scores": scores,
+              "comparison": comparison, "evaluation": str(out / "eval" / "report" / "index.html"), "study": study}
     (out / "demo.json").write_text(json.dumps(report, indent=2))
     print_summary(out, report, scorer)
     return report
@@ -169,6 +168,7 @@ def print_summary(out: Path, report: dict, scorer: dict) -> None:
           f"\nreport:      {out / 'demo.json'}")
     print(f"\nstudy:       {study['folder']}  ({study['pairs']} pairs of {', '.join(study['models'])})\n"
           f"  rate:      dwb human-eval serve {study['folder']}\n  results:   dwb human-eval report {study['folder']}")
+    print(f"\n{closing_answer(report['comparison'])}")
 
 
 SCORE_KEYS = ("fid", *HEADLINE_COLUMNS)
@@ -182,7 +182,7 @@ def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_promp
 
     cfg = EvalConfig(out=str(out / "eval"), reference=str(out / "shapes" / "eval" / str(resolutions["phase2"])),
                      scorer=str(out / "scorer.pt"), prompts="shapes", n_prompts=n_prompts, n_reference=n_prompts,
-                     guidance=(GUIDANCE,), steps=steps, batch_size=64, seed=seed, ema=True, kid_subset_size=100,
+                     guidance=(GUIDANCE,), steps=steps, batch_size=64, seed=seed, kid_subset_size=100,
                      progress=progress)
     ev = Evaluator(cfg)
     rows = []
@@ -193,8 +193,35 @@ def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_promp
     ev.store.export_csv()
     write_report(cfg.out)
     return [{"model": r["model"], "step": r["step"], "size": r["size"], "n_images": r.get("n_images"),
-             "attr_n_object": r.get("attr_n_object"), "samples": str(Path(cfg.out) / r["samples"]),
-             **{k: r.get(k) for k in SCORE_KEYS}} for r in rows]
+             "weights": r["weights"], "attr_n_object": r.get("attr_n_object"),
+             "samples": str(Path(cfg.out) / r["samples"]), **{k: r.get(k) for k in SCORE_KEYS}} for r in rows]
+
+
+def compare_last_with_middle(out: Path, scores: list[dict], seed: int) -> dict:
+    """`dwb evaluate compare`'s paired comparison of the last scored checkpoint (B) with the middle one (A), written
+    where `dwb evaluate compare` writes it."""
+    from evaluate.compare import compare_store, write_comparison
+
+    middle, last = scores[len(scores) // 2]["model"], scores[-1]["model"]
+    [result] = compare_store(out / "eval", middle, last, seed=seed)  # one guidance scale, one sampler
+    write_comparison(out / "eval", result)
+    return result
+
+
+# The demo's question, asked before it runs: do the images look more like the shapes (FID on the scorer's
+# features) and are more prompts drawn fully right. Each is read alone, as asked, with no Holm adjustment.
+ANSWER_METRICS = ("fid", HEADLINE_COLUMNS[-1])
+
+
+def closing_answer(comparison: dict) -> str:
+    """One sentence: is the last checkpoint (B) better than the middle one (A), by how much and how sure, in the
+    words, intervals and p-values of `dwb evaluate compare` (``evaluate.verdict``)."""
+    from evaluate.verdict import brief
+
+    found = {m["metric"]: m for m in comparison["metrics"]}
+    answers = "; ".join(brief(found[key]) for key in ANSWER_METRICS if key in found)
+    return (f"Last checkpoint vs middle (B = {comparison['b']}, A = {comparison['a']}, paired over the same "
+            f"{comparison['n_prompts']} prompts and seeds): {answers}.")
 
 
 def write_study(out: Path, scores: list[dict]) -> dict:
@@ -211,7 +238,8 @@ def write_study(out: Path, scores: list[dict]) -> dict:
 
 def print_scores(scores: list[dict]) -> None:
     """The table of how the model learned its prompts, checkpoint by checkpoint."""
-    print(f"\nscores at guidance {GUIDANCE:g} (EMA weights; shapes scorer on held-out prompts):")
+    weights = ", ".join(sorted({r["weights"] for r in scores}))
+    print(f"\nscores at guidance {GUIDANCE:g} ({weights} weights; shapes scorer on held-out prompts):")
     widths = (10, 7, 6, 6, 8, 10, 10)
     print(f"  {'checkpoint':24s} {'px':>3s} {'domain FID':>10s} {'colour':>7s} {'shape':>6s} {'count':>6s} "
           f"{'position':>8s} {'all right:':>10s} {'all right:':>10s}")

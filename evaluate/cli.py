@@ -6,7 +6,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from train.generation import SAMPLERS
+from train.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, SAMPLERS, WEIGHT_CHOICES
 
 from .config import (GENERATION_DTYPES, INCEPTION_FEATURES, EvalConfig, guidance_scales, load_eval_config, positive,
                      replicates)
@@ -94,8 +94,8 @@ def _summary(rows: list[dict]) -> None:
             color, shape, count, position, one_object, every = (r.get(c, float("nan")) for c in HEADLINE_COLUMNS)
             attrs = (f", one group: colour {color:.2f} shape {shape:.2f} count {count:.2f}, position {position:.2f},"
                      f" all right: one object {one_object:.2f}, every prompt {every:.2f}")
-        print(f"{r['model']} cfg {r['guidance']:g}: {', '.join(scores)}{attrs} ({r['n_images']} images, "
-              f"{r['seconds_total']:.1f} s)")
+        print(f"{r['model']} ({r.get('weights')} weights) cfg {r['guidance']:g}: {', '.join(scores)}{attrs} "
+              f"({r['n_images']} images, {r['seconds_total']:.1f} s)")
 
 
 def cmd_run(args) -> None:
@@ -209,12 +209,14 @@ def _common(p, scoring: bool = True) -> None:
     p.add_argument("--n-per-prompt", type=_positive, help=f"images per prompt (default {DEFAULT['n_per_prompt']})")
     p.add_argument("--n-reference", type=_positive, help=f"reference images for the statistics (default {DEFAULT['n_reference']})")
     p.add_argument("--guidance", type=_guidance,
-                   help=f"guidance scales (default {','.join(f'{g:g}' for g in DEFAULT['guidance'])})")
+                   help=f"guidance scales (default the sweep {','.join(f'{g:g}' for g in DEFAULT['guidance'])}, which "
+                        f"holds {DEFAULT_GUIDANCE:g}, what dwb sample and the app generate at)")
     p.add_argument("--steps", type=_positive, help=f"sampler steps (default {DEFAULT['steps']})")
     p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
-                   help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's own, DPM++ 2M for training "
-                        "checkpoints); it names the samples' folder and the results' 'sampler' column")
-    p.add_argument("--size", type=_positive, help="image side (default: the model's native size)")
+                   help=f"one of: {', '.join(SAMPLERS)} (default {DEFAULT_SAMPLER}); a sampler named here also names "
+                        "the samples' folder; the results' 'sampler' column records it")
+    p.add_argument("--size", type=_positive, help="image side (default: the checkpoint's native size, the resolution "
+                                                  "it was trained at where it records one)")
     p.add_argument("--batch-size", type=_positive, help=f"generation and feature batch (default {DEFAULT['batch_size']})")
     p.add_argument("--seed", type=int, help=f"base of the per-image seeds (default {DEFAULT['seed']})")
     p.add_argument("--clip", help="CLIP model folder or hub id for CLIP score (default: no CLIP score)")
@@ -226,7 +228,11 @@ def _common(p, scoring: bool = True) -> None:
     p.add_argument("--bootstrap", type=_replicates,
                    help=f"bootstrap replicates for the 95%% intervals (prompts resampled; default {DEFAULT['bootstrap']}); "
                         "0: no intervals")
-    p.add_argument("--ema", action="store_true", default=None, help="score the EMA weights")
+    p.add_argument("--weights", choices=WEIGHT_CHOICES,
+                   help=f"a Composer checkpoint's EMA or raw weights (default {DEFAULT['weights']}: EMA where it holds "
+                        "them); each row's 'weights' says which were scored: ema, raw, or stored (the one set of "
+                        "the other kinds)")
+    p.add_argument("--ema", action="store_true", default=None, help="the same as --weights ema")
     p.add_argument("--kid-subsets", type=_positive, help=f"KID subsets (default {DEFAULT['kid_subsets']})")
     p.add_argument("--kid-subset-size", type=_positive, help=f"images per KID subset (default {DEFAULT['kid_subset_size']})")
     p.add_argument("--device", help=f"auto, cpu or cuda (default {DEFAULT['device']})")

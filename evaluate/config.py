@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.generation import check_sampler
+from train.errors import WorkbenchError
+from train.generation import DEFAULT_STEPS, DEFAULT_WEIGHTS, WEIGHT_CHOICES, check_sampler
 from train.common import (NON_NEGATIVE, build_config, check_rules, checked, merge_config, one_of, parse_overrides,
                                 read_config_file)
 
-GUIDANCE_SWEEP = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)  # the default guidance scales
+# The default guidance scales: a sweep, which holds the scale every other command generates at by default
+# (train.generation.DEFAULT_GUIDANCE, 7.5), so the images users look at are among those scored.
+GUIDANCE_SWEEP = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5, 8.0)
 INCEPTION_FEATURES = (64, 192, 768, 2048)  # Inception's layers: 2048 is pool3, the standard FID
 GENERATION_DTYPES = ("auto", "fp32", "bf16", "fp16")  # the flag's choices
 # the human-preference scorers' published weights (evaluate/preference.py): what a key or flag given alone loads
@@ -47,9 +50,9 @@ class EvalConfig:
     n_per_prompt: int = checked(1, positive)
     n_reference: int = checked(1000, positive)
     guidance: tuple[float, ...] = checked(GUIDANCE_SWEEP, guidance_scales)
-    steps: int = checked(25, positive)
-    sampler: str | None = None  # a name in train.generation.SAMPLERS; None: the pipeline's own
-    size: int | None = checked(None, positive)  # default: the pipeline's native size
+    steps: int = checked(DEFAULT_STEPS, positive)
+    sampler: str | None = None  # a name in train.generation.SAMPLERS; None: DEFAULT_SAMPLER, and no folder of its own
+    size: int | None = checked(None, positive)  # default: the checkpoint's native size (its training resolution)
     batch_size: int = checked(16, positive)  # generation and feature batches; fixed so features do not depend on it
     seed: int = checked(0, NON_NEGATIVE)  # the bootstrap's numpy generator takes no negative seed
     clip: str | None = None  # folder or hub id; None skips CLIP score
@@ -61,7 +64,8 @@ class EvalConfig:
     imagereward: str | None = None
     aesthetic: str | None = None  # the head's file; on --clip's image embeddings when ViT-L/14, else OpenAI's
     bootstrap: int = checked(200, replicates)  # bootstrap replicates for the 95% intervals; 0: none
-    ema: bool = False
+    weights: str = checked(DEFAULT_WEIGHTS, one_of(*WEIGHT_CHOICES))  # auto: EMA where the checkpoint holds them
+    ema: bool | None = None  # the older key: true is weights ema, false is weights raw
     kid_subsets: int = checked(100, positive)
     kid_subset_size: int = checked(1000, positive)
     inception_features: int = checked(2048, one_of(*INCEPTION_FEATURES))
@@ -78,7 +82,18 @@ def check_eval_config(cfg: EvalConfig) -> EvalConfig:
     check_rules(cfg)
     if cfg.sampler is not None:
         check_sampler(cfg.sampler)
+    weights_choice(cfg)
     return cfg
+
+
+def weights_choice(cfg: EvalConfig) -> str:
+    """Which weights to score ("auto", "ema", "raw"): ``weights``, or what the older ``ema`` key says."""
+    if cfg.ema is None:
+        return cfg.weights
+    older = "ema" if cfg.ema else "raw"
+    if cfg.weights not in (DEFAULT_WEIGHTS, older):
+        raise WorkbenchError(f"ema: {str(cfg.ema).lower()} and weights: {cfg.weights} disagree: give weights alone")
+    return older
 
 
 def load_eval_config(path: str | Path | None, flags: dict | None = None, overrides: list[str] = (),

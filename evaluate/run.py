@@ -11,12 +11,12 @@ from pathlib import Path
 
 import torch
 
-from train.checkpoints import Checkpoint, content_hash, find_checkpoint, load_pipeline
+from train.checkpoints import Checkpoint, content_hash, find_checkpoint, load_pipeline, native_size_of, weights_of
 from train.generation import pick_device, pipeline_dtype
 from train.errors import CheckpointError, WorkbenchError
 from train.generation import Settings, sampler_of
 
-from .config import EvalConfig, check_eval_config
+from .config import EvalConfig, check_eval_config, weights_choice
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
 from .layout import samples_folder
 from .names import PREFERENCE_COLUMNS
@@ -166,16 +166,16 @@ class Evaluator:
         cfg = self.cfg
         found = checkpoint if isinstance(checkpoint, Checkpoint) and checkpoint.path else find_checkpoint(
             getattr(checkpoint, "ref", checkpoint))
-        weights = ("ema" if cfg.ema else "raw") if found.kind in ("composer", "mosaicml") else "stored"
+        weights = weights_of(found, weights_choice(cfg))
         source = Provenance(found.ref, model or found.label, content_hash(found), weights)
-        pipe = load_pipeline(found, ema=cfg.ema, device=self.device, dtype=self.dtype)
-        size = cfg.size or pipe.unet.config.sample_size * pipe.vae_scale_factor
+        pipe = load_pipeline(found, ema=weights == "ema", device=self.device, dtype=self.dtype)
+        size = cfg.size or native_size_of(found, pipe)
         references = {"fid": self.reference(size)}
         if self.clip_images is not None:
             references["cmmd"] = self.reference(size, self.clip_images)
         if self.dinov2 is not None:
             references["fd_dinov2"] = self.reference(size, self.dinov2)
-        return Opened(found, source, pipe, sampler_of(pipe, Settings(sampler=cfg.sampler)), size, references)
+        return Opened(found, source, pipe, sampler_of(Settings(sampler=cfg.sampler)), size, references)
 
     def score_guidance(self, opened: Opened, guidance: float) -> dict | None:
         """Every rank generates and embeds its share of one guidance scale's images; rank 0 gets the row."""

@@ -23,8 +23,9 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from train.common import whole_file, write_text_whole
-from train.generation import ImageRecord, Settings, generate_images, native_size, sampler_of, save_png, with_sampler_key
+from train.common import write_text_whole
+from train.generation import (DEFAULT_GUIDANCE, DEFAULT_STEPS, ImageRecord, Settings, generate_images, native_size,
+                              sampler_of, save_png, with_sampler_key)
 
 from .layout import grid_file
 from .prompts import Prompt
@@ -93,8 +94,9 @@ class Provenance:
 
 @torch.no_grad()
 def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Provenance, n_per_prompt: int = 4,
-                     guidance: float = 5.0, steps: int = 25, size: int | None = None, sampler: str | None = None,
-                     batch_size: int = 8, seed: int = 0, rank: int = 0, world: int = 1, progress: bool = True,
+                     guidance: float = DEFAULT_GUIDANCE, steps: int = DEFAULT_STEPS, size: int | None = None,
+                     sampler: str | None = None, batch_size: int = 8, seed: int = 0, rank: int = 0, world: int = 1,
+                     progress: bool = True,
                      on_batch: Callable[[torch.Tensor, list[str]], None] | None = None) -> list[SampleRecord]:
     """Generate this rank's share of the images into ``out/images``; returns their manifest records.
 
@@ -104,7 +106,7 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Pr
     out = Path(out)
     size = size or native_size(pipe)
     settings = Settings(steps=steps, guidance=guidance, width=size, height=size, sampler=sampler)
-    sampler, model = sampler_of(pipe, settings), source.model
+    sampler, model = sampler_of(settings), source.model
     batches = plan_batches(prompts, n_per_prompt, batch_size, rank, world)
     records: list[SampleRecord] = []
     bar = tqdm(total=sum(map(len, batches)), desc=f"samples {model} cfg {guidance:g}", unit="img", disable=not progress)
@@ -164,7 +166,8 @@ def read_manifest(path: str | Path) -> list[dict]:
 
 
 def write_category_grids(records: list[SampleRecord], out: str | Path, max_prompts: int = 8, title: str = "") -> list[Path]:
-    """One grid PNG per category under ``out/grids``: up to ``max_prompts`` prompts x their images."""
+    """One grid PNG per category under ``out/grids``: up to ``max_prompts`` prompts x their images, with its first
+    image's parameters and, in its ``dwb`` JSON, each cell's image (its manifest line says how it was made)."""
     from train.generation import grid_image
 
     out = Path(out)
@@ -179,7 +182,7 @@ def write_category_grids(records: list[SampleRecord], out: str | Path, max_promp
         path = grid_file(out, category)
         path.parent.mkdir(parents=True, exist_ok=True)
         grid = grid_image(images, [row[0].prompt for row in rows], title=f"{title} {category}".strip())
-        with whole_file(path) as tmp:
-            grid.save(tmp, format="PNG")
+        save_png(grid, path, rows[0][0].image_record(),  # its first image's, as AUTOMATIC1111 writes a grid's
+                 extra={"grid": {"images": [[r.path for r in row[:n]] for row in rows]}})
         paths.append(path)
     return paths

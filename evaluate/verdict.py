@@ -59,17 +59,27 @@ def better_of(key: str, lo: float, hi: float, p: float) -> str | None:
     return "B" if (hi < 0) == metric(key).lower_is_better else "A"
 
 
-def sentence(m: dict, n_family: int) -> str:
-    """One metric's line: the verdict, the gain (or B - A) with its interval, p, and p after Holm's adjustment
-    within its family of ``n_family`` metrics."""
-    name, replicates = display_name(m["metric"]), m["replicates"]
-    p = p_text(m["p"], replicates)
+def claim(m: dict) -> str:
+    """A metric's verdict with its gain (or B - A where it cannot tell) and 95% interval: "B is better on FID by
+    301 [208, 411]", "cannot tell on CLIP score: B - A = +0.12 [-0.05, +0.30]"."""
+    name = display_name(m["metric"])
     if m["better"] is None:
-        line = f"cannot tell on {name}: B - A = {interval_text(m['difference'], m['lo'], m['hi'], signed=True)}, {p}"
-    else:
-        flip = (m["better"] == "A") != metric(m["metric"]).lower_is_better  # the gain is -(B - A)
-        gain, lo, hi = (-m["difference"], -m["hi"], -m["lo"]) if flip else (m["difference"], m["lo"], m["hi"])
-        line = f"{m['better']} is better on {name} by {interval_text(gain, lo, hi)}, {p}"
+        return f"cannot tell on {name}: B - A = {interval_text(m['difference'], m['lo'], m['hi'], signed=True)}"
+    flip = (m["better"] == "A") != metric(m["metric"]).lower_is_better  # the gain is -(B - A)
+    gain, lo, hi = (-m["difference"], -m["hi"], -m["lo"]) if flip else (m["difference"], m["lo"], m["hi"])
+    return f"{m['better']} is better on {name} by {interval_text(gain, lo, hi)}"
+
+
+def brief(m: dict) -> str:
+    """The claim and its p-value alone, for one metric asked about beforehand (no Holm adjustment): "B is better on
+    FID by 301 [208, 411] (p <= 0.01)"."""
+    return f"{claim(m)} ({p_text(m['p'], m['replicates'])})"
+
+
+def sentence(m: dict, n_family: int) -> str:
+    """One metric's line: the claim, p, and p after Holm's adjustment within its family of ``n_family`` metrics."""
+    replicates = m["replicates"]
+    line = f"{claim(m)}, {p_text(m['p'], replicates)}"
     if n_family > 1:
         after = "cannot tell" if m["better_holm"] is None else f"{m['better_holm']} is better"
         at_floor = m["p"] <= p_floor(replicates) * (1 + 1e-9)

@@ -22,6 +22,8 @@ fi
 echo "== installing the pinned stack (requirements.lock)"
 "${UV[@]}" pip install --quiet --compile-bytecode --python .venv/bin/python -r requirements.lock
 "${UV[@]}" pip install --quiet --python .venv/bin/python --no-deps -e .
+# img2dataset's writer classes build the conversion tests' shards; why without its dependencies: the file says
+"${UV[@]}" pip install --quiet --python .venv/bin/python --no-deps -r requirements-nodeps.txt
 # Bytecode for every installed module, once: without it each `dwb` start recompiles torch, composer
 # and diffusers from source (about 15 s on 2 cores, e.g. where PYTHONDONTWRITEBYTECODE is set).
 if [ ! -f .venv/.bytecode-stamp ] || [ requirements.lock -nt .venv/.bytecode-stamp ]; then

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -37,6 +38,26 @@ def test_quick_demo_runs_every_stage(tmp_path):
         assert np.isfinite(s["fid"]) and 0.0 <= s["attr_all_all"] <= 1.0 and 0.0 <= s["attr_single_color"] <= 1.0
     assert (out / "eval" / "report" / "attributes_vs_step.png").is_file()
     assert "all right" in r.stdout and "scores:" in r.stdout
+    # its own guidance and steps, the workbench's sampler and weights: in demo.json, each row and each grid's PNG
+    assert report["generation"] == {"guidance": 3.0, "steps": 4, "sampler": "DPM++ 2M", "weights": "auto"}
+    assert {s["weights"] for s in report["scores"]} == {"ema"} and "(ema weights;" in r.stdout
+    with Image.open(report["grids"][-1]) as grid:
+        assert "Steps: 4, Sampler: DPM++ 2M, CFG scale: 3," in grid.text["parameters"]
+        assert "Weights: EMA" in grid.text["parameters"]
+    # ... and closes with the answer, in `dwb evaluate compare`'s words, intervals and p-values
+    comparison = report["comparison"]
+    assert (comparison["a"], comparison["b"]) == ("phase2/ba2", "phase2/ba4")
+    closing = r.stdout.strip().splitlines()[-1]
+    claim = r"(B is better|A is better) on {0} by [\d.]+ \[[\d.]+, [\d.]+\]|cannot tell on {0}: B - A = \S+ \[\S+, \S+\]"
+    p = r"\(p (=|<|<=) [\d.]+\)"
+    assert re.fullmatch(rf"Last checkpoint vs middle \(B = phase2/ba4, A = phase2/ba2, paired over the same 8 prompts "
+                        rf"and seeds\): ({claim.format('FID')}) {p}; ({claim.format(re.escape('every attribute right (all prompts)'))}) {p}\.",
+                        closing), closing
+    compared = run_dwb("evaluate", "compare", "phase2/ba2", "phase2/ba4", "--out", str(out / "eval"))
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    for answer in closing.split(": ", 1)[1].rstrip(".").split("; "):
+        said, p_value = answer.rsplit(" (", 1)
+        assert f"  {said}, {p_value.rstrip(')')}" in compared.stdout, (answer, compared.stdout)
     # ... and ends with a blind study of its first, middle and last checkpoints, from its own manifests
     study = report["study"]
     assert study["models"] == ["phase1/ba2", "phase2/ba2", "phase2/ba4"] and study["pairs"] > 0

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from .generation import SAMPLERS
+from .generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, MAX_GUIDANCE, MAX_SEED,
+                         MAX_SIZE, MAX_STEPS, MIN_SIZE, SAMPLERS, SIZE_STEP, WEIGHT_CHOICES)
 
 
 def _positive(value: str) -> int:
@@ -11,6 +12,16 @@ def _positive(value: str) -> int:
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return n
+
+
+def _part(value: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected i/N such as 0/4, got {value!r}") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise argparse.ArgumentTypeError(f"expected i/N with 0 <= i < N, got {value!r}")
+    return i, n
 
 
 def _positive_float(value: str) -> float:
@@ -21,6 +32,26 @@ def _positive_float(value: str) -> float:
     if not x > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return x
+
+
+def _number(x: float) -> str:
+    """30.0 as "30", 4294967295 as itself (not 4.29497e+09)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _between(lo, hi, kind=int, step: int | None = None):
+    """An argparse type: a ``kind`` number in [lo, hi] (a multiple of ``step``), the app's limits on one image."""
+    def parse(value: str):
+        try:
+            x = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number, got {value!r}") from None
+        if not lo <= x <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is not between {_number(lo)} and {_number(hi)}")
+        if step and x % step:
+            raise argparse.ArgumentTypeError(f"{value} is not a multiple of {step}")
+        return x
+    return parse
 
 
 def _sizes(value: str) -> tuple[int, ...]:
@@ -49,9 +80,21 @@ def cmd_convert(args) -> None:
                       image_column=args.image_column, caption_column=args.caption_column,
                       min_aesthetic=args.min_aesthetic, aesthetic_column=args.aesthetic_column,
                       language_column=args.language_column, languages=args.languages.split(",") if args.languages else None,
-                      split=args.split, limit=args.limit,
+                      max_punsafe=args.max_punsafe, max_watermark=args.max_watermark,
+                      split=args.split, limit=args.limit, workers=args.workers, part=args.part,
                       **({"max_megapixels": args.max_megapixels} if args.max_megapixels else {}))
-    print(summary.line())
+    kept = f" ({summary.units_kept} units kept from an earlier run)" if summary.units_kept else ""
+    if args.part:
+        i, n = args.part
+        print(f"part {i}/{n}: {summary.line()}{kept}; once all {n} parts are done: dwb data join {args.out}")
+    else:
+        print(summary.line() + kept)
+
+
+def cmd_join(args) -> None:
+    from .data import join_parts
+
+    print(join_parts(args.out).line())
 
 
 def cmd_precompute(args) -> None:
@@ -102,17 +145,40 @@ def cmd_export(args) -> None:
           f"(diffusers.StableDiffusionPipeline.from_pretrained('{out}'))")
 
 
-def cmd_sample(args) -> None:
-    from .checkpoints import content_hash, find_checkpoint, load_pipeline
-    from .generation import DEMO_PROMPTS, write_grid
+def first_seed(seed: int, n: int) -> int:
+    """``seed``, or a random one for -1, such that the ``n`` seeds from it stay 32-bit, as in the app."""
+    import random
 
+    from .errors import WorkbenchError
+
+    if seed == -1:
+        return random.randint(0, MAX_SEED - n + 1)
+    if seed + n - 1 > MAX_SEED:
+        raise WorkbenchError(f"--seed {seed} and --seeds {n} go past the last seed, {MAX_SEED}")
+    return seed
+
+
+def cmd_sample(args) -> None:
+    from pathlib import Path
+
+    from .checkpoints import content_hash, find_checkpoint, load_pipeline, native_size_of, weights_of
+    from .generation import DEMO_PROMPTS, Settings, write_grid
+
+    seed = first_seed(args.seed, args.seeds)
     ckpt = find_checkpoint(args.checkpoint)
-    pipe = load_pipeline(ckpt, ema=args.ema)
-    prompts = args.prompt or DEMO_PROMPTS
-    out = write_grid(pipe, args.out, prompts, seeds=range(args.seeds), steps=args.steps, guidance=args.guidance,
-                     size=args.size, sampler=args.sampler,
-                     title=f"{ckpt.label} ({content_hash(ckpt)}){' EMA' if args.ema else ''}")
-    print(f"wrote {out}")
+    weights = weights_of(ckpt, "ema" if args.ema else args.weights)
+    pipe = load_pipeline(ckpt, ema=weights == "ema")
+    size = args.size or native_size_of(ckpt, pipe)
+    settings = Settings(steps=args.steps, guidance=args.guidance, width=size, height=size, sampler=args.sampler,
+                        negative_prompt=args.negative_prompt)
+    out = Path(args.out)
+    images_to = (out.with_suffix("") if out.suffix else out.with_name(f"{out.name}-images")) if args.per_image else None
+    out = write_grid(pipe, out, args.prompt or DEMO_PROMPTS, seeds=range(seed, seed + args.seeds),
+                     title=f"{ckpt.label} ({content_hash(ckpt)}) {weights} weights", settings=settings,
+                     checkpoint=ckpt.label, checkpoint_hash=content_hash(ckpt), weights=weights, images_to=images_to)
+    print(f"wrote {out}: {weights} weights, guidance {settings.guidance:g}, {settings.steps} steps, "
+          f"{settings.sampler}, {size} px, seeds {seed} to {seed + args.seeds - 1}"
+          + (f"; each image in {images_to}" if images_to else ""))
 
 
 def register(sub) -> None:
@@ -133,8 +199,9 @@ def register_data(sub) -> None:
     p.add_argument("--sizes", type=_sizes, default=(16, 32), help="resolution buckets (default 16,32)")
     p.set_defaults(func=cmd_shapes)
 
-    p = data_sub.add_parser("convert", help="image folder, Parquet or HF dataset -> MDS resolution buckets")
-    p.add_argument("src")
+    p = data_sub.add_parser("convert", help="WebDataset/img2dataset shards, Parquet, image folders or HF datasets "
+                                            "-> MDS resolution buckets")
+    p.add_argument("src", nargs="+", help="folders, files, s3:// prefixes or brace patterns (shards/{00000..00099}.tar)")
     p.add_argument("out")
     p.add_argument("--buckets", type=_sizes, default=(256, 512), help="minimum-side buckets (default 256,512)")
     p.add_argument("--image-format", choices=("jpeg", "png"), default="jpeg")
@@ -144,12 +211,21 @@ def register_data(sub) -> None:
     p.add_argument("--aesthetic-column")
     p.add_argument("--language-column")
     p.add_argument("--languages", help="comma-separated language codes to keep, e.g. en")
+    p.add_argument("--max-punsafe", type=float, help="keep rows whose punsafe (probability of unsafe) is at most this")
+    p.add_argument("--max-watermark", type=float, help="keep rows whose pwatermark is at most this")
+    p.add_argument("--workers", type=_positive, help="processes converting at once (default: every core)")
+    p.add_argument("--part", type=_part, help="convert only part i of N (i from 0), on one of N machines; "
+                                              "then `dwb data join OUT`")
     p.add_argument("--split", default="train")
     p.add_argument("--limit", type=_positive)
     p.add_argument("--max-megapixels", type=_positive_float,
                    help="skip and count images with more pixels to decode (JPEGs at their reduced draft size); "
                         "converting one takes about 8 bytes a pixel (default 64: today's camera photos)")
     p.set_defaults(func=cmd_convert)
+
+    p = data_sub.add_parser("join", help="merge the parts of a `dwb data convert --part i/N` run into one dataset")
+    p.add_argument("out", help="the OUT every part wrote into (or each part's OUT copied into one)")
+    p.set_defaults(func=cmd_join)
 
     p = data_sub.add_parser("precompute", help="encode an MDS dataset once: VAE latents and text states per bucket")
     p.add_argument("src", help="an MDS folder of resolution buckets (OUT/256, OUT/512), one MDS dataset, or s3://...")
@@ -187,15 +263,29 @@ def register_model(sub) -> None:
     p.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("sample", help="a grid PNG of prompts x seeds from any checkpoint")
+    p = sub.add_parser("sample", help="a grid PNG of prompts x seeds from any checkpoint, with its parameters")
     p.add_argument("checkpoint")
     p.add_argument("out")
     p.add_argument("--prompt", action="append", help="repeatable; default: the demo prompts")
-    p.add_argument("--seeds", type=_positive, default=4)
-    p.add_argument("--steps", type=_positive, default=25)
-    p.add_argument("--guidance", type=float, default=5.0)
-    p.add_argument("--size", type=_positive, help="image side (default: the model's native size)")
-    p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
-                   help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's own)")
-    p.add_argument("--ema", action="store_true")
+    p.add_argument("--negative-prompt", default="", help="what to steer away from (default: none)")
+    p.add_argument("--seed", type=_between(-1, MAX_SEED), default=0,
+                   help="the first column's seed; column j uses seed + j, as image j of a batch in the app (default 0; "
+                        "-1: a random one, printed and recorded)")
+    p.add_argument("--seeds", type=_positive, default=4, help="columns, seeds --seed to --seed + N - 1 (default 4)")
+    p.add_argument("--steps", type=_between(1, MAX_STEPS), default=DEFAULT_STEPS,
+                   help=f"sampler steps, 1 to {MAX_STEPS} (default {DEFAULT_STEPS})")
+    p.add_argument("--guidance", type=_between(0, MAX_GUIDANCE, float), default=DEFAULT_GUIDANCE,
+                   help=f"classifier-free guidance scale, 0 to {MAX_GUIDANCE:g} (default {DEFAULT_GUIDANCE:g})")
+    p.add_argument("--size", type=_between(MIN_SIZE, MAX_SIZE, step=SIZE_STEP),
+                   help=f"image side, {MIN_SIZE} to {MAX_SIZE}, a multiple of {SIZE_STEP} (default: the checkpoint's "
+                        "native size, the resolution it was trained at where it records one)")
+    p.add_argument("--sampler", choices=list(SAMPLERS), default=DEFAULT_SAMPLER, metavar="NAME",
+                   help=f"one of: {', '.join(SAMPLERS)} (default {DEFAULT_SAMPLER})")
+    p.add_argument("--per-image", action="store_true",
+                   help="also each image as its own PNG, in a folder named after OUT (OUT.png: OUT/00000-SEED.png, "
+                        "...), each with its parameters; the grid's are its first image's")
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument("--weights", choices=WEIGHT_CHOICES, default=DEFAULT_WEIGHTS,
+                         help="a Composer checkpoint's EMA or raw weights (default auto: EMA where it holds them)")
+    weights.add_argument("--ema", action="store_true", help="the same as --weights ema")
     p.set_defaults(func=cmd_sample)

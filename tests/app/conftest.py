@@ -82,10 +82,11 @@ def server(base, request, tmp_path_factory):
     """One server for the API and browser tests: at most 2 requests wait while one runs.
 
     It starts on the (still empty) checkpoint folder while the tiny checkpoints are trained, as a
-    user may start the app while training runs; a page load lists what is there.
+    user may start the app while training runs; a page load lists what is there. Its results store,
+    ``base/results``, is empty until a test writes rows there (the app reads them when they change).
     """
     app = AppServer([base / "checkpoints"], "--queue-size", "2", "--cache-size", "4", "--max-steps", "150",
-                    log=tmp_path_factory.mktemp("server") / "app.log")
+                    "--results", base / "results", log=tmp_path_factory.mktemp("server") / "app.log")
     app.launch()
     try:
         request.getfixturevalue("tree")

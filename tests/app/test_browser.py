@@ -3,6 +3,7 @@ compare checkpoints, stop a generation, and the messages bad input gets."""
 import io
 import re
 import time
+from urllib.parse import urljoin
 
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ def page(browser, server, request, tmp_path):
 
 def pick(page, dropdown: str, label: str) -> None:
     page.click(f"{dropdown} input")
-    page.get_by_role("option", name=label, exact=True).click()
+    page.locator(dropdown).get_by_role("option", name=label, exact=True).click()  # another's list may be open
     if dropdown == "#checkpoint":  # picking one sets the default size: wait for it before setting a size
         page.locator("#checkpoint-note", has_text=label).wait_for()
 
@@ -186,6 +187,17 @@ def test_xyz_plot_tab_draws_a_labelled_2x2_grid(page):
     page.locator("#xyz-gallery img").nth(3).wait_for()
     captions = page.inner_text("#xyz-gallery")
     assert "tiny-phase1/ep0-ba2-rank0.pt | seed 2" in captions and "tiny-phase1/ep0-ba4-rank0.pt | seed 1" in captions
+    # each caption whole and inside its cell (Gradio cut them to one line), the grid whole (it was cropped square)
+    assert page.evaluate("""() => [...document.querySelectorAll('#xyz-gallery .caption-label, #xyz-grids .caption-label')]
+        .filter(c => c.scrollWidth > c.clientWidth || c.scrollHeight > c.clientHeight
+                     || c.getBoundingClientRect().bottom > c.closest('.thumbnail-item').getBoundingClientRect().bottom + 1)
+        .map(c => c.textContent)""") == []
+    fit, box, image, inside = page.evaluate("""() => {
+        const i = document.querySelector('#xyz-grids img'), r = i.getBoundingClientRect(),
+              wrap = i.closest('.grid-wrap').getBoundingClientRect();
+        return [getComputedStyle(i).objectFit, r.width / r.height, i.naturalWidth / i.naturalHeight,
+                wrap.top <= r.top && r.bottom <= wrap.bottom]; }""")
+    assert (fit == "contain" or abs(box - image) < 0.01) and inside
     grid = Image.open(io.BytesIO(page.request.get(page.get_attribute("#xyz-grids img >> nth=0", "src")).body()))
     cell = Image.open(io.BytesIO(page.request.get(page.get_attribute("#xyz-gallery img >> nth=3", "src")).body()))
     assert cell.size == (16, 16) and parse_parameters(cell.text["parameters"])["Seed"] == "2"  # a cell's own PNG
@@ -283,3 +295,223 @@ def test_markdown_in_a_png_or_a_typed_name_fetches_nothing(page, tmp_path):
     page.wait_for_timeout(500)  # time for an image's request to leave, were there one
     assert page.locator("img[src*='attacker.invalid']").count() == 0
     assert fetched == []
+
+
+def test_settings_carry_across_the_tabs(page):
+    """Prompt, negative prompt, sampler, steps, guidance, size and seed set in one tab are what the others show."""
+    page.locator("#prompt textarea").press_sequentially("two red circles")
+    page.fill("#negative textarea", "blue")  # pasted, as it were: no key pressed
+    pick(page, "#sampler", "Euler a")
+    set_number(page, "#steps input[type=number]", 7)
+    set_number(page, "#seed input", 42)
+    page.get_by_role("tab", name="Compare").click()
+    assert page.input_value("#compare-prompt textarea") == "two red circles"
+    assert page.input_value("#compare-negative textarea") == "blue" and page.input_value("#compare-sampler input") == "Euler a"
+    assert page.input_value("#compare-steps input[type=number]") == "7" and page.input_value("#compare-seed input") == "42"
+    set_number(page, "#compare-guidance input[type=number]", 4)
+    set_number(page, "#compare-width input[type=number]", 24)
+    page.fill("#compare-prompt textarea", "a green square")
+    page.get_by_role("tab", name="X/Y/Z plot").click()
+    assert page.input_value("#xyz-prompt textarea") == "a green square" and page.input_value("#xyz-negative textarea") == "blue"
+    assert page.input_value("#xyz-guidance input[type=number]") == "4" and page.input_value("#xyz-width input[type=number]") == "24"
+    page.click("#xyz-randomize")
+    page.wait_for_function("document.querySelector('#xyz-seed input').value !== '42'")
+    seed = page.input_value("#xyz-seed input")
+    page.get_by_role("tab", name="Generate").click()
+    assert page.input_value("#prompt textarea") == "a green square" and page.input_value("#seed input") == seed
+    assert page.input_value("#guidance input[type=number]") == "4" and page.input_value("#width input[type=number]") == "24"
+    assert page.input_value("#steps input[type=number]") == "7" and page.input_value("#sampler input") == "Euler a"
+
+
+def test_an_unknown_checkpoint_name_gets_the_names_there_are(page, tree):
+    type_path(page, "#checkpoint", "tiny-phase1/ep0-ba7-rank0.pt")
+    note = page.locator("#checkpoint-note", has_text="checkpoint not found")
+    note.wait_for()
+    assert "checkpoint not found: tiny-phase1/ep0-ba7-rank0.pt; the app's checkpoints: tiny-phase1/ep0-ba2-rank0.pt, " \
+           "tiny-phase1/ep0-ba4-rank0.pt, " in note.inner_text()
+    page.fill("#prompt textarea", "a red circle")
+    page.click("#generate")
+    shown = error_toast(page, "checkpoint not found")
+    assert "the app's checkpoints: tiny-phase1/ep0-ba2-rank0.pt" in shown and str(tree.root) not in shown
+
+
+# -- Scores --------------------------------------------------------------------------------------------------------
+
+SCORED = ("tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt")
+FID_POINTS = [(2, 310.53219876, 290.25, 333.0), (4, 280.0000001, 262.0, 301.0),  # (step, FID, low, high) of the rows
+              (2, 340.1, 320.0, 365.2), (4, 0.3, 0.1, 0.9), (1000, 150.0, 140.0, 160.0)]
+
+
+@pytest.fixture(scope="module")
+def scored(tree, base):
+    """The server's --results folder: FID of the tiny run in two series (guidance 5 and 7.5) and of a run not under
+    the app's folders, with intervals; CLIP score, precision and a column evaluate does not describe (with an
+    interval) of one row; FD-DINOv2 of a hub model, at no step; a failed row; evaluate's metrics.json (describing
+    CMMD and others that no row measured); compare pages and a sample they show."""
+    import json
+    import shutil
+
+    from evaluate.names import write_metrics_table
+    from train.checkpoints import content_hash, find_checkpoint
+
+    ba2, ba4 = (content_hash(find_checkpoint(p)) for p in (tree.ba2, tree.ba4))
+    tiny = [dict(checkpoint_hash=h, model="tiny-phase1", step=step, guidance=g, sampler="DDIM", weights="ema", fid=fid,
+                 fid_lo=lo, fid_hi=hi) for h, g, (step, fid, lo, hi) in zip((ba2, ba4, ba2, ba4), (5.0, 5.0, 7.5, 7.5),
+                                                                            FID_POINTS)]
+    tiny[0].update(clip_score=20.123456, clip_score_lo=19.5, clip_score_hi=20.9, precision=0.61234, pickscore=21.0,
+                   pickscore_lo=20.5, pickscore_hi=21.5)
+    rows = [*tiny, dict(checkpoint_hash="0123456789ab", model="other-run", step=1000, guidance=5.0, fid=150.0,
+                        fid_lo=140.0, fid_hi=160.0),
+            dict(checkpoint_hash="fedcba987654", model="hub-model", guidance=5.0, fd_dinov2=812.3),
+            dict(checkpoint_hash=ba4, step=4, status="error", kid_mean=1.0)]
+    folder = base / "results"
+    (folder / "compare").mkdir(parents=True)
+    write_metrics_table(folder)  # as every append to a results store writes it
+    (folder / "compare" / "tiny-phase1-vs-other-run.html").write_text("<h1>tiny-phase1 vs other-run</h1>"
+                                                                      "<img src='../samples/a.png'>")
+    (folder / "samples").mkdir()
+    Image.new("RGB", (8, 8), "red").save(folder / "samples" / "a.png")
+    (folder / "compare" / "tiny-phase10-vs-another.html").write_text("<h1>another run</h1>")
+    (folder / "compare" / "tiny-phase1-vs-secret.html").symlink_to("/etc/hostname")  # a link could point anywhere
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    yield rows
+    shutil.rmtree(folder)
+
+
+def scores_tab(page) -> None:
+    page.get_by_role("tab", name="Scores").click()
+    page.locator("#scores-plot circle.point").first.wait_for()
+
+
+def choose_metric(page, name: str) -> None:
+    page.click("#scores-metric input")
+    page.get_by_role("option", name=name, exact=True).click()
+    page.wait_for_function("n => document.querySelector('#scores-metric input').value === n", arg=name)
+
+
+def plot_as_drawn(page) -> dict:
+    """The Scores plot's elements where the browser drew them: the plot area, the ticks (value, pixel), each point's
+    and each error bar's box, and the number of points of each series' line."""
+    return page.evaluate("""() => {
+        const box = e => { const r = e.getBoundingClientRect(); return {l: r.left, r: r.right, t: r.top, b: r.bottom}; };
+        const svg = document.querySelector('#scores-plot svg');
+        return {area: box(svg.querySelector('.plot-area')),
+                y: [...svg.querySelectorAll('.y-tick')].map(t => [parseFloat(t.textContent), box(t.querySelector('line')).t]),
+                x: [...svg.querySelectorAll('.x-tick')].map(t => [parseFloat(t.textContent), box(t.querySelector('line')).l]),
+                points: [...svg.querySelectorAll('circle.point')].map(box),
+                bars: [...svg.querySelectorAll('.error-bar .bar')].map(box),
+                lines: [...svg.querySelectorAll('polyline.line')].map(l => l.points.numberOfItems)};
+    }""")
+
+
+def axis(ticks: list) -> np.poly1d:
+    """Pixel as a function of value, fitted through the ticks (a straight line: the axis is linear)."""
+    assert len(ticks) >= 2, ticks
+    return np.poly1d(np.polyfit([v for v, _ in ticks], [p for _, p in ticks], 1))
+
+
+def test_scores_tab_plots_each_row_with_its_interval_inside_the_axes(page, scored):
+    """Points sat on the plot's edge, without lines or error bars; metrics never measured were offered, and after
+    an empty one the plot stayed broken."""
+    scores_tab(page)
+    page.click("#scores-metric input")
+    page.get_by_role("option").first.wait_for()
+    offered = [o.split("\n")[-1] for o in page.get_by_role("option").all_inner_texts()]
+    assert sorted(offered) == ["CLIP score (higher is better)", "FD-DINOv2 (lower is better)",
+                               "FID (lower is better)", "pickscore", "precision (higher is better)"]
+    page.click("#scores-metric input")  # closed again
+
+    for attempt in ("first", "after an empty metric"):
+        drawn = plot_as_drawn(page)
+        area, x, y = drawn["area"], axis(drawn["x"]), axis(drawn["y"])
+        assert len(drawn["points"]) == len(FID_POINTS) and sorted(drawn["lines"]) == [1, 2, 2], attempt
+        for p in drawn["points"]:  # each whole point inside the plot area
+            assert area["l"] < p["l"] and p["r"] < area["r"] and area["t"] < p["t"] and p["b"] < area["b"], (attempt, p)
+        centres = [((p["l"] + p["r"]) / 2, (p["t"] + p["b"]) / 2) for p in drawn["points"]]
+        ends = [((b["l"] + b["r"]) / 2, b["t"], b["b"]) for b in drawn["bars"]]
+        for step, fid, lo, hi in FID_POINTS:  # a point at each row's step and value, its bar's ends at its interval
+            assert any(abs(cx - x(step)) < 1 and abs(cy - y(fid)) < 1 for cx, cy in centres), (attempt, step, fid)
+            assert any(abs(bx - x(step)) < 1 and abs(top - y(hi)) < 1 and abs(bottom - y(lo)) < 1
+                       for bx, top, bottom in ends), (attempt, step, lo, hi)
+            assert area["t"] < y(hi) and y(lo) < area["b"]
+        choose_metric(page, "FD-DINOv2 (lower is better)")  # measured, but at no training step
+        page.locator("#scores-note", has_text="FD-DINOv2 was measured only for checkpoints with no training step")\
+            .wait_for()
+        assert page.locator("#scores-plot circle.point").count() == 0
+        assert page.locator("#scores-plot .plot-area").count() == 1
+        choose_metric(page, "FID (lower is better)")
+        page.locator("#scores-plot circle.point").nth(len(FID_POINTS) - 1).wait_for()
+        assert page.inner_text("#scores-note").strip() == ""
+
+
+def test_scores_table_is_read_only_and_a_row_opens_its_checkpoint_when_asked(page, scored):
+    """The table showed 13 decimals and its cells took edits; clicking a row switched Generate's checkpoint
+    without a word."""
+    scores_tab(page)
+    table = page.locator("#scores-table")
+
+    def cell(text: str):
+        return table.get_by_role("button", name=text, exact=True)
+
+    cell("310.5").wait_for()
+    assert page.is_disabled("#scores-open")  # until a row is selected
+    shown = table.locator("[data-editable]").all_inner_texts()
+    for value in ("280", "[290.2, 333]", "[262, 301]", "340.1", "0.3", "[0.1, 0.9]", "150"):
+        assert value in shown, value
+    assert not [v for v in shown if "310.53" in v or "280.0" in v]
+    cell("310.5").dblclick()
+    page.keyboard.type("999")
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(300)
+    assert "999" not in table.inner_text() and table.locator("input:visible, textarea:visible").count() == 0
+
+    cell("150").click()  # a row of a checkpoint not under the app's folders
+    page.locator("#scores-selected", has_text="not under the app's folders").wait_for()
+    assert page.is_disabled("#scores-open")
+    cell("280").click()
+    selected = page.locator("#scores-selected", has_text=SCORED[1])
+    selected.wait_for()
+    assert "step 4, FID 280 [262, 301]" in selected.inner_text()
+    assert page.inner_text("#scores-open") == f"Open {SCORED[1]} in Generate" and page.is_enabled("#scores-open")
+    links = page.locator("#scores-compare-pages a")
+    assert links.all_inner_texts() == ["tiny-phase1-vs-other-run.html"]  # neither the link nor tiny-phase10's page
+    served = page.request.get(urljoin(page.url, links.first.get_attribute("href")))
+    assert served.ok and "<h1>tiny-phase1 vs other-run</h1>" in served.text()
+    assert served.headers["content-security-policy"].startswith("sandbox")  # no script of the page runs as the app
+    image = page.request.get(urljoin(served.url, "../samples/a.png"))  # the page's images, relative to it
+    assert image.ok and Image.open(io.BytesIO(image.body())).size == (8, 8)
+    folder = served.url.rsplit("/compare/", 1)[0]
+    for outside in ("results.jsonl", "compare/tiny-phase1-vs-secret.html", "compare/%2e%2e/results.jsonl",
+                    "compare/..%2f..%2fresults.jsonl", "../../etc/hostname"):
+        assert page.request.get(f"{folder}/{outside}").status == 404, outside
+
+    page.click("#scores-open")
+    page.locator("#checkpoint-note", has_text="FID 280 [262, 301]").wait_for()
+    assert page.input_value("#checkpoint input") == SCORED[1]
+    assert page.get_by_role("tab", name="Generate").get_attribute("aria-selected") == "true"
+
+
+def test_buttons_show_only_glyphs_the_browser_has_and_the_dice_its_icon(page):
+    """The dice button's emoji was an empty box in a Chromium without an emoji font. Each character of every
+    button's text is drawn on a canvas in the button's font and compared with a character no font holds (drawn
+    as that empty box), and the dice button of each tab shows its icon."""
+    missing = page.evaluate("""() => {
+        const canvas = document.createElement('canvas'); canvas.width = canvas.height = 64;
+        const ctx = canvas.getContext('2d', {willReadFrequently: true});
+        const drawn = (ch, family) => { ctx.clearRect(0, 0, 64, 64); ctx.font = `40px ${family}`;
+                                        ctx.fillText(ch, 4, 48); return ctx.getImageData(0, 0, 64, 64).data.join(); };
+        const absent = (ch, family) => /\\s/.test(ch) || (drawn(ch, family) !== drawn('\\uE001', family)
+                                                          && /[1-9]/.test(drawn(ch, family))) ? null : ch;
+        const family = getComputedStyle(document.querySelector('#generate')).fontFamily;
+        const found = [...document.querySelectorAll('button')].flatMap(b => [...b.innerText]
+            .filter(ch => ch.codePointAt(0) > 127).map(ch => absent(ch, getComputedStyle(b).fontFamily)))
+            .filter(ch => ch);
+        return {found: [...new Set(found)], control: absent('\\uE002', family)};
+    }""")
+    assert missing["control"] == "\ue002"  # the check tells an absent glyph
+    assert missing["found"] == []
+    for tab, prefix in (("Generate", ""), ("Compare", "compare-"), ("X/Y/Z plot", "xyz-")):
+        page.get_by_role("tab", name=tab).click()  # a tab's controls are drawn when it is first shown
+        icon = page.locator(f"#{prefix}randomize img")
+        assert icon.evaluate("i => i.complete && i.naturalWidth > 0"), prefix
+        assert page.inner_text(f"#{prefix}randomize").strip() == "Random"

@@ -101,7 +101,7 @@ def test_messages_name_no_server_folder_and_tell_nothing_of_files_outside_the_ro
             service.open(text)
         shown = str(e.value)
         assert "\n" not in shown and str(hub_cache()) not in shown and str(tree.root.parent) not in shown, shown
-        return shown.replace(text, "NAME")
+        return shown.replace(text, "NAME").split("; the app's checkpoints: ")[0]  # those listed, nearest the text first
 
     assert message("nobody/nothing") == ("checkpoint not found: NAME (not under the allowed folders, nor a pipeline "
                                          "in the server's Hugging Face cache)")
@@ -111,6 +111,24 @@ def test_messages_name_no_server_folder_and_tell_nothing_of_files_outside_the_ro
                              ("../outside/export", "../outside/exported"), (f"{up}etc/passwd", f"{up}etc/passwords"),
                              ("outside/export", "outside/exported"), ("outside/ep0-ba4-rank0.pt", "outside/ba5.pt")):
         assert message(there) == message(not_there), there
+
+
+def test_a_name_that_names_no_checkpoint_gets_the_names_there_are(tree, tmp_path):
+    """A label that resolves to nothing, or to a folder of checkpoints, named a file (model_index.json); now the
+    message lists the checkpoints there are, the nearest first, a few of them and how many more."""
+    (tmp_path / "run").mkdir()
+    for n in range(1, 8):
+        os.link(tree.ba2, tmp_path / "run" / f"ep0-ba{n}-rank0.pt")
+    service = Service([tmp_path])
+    known = ("the app's checkpoints: run/ep0-ba1-rank0.pt, run/ep0-ba2-rank0.pt, run/ep0-ba3-rank0.pt, "
+             "run/ep0-ba4-rank0.pt, run/ep0-ba5-rank0.pt and 2 more")
+    for text, shown in (("run/ep0-ba9-rank0.pt", "run/ep0-ba9-rank0.pt"), ("run", "run (a folder, not a checkpoint)"),
+                        (str(tmp_path / "run"), "run (a folder, not a checkpoint)")):
+        with pytest.raises(WorkbenchError) as e:
+            service.open(text)
+        assert str(e.value) == f"checkpoint not found: {shown}; {known}"
+    with pytest.raises(WorkbenchError, match=r"^checkpoint not found: export-ba5; the app's checkpoints: export-ba4, "):
+        Service([tree.root]).open("export-ba5")  # the nearest name first
 
 
 def test_corrupt_and_foreign_checkpoints_are_refused_by_label_without_server_paths(tree):

@@ -26,3 +26,16 @@ def test_help_lists_the_serving_options(dwb):
                  "--max-client-requests", "--max-client-pixel-steps", "--trusted-proxy"):
         assert flag in r.stdout
     assert "127.0.0.1" in r.stdout
+
+
+def test_help_says_each_default_once(dwb):
+    """Help strings that said their default got argparse's too (--checkpoints: "(default: the current folder)
+    (default: None)")."""
+    import re
+
+    text = " ".join(dwb("app", "--help").stdout.split())
+    options = re.split(r" (?=--[a-z-]+ )", text.split(" options: ", 1)[1])
+    for option in options:
+        assert option.count("(default") <= 1 and "(default: None)" not in option and "(default: False)" not in option, \
+            option
+    assert "(default: the current folder)" in text and "--port PORT port to serve on (default: 7860)" in text

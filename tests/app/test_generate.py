@@ -10,7 +10,8 @@ from PIL import Image
 from app.generate import GenerationParams, Limits, Stopped, generate, record_of, validate
 from train.errors import WorkbenchError
 from train.generation.png import parse_parameters, save_png
-from train.generation.samplers import DEFAULT_SAMPLER, SAMPLERS, make_sampler, sampler_name
+from train.generation.defaults import DEFAULT_SAMPLER
+from train.generation.samplers import SAMPLERS, make_sampler, sampler_name
 
 LIMITS = Limits(max_steps=150, max_size=1024, max_batch=8)
 

@@ -7,6 +7,7 @@ import pytest
 from app.handlers import Handlers
 from app.png_info import read_parameters, settings_from
 from app.service import Service
+from evaluate.names import write_metrics_table
 from train.checkpoints import content_hash, find_checkpoint
 from train.errors import WorkbenchError
 
@@ -20,7 +21,9 @@ def hashes(tree):
 
 @pytest.fixture(scope="module")
 def handlers(tree, hashes, tmp_path_factory):
-    """Two stores (one beside the run with intervals, one given with --results from before intervals) and a study."""
+    """Two stores (one beside the run with intervals and evaluate's metrics.json, one given with --results from
+    before intervals) and a study whose report has one comparison with the clustered Wilson interval and one
+    (from an older report) without it."""
     folder = tmp_path_factory.mktemp("scores")
     beside = tree.ba2.parent / "results.jsonl"
     rows = [dict(checkpoint="/elsewhere/ba2.pt", checkpoint_hash=hashes[BA2], model="tiny", step=2, guidance=5.0,
@@ -30,6 +33,7 @@ def handlers(tree, hashes, tmp_path_factory):
                  clip_score=21.5, clip_score_lo=20.5, clip_score_hi=22.5),  # "scheduler": an older store's word
             dict(checkpoint_hash=hashes[BA4], step=4, status="error", fid=1.0)]  # a failed row is not a score
     beside.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"torn")
+    write_metrics_table(beside.parent)
     (folder / "old").mkdir()
     (folder / "old" / "results.jsonl").write_text(json.dumps(dict(checkpoint_hash=hashes[BA2], step=2, guidance=7.5,
                                                                   fid=300.0)) + "\n")
@@ -38,31 +42,49 @@ def handlers(tree, hashes, tmp_path_factory):
     (study / "report" / "results.json").write_text(json.dumps({
         "study": "s1", "model_info": {"m-a": {"checkpoint_hash": hashes[BA4]}, "m-b": {"checkpoint_hash": hashes[BA2]}},
         "comparisons": [{"question": "overall", "model_a": "m-a", "model_b": "m-b", "rate_a": 0.75, "decisive": 40,
-                         "wilson": [0.6, 0.86], "two_way": [0.55, 0.9]}]}))
+                         "wilson": [0.6, 0.86], "two_way": [0.55, 0.9], "clustered_wilson": [0.58, 0.87]},
+                        {"question": "style", "model_a": "m-a", "model_b": "m-b", "rate_a": 0.45, "decisive": 20,
+                         "wilson": [0.26, 0.66], "two_way": [0.3, 0.6]}]}))
     yield Handlers(Service([tree.root], results=[folder / "old"], studies=[study]))
     beside.unlink()
+    (beside.parent / "metrics.json").unlink()
 
 
 def test_checkpoint_note_shows_metrics_with_intervals_and_win_rates_joined_by_hash(handlers):
     note = handlers.checkpoint_note(BA4)[0]
     assert "FID 280 [262, 301]" in note and "CLIP score 21.5 [20.5, 22.5]" in note
     assert "FID 1 " not in note  # the failed row
-    assert "preferred 75% [55%, 90%] of 40 decisive votes against `tiny-phase1/ep0-ba2-rank0.pt`" in note
+    assert ("(overall, study s1): this checkpoint over `tiny-phase1/ep0-ba2-rank0.pt`, 75.0 [58.0, 87.0]% of 40 "
+            "decisive votes: this checkpoint is preferred") in note  # the clustered Wilson interval
+    assert ("(style, study s1): `tiny-phase1/ep0-ba2-rank0.pt` over this checkpoint, 55.0 [40.0, 70.0]% of 20 "
+            "decisive votes (cannot tell yet: the interval holds 50%)") in note  # the preferred one first; two-way
     other = handlers.checkpoint_note(BA2)[0]
     assert "FID 310.5 [290.2, 333]" in other and "(guidance 7.5): FID 300" in other  # both stores; no interval
-    assert "preferred 25% [10%, 45%]" in other  # the same comparison from model b's side
+    assert ("`tiny-phase1/ep0-ba4-rank0.pt` over this checkpoint, 75.0 [58.0, 87.0]% of 40 decisive votes: "
+            "`tiny-phase1/ep0-ba4-rank0.pt` is preferred") in other  # the same comparison from model b's side
     assert "scores" not in handlers.checkpoint_note("export-ba4")[0]  # no row has its hash
 
 
 def test_scores_tab_plots_the_metric_against_step_and_opens_a_checkpoint(handlers, hashes):
-    points, table, note = handlers.scores_table("fid")
+    plot, table, note, pages = handlers.scores_table("fid")
+    table = table.data  # the Styler's frame
     assert note == "" and len(table) == 3  # two rows beside the run, one from the older --results store
     ours = table[table["series"].str.contains("DDIM")]  # one series: "sampler" and an older store's "scheduler"
     assert list(ours["step"]) == [2, 4] and list(ours["FID"]) == [310.5, 280.0]
-    assert list(ours["low"]) == [290.25, 262.0] and list(ours["checkpoint"]) == [BA2, BA4]
-    assert list(points.columns[:5]) == ["checkpoint", "step", "series", "value", "low"]
-    assert handlers._open(hashes[BA4])[0]["value"] == BA4
-    assert "No CMMD scores" in handlers.scores_table("cmmd")[2]
+    assert list(ours["95% interval"]) == ["[290.2, 333]", "[262, 301]"] and list(ours["checkpoint"]) == [BA2, BA4]
+    assert plot.count('class="point"') == 3 and plot.count('class="error-bar"') == 2  # the older row has no interval
+    assert pages["visible"] is False  # no compare pages
+    assert handlers.open_in_generate(hashes[BA4])[0]["value"] == BA4
+    assert [m.title() for m in handlers.service.scores.measured()] == ["FID (lower is better)",
+                                                                        "CLIP score (higher is better)"]
+    assert handlers.scores_table("cmmd")[2] == "Pick a metric."  # described by metrics.json, measured by no row
+
+
+def test_numbers_are_shown_to_four_significant_digits():
+    from app.scores import significant
+
+    assert [significant(x) for x in (310.53219876, 280.0000001, 0.3, 12345.6, 0.012345, 2e-7, -1.5)] == \
+        ["310.5", "280", "0.3", "12350", "0.01235", "2e-07", "-1.5"]
 
 
 A1111 = ("a photo of a cat, masterpiece\nNegative prompt: blurry\nSteps: 20, Sampler: DPM++ 2M, Schedule type: "
@@ -150,3 +172,48 @@ def test_scores_from_files_show_their_words_as_text_in_the_checkpoint_note(tree,
     rendered = MarkdownIt("commonmark").render(note)
     assert "<img" not in rendered and "attacker.invalid/sampler.png" in rendered
     assert "attacker.invalid/question.png" in rendered and "attacker.invalid/study.png" in rendered
+
+
+def test_results_files_serves_compare_pages_and_images_inside_the_folders_only(tmp_path):
+    """What `/results-files/` answers: a compare page and the images it shows, from a results folder the app
+    reads; not the store, not a link out, not a path out, not another folder."""
+    from app.results_files import folder_key, page_url, servable
+
+    folder, elsewhere = tmp_path / "eval", tmp_path / "elsewhere"
+    for f in (folder / "compare", folder / "samples" / "a", elsewhere):
+        f.mkdir(parents=True)
+    page = folder / "compare" / "a-vs-b.html"
+    page.write_text("<img src='../samples/a/0.png'>")
+    (folder / "samples" / "a" / "0.png").write_bytes(b"\x89PNG")
+    (folder / "results.jsonl").write_text("{}\n")
+    (elsewhere / "secret.png").write_bytes(b"\x89PNG")
+    (elsewhere / "x.html").write_text("secret")
+    (folder / "compare" / "out.html").symlink_to(elsewhere / "x.html")
+    (folder / "samples" / "out").symlink_to(elsewhere)
+    (folder / "samples" / "page.html").write_text("not a compare page")
+    key = folder_key(folder)
+    assert page_url(folder, page) == f"results-files/{key}/compare/a-vs-b.html"
+    assert servable([folder], key, "compare/a-vs-b.html") == page.resolve()
+    assert servable([folder], key, "compare/../samples/a/0.png") == (folder / "samples/a/0.png").resolve()
+    for refused in ("results.jsonl", "compare/../results.jsonl", "compare/out.html", "samples/out/secret.png",
+                    "../elsewhere/secret.png", "samples/page.html", "compare", "", "compare/a-vs-b.html\0"):
+        assert servable([folder], key, refused) is None, refused
+    assert servable([elsewhere], key, "compare/a-vs-b.html") is None  # a folder the app does not read
+
+
+def test_a_runs_checkpoints_scored_alike_are_one_series():
+    """evaluate labels each checkpoint `<run>/<name>` by default (the demo: `phase1/ba2`): one line per run and
+    setting, not a point per checkpoint."""
+    from app.scores import Metric, points_of
+
+    rows = [dict(checkpoint_hash=f"h{step}{g}", model=f"{run}/ba{step}", step=step, guidance=g, sampler="DDIM",
+                 fid=float(step)) for run in ("phase1", "phase2") for step in (2, 4) for g in (3.0, 5.0)]
+    rows.append(dict(checkpoint_hash="hub", model="sd2-base", step=0, guidance=3.0, sampler="DDIM", fid=1.0))
+    points = points_of(rows, Metric("fid", "FID"), {})
+    series = {}
+    for p in points:
+        series.setdefault(p.series, []).append(p.step)
+    assert series == {"phase1 · guidance 3, DDIM": [2, 4], "phase1 · guidance 5, DDIM": [2, 4],
+                      "phase2 · guidance 3, DDIM": [2, 4], "phase2 · guidance 5, DDIM": [2, 4],
+                      "sd2-base · guidance 3, DDIM": [0]}
+    assert {p.model for p in points if p.step == 2} == {"phase1/ba2", "phase2/ba2"}  # compare pages name models

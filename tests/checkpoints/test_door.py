@@ -81,7 +81,7 @@ def test_one_generation_path_gives_the_same_image_in_the_grid_evaluate_and_the_a
                                progress=False)
     assert records[0].seed == seed
     evaluated = np.asarray(Image.open(tmp_path / "eval" / records[0].path).convert("RGB"))
-    grid = generate(pipe, [PROMPT], [seed], steps=4, guidance=4.0, size=16, sampler="DPM++ 2M")[0, 0]
+    grid = generate(pipe, [PROMPT], [seed], SETTINGS)[0, 0]
     app = Service([tiny_run], cache_size=1).generate(
         "ep0-ba4-rank0.pt", "ema", GenerationParams(PROMPT, sampler="DPM++ 2M", steps=4, guidance=4.0, width=16,
                                                     height=16, seed=seed))

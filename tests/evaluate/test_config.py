@@ -20,7 +20,7 @@ EVERY_KEY = [("out", "o", "o"), ("reference", "r", "r"), ("inception_weights", "
              ("n_per_prompt", "2", 2), ("n_reference", "16", 16), ("guidance", "3,5.5", [3, 5.5]), ("steps", "4", 4),
              ("sampler", "DPM++ 2M Karras", "DPM++ 2M Karras"), ("size", "16", 16), ("batch_size", "4", 4),
              ("seed", "3", 3), ("clip", "c", "c"), ("cmmd", None, True), ("dinov2", "d", "d"), ("bootstrap", "0", 0),
-             ("ema", None, True), ("kid_subsets", "3", 3), ("kid_subset_size", "4", 4),
+             ("weights", "ema", "ema"), ("ema", None, True), ("kid_subsets", "3", 3), ("kid_subset_size", "4", 4),
              ("inception_features", "64", 64), ("device", "cpu", "cpu"), ("dtype", "fp32", "fp32"),
              ("allow_fewer_reference", None, True), ("cache", "cache", "cache"), ("pickscore", "p", "p"),
              ("hps", "h.pt", "h.pt"), ("imagereward", "ir", "ir"), ("aesthetic", "a.pth", "a.pth")]
@@ -43,7 +43,7 @@ def test_the_shipped_config_loads_as_written():
     written = yaml.safe_load(SHAPES.read_text())
     for key, value in written.items():
         assert getattr(cfg, key) == (tuple(value) if isinstance(value, list) else value), key
-    assert cfg.guidance == (3.0, 5.0) and cfg.scorer == "demo-output/scorer.pt" and cfg.ema is True
+    assert cfg.guidance == (3.0, 5.0) and cfg.scorer == "demo-output/scorer.pt" and cfg.weights == "auto"
 
 
 def test_every_key_is_documented():
@@ -89,7 +89,8 @@ def test_flags_and_key_value_win_over_the_file():
     ("colour=red", "error: unknown config key 'colour' (known: aesthetic, allow_fewer_reference, batch_size, "
                    "bootstrap, cache, clip, cmmd, device, dinov2, dtype, ema, guidance, hps, imagereward, "
                    "inception_features, inception_weights, kid_subset_size, kid_subsets, n_per_prompt, n_prompts, "
-                   "n_reference, out, pickscore, progress, prompts, reference, sampler, scorer, seed, size, steps)"),
+                   "n_reference, out, pickscore, progress, prompts, reference, sampler, scorer, seed, size, steps, "
+                   "weights)"),
     ("steps=many", "error: config key 'steps' must be an integer, got 'many'"),
     ("steps=0", "error: config key 'steps' must be a positive integer, got 0"),
     ("guidance=7.5", "error: config key 'guidance' must be a list, got 7.5"),
@@ -97,7 +98,8 @@ def test_flags_and_key_value_win_over_the_file():
     ("bootstrap=1", "error: config key 'bootstrap' must be 0 (no intervals) or at least 2 replicates, got 1"),
     ("seed=-1", "error: config key 'seed' must be >= 0, got -1"),
     ("inception_features=100", "error: config key 'inception_features' must be one of 64, 192, 768, 2048, got 100"),
-    ("ema=maybe", "error: config key 'ema' must be true or false, got 'maybe'"),
+    ("ema=maybe", "error: config key 'ema' must be bool or NoneType, got 'maybe'"),
+    ("weights=best", "error: config key 'weights' must be one of auto, ema, raw, got 'best'"),
     ("sampler=Karras 9000", "error: unknown sampler 'Karras 9000'; choose one of: DDIM, Euler"),
     ("scheduler=DDIM", "error: unknown config key 'scheduler'"),
 ])

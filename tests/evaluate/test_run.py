@@ -358,6 +358,46 @@ def test_compare_two_checkpoints_with_paired_intervals(tiny_run, shapes_data, in
     assert err.startswith("error: cannot compare") and "n_images differs (8 vs 4)" in err and "\n" not in err
 
 
+@pytest.mark.slow
+def test_ema_weights_are_scored_by_default_raw_on_request_and_older_rows_still_compare(
+        tiny_run, shapes_data, inception_weights, tmp_path, capsys):
+    """A Composer checkpoint holding EMA weights is scored on them unless --weights raw; rows, manifests, PNGs and
+    the printed summary say which; a row written before rows named their weights still reads and compares."""
+    from dwb import main
+    from evaluate.compare import compare_store
+    from evaluate.samples import read_manifest
+
+    a, b = tiny_run / "ep0-ba2-rank0.pt", tiny_run / "ep0-ba4-rank0.pt"  # EMA from the first batch
+    out = tmp_path / "res"
+    assert main(["evaluate", "run", *_args([a, b], out, shapes_data, inception_weights)]) == 0
+    ema = ResultsStore(out).rows()
+    assert [r["weights"] for r in ema] == ["ema", "ema"] and capsys.readouterr().out.count("(ema weights)") == 2
+    assert main(["evaluate", "run", *_args([b], tmp_path / "raw", shapes_data, inception_weights, "--weights", "raw")]) == 0
+    [raw] = ResultsStore(tmp_path / "raw").rows()
+    assert raw["weights"] == "raw" and "(raw weights)" in capsys.readouterr().out
+    assert raw["fid"] != ema[1]["fid"]  # other weights, other images
+    manifest = read_manifest(tmp_path / "raw" / raw["samples"] / "manifest.jsonl")
+    assert {m["weights"] for m in manifest} == {"raw"}
+    with Image.open(tmp_path / "raw" / raw["samples"] / manifest[0]["path"]) as im:
+        assert "Weights: raw," in im.text["parameters"]
+
+    from dwb import build_parser
+    from evaluate.cli import config_from_args
+    from evaluate.config import weights_choice
+
+    older_flag = build_parser().parse_args(["evaluate", "run", str(b), "--out", "o", "--reference", "r", "--ema"])
+    assert weights_choice(config_from_args(older_flag)) == "ema"
+    assert main(["evaluate", "run", str(b), "--out", "o", "--reference", "r", "--ema", "--weights", "raw"]) == 1
+    assert capsys.readouterr().err.strip() == "error: ema: true and weights: raw disagree: give weights alone"
+
+    older = {k: v for k, v in ema[0].items() if k != "weights"}  # as a store written before the field was
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (older, ema[1])))
+    assert [r.get("weights") for r in ResultsStore(out).rows()] == [None, "ema"]
+    ResultsStore(out).export_csv()
+    [result] = compare_store(out, str(a), str(b), replicates=40)
+    assert [m["metric"] for m in result["metrics"]][:2] == ["fid", "kid_mean"]
+
+
 def test_attribute_accuracy_per_image_with_intervals_and_categories(tiny_run, shapes_data, tmp_path):
     """The shapes scorer's verdicts per image in the manifest, intervals on the accuracies, tables per category.
     The scorer is trained for one epoch (its accuracy does not matter here, only how verdicts travel)."""

@@ -12,6 +12,7 @@ from train.errors import WorkbenchError
 from train.checkpoints import content_hash, find_checkpoint, load_pipeline
 
 from ..conftest import PROMPT_SETS
+from ..png_readers import READERS, expected_fields, read_by_every_reader
 
 PROMPTS = PROMPT_SETS
 MANIFEST_KEYS = {"prompt", "prompt_index", "category", "image_index", "seed", "checkpoint", "model", "guidance",
@@ -110,5 +111,16 @@ def test_images_identical_at_batch_sizes_1_and_4(tiny_run, tmp_path):
     assert rows[0]["model"] == "tiny-phase1/ep0-ba4-rank0" and rows[0]["width"] == 16  # run/stem
     assert rows[0]["checkpoint_hash"] == content_hash(ckpt) == meta["checkpoint_hash"]
 
+    # every PNG of the set, images and category grids, read alike by PNG Info and two readers from PyPI
+    for record in four:
+        fields = expected_fields(record.image_record())
+        assert read_by_every_reader(tmp_path / "b4" / record.path) == dict.fromkeys(READERS, fields)
     grids = write_category_grids(four, tmp_path / "b4")
     assert grids and all(g.is_file() for g in grids)
+    for grid in grids:  # its first image's parameters, as AUTOMATIC1111 writes a grid's, and each cell's image
+        cells = json.loads(Image.open(grid).text["dwb"])["grid"]["images"]
+        first = next(r for r in four if r.path == cells[0][0])
+        assert read_by_every_reader(grid) == dict.fromkeys(READERS, expected_fields(first.image_record()))
+        in_grid = [r for row in cells for path in row for r in four if r.path == path]
+        assert len({r.category for r in in_grid}) == 1 and [r.path for r in four if r.category == first.category] == \
+            [r.path for r in in_grid]

@@ -216,9 +216,13 @@ def test_no_usable_images_and_existing_output(tmp_path):
 
     photo(256, 256).save(src / "ok.png")
     (src / "ok.txt").write_text("fine")
-    convert_to_mds(src, tmp_path / "good", progress=False)
-    with pytest.raises(WorkbenchError, match="already holds an MDS dataset"):
-        convert_to_mds(src, tmp_path / "good", progress=False)
+    first = convert_to_mds(src, tmp_path / "good", progress=False)
+    again = convert_to_mds(src, tmp_path / "good", progress=False)  # the same command: the finished job's summary
+    assert again == first and again.units_kept == 1 and first.units_kept == 0
+    with pytest.raises(WorkbenchError, match="holds a conversion of other sources or options"):
+        convert_to_mds(src, tmp_path / "good", buckets=[256], progress=False)
+    with pytest.raises(WorkbenchError, match="already holds an MDS dataset"):  # written by something else
+        convert_to_mds(src, tmp_path / "good" / "256", progress=False)
     with pytest.raises(WorkbenchError, match="without .json sidecars"):
         convert_to_mds(src, tmp_path / "filtered", languages=["en"], progress=False)
 

@@ -3,6 +3,7 @@ import torch
 from PIL import Image
 
 from train.checkpoints.components import build_pipeline, build_unet, load_frozen_parts
+from train.generation import Settings
 from train.generation.grid import generate, write_grid
 
 
@@ -16,7 +17,7 @@ def test_batched_grid_cells_equal_their_own_single_image_call(components):
     pipe = _pipe(components)
     prompts, seeds = ["a red circle", "two blue squares above a green triangle"], [0, 5, 9]
     # five images per pipeline call: the grid's six cells span two calls of different makeup
-    grid = generate(pipe, prompts, seeds, steps=3, guidance=3.0, size=32, max_batch=5)
+    grid = generate(pipe, prompts, seeds, Settings(steps=3, guidance=3.0, width=32, height=32), max_batch=5)
     assert grid.shape == (2, 3, 32, 32, 3) and grid.dtype == np.uint8
     for i, prompt in enumerate(prompts):
         for j, seed in enumerate(seeds):
@@ -29,7 +30,7 @@ def test_batched_grid_cells_equal_their_own_single_image_call(components):
 
 def test_write_grid_lays_out_prompts_by_seeds(components, tmp_path):
     out = write_grid(_pipe(components), tmp_path / "g" / "grid.png", prompts=["a red circle"] * 3, seeds=(0, 1),
-                     title="t", steps=2, size=16)
+                     title="t", settings=Settings(steps=2, width=16, height=16))
     image = Image.open(out)
     assert image.size == (300 + 2 * 96, 24 + 3 * 96)
 

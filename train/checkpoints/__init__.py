@@ -26,7 +26,7 @@ __getattr__, __all__ = face(__name__, {
     "hashing": "content_hash fingerprint",
     "hub": "hub_cache is_hub_id",
     "names": "KINDS Checkpoint",
-    "open": "CheckpointInfo describe export_pipeline load_pipeline",
+    "open": "CheckpointInfo describe export_pipeline load_pipeline native_size_of weights_of",
     "remote": "fetch",
     "schedules": "NOISE_SCHEDULE ddpm_scheduler inference_scheduler",
     "spec": "SPEC_FORMAT ModelSpec make_spec",

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import CheckpointError, WorkbenchError, first_line
 from ..common import whole_folder
+from ..generation import DEFAULT_WEIGHTS, native_size, weights_to_use
 from .composer import has_ema, model_weights, read_checkpoint, read_summary
 from .find import Checkpoint, find_checkpoint
 from .tokenizer_files import check_pipeline_folder, tokenizer_from_files
@@ -50,6 +51,18 @@ def describe(ckpt: Checkpoint) -> CheckpointInfo:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{ckpt.label}: unreadable unet/vae/scheduler config ({type(e).__name__}: {e})") from None
     return CheckpointInfo(ckpt.kind, resolution, None, None, scheduler.get("prediction_type", "epsilon"))
+
+
+def weights_of(ckpt: Checkpoint, choice: str = DEFAULT_WEIGHTS) -> str:
+    """Which weights a choice among "auto", "ema", "raw" opens: "ema" or "raw" of a Composer checkpoint ("auto":
+    EMA where it holds EMA weights), "stored" for the kinds that hold one set (``train.generation.weights_to_use``)."""
+    return weights_to_use(choice, describe(ckpt).has_ema)
+
+
+def native_size_of(ckpt: Checkpoint, pipe) -> int:
+    """A checkpoint's native image side: the resolution it was trained at where it records one (a Composer
+    checkpoint's spec), else its UNet's sample size in pixels (``train.generation.native_size``)."""
+    return describe(ckpt).resolution or native_size(pipe)
 
 
 def _load_module(module: torch.nn.Module, weights: dict, prefix: str, where) -> None:

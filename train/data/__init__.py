@@ -1,7 +1,10 @@
 """What goes in: image-caption data converted to Streaming's MDS format, read back for training, and
 precomputed VAE latents and text hidden states.
 
-- ``convert``: image folders, Parquet and Hugging Face datasets into MDS resolution buckets (`dwb data convert`);
+- ``convert``: every source layout into MDS resolution buckets, on a pool of processes, resumable, in parts
+  (`dwb data convert`, `dwb data join`); the layouts' readers: ``layouts`` (which layout, units of work),
+  ``tar_shards`` (WebDataset, img2dataset's webdataset output), ``tables`` (Parquet, datasets),
+  ``image_folders`` (image folders, img2dataset's files output), ``records``, ``storage`` (local, s3://);
 - ``mds``: the MDS columns, writing, opening and checking datasets, one dataset of a mixture (``StreamConfig``);
 - ``loader``: the streaming datasets and dataloader of a training phase (crop, tokenize, caption dropout);
 - ``latents``: the precomputed-latents format and its compatibility checks;
@@ -10,7 +13,7 @@ precomputed VAE latents and text hidden states.
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "convert": "ConvertSummary convert_to_mds",
+    "convert": "ConvertSummary convert_to_mds join_parts",
     "latents": "META check_compatible decode_array read_meta",
     "loader": "build_dataloader check_remote_access image_to_tensor latent_meta",
     "mds": "StreamConfig bucket_dirs count_samples open_local open_writer",

@@ -1,43 +1,58 @@
-"""`dwb data convert SRC OUT`: turn captioned images into the workbench's MDS buckets.
+"""`dwb data convert SRC... OUT`: turn captioned images into the workbench's MDS buckets, on every core,
+resumable, and in parts on many machines.
 
-Sources: an image folder with ``.txt``/``.json`` caption sidecars, Parquet files with encoded
-image bytes (img2dataset, LAION-style), or a Hugging Face ``datasets`` dataset (saved to disk,
-or a hub id). Every image goes to each bucket whose side fits its shorter side, stored with the
-shorter side equal to the bucket side; training does the cropping. Bad records are counted and
-skipped, never fatal.
+Sources (``layouts``): WebDataset tars and every layout img2dataset writes (``webdataset``, ``parquet``,
+``files``), Parquet files with image bytes, image folders with ``.txt``/``.json`` sidecars, and Hugging Face
+``datasets`` datasets (saved to disk, or a hub id); local or ``s3://``, with brace patterns. Every image goes
+to each bucket whose side fits its shorter side, stored with the shorter side equal to the bucket side;
+training does the cropping. Bad records are counted and skipped, never fatal.
+
+Work is split into units (a shard, a Parquet file, a folder's images, rows of a dataset), converted by a
+pool of worker processes. Unit ``k`` writes its own MDS folder per bucket, ``OUT/<side>/<k>/``, then its
+summary to ``OUT/.convert/done/<k>.json``; a unit without that file is converted again from scratch, so a
+run killed at any point and repeated with the same command finishes the job with the same samples. Once
+every unit is done, Streaming's ``merge_index`` joins the units' indexes into ``OUT/<side>/index.json`` in
+unit order, so the dataset's sample order is the sources' order whatever the number of workers or parts.
+``--part i/N`` converts every N-th unit from the i-th; ``join_parts`` merges once all parts are done.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import logging
 import math
-import re
-from dataclasses import dataclass, field
+import multiprocessing
+import os
+import shutil
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from PIL import ExifTags, Image, ImageOps
-from streaming import MDSWriter
 from tqdm import tqdm
 
+from ..common import write_text_whole
 from ..errors import WorkbenchError
+from .image_folders import folder_records
+from .layouts import Columns, plan_units
 from .mds import image_columns, open_writer
+from .records import Filter, Record
+from .tables import hf_records, parquet_records
+from .tar_shards import TarCounts, tar_records
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
-IMAGE_COLUMNS = ("image", "jpg", "png", "img")
-CAPTION_COLUMNS = ("caption", "text", "TEXT", "prompt")
 AESTHETIC_COLUMNS = ("aesthetic", "aesthetic_score", "AESTHETIC_SCORE")
 LANGUAGE_COLUMNS = ("language", "lang", "LANGUAGE")
-HF_DISK_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
-HUB_ID = re.compile(r"^[\w-][\w.-]*(/[\w.-]+)?$")  # "name" or "owner/name"; not ./x, ~/x, /x
+PUNSAFE_COLUMNS = ("punsafe", "PUNSAFE")  # LAION's probability that an image is unsafe
+WATERMARK_COLUMNS = ("pwatermark", "PWATERMARK")  # LAION's probability that an image has a watermark
 SWAPPED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
 # Images with more pixels to decode are skipped and counted, not decoded: a 13000 x 13000 PNG (169 MP, a few
 # MB on disk when flat) decoded in full took 1.9 GB. 64 MP admits the photos of today's cameras (61 MP
 # full-frame, 48-50 MP phones); one of 64 MP takes 0.49 GB to convert. A JPEG counts at the size it decodes
 # to after draft (1/2 to 1/8 per side), so larger JPEGs pass where the buckets need less.
 DEFAULT_MAX_MEGAPIXELS = 64.0
+STATE = ".convert"  # OUT/.convert: plan.json, done/<unit>.json, summary.json
+PLAN_VERSION = 1
 
 
 @dataclass
@@ -50,163 +65,52 @@ class ConvertSummary:
     too_small: int = 0
     too_large: int = 0  # more pixels to decode than max_megapixels
     filtered: int = 0
+    no_image: int = 0  # samples without an image: img2dataset's failed downloads, a tar sample's image refused
+    refused: int = 0  # tar members not read: links, devices, unsafe names, oversize (not samples)
+    truncated: int = 0  # tar shards cut short or unreadable (not samples)
+    units_kept: int = field(default=0, compare=False)  # units an earlier, interrupted run had finished
 
     @property
     def converted(self) -> int:  # images written to at least one bucket
         return (self.seen - self.corrupt - self.no_caption - self.empty_caption - self.too_small - self.too_large
-                - self.filtered)
+                - self.filtered - self.no_image)
 
     def line(self) -> str:
         buckets = ", ".join(f"{side}px {n}" for side, n in sorted(self.written.items()))
+        extra = "".join(f", {n} {what}" for n, what in ((self.no_image, "without image"),) if n)
+        shards = "; ".join(f"{n} {what}" for n, what in ((self.truncated, "tar shards cut short or unreadable"),
+                                                         (self.refused, "tar members refused")) if n)
         return (f"converted {self.converted} of {self.seen} images: {buckets}; skipped {self.corrupt} corrupt, "
                 f"{self.no_caption} without caption, {self.empty_caption} empty caption, "
-                f"{self.too_small} too small, {self.too_large} too large, {self.filtered} filtered")
+                f"{self.too_small} too small, {self.too_large} too large, {self.filtered} filtered{extra}"
+                + (f"; {shards}" if shards else ""))
 
+    def add(self, other: "ConvertSummary") -> None:
+        for f in fields(self):
+            if f.name == "written":
+                for side, n in other.written.items():
+                    self.written[side] = self.written.get(side, 0) + n
+            elif f.name != "units_kept":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
-@dataclass
-class _Record:
-    source: str | int  # file path or row, kept in meta to trace a sample back
-    image: Any  # encoded bytes, a {"bytes", "path"} dict, or a file path
-    caption: str | None  # None: the source has no caption for this image
-    fields: dict[str, Any]  # the source's other json-serializable fields: filters read them, meta keeps them
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "written": {str(k): v for k, v in self.written.items()}})
+
+    @classmethod
+    def from_json(cls, text: str) -> "ConvertSummary":
+        data = json.loads(text)
+        data["written"] = {int(k): v for k, v in data["written"].items()}
+        return cls(**{k: v for k, v in data.items() if k != "units_kept"})
 
 
 @dataclass(frozen=True)
-class _Filter:
-    what: str  # "aesthetic" or "language", as in the --<what>-column option
-    column: str | None
-    candidates: tuple[str, ...]
-    accept: Callable[[Any], bool]
-
-    def find(self, names: Collection[str]) -> str | None:
-        return next((c for c in ((self.column,) if self.column else self.candidates) if c in names), None)
-
-    def keep(self, fields: dict[str, Any]) -> bool:
-        name = self.find(fields)
-        return name is None or self.accept(fields[name])  # a filter only applies where its column exists
-
-
-def _at_least(threshold: float) -> Callable[[Any], bool]:
-    def accept(value: Any) -> bool:
-        try:
-            return float(value) >= threshold  # NaN compares False: an unknown score is dropped
-        except (TypeError, ValueError):
-            return False
-    return accept
-
-
-def _pick(names: Sequence[str], given: str | None, candidates: Sequence[str], what: str, where: str) -> str:
-    if given is not None and given in names:
-        return given
-    if given is None and (found := next((c for c in candidates if c in names), None)):
-        return found
-    wanted = repr(given) if given is not None else f"{what} column (looked for {', '.join(candidates)})"
-    raise WorkbenchError(f"{where} has no {wanted}; its columns are {', '.join(names)}: "
-                         f"name the {what} column with --{what}-column")
-
-
-def _table_columns(names: Sequence[str], where: str, image_column: str | None, caption_column: str | None,
-                   filters: Sequence[_Filter]) -> tuple[str, str]:
-    """Resolve the image and caption columns; fail before any work when a requested filter has no column."""
-    for f in filters:
-        _pick(names, f.column, f.candidates, f.what, where)
-    return (_pick(names, image_column, IMAGE_COLUMNS, "image", where),
-            _pick(names, caption_column, CAPTION_COLUMNS, "caption", where))
-
-
-def _table_record(row: dict[str, Any], image_column: str, caption_column: str, source: str | int) -> _Record:
-    image, caption = row.pop(image_column), row.pop(caption_column)
-    fields = {k: v for k, v in row.items() if v is None or isinstance(v, (str, int, float, bool))}
-    return _Record(source, image, "" if caption is None else str(caption), fields)
-
-
-def _read_sidecars(image: Path) -> tuple[str | None, dict[str, Any]]:
-    """Caption from ``<stem>.txt`` (preferred) or ``<stem>.json``; the json's other keys become fields."""
-    caption, fields = None, {}
-    try:
-        if (sidecar := image.with_suffix(".json")).is_file():
-            data = json.loads(sidecar.read_text(encoding="utf-8"))
-            if isinstance(data, dict):
-                fields = {k: v for k, v in data.items() if k not in ("caption", "text")}
-                caption = data.get("caption", data.get("text"))
-        if (sidecar := image.with_suffix(".txt")).is_file():
-            caption = sidecar.read_text(encoding="utf-8")
-    except (OSError, ValueError):  # an unreadable sidecar means no caption, like a missing one
-        return None, {}
-    return (None if caption is None else str(caption)), fields
-
-
-def _folder_source(root: Path, filters: Sequence[_Filter]) -> tuple[Iterable[_Record], int]:
-    if filters and next(root.rglob("*.json"), None) is None:
-        raise WorkbenchError(f"{root} is an image folder without .json sidecars, so it has no "
-                             f"{' or '.join(f.what for f in filters)} values to filter on")
-    images = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-    records = (_Record(p.relative_to(root).as_posix(), p, *_read_sidecars(p)) for p in images)
-    return records, len(images)
-
-
-def _parquet_source(src: Path, image_column: str | None, caption_column: str | None,
-                    filters: Sequence[_Filter]) -> tuple[Iterable[_Record], int]:
-    files = [src] if src.is_file() else sorted(src.rglob("*.parquet"))
-    plans = []  # every file's schema is checked before converting anything
-    for path in files:
-        try:
-            parquet = pq.ParquetFile(path)
-        except (OSError, pa.ArrowException) as e:
-            raise WorkbenchError(f"{path} is not a readable Parquet file ({e})") from e
-        name = path.relative_to(src).as_posix() if src.is_dir() else path.name
-        cols = _table_columns(parquet.schema_arrow.names, str(path), image_column, caption_column, filters)
-        plans.append((name, parquet, cols))
-
-    def records() -> Iterator[_Record]:
-        for name, parquet, (image_col, caption_col) in plans:
-            row_index = 0
-            for batch in parquet.iter_batches(batch_size=256):  # bounded memory on large shards
-                for row in batch.to_pylist():
-                    yield _table_record(row, image_col, caption_col, f"{name}:{row_index}")
-                    row_index += 1
-
-    return records(), sum(p.metadata.num_rows for _, p, _ in plans)
-
-
-def _hf_source(src: str, on_disk: bool, split: str, image_column: str | None, caption_column: str | None,
-               filters: Sequence[_Filter]) -> tuple[Iterable[_Record], int]:
-    """A datasets dataset saved with ``save_to_disk`` (``on_disk``) or else a hub id."""
-    import datasets  # slow to import; only this source needs it
-
-    try:
-        ds = datasets.load_from_disk(src) if on_disk else datasets.load_dataset(src, split=split)
-    except Exception as e:  # a broken folder, or offline / unknown repo / gated / bad split: many types
-        problem = ("cannot be loaded by datasets" if on_disk
-                   else "does not exist locally and the Hugging Face hub could not provide it")
-        raise WorkbenchError(f"{src} {problem} ({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from e
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise WorkbenchError(f"{src} has no split {split!r}; its splits are {', '.join(ds)}")
-        ds = ds[split]
-    image_col, caption_col = _table_columns(ds.column_names, src, image_column, caption_column, filters)
-    if isinstance(ds.features[image_col], datasets.Image):
-        # Take the encoded bytes and decode here: once, with JPEG draft, and a corrupt image is
-        # skipped instead of raising in the middle of the dataset's iteration.
-        ds = ds.cast_column(image_col, datasets.Image(decode=False))
-    return (_table_record(row, image_col, caption_col, i) for i, row in enumerate(ds)), len(ds)
-
-
-def _source(src: str | Path, split: str, image_column: str | None, caption_column: str | None,
-            filters: Sequence[_Filter]) -> tuple[Iterable[_Record], int]:
-    """The records of SRC and how many there are, after checking the columns they need."""
-    path = Path(src).expanduser()
-    if path.is_dir() and any((path / marker).is_file() for marker in HF_DISK_MARKERS):
-        return _hf_source(str(path), True, split, image_column, caption_column, filters)
-    if (path.is_file() and path.suffix == ".parquet") or (path.is_dir() and next(path.rglob("*.parquet"), None)):
-        return _parquet_source(path, image_column, caption_column, filters)
-    if path.is_dir():
-        return _folder_source(path, filters)
-    if path.exists():
-        raise WorkbenchError(f"{path} is not an image folder, a Parquet file or a saved datasets dataset")
-    if not HUB_ID.match(str(src)):
-        raise WorkbenchError(f"{src} does not exist")
-    return _hf_source(str(src), False, split, image_column, caption_column, filters)
+class _Options:
+    """What every unit is converted with; part of the plan, so a rerun with other options is refused."""
+    sides: tuple[int, ...]
+    image_format: str
+    filters: tuple[Filter, ...]
+    max_pixels: float
+    limit: int | None
 
 
 def _open(value: Any) -> Image.Image:
@@ -267,77 +171,274 @@ def _fit(img: Image.Image, side: int, original_size: tuple[int, int]) -> Image.I
     return img if img.size == size else img.resize(size, Image.Resampling.LANCZOS)
 
 
-def _open_writers(out: Path, sides: Sequence[int], image_format: str) -> dict[int, MDSWriter]:
+def _records(unit: dict, counts: TarCounts) -> Iterator[Record]:
+    kind = unit["kind"]
+    if kind == "tar":
+        return tar_records(unit["url"], unit["name"], counts)
+    if kind == "parquet":
+        return parquet_records(unit["url"], unit["name"], unit["image_column"], unit["caption_column"])
+    if kind == "images":
+        return folder_records(unit)
+    return hf_records(unit)
+
+
+def _skip_reason(record: Record, options: _Options) -> str | None:
+    """Why a record is skipped before decoding (a ``ConvertSummary`` field), or None."""
+    if record.image is None:
+        return "no_image"
+    if record.caption is None:
+        return "no_caption"
+    if not record.caption.strip():
+        return "empty_caption"
+    if not all(f.keep(record.fields) for f in options.filters):  # before decoding: filtered rows cost nothing
+        return "filtered"
+    return None
+
+
+def _convert_record(record: Record, writers: dict, options: _Options, summary: ConvertSummary) -> None:
+    summary.seen += 1
+    if reason := _skip_reason(record, options):
+        setattr(summary, reason, getattr(summary, reason) + 1)
+        return
+    try:
+        img, original_size = _load(record.image, options.sides, options.max_pixels)
+    except TooLarge:
+        summary.too_large += 1
+        return
+    except Exception:  # PIL raises OSError, SyntaxError, ValueError, ... on bad data; one file must not stop a run
+        summary.corrupt += 1
+        return
+    if img is None:
+        summary.too_small += 1
+        return
+    caption = record.caption.strip()
+    meta = {**record.fields, "source": record.source, "original_size": list(original_size)}
+    # Largest bucket first, so each resize starts from the previous, smaller image.
+    for side in reversed([s for s in options.sides if s <= min(original_size)]):
+        img = _fit(img, side, original_size)
+        writers[side].write({"image": img, "caption": caption, "meta": meta})
+        summary.written[side] += 1
+
+
+def _done_file(out: Path, name: str) -> Path:
+    return out / STATE / "done" / f"{name}.json"
+
+
+def _convert_unit(task: tuple[str, str, dict, _Options, int | None]) -> tuple[str, ConvertSummary]:
+    """Convert one unit into ``OUT/<side>/<name>/`` from scratch, then record it as done. ``budget``: the most
+    images to convert (``limit``)."""
+    out, name, unit, options, budget = task
+    out = Path(out)
+    summary, counts = ConvertSummary(written={side: 0 for side in options.sides}), TarCounts()
     writers = {}
+    for side in options.sides:
+        shutil.rmtree(out / str(side) / name, ignore_errors=True)  # what a killed run left of this unit
+        writers[side] = open_writer(out / str(side) / name, options.image_format)
+    for record in _records(unit, counts):
+        _convert_record(record, writers, options, summary)
+        if budget is not None and summary.converted >= budget:
+            break
+    for writer in writers.values():  # each writes its index.json last
+        writer.finish()
+    summary.refused, summary.truncated = counts.refused, counts.truncated
+    write_text_whole(_done_file(out, name), summary.to_json())
+    return name, summary
+
+
+def _die_with_parent() -> None:
+    """A worker whose parent is killed (SIGKILL leaves the pool no time to stop it) is killed too, so a
+    repeated command never meets a worker of the earlier run still writing a unit it converts again."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1  # linux/prctl.h
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _run(tasks: list, workers: int) -> Iterator[tuple[str, ConvertSummary]]:
+    """Each task's summary as it finishes: in this process for one worker or one task, else in a pool of
+    forked processes (forked: no worker re-imports PIL, pyarrow and Streaming)."""
+    if workers == 1 or len(tasks) <= 1:
+        yield from map(_convert_unit, tasks)
+        return
+    with multiprocessing.get_context("fork").Pool(min(workers, len(tasks)), initializer=_die_with_parent) as pool:
+        yield from pool.imap_unordered(_convert_unit, tasks, chunksize=1)
+
+
+def _unit_names(count: int) -> list[str]:
+    width = max(5, len(str(count - 1)))
+    return [f"{k:0{width}d}" for k in range(count)]
+
+
+def _read_plan(out: Path) -> dict | None:
+    path = out / STATE / "plan.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _claim(out: Path, plan: dict) -> None:
+    """Start a conversion in OUT, or go on with the one there when its plan is this one."""
+    found = _read_plan(out)
+    if found is not None:
+        if found != plan:
+            raise WorkbenchError(f"{out} holds a conversion of other sources or options; repeat that conversion's "
+                                 f"command to finish it, or choose an empty folder")
+        return
+    if out.is_dir() and any(p.name != STATE for p in out.iterdir()):
+        held = any((p / "index.json").is_file() for p in out.iterdir())
+        raise WorkbenchError(f"{out} {'already holds an MDS dataset' if held else 'is not empty'}; "
+                             f"choose an empty folder")
+    (out / STATE / "done").mkdir(parents=True, exist_ok=True)
+    write_text_whole(out / STATE / "plan.json", json.dumps(plan))
+
+
+def _done_summaries(out: Path, names: Sequence[str]) -> dict[str, ConvertSummary]:
+    return {n: ConvertSummary.from_json(f.read_text()) for n in names if (f := _done_file(out, n)).is_file()}
+
+
+@contextlib.contextmanager
+def _quiet_streaming_logs():
+    """merge_index logs a warning for its temporary folder on every call."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _merge(out: Path, sides: Sequence[int], names: Sequence[str]) -> None:
+    """Join the units' indexes into one index per bucket, in unit order (Streaming's own merge)."""
+    from streaming.base.util import merge_index
+
     for side in sides:
-        try:
-            writers[side] = open_writer(out / str(side), image_format)
-        except FileExistsError as e:  # leftovers of an interrupted run (no index.json yet)
-            raise WorkbenchError(f"{out / str(side)} is not empty; choose an empty output folder") from e
-    return writers
+        folder = out / str(side)
+        (folder / "index.json").unlink(missing_ok=True)  # a merge a killed run began: done again
+        with _quiet_streaming_logs():
+            merge_index([str(folder / n / "index.json") for n in names], str(folder))
 
 
-def convert_to_mds(src: str | Path, out: str | Path, *, buckets: Sequence[int] = (256, 512), image_format: str = "jpeg",
-            image_column: str | None = None, caption_column: str | None = None,
-            min_aesthetic: float | None = None, aesthetic_column: str | None = None,
-            languages: Sequence[str] | None = None, language_column: str | None = None,
-            split: str = "train", limit: int | None = None, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
-            progress: bool = True) -> ConvertSummary:
-    """Convert SRC into one MDS folder per bucket, ``OUT/<side>``; ``limit`` caps the images converted, and
-    images with more than ``max_megapixels`` to decode are skipped and counted (``DEFAULT_MAX_MEGAPIXELS``)."""
-    sides = sorted({int(b) for b in buckets})
+def _total(done: dict[str, ConvertSummary], sides: Sequence[int]) -> ConvertSummary:
+    total = ConvertSummary(written={side: 0 for side in sides})
+    for summary in done.values():
+        total.add(summary)
+    return total
+
+
+def _finish(out: Path, plan: dict, src: Any) -> ConvertSummary:
+    """Merge the finished units' indexes and record the summary; refuse a conversion that wrote nothing."""
+    sides, names = plan["options"]["sides"], _unit_names(len(plan["units"]))
+    done = _done_summaries(out, names)
+    total = _total(done, sides)
+    if total.converted == 0:
+        raise WorkbenchError(f"no usable images in {src} ({total.line()})")
+    _merge(out, sides, [n for n in names if n in done])
+    write_text_whole(out / STATE / "summary.json", total.to_json())
+    return total
+
+
+def _filters(min_aesthetic, aesthetic_column, languages, language_column, max_punsafe, max_watermark):
+    filters = []
+    if min_aesthetic is not None:
+        filters.append(Filter("aesthetic", aesthetic_column, AESTHETIC_COLUMNS, "min", float(min_aesthetic)))
+    if languages is not None:
+        filters.append(Filter("language", language_column, LANGUAGE_COLUMNS, "in",
+                              tuple(sorted({lang.strip().lower() for lang in languages}))))
+    if max_punsafe is not None:
+        filters.append(Filter("punsafe", None, PUNSAFE_COLUMNS, "max", float(max_punsafe)))
+    if max_watermark is not None:
+        filters.append(Filter("watermark", None, WATERMARK_COLUMNS, "max", float(max_watermark)))
+    return tuple(filters)
+
+
+def _check_arguments(sides, limit, max_megapixels, workers, part, image_format) -> None:
     if not sides or sides[0] <= 0:
-        raise WorkbenchError(f"buckets must be positive sides in pixels, got {list(buckets)}")
+        raise WorkbenchError(f"buckets must be positive sides in pixels, got {list(sides)}")
     if limit is not None and limit < 1:
         raise WorkbenchError(f"limit must be at least 1, got {limit}")
     if not max_megapixels > 0:
         raise WorkbenchError(f"max_megapixels must be positive, got {max_megapixels}")
+    if workers is not None and workers < 1:
+        raise WorkbenchError(f"workers must be at least 1, got {workers}")
+    if part is not None and not (part[1] >= 1 and 0 <= part[0] < part[1]):
+        raise WorkbenchError(f"part must be i/N with 0 <= i < N, got {part[0]}/{part[1]}")
+    if part is not None and limit is not None:
+        raise WorkbenchError("limit and part cannot be combined: a limit counts images across all parts")
     image_columns(image_format)  # validates the format before any work
-    filters = []
-    if min_aesthetic is not None:
-        filters.append(_Filter("aesthetic", aesthetic_column, AESTHETIC_COLUMNS, _at_least(min_aesthetic)))
-    if languages is not None:
-        wanted = {lang.lower() for lang in languages}
-        filters.append(_Filter("language", language_column, LANGUAGE_COLUMNS,
-                               lambda v: v is not None and str(v).lower() in wanted))
-    records, total = _source(src, split, image_column, caption_column, filters)
 
-    writers = _open_writers(Path(out), sides, image_format)
-    summary = ConvertSummary(written={side: 0 for side in sides})
-    for record in tqdm(records, total=total, disable=not progress, unit="img", desc="convert"):
-        summary.seen += 1
-        if record.caption is None:
-            summary.no_caption += 1
-            continue
-        caption = record.caption.strip()
-        if not caption:
-            summary.empty_caption += 1
-            continue
-        if not all(f.keep(record.fields) for f in filters):  # before decoding: filtered rows cost nothing
-            summary.filtered += 1
-            continue
-        try:
-            img, original_size = _load(record.image, sides, max_megapixels * 1e6)
-        except TooLarge:
-            summary.too_large += 1
-            continue
-        except Exception:  # PIL raises OSError, SyntaxError, ValueError, ... on bad data; one file must not stop a run
-            summary.corrupt += 1
-            continue
-        if img is None:
-            summary.too_small += 1
-            continue
-        meta = {**record.fields, "source": record.source, "original_size": list(original_size)}
-        # Largest bucket first, so each resize starts from the previous, smaller image.
-        for side in reversed([s for s in sides if s <= min(original_size)]):
-            img = _fit(img, side, original_size)
-            writers[side].write({"image": img, "caption": caption, "meta": meta})
-            summary.written[side] += 1
-        if limit is not None and summary.converted >= limit:
-            break
-    # Finished only on success: an interrupted run leaves no index.json that would pass for a complete dataset.
-    for writer in writers.values():
-        writer.finish()
-    if summary.converted == 0:
-        raise WorkbenchError(f"no usable images in {src} ({summary.line()})")
+
+def convert_to_mds(src: str | Path | Sequence[str | Path], out: str | Path, *, buckets: Sequence[int] = (256, 512),
+                   image_format: str = "jpeg", image_column: str | None = None, caption_column: str | None = None,
+                   min_aesthetic: float | None = None, aesthetic_column: str | None = None,
+                   languages: Sequence[str] | None = None, language_column: str | None = None,
+                   max_punsafe: float | None = None, max_watermark: float | None = None,
+                   split: str = "train", limit: int | None = None, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
+                   workers: int | None = None, part: tuple[int, int] | None = None,
+                   progress: bool = True) -> ConvertSummary:
+    """Convert SRC (one source or several) into one MDS folder per bucket, ``OUT/<side>``.
+
+    ``limit`` caps the images converted (then units run one after another, in order); images with more than
+    ``max_megapixels`` to decode are skipped and counted. ``workers``: processes (default: every core).
+    ``part=(i, N)`` converts only the i-th of N parts and leaves the merge to ``join_parts``. Repeating a
+    command whose run was killed finishes it; repeating a finished one returns its summary.
+    """
+    sides = sorted({int(b) for b in buckets})
+    _check_arguments(sides, limit, max_megapixels, workers, part, image_format)
+    filters = _filters(min_aesthetic, aesthetic_column, languages, language_column, max_punsafe, max_watermark)
+    options = _Options(tuple(sides), image_format, filters, max_megapixels * 1e6, limit)
+    sources = [src] if isinstance(src, (str, Path)) else list(src)
+    units = plan_units(sources, Columns(image_column, caption_column, filters), split)
+    out = Path(out)
+    plan = json.loads(json.dumps({"version": PLAN_VERSION, "options": asdict(options), "units": units}))
+    _claim(out, plan)
+    if part is None and (out / STATE / "summary.json").is_file():
+        summary = ConvertSummary.from_json((out / STATE / "summary.json").read_text())
+        summary.units_kept = len(units)
+        return summary
+
+    names = _unit_names(len(units))
+    mine = [k for k in range(len(units)) if part is None or k % part[1] == part[0]]
+    done = _done_summaries(out, [names[k] for k in mine])
+    pending = [k for k in mine if names[k] not in done]
+    _convert_pending(out, names, units, options, pending, done, workers or len(os.sched_getaffinity(0)), progress)
+    if part is not None:
+        summary = _total(done, sides)
+    else:
+        summary = _finish(out, plan, src if isinstance(src, (str, Path)) else ", ".join(map(str, src)))
+    summary.units_kept = len(mine) - len(pending)
     return summary
+
+
+def _convert_pending(out: Path, names, units, options: _Options, pending: Sequence[int],
+                     done: dict[str, ConvertSummary], workers: int, progress: bool) -> None:
+    """Convert the pending units, adding each summary to ``done``; with a limit, in order until it is met."""
+    bar = tqdm(total=len(pending), disable=not progress, unit="unit", desc="convert")
+    if options.limit is None:
+        tasks = [(str(out), names[k], units[k], options, None) for k in pending]
+        for name, summary in _run(tasks, workers):
+            done[name] = summary
+            bar.update()
+    else:
+        for k in pending:
+            budget = options.limit - sum(s.converted for s in done.values())
+            if budget <= 0:
+                break
+            _, done[names[k]] = _convert_unit((str(out), names[k], units[k], options, budget))
+            bar.update()
+    bar.close()
+
+
+def join_parts(out: str | Path) -> ConvertSummary:
+    """Merge the parts of a conversion run with ``part=(i, N)`` (all in OUT: one shared folder, or each part's
+    OUT copied into one) into ``OUT/<side>/index.json``; refuses while a unit of any part is missing."""
+    out = Path(out)
+    plan = _read_plan(out)
+    if plan is None:
+        raise WorkbenchError(f"{out} holds no conversion parts ({STATE}/plan.json missing)")
+    names = _unit_names(len(plan["units"]))
+    done = _done_summaries(out, names)
+    if missing := [n for n in names if n not in done]:
+        first = plan["units"][names.index(missing[0])]
+        raise WorkbenchError(f"{out}: {len(missing)} of {len(names)} units are not converted yet (the first: unit "
+                             f"{missing[0]}, {first.get('url') or first.get('dir') or first.get('src')}); run "
+                             f"every part's command again, then join")
+    return _finish(out, plan, out)

@@ -1,4 +1,5 @@
-"""Sample grids: fixed prompts x seeds through a pipeline, one labelled PNG per checkpoint."""
+"""Sample grids: fixed prompts x seeds through a pipeline, one labelled PNG per checkpoint, with the record of
+its first image (``train.generation.png``, as AUTOMATIC1111 writes a grid's) and every prompt and seed."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ..common import whole_file
-from .images import Settings, generate_images
+from .images import Settings, generate_images, sampler_of
+from .png import ImageRecord, save_png
 
 DEMO_PROMPTS = [
     "a red circle",
@@ -21,11 +23,10 @@ DEMO_PROMPTS = [
 ]
 
 
-def generate(pipe, prompts: list[str], seeds: list[int], *, steps: int = 25, guidance: float = 5.0,
-             size: int | None = None, sampler: str | None = None, max_batch: int = 64) -> np.ndarray:
+def generate(pipe, prompts: list[str], seeds: list[int], settings: Settings = Settings(), *,
+             max_batch: int = 64) -> np.ndarray:
     """(len(prompts), len(seeds), H, W, 3) uint8; image (i, j) from prompt i and seed ``seeds[j]``
     (``train.generation``), in batched calls of up to ``max_batch`` images."""
-    settings = Settings(steps=steps, guidance=guidance, width=size, height=size, sampler=sampler)
     cells = [(p, s) for p in prompts for s in seeds]
     out = [generate_images(pipe, [p for p, _ in chunk], [s for _, s in chunk], settings)
            for chunk in (cells[i:i + max_batch] for i in range(0, len(cells), max_batch))]
@@ -59,10 +60,39 @@ def grid_image(images: np.ndarray, prompts: list[str], title: str = "") -> Image
 
 
 def write_grid(pipe, out: str | Path, prompts: list[str] = DEMO_PROMPTS, seeds=(0, 1, 2, 3), title: str = "",
-               **kwargs) -> Path:
+               settings: Settings = Settings(), *, checkpoint: str = "", checkpoint_hash: str = "",
+               weights: str = "stored", max_batch: int = 64, images_to: str | Path | None = None) -> Path:
+    """The grid as ``out`` (its suffix names the format). A PNG holds its first image's record, as AUTOMATIC1111
+    writes a grid's, and, in its ``dwb`` JSON, every prompt and seed. ``images_to``: each image also on its own
+    there, with its own record (``write_images``)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    grid = grid_image(generate(pipe, prompts, list(seeds), **kwargs), prompts, title)
-    with whole_file(out) as tmp:
-        grid.save(tmp, format=Image.registered_extensions().get(out.suffix.lower(), "PNG"))  # as OUT names it
+    seeds = list(seeds)
+    images = generate(pipe, prompts, seeds, settings, max_batch=max_batch)
+    height, width = images.shape[2:4]
+    records = [[ImageRecord.of(settings, prompt, seed, (width, height), sampler_of(settings), checkpoint,
+                               checkpoint_hash, weights) for seed in seeds] for prompt in prompts]
+    if images_to is not None:
+        write_images(images, records, images_to)
+    grid = grid_image(images, prompts, title)
+    image_format = Image.registered_extensions().get(out.suffix.lower(), "PNG")  # as OUT names it
+    if image_format != "PNG":
+        with whole_file(out) as tmp:
+            grid.save(tmp, format=image_format)
+        return out
+    save_png(grid, out, records[0][0], extra={"grid": {"prompts": list(prompts), "seeds": seeds}})
     return out
+
+
+def write_images(images: np.ndarray, records: list[list[ImageRecord]], folder: str | Path) -> list[Path]:
+    """Each image of a (prompts, seeds, H, W, 3) grid as its own PNG with its record, named as AUTOMATIC1111 names
+    them, ``<5-digit index>-<seed>.png``, prompt by prompt."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cells = [(image, record) for row, rows in zip(images, records) for image, record in zip(row, rows)]
+    paths = []
+    for i, (image, record) in enumerate(cells):
+        path = folder / f"{i:05d}-{record.seed}.png"
+        save_png(Image.fromarray(image), path, record)
+        paths.append(path)
+    return paths

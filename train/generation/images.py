@@ -19,23 +19,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .samplers import make_sampler, sampler_name
+from .defaults import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_SIZE, DEFAULT_STEPS
+from .samplers import make_sampler
 
 StepHook = Callable[[int, int], None]  # (steps done, steps in all) after each denoising step
 
 
-DEFAULT_GUIDANCE = 7.5  # classifier-free guidance of a generation that names none (the app's starting value)
-
-
 @dataclass(frozen=True)
 class Settings:
-    """How to sample: the same for every image of one call."""
+    """How to sample: the same for every image of one call; unset, the workbench's defaults (``defaults``)."""
 
-    steps: int = 25
+    steps: int = DEFAULT_STEPS
     guidance: float = DEFAULT_GUIDANCE
-    width: int | None = None  # None: the model's native size
-    height: int | None = None
-    sampler: str | None = None  # a name in train.generation.SAMPLERS; None: the pipeline's own
+    width: int | None = DEFAULT_SIZE  # None: the model's native size
+    height: int | None = DEFAULT_SIZE
+    sampler: str | None = DEFAULT_SAMPLER  # a name in train.generation.SAMPLERS; None: DEFAULT_SAMPLER
     negative_prompt: str = ""
 
 
@@ -47,9 +45,9 @@ def native_size(pipe) -> int:
     return pipe.unet.config.sample_size * pipe.vae_scale_factor
 
 
-def sampler_of(pipe, settings: Settings) -> str:
+def sampler_of(settings: Settings) -> str:
     """The sampler's name a call with these settings uses."""
-    return settings.sampler or sampler_name(pipe.scheduler)
+    return settings.sampler or DEFAULT_SAMPLER
 
 
 @torch.no_grad()
@@ -62,8 +60,7 @@ def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settin
     """
     if len(prompts) != len(seeds):
         raise ValueError("one seed per prompt")
-    base = pipe.scheduler.config
-    scheduler = make_sampler(settings.sampler, base) if settings.sampler else type(pipe.scheduler).from_config(base)
+    scheduler = make_sampler(sampler_of(settings), pipe.scheduler.config)
     run = type(pipe)(**{**pipe.components, "scheduler": scheduler}, requires_safety_checker=False)
     run.set_progress_bar_config(disable=True)
 

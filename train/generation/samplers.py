@@ -20,9 +20,6 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "UniPC": ("UniPCMultistepScheduler", {}),
     "PNDM": ("PNDMScheduler", dict(skip_prk_steps=True)),
 }
-# The pipelines' default: at 20 steps it drew the tiny model's one-object prompts fully right more
-# often than DDIM did on the same checkpoints and seeds (BENCHMARKS.md, "One-object prompts above 0.5").
-DEFAULT_SAMPLER = "DPM++ 2M"
 
 
 # Results rows and sample manifests written before the sampler had one name call it "scheduler".

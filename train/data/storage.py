@@ -1,0 +1,100 @@
+"""Where conversion's sources live: local paths or ``s3://bucket/prefix`` URLs, and brace patterns over
+either (``shards/{00000..00999}.tar``, ``{a,b}``), as WebDataset and img2dataset name shards.
+
+Endpoints, credentials and retries are boto3's (``S3_ENDPOINT_URL`` for an S3-compatible store).
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import WorkbenchError, first_line
+
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
+MAX_EXPANDED = 10_000_000  # names one pattern may expand to: a typo such as {0..99999999999} fails at once
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``a{000..002}b`` -> a000b a001b a002b (zero padding kept from the first bound); ``{x,y}`` -> x y."""
+    if m := _RANGE.search(pattern):
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if hi < lo or hi - lo >= MAX_EXPANDED:
+            raise WorkbenchError(f"{pattern}: the range {m.group(0)} must count up, by at most {MAX_EXPANDED:,} names")
+        width = len(m.group(1))
+        heads = [f"{pattern[:m.start()]}{i:0{width}d}" for i in range(lo, hi + 1)]
+        return [head + tail for head in heads for tail in expand_braces(pattern[m.end():])]
+    if m := _CHOICE.search(pattern):
+        return [name for choice in m.group(1).split(",")
+                for name in expand_braces(pattern[:m.start()] + choice + pattern[m.end():])]
+    return [pattern]
+
+
+def is_remote(url: str) -> bool:
+    return url.startswith("s3://")
+
+
+def split_s3(url: str) -> tuple[str, str]:
+    bucket, _, key = url[len("s3://"):].partition("/")
+    if not bucket:
+        raise WorkbenchError(f"{url}: no bucket in the URL")
+    return bucket, key
+
+
+def s3_client():
+    import boto3
+
+    if boto3.session.Session().get_credentials() is None:
+        raise WorkbenchError("reading s3:// needs S3 credentials, and none were found (set AWS_ACCESS_KEY_ID and "
+                             "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; S3_ENDPOINT_URL for an S3-compatible store)")
+    return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+
+
+def list_s3(url: str) -> list[str]:
+    """Every object under an ``s3://bucket/prefix`` (the prefix taken as a folder), sorted."""
+    bucket, prefix = split_s3(url)
+    prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+    try:
+        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(f"s3://{bucket}/{o['Key']}" for page in pages for o in page.get("Contents", []))
+    except WorkbenchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - botocore's many error types, as one line
+        raise WorkbenchError(f"cannot list {url}: {first_line(e)}") from None
+
+
+def exists(url: str) -> bool:
+    if not is_remote(url):
+        return Path(url).is_file()
+    bucket, key = split_s3(url)
+    try:
+        s3_client().head_object(Bucket=bucket, Key=key)
+        return True
+    except WorkbenchError:
+        raise
+    except Exception:  # noqa: BLE001 - a 404 and a 403 alike: nothing to read there
+        return False
+
+
+def open_stream(url: str) -> BinaryIO:
+    """A forward-only binary stream of a file or object (a tar is read in one pass, never whole in memory)."""
+    if not is_remote(url):
+        return open(url, "rb")
+    bucket, key = split_s3(url)
+    try:
+        return s3_client().get_object(Bucket=bucket, Key=key)["Body"]
+    except WorkbenchError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise WorkbenchError(f"cannot read {url}: {first_line(e)}") from None
+
+
+def open_seekable(url: str):
+    """A local path as is, or an object's bytes in memory (a Parquet footer needs seeking)."""
+    if not is_remote(url):
+        return url
+    with open_stream(url) as body:
+        return io.BytesIO(body.read())
