@@ -9,6 +9,7 @@ demo: setup
 
 test: setup
 	bash scripts/setup-test-deps.sh
+	bash scripts/setup-reference-packages.sh
 	.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 test-fast: setup

@@ -76,7 +76,8 @@ def _with_interval(r: dict, key: str, fmt: str) -> str:
     return format(r[key], fmt) + (f" [{lo:{fmt}}, {hi:{fmt}}]" if lo is not None else "")
 
 
-SUMMARY_FORMATS = (("fid", ".3f"), ("kid_mean", ".5f"), ("clip_score", ".2f"), ("cmmd", ".4f"), ("fd_dinov2", ".3f"))
+SUMMARY_FORMATS = (("fid", ".3f"), ("kid_mean", ".5f"), ("clip_score", ".2f"), ("cmmd", ".4f"), ("fd_dinov2", ".3f"),
+                   ("pickscore", ".3f"), ("hps", ".4f"), ("imagereward", ".3f"), ("aesthetic", ".3f"))
 
 
 def _summary(rows: list[dict]) -> None:
@@ -223,6 +224,7 @@ def _common(p, scoring: bool = True) -> None:
                    help="also CMMD (Gaussian-kernel MMD on the --clip model's image embeddings, x1000)")
     p.add_argument("--dinov2", help="DINOv2 model folder or hub id already in the Hugging Face cache (facebook/dinov2-large): "
                                     "FD-DINOv2, precision, recall, density and coverage on its features")
+    _preference_flags(p)
     p.add_argument("--bootstrap", type=_replicates,
                    help=f"bootstrap replicates for the 95%% intervals (prompts resampled; default {DEFAULT['bootstrap']}); "
                         "0: no intervals")
@@ -240,6 +242,21 @@ def _common(p, scoring: bool = True) -> None:
     p.add_argument("--allow-fewer-reference", action="store_true", default=None,
                    help="use a reference set smaller than --n-reference")
     p.add_argument("--cache", help="reference statistics cache (default OUT/cache)")
+
+
+def _preference_flags(p) -> None:
+    """--pickscore, --hps, --imagereward, --aesthetic: alone, the authors' published weights (from the Hugging
+    Face cache, or the hub when online); with a value, that file, folder or hub id."""
+    from .config import PREFERENCE_WEIGHTS
+
+    for flag, what in (("pickscore", "PickScore (a CLIP-H folder or hub id)"),
+                       ("hps", "HPSv2.1 (HPS_v2.1_compressed.pt, its folder or hub id)"),
+                       ("imagereward", "ImageReward (ImageReward.pt and med_config.json: their folder or hub id)"),
+                       ("aesthetic", "LAION aesthetic score (the predictor's head file, on --clip's image embeddings "
+                                     "when ViT-L/14, else OpenAI's)")):
+        default = PREFERENCE_WEIGHTS[flag]
+        p.add_argument(f"--{flag}", nargs="?", const=default, metavar="WEIGHTS",
+                       help=f"per-image {what}, with its interval; alone: {default}")
 
 
 def _set_help(parser, dest: str, text: str) -> None:

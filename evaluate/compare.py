@@ -26,7 +26,7 @@ from train.common import write_text_whole
 from .bootstrap import interval, p_floor, p_value, prompt_weights, weighted_means
 from .layout import comparison_file
 from .metrics import FeatureStats
-from .names import IMAGE_QUALITY, difference_range, metric
+from .names import IMAGE_QUALITY, PREFERENCE_COLUMNS, difference_range, metric
 from .reference import ReferenceStats
 from .row import FEATURES, VERDICTS, RowImages, mean_values, set_replicates
 from .samples import MANIFEST, read_manifest
@@ -73,7 +73,8 @@ def load_row_images(out: Path, row: dict) -> tuple[RowImages, dict[str, str], di
     clip = np.array([m["clip_score"] for m in manifest]) if manifest and "clip_score" in manifest[0] else None
     verdicts = ([None if m.get("attr_all") is None else {k: m.get(f"attr_{k}") for k in VERDICTS} for m in manifest]
                 if manifest and "attr_all" in manifest[0] else [])
-    images = RowImages(keys, [m["category"] for m in manifest], clip, verdicts, state["features"])
+    preference = {k: np.array([m[k] for m in manifest]) for k in PREFERENCE_COLUMNS if manifest and k in manifest[0]}
+    images = RowImages(keys, [m["category"] for m in manifest], clip, verdicts, state["features"], preference)
     return images, state["references"], {m["prompt_index"]: m["prompt"] for m in manifest}, manifest
 
 
@@ -98,7 +99,10 @@ def _check_images(a: dict, b: dict, ma: list[dict], mb: list[dict], refs_a: dict
 
 
 def _metrics(a: dict, b: dict) -> list[str]:
+    """The metrics both rows have; a preference score only where both were scored by the same weights."""
     names = ["fid", "kid_mean", "clip_score", "cmmd", "fd_dinov2", *ATTRIBUTE_COLUMNS]
+    models_a, models_b = a.get("preference_models", {}), b.get("preference_models", {})
+    names += [k for k in PREFERENCE_COLUMNS if models_a.get(k) is not None and models_a.get(k) == models_b.get(k)]
     return [n for n in names if a.get(n) is not None and b.get(n) is not None]
 
 

@@ -21,7 +21,8 @@ from .attribute_accuracy import attr_column
 
 METRICS_FILE = "metrics.json"
 IMAGE_QUALITY, TEXT_ALIGNMENT, ATTRIBUTE_ACCURACY = "image quality", "text alignment", "attribute accuracy"
-FAMILIES = (IMAGE_QUALITY, TEXT_ALIGNMENT, ATTRIBUTE_ACCURACY)
+HUMAN_PREFERENCE = "human preference"
+FAMILIES = (IMAGE_QUALITY, TEXT_ALIGNMENT, ATTRIBUTE_ACCURACY, HUMAN_PREFERENCE)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,13 @@ _TABLE = [
     Metric("coverage", "coverage", False, IMAGE_QUALITY, SHARE),
     Metric("clip_score", "CLIP score", False, TEXT_ALIGNMENT, (-100, 100)),  # 100 x cosine, not clipped at 0
     *_attribute_metrics(),
+    # learned from people's choices (evaluate/preference.py): higher is preferred
+    Metric("pickscore", "PickScore", False, HUMAN_PREFERENCE, (-100, 100)),  # CLIP logit: 100 x cosine
+    Metric("hps", "HPSv2.1", False, HUMAN_PREFERENCE, (-1, 1)),  # a cosine
+    Metric("imagereward", "ImageReward", False, HUMAN_PREFERENCE, (None, None)),  # standardised, unbounded
+    Metric("aesthetic", "aesthetic score", False, HUMAN_PREFERENCE, (None, None)),  # a linear head: unbounded
 ]
+PREFERENCE_COLUMNS = ("pickscore", "hps", "imagereward", "aesthetic")
 METRICS: dict[str, Metric] = {m.key: m for m in _TABLE}
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 from train.common import whole_file, write_text_whole
 
 from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
-from .names import display_name, with_direction
+from .names import PREFERENCE_COLUMNS, display_name, with_direction
 from .store import ResultsStore
 from .verdict import replicates_text
 
 ALL_RIGHT = attr_column("all", "all")  # every attribute right over every prompt
 
-STEP_METRICS = tuple((k, with_direction(k)) for k in ("fid", "clip_score", "cmmd", "fd_dinov2"))
+STEP_METRICS = tuple((k, with_direction(k)) for k in ("fid", "clip_score", "cmmd", "fd_dinov2", *PREFERENCE_COLUMNS))
 TRADEOFF_X = tuple((k, display_name(k)) for k in ("clip_score", ALL_RIGHT))
 
 
@@ -166,7 +166,7 @@ def _categories(rows: list[dict], tag) -> list[str]:
         if len(table) > 1:
             parts.append(f"<details><summary>{html.escape(r['model'])}, guidance {r['guidance']:g}"
                          f"{html.escape(tag(r))}: {len(table)} categories</summary>")
-            parts.append(_table(table, ["clip_score", *[k for k, _ in ATTRIBUTE_LINES]],
+            parts.append(_table(table, ["clip_score", *PREFERENCE_COLUMNS, *[k for k, _ in ATTRIBUTE_LINES]],
                                 ["category", "n_prompts", "n_images"]) + "</details>")
     return ["<h2>By prompt category</h2>", *parts] if parts else []
 
@@ -217,7 +217,7 @@ def write_report(folder: str | Path) -> Path:
                      "images falls, so compare those rows on fid_infinity (FD&infin;), not FID.</p>")
     parts += [f"<img src='{p.name}'>" for p in plots if p]
     parts.append(_table(rows, ["fid", "fid_infinity", "kid_mean", "clip_score", "cmmd", "fd_dinov2", "precision",
-                               "recall", "density", "coverage", "seconds_total"], first))
+                               "recall", "density", "coverage", *PREFERENCE_COLUMNS, "seconds_total"], first))
     if any(r.get(ALL_RIGHT) is not None for r in rows):
         parts += ["<h2>Attribute accuracy</h2>", _table(rows, [k for k, _ in ATTRIBUTE_LINES], first)]
     parts += _categories(rows, tag) + _comparisons(folder)

@@ -3,8 +3,9 @@
 Each rank feeds ``RowScorer.on_batch`` the images it generated and hands ``part()`` to rank 0, which
 computes the row's metrics (``row_metrics``): FID / KID on the extractor's features, CLIP score, CMMD,
 FD-DINOv2 with precision / recall / density / coverage, attribute accuracy, FD-infinity, a 95% bootstrap
-interval on every metric (``bootstrap.py``), and CLIP score and attribute accuracy per prompt category.
-Per-image values (CLIP score, attribute verdicts) go to the manifest; per-image features are saved
+interval on every metric (``bootstrap.py``), and CLIP score, the human-preference scores (``preference.py``)
+and attribute accuracy per prompt category. Per-image values (CLIP score, preference scores, attribute
+verdicts) go to the manifest; per-image features are saved
 beside it (``FEATURES``), so two rows can be compared image by image later (``compare.py``).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .fd_infinity import fd_infinity
 from .metrics import FeatureStats, cmmd, cmmd_replicates, kernel_inception_distance, kid_replicates
 from .names import value_range
 from .prdc import prdc
+from .preference import scores_of
 from .prompts import Prompt
 
 FEATURES = "features.pt"
@@ -46,8 +48,8 @@ class RowScorer:
     8 MiB per 1,000 images at 2,048-d) for the intervals, FD-infinity and later comparisons.
     """
 
-    def __init__(self, extractor, *, scorer=None, clip=None, clip_images=None, dinov2=None, kid_max: int = 10000,
-                 seed: int = 0):
+    def __init__(self, extractor, *, scorer=None, clip=None, clip_images=None, dinov2=None, preference=None,
+                 kid_max: int = 10000, seed: int = 0):
         self.extractors = {"fid": extractor, "cmmd": clip_images, "fd_dinov2": dinov2}
         self.extractors = {k: v for k, v in self.extractors.items() if v is not None}
         self.scorer, self.clip = scorer, clip
@@ -58,6 +60,8 @@ class RowScorer:
         self.keys: list[tuple[int, int]] = []
         self.categories: list[str] = []
         self.clip_scores: list[float] = []
+        self.preference = preference or {}  # column name -> scorer (preference.load_preference_scorers)
+        self.preference_scores: dict[str, list[float]] = {k: [] for k in self.preference}
         self.verdicts: list[dict | None] = []  # per image: the attribute verdicts, None without one
         self.seconds = 0.0
 
@@ -77,12 +81,14 @@ class RowScorer:
             self.features[name].append(f.to(torch.float32))
         if self.clip is not None:
             self.clip_scores += self.clip.update(images, captions).tolist()
+        for name, preference in self.preference.items():
+            self.preference_scores[name] += scores_of(preference, images, captions).tolist()
         self.seconds += time.perf_counter() - t
 
     def part(self) -> dict:
         """This rank's share, picklable (``dist.all_gather_object``)."""
         return {"keys": self.keys, "categories": self.categories, "clip_score": self.clip_scores,
-                "verdicts": self.verdicts, "stats": {k: s.state_dict() for k, s in self.stats.items()},
+                "verdicts": self.verdicts, "preference": self.preference_scores, "stats": {k: s.state_dict() for k, s in self.stats.items()},
                 "features": {k: torch.cat(v) if v else torch.zeros(0, self.stats[k].dim) for k, v in self.features.items()}}
 
 
@@ -100,6 +106,7 @@ class RowImages:
     clip_score: np.ndarray | None  # (N,)
     verdicts: list[dict | None]
     features: dict[str, torch.Tensor]  # name -> (N, D) float32
+    preference: dict[str, np.ndarray] = field(default_factory=dict)  # column name -> (N,) per-image scores
     prompts: np.ndarray = field(init=False)  # (N,) prompt index of each image: the bootstrap's unit
 
     def __post_init__(self) -> None:
@@ -112,7 +119,9 @@ class RowImages:
         ordered = {name: [values[i] for i in order] if values else [] for name, values in joined.items()}
         features = {k: torch.cat([p["features"][k] for p in parts])[order] for k in parts[0]["features"]}
         clip = np.array(ordered["clip_score"]) if ordered["clip_score"] else None
-        return cls(ordered["keys"], ordered["categories"], clip, ordered["verdicts"], features)
+        preference = {k: np.array([x for p in parts for x in p.get("preference", {})[k]])[order]
+                      for k in parts[0].get("preference", {})}
+        return cls(ordered["keys"], ordered["categories"], clip, ordered["verdicts"], features, preference)
 
     def attribute_matrix(self, captions: dict[int, str]) -> tuple[list[str], np.ndarray]:
         """The tally keys and an (N, K) matrix of 1 / 0 per image, NaN where an image does not count."""
@@ -127,6 +136,7 @@ class RowImages:
             extra = {}
             if self.clip_score is not None:
                 extra["clip_score"] = round(float(self.clip_score[i]), 4)
+            extra.update({k: round(float(v[i]), 6) for k, v in self.preference.items()})
             if self.verdicts:
                 v = self.verdicts[i] or {}
                 extra.update({f"attr_{k}": v.get(k) for k in VERDICTS})
@@ -147,8 +157,10 @@ def set_replicates(images: RowImages, references: dict, weights: np.ndarray) -> 
 
 
 def mean_values(images: RowImages, captions: dict[int, str]) -> dict[str, np.ndarray]:
-    """Per-image metrics by column name: ``clip_score`` and the ``attr_*`` accuracies (NaN: does not count)."""
+    """Per-image metrics by column name: ``clip_score``, the preference scores and the ``attr_*`` accuracies
+    (NaN: does not count)."""
     values = {} if images.clip_score is None else {"clip_score": images.clip_score}
+    values.update(images.preference)
     if images.verdicts:
         names, matrix = images.attribute_matrix(captions)
         values.update({f"attr_{n}": matrix[:, j] for j, n in enumerate(names)})
@@ -165,7 +177,7 @@ def _intervals(points: dict, replicates: dict[str, np.ndarray], digits: dict[str
 
 
 def category_table(images: RowImages, values: dict[str, np.ndarray], bootstrap: int, seed: int) -> list[dict]:
-    """CLIP score and attribute accuracy per prompt category, each with its interval (prompts of the
+    """CLIP score, the preference scores and attribute accuracy per prompt category, each with its interval (prompts of the
     category resampled)."""
     table = []
     categories = np.array(images.categories)
@@ -199,6 +211,7 @@ def _point_metrics(images: RowImages, stats: dict[str, FeatureStats], references
     cols["kid_mean"], cols["kid_std"] = kernel_inception_distance(ref.stats.features(), stats["fid"].features(),
                                                                   kid_subsets, kid_subset_size, seed=seed)
     cols["clip_score"] = float(images.clip_score.mean()) if images.clip_score is not None else None
+    cols.update({k: float(v.mean()) for k, v in images.preference.items()})
     cols["cmmd"] = cmmd(references["cmmd"].stats.features(), stats["cmmd"].features()) if "cmmd" in stats else None
     if "fd_dinov2" in stats:
         dino = references["fd_dinov2"]

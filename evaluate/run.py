@@ -19,6 +19,7 @@ from train.generation import Settings, sampler_of
 from .config import EvalConfig, check_eval_config, weights_choice
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
 from .layout import samples_folder
+from .names import PREFERENCE_COLUMNS
 from .prompts import Prompt, load_prompts
 from .reference import check_reference_size, reference_stats
 from .row import FEATURES, RowScorer, row_metrics, save_features
@@ -100,6 +101,10 @@ class Evaluator:
             from .dinov2 import Dinov2Extractor
 
             self.dinov2 = Dinov2Extractor(cfg.dinov2, device=self.device)
+        from .preference import load_preference_scorers
+
+        self.preference = load_preference_scorers({k: getattr(cfg, k) for k in PREFERENCE_COLUMNS}, self.device,
+                                                  clip=cfg.clip)
         self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference)
         check_reference_size(cfg.reference, cfg.n_reference, cfg.allow_fewer_reference)
         check_output_folder(cfg.out)
@@ -178,7 +183,7 @@ class Evaluator:
         rank, world = dist.get_global_rank(), dist.get_world_size()
         t_start = time.perf_counter()
         scorer = RowScorer(self.extractor, scorer=self.scorer, clip=self.clip, clip_images=self.clip_images,
-                           dinov2=self.dinov2, kid_max=cfg.kid_subset_size * 10, seed=rank)
+                           dinov2=self.dinov2, preference=self.preference, kid_max=cfg.kid_subset_size * 10, seed=rank)
         jobs = iter(plan_batches(self.prompts, cfg.n_per_prompt, cfg.batch_size, rank, world))  # generate_samples' batches
         samples = samples_folder(opened.source.model, guidance, cfg.sampler)
         records = generate_samples(opened.pipe, self.prompts, Path(cfg.out) / samples, source=opened.source,
@@ -216,6 +221,7 @@ class Evaluator:
                 "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}",
                 "resize": resize_policy(opened.size),
                 "dinov2": f"{self.dinov2.name}@{self.dinov2.weights_hash}" if self.dinov2 is not None else None,
+                **({"preference_models": {k: s.name for k, s in self.preference.items()}} if self.preference else {}),
                 "samples": str(samples), "status": "ok", **checkpoint_identity(opened.found), "time": time.time()}
 
 

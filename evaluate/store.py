@@ -21,7 +21,7 @@ from train.common import disk_full_error, is_disk_full, whole_file
 from train.generation import with_sampler_key
 
 from .attribute_accuracy import ATTRIBUTE_COLUMNS, COUNT_COLUMNS
-from .names import write_metrics_table
+from .names import PREFERENCE_COLUMNS, write_metrics_table
 
 log = logging.getLogger("evaluate.store")
 RESULTS = "results.jsonl"
@@ -35,7 +35,7 @@ def _with_interval(*names: str) -> list[str]:
 COLUMNS = ["model", "checkpoint", "step", "guidance", *_with_interval("fid"), "fid_infinity",
            *_with_interval("kid_mean"), "kid_std", *_with_interval("clip_score", "cmmd", "fd_dinov2"),
            "precision", "recall", "density", "coverage", *_with_interval(*ATTRIBUTE_COLUMNS),
-           *COUNT_COLUMNS, "n_images", "bootstrap",
+           *COUNT_COLUMNS, *_with_interval(*PREFERENCE_COLUMNS), "n_images", "bootstrap",
            "n_reference", "reference_skipped", "prompts", "sampler", "steps", "size", "extractor", "dinov2", "resize",
            "seconds_generate", "seconds_metrics", "seconds_bootstrap", "seconds_total", "seconds_checkpoint", "samples",
            "status", "error",

@@ -10,7 +10,8 @@ Agreement of a metric with raters, two ways, each with a 95% bootstrap interval 
 * *model pairs*: the share of model pairs the metric orders as raters do (the model raters prefer in more
   than half of the pair's decisive votes is the one with the better metric); a tie on either side counts
   a half. Each replicate recomputes the raters' order from the resampled votes and, for a per-image metric
-  (CLIP score, attribute accuracy, from the study's images), the metric's order from the resampled images;
+  (CLIP score, attribute accuracy, PickScore, HPSv2.1, ImageReward, the aesthetic score, from the study's
+  images), the metric's order from the resampled images;
   a set metric (FID, CMMD, ...) keeps its row's value.
 * *image pairs* (per-image metrics): the share of decisive votes whose preferred image has the higher
   metric (votes on two images with equal values are left out).
@@ -37,7 +38,9 @@ from .study import Study
 # 0.1) its 95% interval covered the true rate in 74% of draws with 2 prompts and 87-90% with 3-10 (Wilson:
 # 93-97%); one prompt gives zero width. Under MIN_PROMPTS a win rate has its Wilson interval only.
 MIN_PROMPTS = 5
-PER_IMAGE = {"clip_score": "clip_score", "attr_all_all": "attr_all"}  # row column -> the study image's metric
+# row column -> the study image's metric (the preference scores keep their names)
+PER_IMAGE = {"clip_score": "clip_score", "attr_all_all": "attr_all",
+             **{k: k for k in ("pickscore", "hps", "imagereward", "aesthetic")}}
 
 
 def win_rate(votes: list[dict], model: str, study: Study, n_boot: int, rng: np.random.Generator) -> dict:

@@ -6,7 +6,7 @@ Both readers return the same thing, a list of `Sample`, so a study can mix them.
 ``path`` (relative to the manifest's folder, or absolute) are required, plus ``model`` or
 ``checkpoint`` (the model's label defaults to the checkpoint's file stem). ``prompt_set``,
 ``prompt_index``, ``category``, ``seed``, ``guidance``, ``sampler``, ``steps``, ``width``, ``height``,
-``checkpoint_hash`` and the per-image metrics ``clip_score`` and ``attr_all`` are kept when present; any
+``checkpoint_hash`` and the per-image metrics (``METRICS``) are kept when present; any
 other key is ignored. Manifests written before ``sampler`` was named so say ``scheduler``: read as ``sampler``.
 
 *Prompt identity*: a prompt is its place in a prompt list, not its text. Two images show the same
@@ -39,7 +39,9 @@ FOLDER_NAME = re.compile(r"^(\d+)_(\d+)$")
 SETTINGS = ("guidance", "sampler", "steps", "width", "height")
 # Manifests, results rows and studies written before the sampler had one name call it "scheduler".
 OLD_SAMPLER_KEY = "scheduler"
-METRICS = ("clip_score", "attr_all")  # per-image automated scores, kept for joining with human results
+# per-image automated scores, kept for joining with human results: CLIP score, attribute verdict, and the
+# human-preference scores (evaluate/preference.py: PickScore, HPSv2.1, ImageReward, aesthetic)
+METRICS = ("clip_score", "attr_all", "pickscore", "hps", "imagereward", "aesthetic")
 
 
 def prompt_set_id(texts: list[str]) -> str:

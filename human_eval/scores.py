@@ -22,10 +22,12 @@ from .study import Study
 RESULTS = "results.jsonl"
 # metric column -> True where higher is better; the table's metrics first (FID, FD-DINOv2, CLIP score, CMMD)
 METRICS = {"fid": False, "fd_dinov2": False, "clip_score": True, "cmmd": False, "kid_mean": False,
-           "fid_infinity": False, "attr_all_all": True, "precision": True, "recall": True}
+           "fid_infinity": False, "attr_all_all": True, "precision": True, "recall": True,
+           "pickscore": True, "hps": True, "imagereward": True, "aesthetic": True}
 LABELS = {"fid": "FID", "fd_dinov2": "FD-DINOv2", "clip_score": "CLIP score", "cmmd": "CMMD", "kid_mean": "KID",
           "fid_infinity": "FD-infinity", "attr_all_all": "attribute accuracy", "precision": "precision",
-          "recall": "recall"}
+          "recall": "recall", "pickscore": "PickScore", "hps": "HPSv2.1", "imagereward": "ImageReward",
+          "aesthetic": "aesthetic score"}
 ROW_KEYS = ("model", "checkpoint", "checkpoint_hash", "step", "guidance", "sampler", "n_images", "prompts")
 
 

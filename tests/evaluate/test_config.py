@@ -22,7 +22,8 @@ EVERY_KEY = [("out", "o", "o"), ("reference", "r", "r"), ("inception_weights", "
              ("seed", "3", 3), ("clip", "c", "c"), ("cmmd", None, True), ("dinov2", "d", "d"), ("bootstrap", "0", 0),
              ("weights", "ema", "ema"), ("ema", None, True), ("kid_subsets", "3", 3), ("kid_subset_size", "4", 4),
              ("inception_features", "64", 64), ("device", "cpu", "cpu"), ("dtype", "fp32", "fp32"),
-             ("allow_fewer_reference", None, True), ("cache", "cache", "cache")]
+             ("allow_fewer_reference", None, True), ("cache", "cache", "cache"), ("pickscore", "p", "p"),
+             ("hps", "h.pt", "h.pt"), ("imagereward", "ir", "ir"), ("aesthetic", "a.pth", "a.pth")]
 
 
 def one_line_error(argv: list[str], capsys) -> str:
@@ -64,6 +65,13 @@ def test_flags_the_file_and_key_value_give_the_same_config(tmp_path):
     assert at_default == ["progress"]  # not a flag; every other key was given
 
 
+def test_a_preference_flag_alone_loads_the_published_weights():
+    cfg = config_of("run", "ck.pt", "--out", "o", "--reference", "r", "--pickscore", "--hps", "--imagereward", "--aesthetic")
+    assert (cfg.pickscore, cfg.hps, cfg.imagereward, cfg.aesthetic) == (
+        "yuvalkirstain/PickScore_v1", "xswu/HPSv2", "THUDM/ImageReward", "sac+logos+ava1-l14-linearMSE.pth")
+    assert config_of("run", "ck.pt", "--out", "o", "--reference", "r").pickscore is None  # not asked: not scored
+
+
 def test_flags_and_key_value_win_over_the_file():
     cfg = config_of("run", "a.pt", "b.pt", "--config", str(SHAPES), "--steps", "7", "guidance=[1.5, 8]", "sampler=DDIM")
     assert (cfg.steps, cfg.guidance, cfg.sampler, cfg.n_prompts) == (7, (1.5, 8.0), "DDIM", 256)
@@ -78,10 +86,11 @@ def test_flags_and_key_value_win_over_the_file():
 
 
 @pytest.mark.parametrize("arg, message", [
-    ("colour=red", "error: unknown config key 'colour' (known: allow_fewer_reference, batch_size, bootstrap, cache, "
-                   "clip, cmmd, device, dinov2, dtype, ema, guidance, inception_features, inception_weights, "
-                   "kid_subset_size, kid_subsets, n_per_prompt, n_prompts, n_reference, out, progress, prompts, "
-                   "reference, sampler, scorer, seed, size, steps, weights)"),
+    ("colour=red", "error: unknown config key 'colour' (known: aesthetic, allow_fewer_reference, batch_size, "
+                   "bootstrap, cache, clip, cmmd, device, dinov2, dtype, ema, guidance, hps, imagereward, "
+                   "inception_features, inception_weights, kid_subset_size, kid_subsets, n_per_prompt, n_prompts, "
+                   "n_reference, out, pickscore, progress, prompts, reference, sampler, scorer, seed, size, steps, "
+                   "weights)"),
     ("steps=many", "error: config key 'steps' must be an integer, got 'many'"),
     ("steps=0", "error: config key 'steps' must be a positive integer, got 0"),
     ("guidance=7.5", "error: config key 'guidance' must be a list, got 7.5"),
