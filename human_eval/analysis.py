@@ -111,6 +111,14 @@ def self_consistency(votes: list[dict], study: Study) -> dict:
     return {"repeats": total, "agreed": agreed, "rate": agreed / total if total else math.nan, "raters": raters}
 
 
+def _holding(point: float, interval: tuple[float, float]) -> tuple[float, float]:
+    """The interval widened to hold its point: the replicates are fitted to a looser tolerance than the point
+    (1e-8 against 1e-10), so where every replicate sees the same wins (unanimous votes) the point fell just
+    outside a zero-width interval."""
+    lo, hi = interval
+    return (lo, hi) if math.isnan(lo) else (min(lo, point), max(hi, point))
+
+
 def bradley_terry(votes: list[dict], study: Study, n_boot: int, rng: np.random.Generator) -> list[dict]:
     index = {m: i for i, m in enumerate(study.models)}
     decisive = [v for v in votes if v["choice"] != "none"]
@@ -125,7 +133,8 @@ def bradley_terry(votes: list[dict], study: Study, n_boot: int, rng: np.random.G
     replicates = bootstrap_bradley_terry(per_prompt, n_boot, rng)
     order = np.argsort(-scores)
     rank = {int(i): r + 1 for r, i in enumerate(order)}
-    return [{"model": m, "score": scores[i], "interval": percentile_interval(replicates[:, i]), "rank": rank[i],
+    return [{"model": m, "score": scores[i], "interval": _holding(scores[i], percentile_interval(replicates[:, i])),
+             "rank": rank[i],
              "wins": int(per_prompt.sum(0)[i].sum()), "losses": int(per_prompt.sum(0)[:, i].sum())}
             for i, m in enumerate(study.models)]
 

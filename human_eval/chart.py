@@ -80,8 +80,8 @@ def _bradley_terry_panel(ax, models: list[str], bt: dict[str, list[dict]]) -> No
         by_model = {r["model"]: r for r in rows}
         xs = [i + (qi - (len(bt) - 1) / 2) * step for i in range(len(models))]
         ys = [_nan(by_model[m]["score"]) for m in models]
-        err = [[y - _nan(by_model[m]["interval"][0]) for m, y in zip(models, ys)],
-               [_nan(by_model[m]["interval"][1]) - y for m, y in zip(models, ys)]]
+        err = [[max(0.0, y - _nan(by_model[m]["interval"][0])) for m, y in zip(models, ys)],  # results files
+               [max(0.0, _nan(by_model[m]["interval"][1]) - y) for m, y in zip(models, ys)]]  # of older reports
         ax.bar(xs, ys, step, yerr=err, capsize=3, label=LABELS.get(q, q), color=COLORS[qi % 2], ecolor="black")
     ax.axhline(0, color="grey", lw=1)
     ax.set_xticks(range(len(models)), models, rotation=20, ha="right", fontsize=8)

@@ -194,3 +194,28 @@ def test_three_votes_for_one_model_name_it_first_with_an_honest_interval(tmp_pat
     assert line.split(":")[0].split() == ["quality", winner, "vs", loser]  # the winner first
     assert f"{winner}'s share of 3 decisive votes 100" in line
     assert "cannot tell yet" in line
+
+
+def test_a_report_of_unanimous_votes_draws_its_chart(tmp_path):
+    """Every rater picks the same model on every pair: the Bradley-Terry replicates all fit the same wins, so
+    their interval has no width and the score must still lie inside it (the chart's error bars were negative
+    by the fit's rounding, and matplotlib refused to draw them)."""
+    samples = []
+    for i, name in enumerate(("alpha", "beta", "gamma")):
+        samples += read_manifest(write_samples(tmp_path / name, name, drawbench()[:4], 1, size=8, seed=i))
+    build_study(samples, tmp_path / "study", seed=1, progress=False)
+    study = load_study(tmp_path / "study")
+    store = Store(database_url(tmp_path / "study" / "votes.sqlite"), study.id)
+    rank = {m: i for i, m in enumerate(sorted(study.models))}  # the first model wins every pair it is in
+    store.add_rater("r0")
+    for pair in (p for p in study.pairs if p.kind == "main"):
+        store.show("r0", pair.id, False)
+        a, b = study.models_of(pair)
+        for q in study.question_ids:
+            store.vote("r0", pair.id, q, "A" if rank[a] < rank[b] else "B", 500)
+    store.close()
+    run = run_dwb("human-eval", "report", str(tmp_path / "study"), "--bootstrap", "50")
+    assert run.returncode == 0, run.stderr
+    results = json.loads(next((tmp_path / "study").rglob("results.json")).read_text())
+    for rows in results["bradley_terry"].values():
+        assert all(r["interval"][0] <= r["score"] <= r["interval"][1] for r in rows)
