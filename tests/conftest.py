@@ -141,13 +141,20 @@ def tiny_clip(components, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("clip")
     tokenizer = CLIPTokenizer.from_pretrained(components / "tokenizer")
     config = CLIPConfig(
+        # the tokenizer's own special ids: CLIP pools the text at the first end token, and with the config's
+        # default (49407, absent from this vocabulary) it pooled the start token, the same for every caption
         text_config=dict(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, max_position_embeddings=77),
+                         num_attention_heads=2, max_position_embeddings=77, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id),
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                            image_size=32, patch_size=8),
         projection_dim=16)
     torch.manual_seed(0)
-    CLIPModel(config).save_pretrained(out)
+    model = CLIPModel(config)
+    with torch.no_grad():  # a fixture that cannot tell captions apart would test nothing
+        text = model.get_text_features(**tokenizer(["a red circle", "two blue squares"], padding=True, return_tensors="pt"))
+    assert not torch.allclose(text[0], text[1], atol=1e-3)
+    model.save_pretrained(out)
     processor = CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32},
                                                                  crop_size={"height": 32, "width": 32}),
                               tokenizer=tokenizer)
