@@ -58,7 +58,7 @@ def is_mosaicml_state(state: dict) -> bool:
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """``{'kind', 'spec', 'model', 'ema_state', 'timestamp'}`` of a Composer checkpoint, ours or mosaicml/diffusion's."""
+    """``{'kind', 'spec', 'model', 'ema_state', 'timestamp', 'callbacks'}`` of a Composer checkpoint, ours or mosaicml/diffusion's."""
     return _interpret(load_state(path), path)
 
 
@@ -74,7 +74,7 @@ def _interpret(state: dict, path) -> dict:
         spec, kind = spec_from_weights(state["model"], where=str(path)), "mosaicml"
     ema_state = next((s for name, s in state.get("algorithms", []) if name in EMA_ALGORITHMS), None)
     return {"kind": kind, "spec": spec, "model": state["model"], "ema_state": ema_state,
-            "timestamp": state.get("timestamp")}
+            "timestamp": state.get("timestamp"), "callbacks": state.get("callbacks") or {}}
 
 
 # ---------------------------------------------------------------------------------------------
