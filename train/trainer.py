@@ -253,7 +253,8 @@ def make_loggers(cfg: TrainConfig, run_dir: Path) -> list:
         if name == "file":
             from composer.loggers import FileLogger
 
-            loggers.append(FileLogger(filename=str(log_file_of_this_start(run_dir)), flush_interval=50))
+            # flushed every batch: a killed run keeps its log up to its last batch (one short write a batch)
+            loggers.append(FileLogger(filename=str(log_file_of_this_start(run_dir)), flush_interval=1))
         elif name == "tensorboard":
             from composer.loggers import TensorboardLogger
 

@@ -58,6 +58,7 @@ class RunCost(Callback):
 
     def state_dict(self) -> dict:
         return {"wall_seconds": self.wall_seconds, "gpu_seconds": self.gpu_seconds, "resumes": self.resumes,
+                "segment_seconds": self.segment_seconds,  # this process's share (a resume starts it again)
                 "gpu_hours": self.gpu_seconds / 3600, "gpu_hours_total": self.earlier_gpu_hours + self.gpu_seconds / 3600,
                 "earlier_gpu_hours": self.earlier_gpu_hours, "usd_per_gpu_hour": self.usd_per_gpu_hour}
 
