@@ -165,3 +165,39 @@ def test_dwb_plan_reproduces_the_published_a100_table(dwb):
 def test_bad_run_in_sight_keys_are_one_line(override, says):
     with pytest.raises(WorkbenchError, match=says.replace(".", r"\.")):
         load_config(PHASE1, [override])
+
+
+@pytest.mark.slow
+def test_validation_loss_on_one_and_two_ranks_agrees(tiny_run, shapes_data, components, tmp_path, monkeypatch):
+    """`composer -n 2` (CPU, gloo): each rank measures every other held-out sample; the summed figures equal one
+    process's to float tolerance."""
+    import runpy
+
+    script = str(REPO / "tests" / "train" / "validation_ranks.py")
+    args = [str(tiny_run / "ep0-ba4-rank0.pt"), str(shapes_data / "eval" / "32"), str(components)]
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "one.json"), *args])
+    runpy.run_path(script, run_name="__main__")  # one rank: this process
+    two = subprocess.run([str(BIN / "composer"), "-n", "2", script, str(tmp_path / "two.json"), *args],
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert two.returncode == 0, two.stderr[-2000:]
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert one["shard"] == 16 and two["shard"] == 8
+    assert one["figures"].keys() == two["figures"].keys() and len(one["figures"]) == 4
+    for key, value in one["figures"].items():
+        assert two["figures"][key] == pytest.approx(value, rel=1e-5), key
+
+
+@pytest.mark.slow
+def test_evaluate_report_plots_metrics_against_gpu_hours(runs, tmp_path):
+    from evaluate.report import checkpoint_costs, plot_metrics_vs_cost
+
+    ckpts = [runs["straight"] / "ep0-ba2-rank0.pt", runs["straight"] / "ep0-ba4-rank0.pt", runs["phase2"] / "ep0-ba2-rank0.pt"]
+    rows = [{"model": c.parent.parent.name, "checkpoint": str(c), "step": 2, "guidance": 3.0, "fid": 30.0 - i}
+            for i, c in enumerate(ckpts)]
+    costs = checkpoint_costs(rows)
+    hours = [costs[str(c)]["gpu_hours_total"] for c in ckpts]
+    assert hours == sorted(hours) and hours[0] > 0  # phase 2's checkpoint carries phase 1's hours
+    out = plot_metrics_vs_cost(rows, tmp_path / "metrics_vs_cost.png")
+    assert out is not None and Image.open(out).size[0] > 300
+    assert plot_metrics_vs_cost([{**rows[0], "checkpoint": str(tmp_path / "gone.pt")}], tmp_path / "none.png") is None

@@ -14,5 +14,5 @@ __getattr__, __all__ = face(__name__, {
     "curves": "laid_out plot_runs read_run",
     "plan": "measured_from_run plan_rows schedule_samples table",
     "previews": "Previews",
-    "validation": "BANDS ValidationLoss",
+    "validation": "BANDS ValidationLoss read_held_out validation_figures",
 })

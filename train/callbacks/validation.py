@@ -93,6 +93,17 @@ def summarise(sums: torch.Tensor, timesteps: list[int], prefix: str) -> dict[str
     return out
 
 
+def validation_figures(model, held: HeldOut, timesteps: list[int], seed: int, batch_size: int,
+                       prefix: str) -> dict[str, float]:
+    """The model's figures in eval mode (no caption dropout), every rank's shard summed (``gathered``)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return summarise(gathered(loss_sums(model, held, timesteps, seed, batch_size)), timesteps, prefix)
+    finally:
+        model.train(was_training)
+
+
 def gathered(sums: torch.Tensor) -> torch.Tensor:
     from composer.utils import dist
 
@@ -128,23 +139,16 @@ class ValidationLoss(Callback):
 
     def measure(self, state: State) -> dict[str, float]:
         model = unwrap(state.model)
-        was_training = model.training
-        model.eval()
-        try:
-            figures = summarise(gathered(self.sums(model)), self.timesteps, "validation")
-            ema = ema_of(state)
-            if ema is not None:
+        figures = validation_figures(model, self.held, self.timesteps, self.seed, self.batch_size, "validation")
+        ema = ema_of(state)
+        if ema is not None:
+            ema.ema_model.swap_params(model=state.model)
+            try:
+                figures.update(validation_figures(model, self.held, self.timesteps, self.seed, self.batch_size,
+                                                  "validation_ema"))
+            finally:
                 ema.ema_model.swap_params(model=state.model)
-                try:
-                    figures.update(summarise(gathered(self.sums(model)), self.timesteps, "validation_ema"))
-                finally:
-                    ema.ema_model.swap_params(model=state.model)
-        finally:
-            model.train(was_training)
         return figures
-
-    def sums(self, model) -> torch.Tensor:
-        return loss_sums(model, self.held, self.timesteps, self.seed, self.batch_size)
 
     def state_dict(self) -> dict:
         return {"last": dict(self.last)}
