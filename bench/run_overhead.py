@@ -15,7 +15,7 @@ backward (3 forwards' FLOPs). The estimate divides those forward counts, with th
 a held-out forward relative to a training sample, by the training samples between two of them.
 
   python bench/run_overhead.py [--rounds 3] [--batches 10]
-  python bench/run_overhead.py --smoke        # seconds: 1 round of 2 batches, 8 held-out samples
+  python bench/run_overhead.py --smoke        # seconds: phase 1 only, 1 round of 2 batches, 8 held-out samples
 """
 from __future__ import annotations
 
@@ -23,7 +23,23 @@ import argparse
 import statistics
 import time
 
-from _common import ROOT, RUN, fit_batch_end_times, fixtures, parse_args, report
+from _common import ROOT, RUN, fixtures, parse_args, report
+
+
+class BatchClock:
+    """The wall-clock time at each batch's end (a Composer callback; the trainer fits again after each round)."""
+
+    def __new__(cls):
+        from composer.core import Callback
+
+        class Clock(Callback):
+            def __init__(self):
+                self.t: list[float] = []
+
+            def batch_end(self, state, logger):
+                self.t.append(time.perf_counter())
+
+        return Clock()
 
 
 def held_out() -> str:
@@ -50,11 +66,14 @@ def phase_costs(phase: str, rounds: int, batches: int, max_samples: int | None) 
     defaults = {"eval_interval": int(cfg.eval_interval[:-2]), "preview_interval": int(cfg.preview_interval[:-2])}
     trainer = build_trainer(cfg)
     callbacks = {type(c).__name__: c for c in trainer.state.callbacks}
-    fit_batch_end_times(trainer, 2)  # warm-up: first batches, EMA started
+    clock = BatchClock()
+    trainer.state.callbacks.append(clock)
+    trainer.fit(duration="2ba")  # warm-up: first batches, EMA started
     step, val, prev = [], [], []
     for _ in range(rounds):
-        ends = fit_batch_end_times(trainer, batches)
-        step += [b - a for a, b in zip(ends, ends[1:])]
+        clock.t = []
+        trainer.fit(duration=f"{batches}ba")
+        step += [b - a for a, b in zip(clock.t, clock.t[1:])]
         t0 = time.perf_counter()
         callbacks["ValidationLoss"].measure(trainer.state)
         t1 = time.perf_counter()
@@ -97,8 +116,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=10, help="training batches per round")
     ap.add_argument("--max-samples", type=int, help="held-out samples (default: the configs')")
-    args = parse_args(ap, smoke=dict(rounds=1, batches=2, max_samples=8))
-    phases = {phase: phase_costs(phase, args.rounds, args.batches, args.max_samples) for phase in ("phase1", "phase2")}
+    ap.add_argument("--phases", nargs="+", choices=("phase1", "phase2"), default=["phase1", "phase2"])
+    args = parse_args(ap, smoke=dict(rounds=1, batches=2, max_samples=8, phases=["phase1"]))
+    phases = {phase: phase_costs(phase, args.rounds, args.batches, args.max_samples) for phase in args.phases}
     ratio = max(p["forward_vs_training_sample"] for p in phases.values())
     report("run_overhead", {"rounds": args.rounds, "batches_per_round": args.batches, "tiny": phases,
                             "sd2_base": sd2_estimate(ratio), "forward_ratio_used": ratio})
