@@ -92,6 +92,8 @@ def train_phases(out: Path, p: dict, seed: int, quick: bool, stages: list) -> tu
             cfg.data.path, cfg.data.precomputed = str(out / "latents" / str(res)), True
         else:
             cfg.data.path = str(out / "shapes" / str(res))
+        cfg.validation.path = str(out / "shapes" / "eval" / "32")  # the held-out split, read at the phase's size
+        cfg.loggers = ["file", "tensorboard"]
         with measured(f"train: {phase} at {res} px ({cfg.max_duration})", stages):
             phase_dirs[phase] = train(cfg)
     return phase_dirs, resolutions
@@ -115,6 +117,21 @@ def write_grids(out: Path, phase_dirs: dict, resolutions: dict, steps: int) -> l
     return grids
 
 
+def curves_and_cost(out: Path, phase_dirs: dict, final) -> dict:
+    """Both phases' curves in one figure, and the cost table: what the demo's schedule costs at the throughput
+    phase 2 measured, and what its last checkpoint recorded."""
+    from train.callbacks import checkpoint_cost, measured_from_run, plan_rows, plot_runs, schedule_samples, table
+    from train.config import load_config
+
+    runs = [folder.parent for folder in phase_dirs.values()]
+    figure = plot_runs(runs, out / "curves.png")
+    gpus, rate = measured_from_run(runs[-1])
+    samples = schedule_samples([load_config(CONFIGS / f"tiny-{phase}.yaml") for phase in phase_dirs])
+    cost = checkpoint_cost(final.path)
+    text = table(plan_rows({gpus: rate}, samples, [gpus], 0.95, None), 0.95)
+    return {"curves": str(figure), "cost_table": text, "final_checkpoint_cost": cost}
+
+
 def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
     from train.checkpoints import export_pipeline
 
@@ -129,6 +146,7 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
     scorer = prepare_stages(out, p, seed, quick, stages)
     phase_dirs, resolutions = train_phases(out, p, seed, quick, stages)
     final = checkpoints(phase_dirs["phase2"])[-1]
+    run_in_sight = curves_and_cost(out, phase_dirs, final)
     with measured("export: last checkpoint -> diffusers folder (EMA)", stages):
         export_pipeline(final.path, out / "export", ema=True)
     with measured("grids: one per checkpoint", stages):
@@ -144,7 +162,8 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
               "total_seconds": round(time.perf_counter() - t_start, 1), "stages": stages,
               "final_checkpoint": str(final.path), "export": str(out / "export"), "grids": [str(g) for g in grids],
               "generation": generation(quick), "scorer": str(out / "scorer.pt"), "scores": scores,
-              "comparison": comparison, "evaluation": str(out / "eval" / "report" / "index.html"), "study": study}
+              "comparison": comparison, "evaluation": str(out / "eval" / "report" / "index.html"), "study": study,
+              **run_in_sight}
     (out / "demo.json").write_text(json.dumps(report, indent=2))
     print_summary(out, report, scorer)
     return report
@@ -158,6 +177,10 @@ def print_summary(out: Path, report: dict, scorer: dict) -> None:
     print(f"  {report['total_seconds']:7.1f} s  total ({report['startup_seconds']:.1f} s before the first stage: "
           "start-up, imports, old output removed)")
     print_scores(report["scores"])
+    cost = report["final_checkpoint_cost"]
+    print(f"\ncost of the configs' schedule (phase 1 + phase 2 samples) at phase 2's measured throughput, "
+          f"one process:\n{report['cost_table']}\nthe last checkpoint took {cost.get('gpu_hours_total', 0):.3f} "
+          f"process-hours to reach (both phases)\ncurves:      {report['curves']}")
     held = scorer.get("held_out") or {}
     if held:
         print("  scorer's accuracy on held-out real images: " + ", ".join(f"{k} {v:.3f}" for k, v in held.items()))

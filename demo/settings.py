@@ -11,7 +11,8 @@ GUIDANCE = 3.0
 # Phase lengths, batch and resolution come from configs/tiny-phase{1,2}.yaml; --quick shrinks them.
 FULL = dict(n=12000, n_eval=1000, vae_steps=1200, steps=20, scorer_epochs=4, score_prompts=256, train=[])
 QUICK = dict(n=256, n_eval=32, vae_steps=10, steps=4, scorer_epochs=1, score_prompts=8,
-             train=["max_duration=4ba", "save_interval=2ba", "global_train_batch_size=16", "device_train_microbatch_size=16"])
+             train=["max_duration=4ba", "save_interval=2ba", "global_train_batch_size=16", "device_train_microbatch_size=16",
+                    "eval_interval=2ba"])
 
 
 def generation(quick: bool = False) -> dict:

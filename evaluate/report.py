@@ -90,6 +90,50 @@ def plot_metrics_vs_step(rows: list[dict], out: Path) -> Path | None:
     return _save(plt, fig, out)
 
 
+def checkpoint_costs(rows: list[dict]) -> dict[str, dict]:
+    """What each row's checkpoint recorded it cost to reach (``train.callbacks``), for the ones that record it."""
+    from train.callbacks import checkpoint_cost
+    from train.errors import WorkbenchError
+
+    costs = {}
+    for ref in {r.get("checkpoint") for r in rows if r.get("checkpoint")}:
+        try:
+            cost = checkpoint_cost(ref) if Path(ref).is_file() else {}
+        except WorkbenchError:  # another kind of checkpoint: no cost inside
+            cost = {}
+        if cost.get("gpu_hours_total") is not None:
+            costs[ref] = cost
+    return costs
+
+
+def plot_metrics_vs_cost(rows: list[dict], out: Path) -> Path | None:
+    """Each measured metric against the GPU-hours (or dollars, where every checkpoint has a price) spent to reach
+    the checkpoint, both phases included: the cost-to-quality curve."""
+    costs = checkpoint_costs(rows)
+    priced = bool(costs) and all(c.get("usd_per_gpu_hour") is not None for c in costs.values())
+    xkey, xlabel = ("usd", "dollars to reach the checkpoint") if priced else ("gpu_hours", "GPU-hours to reach the checkpoint")
+    have = [{**r, "gpu_hours": costs[r["checkpoint"]]["gpu_hours_total"],
+             "usd": costs[r["checkpoint"]]["gpu_hours_total"] * (costs[r["checkpoint"]].get("usd_per_gpu_hour") or 0)}
+            for r in rows if r.get("checkpoint") in costs]
+    panels = [(k, name) for k, name in STEP_METRICS if any(r.get(k) is not None for r in have)]
+    if not panels:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    tag = _sampler_tag(have)
+    by_guidance: dict[tuple, list[dict]] = defaultdict(list)
+    for r in have:
+        by_guidance[(r["guidance"], tag(r))].append(r)
+    for (g, t), rs in sorted(by_guidance.items()):
+        for ax, (key, _) in zip(axes[0], panels):
+            points = sorted((r for r in rs if r.get(key) is not None), key=lambda r: r[xkey])
+            if points:
+                _plot(ax, points, xkey, key, f"cfg {g:g}{t}")
+    for ax, (_, name) in zip(axes[0], panels):
+        _axes(ax, xlabel, name)
+    return _save(plt, fig, out)
+
+
 def plot_tradeoff(rows: list[dict], out: Path) -> Path | None:
     """FID against CLIP score (or attribute accuracy) across guidance scales, one curve per checkpoint."""
     found = [(k, name) for k, name in TRADEOFF_X if any(r.get(k) is not None for r in rows)]
@@ -201,11 +245,12 @@ def write_report(folder: str | Path) -> Path:
                   key=lambda r: (r["step"], r["guidance"]))
     out = folder / "report"
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("metrics_vs_step.png", "tradeoff.png", "attributes_vs_step.png"):
+    for stale in ("metrics_vs_step.png", "tradeoff.png", "attributes_vs_step.png", "metrics_vs_cost.png"):
         (out / stale).unlink(missing_ok=True)  # a plot without data is not drawn, and an old one must not linger
     plots = [plot(rows, out / name) for plot, name in ((plot_metrics_vs_step, "metrics_vs_step.png"),
                                                         (plot_tradeoff, "tradeoff.png"),
-                                                        (plot_attributes_vs_step, "attributes_vs_step.png"))] if rows else []
+                                                        (plot_attributes_vs_step, "attributes_vs_step.png"),
+                                                        (plot_metrics_vs_cost, "metrics_vs_cost.png"))] if rows else []
     tag = _sampler_tag(rows)
     first = ["model", "step", "guidance", *(["sampler"] if any(tag(r) for r in rows) else []), "n_images"]
     parts = ["<!doctype html><meta charset='utf-8'><title>evaluation report</title>",

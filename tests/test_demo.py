@@ -19,6 +19,9 @@ def test_quick_demo_runs_every_stage(tmp_path):
                       "study"]
     assert (out / "latents" / "32" / "precompute.json").is_file()  # the phases trained on stored latents
     assert all(s["seconds"] >= 0 and s["peak_rss_mib"] > 0 for s in report["stages"])
+    # the run in sight: both phases' curves in one figure, the cost table, the cost carried into phase 2
+    assert (out / "curves.png").is_file() and "| measured |" in report["cost_table"]
+    assert report["final_checkpoint_cost"]["gpu_hours_total"] > report["final_checkpoint_cost"]["gpu_hours"] > 0
     # one grid per checkpoint of both phases, each a real picture with content
     ckpts = sorted((out / "runs").glob("*/checkpoints/ep*-ba*-rank0.pt"))
     assert len(ckpts) == 4 and len(report["grids"]) == 4

@@ -1,4 +1,4 @@
-"""The training side of `dwb`: data, prepare, train, export, sample."""
+"""The training side of `dwb`: data, prepare, train, export, sample, runs, plan."""
 from __future__ import annotations
 
 import argparse
@@ -203,10 +203,89 @@ def cmd_sample(args) -> None:
           + (f"; each image in {images_to}" if images_to else ""))
 
 
+def cmd_runs_plot(args) -> None:
+    from .callbacks import plot_runs
+
+    print(f"wrote {plot_runs(args.runs, args.out)}")
+
+
+def cmd_plan(args) -> None:
+    from .callbacks import measured_from_run, plan_rows, schedule_samples, table
+    from .errors import WorkbenchError
+
+    measured = dict(args.measured or [])
+    for run in args.run or []:
+        gpus, rate = measured_from_run(run)
+        measured[gpus] = rate
+    if args.samples is None and not args.config:
+        raise WorkbenchError("give --samples N or the schedule's configs (--config phase1.yaml --config phase2.yaml)")
+    if args.samples is not None:
+        samples = int(args.samples)
+    else:
+        from .config import load_config
+
+        samples = schedule_samples([load_config(c) for c in args.config])
+    rows = plan_rows(measured, samples, args.gpus, args.scaling_efficiency, args.usd_per_gpu_hour)
+    print(f"{samples / 1e9:.4g}B samples; measured rows from the throughput given, the others extrapolated "
+          f"keeping {args.scaling_efficiency:g} of linear scaling per doubling of GPUs")
+    print(table(rows, args.scaling_efficiency))
+
+
+def _measured(value: str) -> tuple[int, float]:
+    try:
+        gpus, rate = value.split(":")
+        pair = int(gpus), float(rate)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPUS:IMAGES_PER_SEC such as 8:128.2, got {value!r}") from None
+    if pair[0] <= 0 or pair[1] <= 0:
+        raise argparse.ArgumentTypeError(f"GPUs and images/s must be positive, got {value!r}")
+    return pair
+
+
+def _counts(value: str) -> list[int]:
+    try:
+        counts = [int(v) for v in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated GPU counts such as 8,64,128, got {value!r}") from None
+    if any(c <= 0 for c in counts):
+        raise argparse.ArgumentTypeError(f"GPU counts must be positive, got {value!r}")
+    return counts
+
+
+def _efficiency(value: str) -> float:
+    x = _positive_float(value)
+    if x > 1:
+        raise argparse.ArgumentTypeError(f"a scaling efficiency is at most 1, got {value}")
+    return x
+
+
 def register(sub) -> None:
-    """`dwb data ...`, `prepare`, `train`, `export`, `sample`."""
+    """`dwb data ...`, `prepare`, `train`, `export`, `sample`, `runs plot`, `plan`."""
     register_data(sub)
     register_model(sub)
+    register_runs(sub)
+
+
+def register_runs(sub) -> None:
+    runs = sub.add_parser("runs", help="look at training runs: curves across phases and restarts")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="RUNS_COMMAND")
+    p = runs_sub.add_parser("plot", help="training loss, validation loss, lr and throughput against samples seen")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders in order (phase 1, phase 2 ...), "
+                   "each with the logs/ `dwb train` writes")
+    p.add_argument("--out", default="curves.png")
+    p.set_defaults(func=cmd_runs_plot)
+
+    p = sub.add_parser("plan", help="measured throughput -> GPUs, images/s, days, GPU-hours and cost of a schedule")
+    p.add_argument("--measured", action="append", type=_measured, metavar="GPUS:IMAGES_PER_SEC",
+                   help="a measured row, e.g. 8:128.2 (repeatable; bench/train_throughput.py measures one GPU)")
+    p.add_argument("--run", action="append", metavar="RUN", help="a run folder whose logs give a measured row")
+    p.add_argument("--config", action="append", help="the schedule's phases (samples = max_duration x batch), repeatable")
+    p.add_argument("--samples", type=_positive_float, help="the schedule's samples instead of --config")
+    p.add_argument("--gpus", type=_counts, default=[8, 16, 32, 64, 128, 256], help="rows (default 8,16,...,256)")
+    p.add_argument("--scaling-efficiency", type=_efficiency, default=0.95,
+                   help="share of linear speed-up kept per doubling of GPUs, for extrapolated rows (default 0.95)")
+    p.add_argument("--usd-per-gpu-hour", type=_positive_float, help="price of one GPU-hour (cost column)")
+    p.set_defaults(func=cmd_plan)
 
 
 def register_data(sub) -> None:

@@ -109,6 +109,49 @@ class EMAConfig:
     update_interval: str = checked("1ba", Duration(units=("ba", "ep")))  # Composer's EMA takes no other unit
 
 
+def batches(text: str) -> Optional[str]:
+    """Intervals the callbacks count in batches."""
+    import re
+
+    m = re.fullmatch(r"(\d+)ba", str(text))
+    return None if m and int(m.group(1)) > 0 else f"must be a positive number of batches such as 500ba, got {text!r}"
+
+
+def timestep(t: int) -> Optional[str]:
+    return None if isinstance(t, int) and 0 <= t <= 999 else f"must be a timestep from 0 to 999, got {t!r}"
+
+
+@dataclass
+class ValidationConfig:
+    # A held-out MDS dataset of images and captions on the local disk (`dwb data shapes OUT` writes OUT/eval/<size>);
+    # null: no validation loss. Read at the training resolution, every `eval_interval`.
+    path: Optional[str] = None
+    # Each held-out sample is noised to every one of these timesteps with its own fixed noise; reported overall
+    # and per band (low < 333 <= mid < 667 <= high).
+    # Five timesteps and 64 samples: one pass (raw and EMA) costs about 3 training batches of 64 (bench/run_overhead.py).
+    timesteps: list[int] = checked(rule=Each(timestep), factory=lambda: [100, 300, 500, 700, 900])
+    max_samples: int = checked(64, AT_LEAST_ONE)  # the first this many of the split
+    seed: int = checked(0, SEED)  # of the fixed noise
+    batch_size: int = checked(64, AT_LEAST_ONE)  # held-out samples per UNet call
+
+
+@dataclass
+class PreviewConfig:
+    # The grid drawn every `preview_interval`: these prompts x these seeds, as `dwb sample` draws them.
+    prompts: list[str] = field(default_factory=lambda: ["a red circle", "two blue squares",
+                                                        "a white square above a purple triangle"])
+    seeds: list[int] = checked(rule=Each(SEED), factory=lambda: [0, 1])
+    steps: int = checked(20, AT_LEAST_ONE)
+    guidance: float = checked(5.0, NON_NEGATIVE)
+    sampler: Optional[str] = None  # null: the checkpoint's own (as `dwb sample` without --sampler)
+    ema: bool = False  # the EMA weights (`dwb sample --ema`) instead of the raw ones
+
+
+@dataclass
+class CostConfig:
+    usd_per_gpu_hour: Optional[float] = checked(None, Range(0, note="null leaves dollars out"))
+
+
 @dataclass
 class TrainConfig:
     run_name: str = "run"
@@ -141,6 +184,13 @@ class TrainConfig:
     loggers: list = checked(rule=Each(one_of(*LOGGERS)), factory=lambda: ["file"])
     log_interval: str = checked("10ba", Duration())
     progress_bar: bool = True
+    # Validation loss on `validation.path` every this many batches (Composer's name); null: none.
+    eval_interval: Optional[str] = checked("5000ba", batches)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    # A grid of `previews.prompts` x `previews.seeds` every this many batches (beside the checkpoints); null: none.
+    preview_interval: Optional[str] = checked(None, batches)
+    previews: PreviewConfig = field(default_factory=PreviewConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
 
     def resolved_save_folder(self) -> str:
         return self.save_folder.replace("{run_name}", self.run_name)
@@ -151,6 +201,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_rules(cfg)
     _check_data(cfg.data)
     _check_batch_split(cfg)
+    if cfg.previews.sampler is not None:
+        from .generation import check_sampler
+
+        check_sampler(cfg.previews.sampler)
     if cfg.save_num_checkpoints_to_keep == 0 and "://" not in cfg.save_folder:
         raise WorkbenchError(f"config key 'save_num_checkpoints_to_keep' is 0, which deletes every checkpoint from "
                              f"the local save_folder {cfg.resolved_save_folder()} as soon as it is written; 0 is for a remote "

@@ -103,20 +103,28 @@ class LatentDiffusion(ComposerModel):
         # latents, and randn_like follows the layout), so stored and on-the-fly latents get the same noise.
         noise = torch.randn(latents.shape, device=latents.device, dtype=latents.dtype)
         t = torch.randint(0, len(self.alphas_cumprod), (latents.shape[0],), device=latents.device)
+        return self.denoise(latents, text, noise, t)
+
+    def denoise(self, latents: torch.Tensor, text: torch.Tensor, noise: torch.Tensor, t: torch.Tensor):
+        """(prediction, target, t): the UNet's output on the latents noised to timesteps ``t``."""
         a = self.alphas_cumprod.to(latents.device)[t].view(-1, 1, 1, 1)
         noisy = a.sqrt() * latents + (1 - a).sqrt() * noise
         target = noise if self.prediction_type == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * latents
         pred = self.unet(noisy, t, encoder_hidden_states=text).sample
         return pred, target, t
 
-    def loss(self, outputs, batch):
+    def per_sample_loss(self, outputs) -> torch.Tensor:
+        """The training objective of each sample: MSE, weighted by min-SNR-gamma where configured."""
         pred, target, t = outputs
         per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
         if self.min_snr_gamma is not None:
             snr = self.alphas_cumprod.to(t.device)[t] / (1 - self.alphas_cumprod.to(t.device)[t])
             clipped = snr.clamp(max=self.min_snr_gamma)
             per_sample = per_sample * (clipped / snr if self.prediction_type == "epsilon" else clipped / (snr + 1))
-        return per_sample.mean()
+        return per_sample
+
+    def loss(self, outputs, batch):
+        return self.per_sample_loss(outputs).mean()
 
     def eval_forward(self, batch, outputs=None):
         return outputs if outputs is not None else self.forward(batch)

@@ -270,8 +270,8 @@ def make_loggers(cfg: TrainConfig, run_dir: Path) -> list:
         if name == "file":
             from composer.loggers import FileLogger
 
-            run_dir.mkdir(parents=True, exist_ok=True)
-            loggers.append(FileLogger(filename=str(run_dir / "log-rank{rank}.txt"), flush_interval=50))
+            # flushed every batch: a killed run keeps its log up to its last batch (one short write a batch)
+            loggers.append(FileLogger(filename=str(log_file_of_this_start(run_dir)), flush_interval=1))
         elif name == "tensorboard":
             from composer.loggers import TensorboardLogger
 
@@ -284,6 +284,39 @@ def make_loggers(cfg: TrainConfig, run_dir: Path) -> list:
 
             loggers.append(WandBLogger(project=os.environ.get("WANDB_PROJECT", "diffusion-workbench"), name=cfg.run_name))
     return loggers
+
+
+def log_file_of_this_start(run_dir: Path) -> Path:
+    """``logs/start{n}-rank{rank}.txt``, n counting this rank's earlier starts: one file per process start, so a
+    resume never overwrites the log before it and every later file marks a restart (``train.callbacks.curves``)."""
+    from composer.utils import dist
+
+    rank = dist.get_global_rank()
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs / f"start{len(list(logs.glob(f'start*-rank{rank}.txt')))}-rank{rank}.txt"
+
+
+def batch_count(interval: str) -> int:
+    return int(interval[:-2])
+
+
+def make_run_callbacks(cfg: TrainConfig, run_dir: Path, load_path: str | None) -> list:
+    """Validation loss, previews and cost (``train.callbacks``), as configured."""
+    from .callbacks import Previews, RunCost, ValidationLoss, checkpoint_cost
+
+    carried = checkpoint_cost(load_path) if load_path and cfg.load_weights_only else None
+    callbacks = [RunCost(cfg.cost.usd_per_gpu_hour, carried=carried)]
+    v = cfg.validation
+    if cfg.eval_interval and v.path:
+        callbacks.append(ValidationLoss(v.path, cfg.data.resolution, batch_count(cfg.eval_interval), v.timesteps,
+                                        v.max_samples, v.seed, v.batch_size))
+    if cfg.preview_interval:
+        p = cfg.previews
+        callbacks.append(Previews(run_dir / "previews", batch_count(cfg.preview_interval), p.prompts, p.seeds,
+                                  steps=p.steps, guidance=p.guidance, size=cfg.data.resolution, sampler=p.sampler,
+                                  ema=p.ema and cfg.ema.enabled))
+    return callbacks
 
 
 def start_processes(cfg: TrainConfig) -> tuple[str, str]:
@@ -322,7 +355,7 @@ def build_trainer(cfg: TrainConfig):
     attach_latents(cfg, model)
     resume_from = resolve_resume(cfg, save_folder)
     remote_resume = resume_from is not None and "://" in save_folder
-    run_dir = Path(save_folder).parent if "://" not in save_folder else Path("runs") / cfg.run_name
+    run_dir = run_dir_of(cfg)
     restore_rng = RestoreRNG()
     trainer = Trainer(
         model=model,
@@ -333,7 +366,8 @@ def build_trainer(cfg: TrainConfig):
                                      eps=cfg.optimizer.eps, weight_decay=cfg.optimizer.weight_decay),
         schedulers=make_scheduler(cfg), step_schedulers_every_batch=True,
         algorithms=make_algorithms(cfg),
-        callbacks=[SpeedMonitor(window_size=20), LRMonitor(), ModelSpec(spec), restore_rng],
+        callbacks=[SpeedMonitor(window_size=20), LRMonitor(), ModelSpec(spec), restore_rng,
+                   *make_run_callbacks(cfg, run_dir, load_path)],
         loggers=make_loggers(cfg, run_dir), run_name=cfg.run_name, progress_bar=cfg.progress_bar,
         log_to_console=False, console_log_interval=cfg.log_interval,
         save_folder=save_folder, save_filename="ep{epoch}-ba{batch}-rank{rank}.pt",
@@ -380,7 +414,22 @@ def train(cfg: TrainConfig) -> Path:
             raise checkpoint_disk_full(cfg.resolved_save_folder(), e) from None
         raise
     trainer.close()
+    if "file" in cfg.loggers and dist.get_global_rank() == 0:
+        plot_run_curves(run_dir_of(cfg))
     return Path(cfg.resolved_save_folder())
+
+
+def run_dir_of(cfg: TrainConfig) -> Path:
+    save_folder = cfg.resolved_save_folder()
+    return Path(save_folder).parent if "://" not in save_folder else Path("runs") / cfg.run_name
+
+
+def plot_run_curves(run_dir: Path) -> None:
+    """``curves.png`` in the run folder: this run's figure (`dwb runs plot` draws several phases in one)."""
+    from .callbacks import plot_runs
+
+    out = plot_runs([run_dir], run_dir / "curves.png")
+    print(f"curves in {out}", flush=True)
 
 
 def checkpoint_disk_full(save_folder: str, e: BaseException) -> WorkbenchError:

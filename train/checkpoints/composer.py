@@ -63,7 +63,7 @@ def is_mosaicml_state(state: dict) -> bool:
 
 
 def read_checkpoint(path: str | Path, settings: dict | None = None) -> dict:
-    """``{'kind', 'spec', 'model', 'ema_state', 'timestamp', 'dropped', 'notes'}`` of a Composer checkpoint, ours or
+    """``{kind, spec, model, ema_state, timestamp, callbacks, dropped, notes}`` of a Composer checkpoint, ours or
     mosaicml/diffusion's. ``settings`` (``prediction_type``, ``latent_scale``: the command's flags) say what a
     mosaicml/diffusion file does not; one that contradicts what the file says is refused. What was dropped
     or assumed is logged, one line each."""
@@ -96,7 +96,8 @@ def _interpret(state: dict, path, settings: dict | None = None) -> dict:
     spec, notes = settle_spec(spec, said, settings or {}, where=str(path))
     ema_state = next((s for name, s in state.get("algorithms", []) if name in EMA_ALGORITHMS), None)
     return {"kind": kind, "spec": spec, "model": model, "ema_state": ema_state,
-            "timestamp": state.get("timestamp"), "dropped": dropped, "notes": notes}
+            "timestamp": state.get("timestamp"), "callbacks": state.get("callbacks") or {}, "dropped": dropped,
+            "notes": notes}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""Validation loss: the training objective on held-out data at fixed timesteps, fixed noise, no caption dropout.
+
+The number is a function of the weights alone: sample ``i`` at timestep ``t`` always gets the noise drawn from
+``seed, i, t`` (its own generator, never the training RNG), its latents are the VAE posterior's mean, and the
+model runs in eval mode (no caption dropout, no other phrasing). So a checkpoint reached straight or through
+a kill and a resume gives the same bits, and so does any number of ranks up to float summation order.
+
+Sharding: rank r of N takes held-out samples r, r + N, r + 2N ...; each rank sums its per-sample losses per
+timestep in float64, and one ``all_reduce`` (sum) of the sums and counts gives every rank the totals.
+
+Composer's own eval loop (``Evaluator``) is not used: it runs ``eval_forward`` with torchmetrics objects
+over a dataloader, while this loss needs each sample at every fixed timestep with its own fixed noise, the
+result split by timestep band, and a second pass with the EMA weights swapped in; a callback at
+``BATCH_END`` does that in one place and logs through Composer's loggers all the same.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from composer.core import Callback, Event, State
+from composer.loggers import Logger
+
+log = logging.getLogger(__name__)
+
+BANDS = (("low", 0, 333), ("mid", 333, 667), ("high", 667, 1000))  # timestep bands: little, some, much noise
+
+
+def band_of(t: int) -> str:
+    return next(name for name, lo, hi in BANDS if lo <= t < hi)
+
+
+def unwrap(model):
+    """The LatentDiffusion inside Composer's DDP wrapper (or the model itself)."""
+    return model.module if hasattr(model, "module") and not hasattr(model, "unet") else model
+
+
+def noise_for(seed: int, index: int, t: int, shape: tuple) -> torch.Tensor:
+    """The fixed noise of held-out sample ``index`` at timestep ``t`` (its own generator: the training RNG is
+    never touched)."""
+    g = torch.Generator("cpu").manual_seed(seed * 1_000_003 + index * 1_009 + t)
+    return torch.randn(shape, generator=g)
+
+
+@dataclass
+class HeldOut:
+    """Held-out images and captions of this rank's shard, read once."""
+    indices: list[int]
+    images: torch.Tensor  # (n, 3, R, R) in [-1, 1]
+    captions: list[str]
+
+
+def read_held_out(path: str, resolution: int, max_samples: int, rank: int, world: int) -> HeldOut:
+    from ..data import image_to_tensor, open_local
+
+    data = open_local(path, where=f"config key 'validation.path' ({path})")
+    n = min(len(data), max_samples)
+    indices = list(range(rank, n, world))
+    images = [image_to_tensor(data[i]["image"], resolution) for i in indices]
+    return HeldOut(indices, torch.stack(images) if images else torch.zeros(0, 3, resolution, resolution),
+                   [data[i]["caption"] for i in indices])
+
+
+@torch.no_grad()
+def loss_sums(model, held: HeldOut, timesteps: list[int], seed: int, batch_size: int) -> torch.Tensor:
+    """(len(timesteps), 2) float64: the sum of per-sample losses and the sample count, per timestep."""
+    device = next(model.unet.parameters()).device
+    sums = torch.zeros(len(timesteps), 2, dtype=torch.float64)
+    for start in range(0, len(held.indices), batch_size):
+        idx = held.indices[start:start + batch_size]
+        images = held.images[start:start + batch_size].to(device)
+        latents = model.vae.encode(images).latent_dist.mean * model.scaling_factor
+        ids = model.tokenizer(held.captions[start:start + batch_size], padding="max_length", truncation=True,
+                              max_length=model.tokenizer.model_max_length, return_tensors="pt").input_ids
+        text = model.encode_text(ids.to(device))
+        for k, t in enumerate(timesteps):
+            noise = torch.stack([noise_for(seed, i, t, latents.shape[1:]) for i in idx]).to(device, latents.dtype)
+            steps = torch.full((len(idx),), t, dtype=torch.long, device=device)
+            per_sample = model.per_sample_loss(model.denoise(latents, text, noise, steps))
+            sums[k, 0] += per_sample.double().sum().cpu()
+            sums[k, 1] += len(idx)
+    return sums
+
+
+def summarise(sums: torch.Tensor, timesteps: list[int], prefix: str) -> dict[str, float]:
+    """``{prefix}/loss`` and ``{prefix}/loss_{band}`` (mean over samples and the band's timesteps)."""
+    out = {f"{prefix}/loss": float(sums[:, 0].sum() / sums[:, 1].sum())}
+    for name, _, _ in BANDS:
+        rows = [k for k, t in enumerate(timesteps) if band_of(t) == name]
+        if rows:
+            out[f"{prefix}/loss_{name}"] = float(sums[rows, 0].sum() / sums[rows, 1].sum())
+    return out
+
+
+def validation_figures(model, held: HeldOut, timesteps: list[int], seed: int, batch_size: int,
+                       prefix: str) -> dict[str, float]:
+    """The model's figures in eval mode (no caption dropout), every rank's shard summed (``gathered``)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return summarise(gathered(loss_sums(model, held, timesteps, seed, batch_size)), timesteps, prefix)
+    finally:
+        model.train(was_training)
+
+
+def gathered(sums: torch.Tensor) -> torch.Tensor:
+    from composer.utils import dist
+
+    if dist.get_world_size() > 1:
+        dist.all_reduce(sums, reduce_operation="SUM")  # float64 on gloo; NCCL takes it on the GPU
+    return sums
+
+
+def ema_of(state: State):
+    from composer.algorithms import EMA
+
+    return next((a for a in state.algorithms if isinstance(a, EMA) and a.ema_model is not None), None)
+
+
+class ValidationLoss(Callback):
+    """Every ``interval`` batches: ``validation/loss`` for the raw weights and
+    ``validation_ema/loss`` for the EMA weights when EMA is running, overall and per timestep band."""
+
+    def __init__(self, path: str, resolution: int, interval: int, timesteps: list[int], max_samples: int,
+                 seed: int, batch_size: int):
+        self.path, self.resolution, self.interval = path, resolution, interval
+        self.timesteps, self.max_samples, self.seed, self.batch_size = list(timesteps), max_samples, seed, batch_size
+        from composer.utils import dist
+
+        # read now, so that a missing or unreadable split fails before the first step
+        self.held = read_held_out(path, resolution, max_samples, dist.get_global_rank(), dist.get_world_size())
+        self.last: dict = {}  # the latest figures, saved in every checkpoint
+
+    def run_event(self, event: Event, state: State, logger: Logger) -> None:
+        if event == Event.BATCH_END and due(state, self.interval):
+            self.last = {"batch": int(state.timestamp.batch), **self.measure(state)}
+            logger.log_metrics({k: v for k, v in self.last.items() if k != "batch"})
+
+    def measure(self, state: State) -> dict[str, float]:
+        model = unwrap(state.model)
+        figures = validation_figures(model, self.held, self.timesteps, self.seed, self.batch_size, "validation")
+        ema = ema_of(state)
+        if ema is not None:
+            ema.ema_model.swap_params(model=state.model)
+            try:
+                figures.update(validation_figures(model, self.held, self.timesteps, self.seed, self.batch_size,
+                                                  "validation_ema"))
+            finally:
+                ema.ema_model.swap_params(model=state.model)
+        return figures
+
+    def state_dict(self) -> dict:
+        return {"last": dict(self.last)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last = dict(state.get("last", {}))
+
+
+def due(state: State, interval: int) -> bool:
+    """At every ``interval``-th batch."""
+    return int(state.timestamp.batch) % interval == 0
