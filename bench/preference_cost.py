@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
