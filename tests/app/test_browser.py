@@ -358,8 +358,8 @@ def scored(tree, base):
     tiny = [dict(checkpoint_hash=h, model="tiny-phase1", step=step, guidance=g, sampler="DDIM", weights="ema", fid=fid,
                  fid_lo=lo, fid_hi=hi) for h, g, (step, fid, lo, hi) in zip((ba2, ba4, ba2, ba4), (5.0, 5.0, 7.5, 7.5),
                                                                             FID_POINTS)]
-    tiny[0].update(clip_score=20.123456, clip_score_lo=19.5, clip_score_hi=20.9, precision=0.61234, pickscore=21.0,
-                   pickscore_lo=20.5, pickscore_hi=21.5)
+    tiny[0].update(clip_score=20.123456, clip_score_lo=19.5, clip_score_hi=20.9, precision=0.61234, house_score=21.0,
+                   house_score_lo=20.5, house_score_hi=21.5)
     rows = [*tiny, dict(checkpoint_hash="0123456789ab", model="other-run", step=1000, guidance=5.0, fid=150.0,
                         fid_lo=140.0, fid_hi=160.0),
             dict(checkpoint_hash="fedcba987654", model="hub-model", guidance=5.0, fd_dinov2=812.3),
@@ -418,7 +418,7 @@ def test_scores_tab_plots_each_row_with_its_interval_inside_the_axes(page, score
     page.get_by_role("option").first.wait_for()
     offered = [o.split("\n")[-1] for o in page.get_by_role("option").all_inner_texts()]
     assert sorted(offered) == ["CLIP score (higher is better)", "FD-DINOv2 (lower is better)",
-                               "FID (lower is better)", "pickscore", "precision (higher is better)"]
+                               "FID (lower is better)", "house_score", "precision (higher is better)"]
     page.click("#scores-metric input")  # closed again
 
     for attempt in ("first", "after an empty metric"):

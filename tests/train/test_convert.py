@@ -10,16 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from streaming import StreamingDataset
-from streaming.base.util import clean_stale_shared_memory
+from streaming import LocalDataset
 
 from train.data.convert import ConvertSummary, convert_to_mds
 from train.errors import WorkbenchError
-
-
-@pytest.fixture(autouse=True)
-def _clean_shared_memory():
-    clean_stale_shared_memory()
 
 
 def photo(w: int, h: int, seed: int = 0) -> Image.Image:
@@ -34,8 +28,10 @@ def encoded(img: Image.Image, fmt: str = "JPEG") -> bytes:
 
 
 def read(folder) -> list[dict]:
-    ds = StreamingDataset(local=str(folder), batch_size=1)
-    return [ds[i] for i in range(ds.num_samples)]
+    """Every sample, through Streaming's reader of a local MDS folder (no shared memory: a StreamingDataset here
+    raced another test process's for the same shared-memory name, FileExistsError)."""
+    ds = LocalDataset(local=str(folder))
+    return [ds[i] for i in range(len(ds))]
 
 
 def test_image_folder_sidecars_corrupt_and_buckets(tmp_path):

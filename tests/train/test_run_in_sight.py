@@ -104,7 +104,7 @@ def test_preview_cells_equal_dwb_sample_of_the_checkpoint(runs, dwb, tmp_path):
     out = tmp_path / "sample.png"
     args = [a for p in PROMPTS for a in ("--prompt", p)]
     r = dwb("sample", str(runs["straight"] / "ep0-ba4-rank0.pt"), str(out), *args, "--seeds", "2", "--steps", "3",
-            "--guidance", str(params["guidance"]), "--size", "16")
+            "--guidance", str(params["guidance"]), "--size", "16", "--weights", "ema" if params["ema"] else "raw")
     assert r.returncode == 0, r.stderr
     a, b = np.asarray(Image.open(preview)), np.asarray(Image.open(out))
     assert a.shape == b.shape

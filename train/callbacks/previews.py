@@ -57,7 +57,8 @@ class Previews(Callback):
         try:
             with torch.random.fork_rng(devices=[]):
                 write_grid(preview_pipeline(model), out, self.prompts, self.seeds,
-                           title=f"{name}{' EMA' if ema is not None else ''}", **self.settings)
+                           title=f"{name}{' EMA' if ema is not None else ''}", settings=self.generation_settings(),
+                           weights="raw" if ema is None else "ema")
         finally:
             if ema is not None:
                 ema.ema_model.swap_params(model=state.model)
@@ -65,6 +66,14 @@ class Previews(Callback):
         self.write_parameters(name, ema is not None)
         with Image.open(out) as grid:
             return grid.convert("RGB")
+
+    def generation_settings(self):
+        """The previews' settings as the one generation path takes them (its PNG parameters record them too)."""
+        from ..generation import Settings
+
+        size = self.settings["size"]
+        return Settings(steps=self.settings["steps"], guidance=self.settings["guidance"], width=size, height=size,
+                        sampler=self.settings["sampler"])
 
     def write_parameters(self, name: str, ema: bool) -> None:
         from ..common import write_text_whole

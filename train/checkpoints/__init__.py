@@ -21,7 +21,7 @@ __getattr__, __all__ = face(__name__, {
     "architectures": "ARCHITECTURES TINY unet_config",
     "autoresume": "checkpoint_problem resume_problem select_resume_checkpoint",
     "components": "build_pipeline build_unet load_frozen_parts load_part random_text_encoder random_vae",
-    "composer": "has_ema model_weights read_checkpoint",
+    "composer": "has_ema model_weights read_checkpoint read_summary",
     "export": "config_folder export_checkpoint export_format export_single_file",
     "find": "discover find_checkpoint label_under list_checkpoints raise_reason resolve_roots",
     "hashing": "content_hash fingerprint",
