@@ -71,6 +71,11 @@ def _plot(ax, rs: list[dict], xkey: str, ykey: str, label: str) -> None:
 
 def plot_metrics_vs_step(rows: list[dict], out: Path) -> Path | None:
     """Each measured metric against training step, one line per guidance scale."""
+    return _metric_panels(rows, "step", "training step (batches)", out)
+
+
+def _metric_panels(rows: list[dict], xkey: str, xlabel: str, out: Path) -> Path | None:
+    """A panel per measured metric against ``xkey``, one line per guidance scale (and sampler)."""
     panels = [(k, name) for k, name in STEP_METRICS if any(r.get(k) is not None for r in rows)]
     if not panels:
         return None
@@ -82,11 +87,11 @@ def plot_metrics_vs_step(rows: list[dict], out: Path) -> Path | None:
         by_guidance[(r["guidance"], tag(r))].append(r)
     for (g, t), rs in sorted(by_guidance.items()):
         for ax, (key, _) in zip(axes[0], panels):
-            have = sorted((r for r in rs if r.get(key) is not None), key=lambda r: r["step"])
+            have = sorted((r for r in rs if r.get(key) is not None), key=lambda r: r[xkey])
             if have:
-                _plot(ax, have, "step", key, f"cfg {g:g}{t}")
+                _plot(ax, have, xkey, key, f"cfg {g:g}{t}")
     for ax, (_, name) in zip(axes[0], panels):
-        _axes(ax, "training step (batches)", name)
+        _axes(ax, xlabel, name)
     return _save(plt, fig, out)
 
 
@@ -115,23 +120,7 @@ def plot_metrics_vs_cost(rows: list[dict], out: Path) -> Path | None:
     have = [{**r, "gpu_hours": costs[r["checkpoint"]]["gpu_hours_total"],
              "usd": costs[r["checkpoint"]]["gpu_hours_total"] * (costs[r["checkpoint"]].get("usd_per_gpu_hour") or 0)}
             for r in rows if r.get("checkpoint") in costs]
-    panels = [(k, name) for k, name in STEP_METRICS if any(r.get(k) is not None for r in have)]
-    if not panels:
-        return None
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    tag = _sampler_tag(have)
-    by_guidance: dict[tuple, list[dict]] = defaultdict(list)
-    for r in have:
-        by_guidance[(r["guidance"], tag(r))].append(r)
-    for (g, t), rs in sorted(by_guidance.items()):
-        for ax, (key, _) in zip(axes[0], panels):
-            points = sorted((r for r in rs if r.get(key) is not None), key=lambda r: r[xkey])
-            if points:
-                _plot(ax, points, xkey, key, f"cfg {g:g}{t}")
-    for ax, (_, name) in zip(axes[0], panels):
-        _axes(ax, xlabel, name)
-    return _save(plt, fig, out)
+    return _metric_panels(have, xkey, xlabel, out)
 
 
 def plot_tradeoff(rows: list[dict], out: Path) -> Path | None:

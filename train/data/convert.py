@@ -258,12 +258,29 @@ def _die_with_parent() -> None:
 
 def _run(tasks: list, workers: int) -> Iterator[tuple[str, ConvertSummary]]:
     """Each task's summary as it finishes: in this process for one worker or one task, else in a pool of
-    forked processes (forked: no worker re-imports PIL, pyarrow and Streaming)."""
+    spawned processes (each imports PIL, pyarrow and Streaming once, and sees this process's environment, e.g.
+    its S3 endpoint). Not forked: a process that has started threads (OpenMP's, pyarrow's, a test runner's) can
+    leave a forked child dead or deadlocked, and ``multiprocessing.Pool`` then waits for the lost unit forever
+    (seen: a conversion hung for 14 minutes under the test runner). A worker that dies is one line here; the
+    same command goes on from the units already written."""
     if workers == 1 or len(tasks) <= 1:
         yield from map(_convert_unit, tasks)
         return
-    with multiprocessing.get_context("fork").Pool(min(workers, len(tasks)), initializer=_die_with_parent) as pool:
-        yield from pool.imap_unordered(_convert_unit, tasks, chunksize=1)
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_die_with_parent) as pool:
+        futures = [pool.submit(_convert_unit, task) for task in tasks]
+        try:
+            for done in as_completed(futures):
+                yield done.result()
+        except BrokenProcessPool:
+            raise WorkbenchError("a conversion worker died (killed, or out of memory); run the same command again "
+                                 "to go on from the units already written") from None
+        finally:
+            for future in futures:
+                future.cancel()
 
 
 def _unit_names(count: int) -> list[str]:
