@@ -13,6 +13,7 @@ import hashlib
 import os
 from pathlib import Path, PurePosixPath
 
+from ..common import s3_client, split_s3
 from ..errors import CheckpointError, WorkbenchError, first_line
 from .names import Checkpoint, file_label, in_run_listing, step_in_name
 
@@ -24,19 +25,7 @@ def cache_root() -> Path:
 def _split(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise WorkbenchError(f"{uri}: only s3:// URIs are read (give a local path, a hub id or s3://bucket/key)")
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    if not bucket:
-        raise WorkbenchError(f"{uri}: no bucket in the URI")
-    return bucket, key
-
-
-def _client():
-    import boto3
-
-    if boto3.session.Session().get_credentials() is None:
-        raise WorkbenchError("reading s3:// needs S3 credentials, and none were found (set AWS_ACCESS_KEY_ID and "
-                             "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; S3_ENDPOINT_URL for an S3-compatible store)")
-    return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+    return split_s3(uri)
 
 
 def uri_label(uri: str) -> str:
@@ -59,7 +48,7 @@ def list_remote(uri: str) -> list[Checkpoint]:
     object from one it has seen.
     """
     bucket, prefix = _split(uri.rstrip("/"))
-    s3 = _client()
+    s3 = s3_client()
     objects = []
     for base in (f"{prefix}/checkpoints/", f"{prefix}/") if prefix else ("",):
         try:
@@ -82,7 +71,7 @@ def fetch(uri: str) -> Path:
     """The local copy of ``s3://bucket/key`` (``#etag`` optional), downloaded once per ETag."""
     uri, _, etag = uri.partition("#")
     bucket, key = _split(uri)
-    s3 = _client()
+    s3 = s3_client()
     if not etag:
         try:
             etag = s3.head_object(Bucket=bucket, Key=key)["ETag"].strip('"')

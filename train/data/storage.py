@@ -6,11 +6,11 @@ Endpoints, credentials and retries are boto3's (``S3_ENDPOINT_URL`` for an S3-co
 from __future__ import annotations
 
 import io
-import os
 import re
 from pathlib import Path
 from typing import BinaryIO
 
+from ..common import s3_client, split_s3
 from ..errors import WorkbenchError, first_line
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
@@ -35,22 +35,6 @@ def expand_braces(pattern: str) -> list[str]:
 
 def is_remote(url: str) -> bool:
     return url.startswith("s3://")
-
-
-def split_s3(url: str) -> tuple[str, str]:
-    bucket, _, key = url[len("s3://"):].partition("/")
-    if not bucket:
-        raise WorkbenchError(f"{url}: no bucket in the URL")
-    return bucket, key
-
-
-def s3_client():
-    import boto3
-
-    if boto3.session.Session().get_credentials() is None:
-        raise WorkbenchError("reading s3:// needs S3 credentials, and none were found (set AWS_ACCESS_KEY_ID and "
-                             "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; S3_ENDPOINT_URL for an S3-compatible store)")
-    return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
 
 
 def list_s3(url: str) -> list[str]:
