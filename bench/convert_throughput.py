@@ -7,7 +7,7 @@ Targets: convert at 1 worker >= 0.8 of the bare loop; 2 workers >= 1.7x 1 worker
 within 10% of 1x; the repeated run writes the samples of an uninterrupted one. Timings are side by side in
 one run (the CPU is shared: ratios, not absolute figures, are what carries).
 
-    python bench/convert_throughput.py [--shards 8 --per-shard 100]
+    python bench/convert_throughput.py [--shards 8 --per-shard 400 --memory-per-shard 50 --grow 10]
     python bench/convert_throughput.py --smoke
 """
 from __future__ import annotations
@@ -71,12 +71,37 @@ def bare_loop(images: list[bytes]) -> tuple[float, float]:
     return len(images) / (time.perf_counter() - start), (time.process_time() - cpu) / len(images)
 
 
+def _bare_loop_child(images: list[bytes], queue) -> None:
+    queue.put(bare_loop(images)[0])
+
+
+def machine_ceiling(images: list[bytes]) -> float:
+    """What the machine gives two copies of the bare loop side by side: their images per second together over
+    one copy's (the most 2 workers could reach)."""
+    fork = multiprocessing.get_context("fork")
+    rates = []
+    for copies_ in (1, 2):
+        queue = fork.Queue()
+        children = [fork.Process(target=_bare_loop_child, args=(images, queue)) for _ in range(copies_)]
+        start = time.perf_counter()
+        for child in children:
+            child.start()
+        for _ in children:
+            queue.get()
+        for child in children:
+            child.join()
+        rates.append(copies_ * len(images) / (time.perf_counter() - start))
+    return rates[1] / rates[0]
+
+
 def _convert_child(src: Path, out: Path, workers: int, queue) -> None:
     from train.data import convert_to_mds
 
     start, cpu = time.perf_counter(), _cpu_seconds()
     summary = convert_to_mds(src, out, buckets=BUCKETS, workers=workers, progress=False)
-    seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    seconds = time.perf_counter() - start
+    _stop_fork_server()
+    cpu = _cpu_seconds() - cpu
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     queue.put((summary.converted, seconds, peak / 1024, cpu))
 
@@ -84,20 +109,33 @@ def _convert_child(src: Path, out: Path, workers: int, queue) -> None:
 CPU: dict[str, float] = {}
 
 
+def _stop_fork_server() -> None:
+    """The pool's workers are children of conversion's fork server, which reaps them: its CPU time and peak
+    memory count here (RUSAGE_CHILDREN) once it has stopped too. ``_stop`` is the standard library's own way
+    (its tests use it); the server would otherwise run until this process ends."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
 def _cpu_seconds() -> float:
-    """CPU time of this process and its finished children (the pool's workers)."""
+    """CPU time of this process and its finished descendants (the fork server and the pool's workers)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def convert(src: Path, out: Path, workers: int, fresh: bool = True) -> tuple[int, float, float]:
-    """(images converted, seconds, peak RSS of the largest of its processes in MiB), in a fresh fork (of a
-    process that imported PIL, pyarrow and Streaming already, as a worker of the pool is)."""
+    """(images converted, seconds, peak RSS of the largest of its processes in MiB), in a fresh process that
+    imports what it needs, as `dwb data convert` does: at 1 worker Streaming is imported by the converting
+    process, at 2 by the workers' fork server (a fork of a process that had imported it already would give the
+    1-worker run its 6-10 s of imports for free)."""
     if fresh:
         shutil.rmtree(out, ignore_errors=True)
-    fork = multiprocessing.get_context("fork")
-    queue = fork.Queue()
-    child = fork.Process(target=_convert_child, args=(src, out, workers, queue))
+    context = multiprocessing.get_context("fork" if RUN.smoke else "spawn")  # a smoke run checks, it times nothing
+    queue = context.Queue()
+    child = context.Process(target=_convert_child, args=(src, out, workers, queue))
     child.start()
     converted, seconds, peak, cpu = queue.get()
     child.join()
@@ -113,6 +151,12 @@ def copies(src: Path, folder: Path, times: int) -> Path:
             for f in sorted(src.iterdir()):
                 shutil.copyfile(f, folder / f"{k:03d}{f.name}")
     return folder
+
+
+def checking_workers() -> int:
+    """Workers of the memory and resume checks: 2, as the default on this machine; 1 in a smoke run, which
+    then starts one fork server fewer per check (each imports Streaming: 6-10 s)."""
+    return 1 if RUN.smoke else 2
 
 
 def _convert_to_be_killed(src: Path, out: Path) -> None:
@@ -137,8 +181,8 @@ def kill_and_resume(src: Path, out: Path) -> dict:
     os.kill(run.pid, signal.SIGKILL)
     run.join()
     kept = len(list(done.glob("*.json")))
-    _, resumed_s, _ = convert(src, out / "resumed", 2, fresh=False)
-    _, whole_s, _ = convert(src, out / "whole", 2)
+    _, resumed_s, _ = convert(src, out / "resumed", checking_workers(), fresh=False)
+    _, whole_s, _ = convert(src, out / "whole", checking_workers())
 
     def content(folder: Path) -> list:
         ds = LocalDataset(local=str(folder))
@@ -153,23 +197,28 @@ def kill_and_resume(src: Path, out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--per-shard", type=int, default=100)
-    ap.add_argument("--grow", type=int, default=10, help="the memory check's larger input, in copies of the shards")
-    args = parse_args(ap, smoke={"shards": 2, "per_shard": 8, "grow": 2})
-    import streaming  # noqa: F401 - imported once here, as `dwb` has before converting: the forks time conversion
-
-    from train.data import convert_to_mds  # noqa: F401
-
+    ap.add_argument("--per-shard", type=int, default=400, help="images per shard for the throughput figures: a "
+                    "conversion starts with 6-10 s of imports (Streaming imports torch and transformers), so a "
+                    "small input measures the start, not the rate")
+    ap.add_argument("--memory-per-shard", type=int, default=50, help="images per shard of the memory and "
+                    "kill-and-resume checks")
+    ap.add_argument("--grow", type=int, default=10, help="the memory check's larger input, in copies of its shards")
+    args = parse_args(ap, smoke={"shards": 2, "per_shard": 8, "memory_per_shard": 8, "grow": 2})
     src = RUN.out / f"convert-shards-{args.shards}x{args.per_shard}"
     images = build_shards(src, args.shards, args.per_shard)
 
     bare, bare_cpu = bare_loop(images)
+    ceiling = machine_ceiling(images[:400])
     n1, s1, rss1 = convert(src, RUN.out / "convert-w1", 1)
     n2, s2, rss2 = convert(src, RUN.out / "convert-w2", 2)
-    grown = copies(src, RUN.out / f"convert-shards-{args.shards}x{args.per_shard}-x{args.grow}", args.grow)
-    ng, sg, rssg = convert(grown, RUN.out / "convert-grown", 2)
-    resume = kill_and_resume(src, RUN.out / "convert-resume")
-    ok = n1 == n2 == len(images) and ng == args.grow * n1 and resume["same_samples_and_order"] and resume["killed"]
+    small = RUN.out / f"convert-shards-{args.shards}x{args.memory_per_shard}"
+    n_small = len(build_shards(small, args.shards, args.memory_per_shard))
+    _, _, rss_small = convert(small, RUN.out / "convert-small", checking_workers())
+    grown = copies(small, RUN.out / f"convert-shards-{args.shards}x{args.memory_per_shard}-x{args.grow}", args.grow)
+    ng, sg, rssg = convert(grown, RUN.out / "convert-grown", checking_workers())
+    resume = kill_and_resume(small, RUN.out / "convert-resume")
+    ok = (n1 == n2 == len(images) and ng == args.grow * n_small and resume["same_samples_and_order"]
+          and resume["killed"])
     report("convert_throughput", {
         "command": " ".join(sys.argv), "images": len(images), "buckets": list(BUCKETS),
         "bare_loop_images_per_s_one_core": round(bare, 1),
@@ -178,12 +227,14 @@ def main() -> None:
         "per_core_vs_bare_loop": round(n1 / s1 / bare, 3),
         "per_cpu_second_vs_bare_loop": round(bare_cpu / (CPU["convert-w1"] / n1), 3),
         "speedup_2_vs_1_workers": round(s1 / s2, 3),
+        "machine_ceiling_2_bare_loops_vs_1": round(ceiling, 3),
         "bare_loop_cpu_seconds_per_image": round(bare_cpu, 4),
         "cpu_seconds_per_image_1_vs_2_workers": [round(CPU["convert-w1"] / n1, 4), round(CPU["convert-w2"] / n2, 4)],
         "cores_busy_on_average_1_vs_2_workers": [round(CPU["convert-w1"] / s1, 2), round(CPU["convert-w2"] / s2, 2)],
         "load_average_at_end": [round(x, 1) for x in os.getloadavg()],
-        "peak_rss_mib_1x": round(rss2, 1), f"peak_rss_mib_{args.grow}x": round(rssg, 1),
-        "peak_rss_growth": round(rssg / rss2 - 1, 3),
+        "memory_check_images_1x": n_small,
+        "peak_rss_mib_1x": round(rss_small, 1), f"peak_rss_mib_{args.grow}x": round(rssg, 1),
+        "peak_rss_growth": round(rssg / rss_small - 1, 3),
         "kill_and_resume": resume, "checks_pass": ok,
     })
     if not ok:

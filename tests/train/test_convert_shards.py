@@ -13,6 +13,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -20,7 +21,7 @@ import webdataset as wds
 from streaming import LocalDataset
 
 from train.data.convert import convert_to_mds, join_parts
-from train.data.tar_shards import MAX_MEMBER_BYTES
+from train.data.records import MAX_FILE_BYTES
 from train.errors import WorkbenchError
 
 from ..conftest import REPO, upload_folder
@@ -149,7 +150,7 @@ def test_hostile_and_broken_tar_members_are_skipped_and_counted(tmp_path):
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(link)
         add("link.txt", b"a symlink")
-        add("huge.jpg", b"\0" * (MAX_MEMBER_BYTES + 1))  # oversize: never read
+        add("huge.jpg", b"\0" * (MAX_FILE_BYTES + 1))  # oversize: never read
         add("huge.txt", b"too big")
         add("fine.jpg", jpeg(300, 300, 5))
         add("fine.txt", b"fine after all that")
@@ -163,7 +164,7 @@ def test_hostile_and_broken_tar_members_are_skipped_and_counted(tmp_path):
         "a good one", "another good one", "fine after all that", "a good one"]
     assert (summary.corrupt, summary.no_caption, summary.truncated, summary.refused) == (2, 2, 1, 4)
     assert summary.no_image == 2  # the captions of the refused link and oversize images
-    assert "1 tar shards cut short or unreadable; 4 tar members refused" in summary.line()
+    assert "1 tar shards cut short or unreadable; 4 files refused" in summary.line()
 
 
 def test_a_folder_of_neither_layout_names_the_layouts_it_looked_for(tmp_path):
@@ -173,13 +174,59 @@ def test_a_folder_of_neither_layout_names_the_layouts_it_looked_for(tmp_path):
         convert_to_mds(tmp_path / "src", tmp_path / "out", progress=False)
 
 
-def test_s3_tars_and_parquet_convert_as_local_ones(s3_server, img2dataset_out, tmp_path):
-    for layout in ("webdataset", "parquet"):
-        remote = upload_folder(img2dataset_out / layout, "laion", layout)
-        from_s3 = content(_convert(remote, tmp_path / f"s3-{layout}", **FILTERS), 256)
-        assert from_s3 == content(_convert(img2dataset_out / layout, tmp_path / f"local-{layout}", **FILTERS), 256)
+def test_every_layout_on_s3_converts_as_the_local_one(s3_server, rows, img2dataset_out, tmp_path, monkeypatch):
+    """img2dataset's three layouts, a tar pattern, a datasets save_to_disk folder (DatasetDict) and an image folder
+    with .txt sidecars, read from the moto server: each writes what its local copy writes."""
+    import datasets
+
+    monkeypatch.setenv("DWB_CACHE", str(tmp_path / "cache"))
+    saved = tmp_path / "saved"
+    table = datasets.Dataset.from_dict({"image": [{"bytes": r.image, "path": None} for r in rows[:8] if r.image],
+                                        "text": [r.caption for r in rows[:8] if r.image]},
+                                       features=datasets.Features({"image": datasets.Image(),
+                                                                   "text": datasets.Value("string")}))
+    datasets.DatasetDict({"train": table}).save_to_disk(str(saved))
+    folder = tmp_path / "folder" / "photos"
+    folder.mkdir(parents=True)
+    for k, r in enumerate(rows[:6]):
+        if r.image:
+            (folder / f"{k:03d}.jpg").write_bytes(r.image)
+            (folder / f"{k:03d}.txt").write_text(r.caption)
+    sources = {"webdataset": (img2dataset_out / "webdataset", FILTERS), "files": (img2dataset_out / "files", FILTERS),
+               "parquet": (img2dataset_out / "parquet", FILTERS), "saved": (saved, {}), "folder": (folder.parent, {})}
+    for name, (local, filters) in sources.items():
+        remote = upload_folder(local, "laion", name)
+        from_s3 = content(_convert(remote, tmp_path / f"s3-{name}", **filters), 256)
+        assert from_s3 == content(_convert(local, tmp_path / f"local-{name}", **filters), 256) and from_s3, name
     pattern = content(_convert("s3://laion/webdataset/{00000..00003}.tar", tmp_path / "s3-braces", **FILTERS), 256)
     assert pattern == content(tmp_path / "s3-webdataset", 256)
+    assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1  # the saved folder, copied once
+    _convert("s3://laion/saved", tmp_path / "s3-saved-again")
+    assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1
+
+
+def test_s3_objects_that_would_escape_or_exhaust_are_refused(s3_server, rows, tmp_path, monkeypatch):
+    import boto3
+
+    monkeypatch.setenv("DWB_CACHE", str(tmp_path / "cache"))
+    limit = 2 * max(len(r.image or b"") for r in rows[:4])
+    monkeypatch.setattr("train.data.image_folders.MAX_FILE_BYTES", limit)
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    s3.create_bucket(Bucket="hostile")
+    for k, r in enumerate(rows[:4]):
+        if r.image:
+            s3.put_object(Bucket="hostile", Key=f"photos/{k}.jpg", Body=r.image)
+            s3.put_object(Bucket="hostile", Key=f"photos/{k}.txt", Body=r.caption.encode())
+    s3.put_object(Bucket="hostile", Key="photos/huge.jpg", Body=b"\xff\xd8" + b"\0" * limit)
+    s3.put_object(Bucket="hostile", Key="photos/huge.txt", Body=b"too big to read")
+    summary = convert_to_mds("s3://hostile/photos", tmp_path / "out", buckets=[256], progress=False)
+    assert (summary.refused, summary.no_image, summary.converted) == (1, 1, len(fitting(rows[:4], 256)))
+
+    for key in ("saved/state.json", "saved/../../escaped.arrow"):
+        s3.put_object(Bucket="hostile", Key=key, Body=b"{}")
+    with pytest.raises(WorkbenchError, match="refusing to copy the object '../../escaped.arrow'"):
+        convert_to_mds("s3://hostile/saved", tmp_path / "out2", progress=False)
+    assert not list(tmp_path.rglob("escaped.arrow"))
 
 
 def test_two_workers_write_what_one_writes(img2dataset_out, tmp_path):
@@ -229,10 +276,13 @@ def test_a_killed_convert_run_again_writes_what_an_uninterrupted_one_writes(tmp_
     done = tmp_path / "out" / ".convert" / "done"
     while run.poll() is None and not (done.is_dir() and any(done.glob("*.json"))):
         time.sleep(0.01)
-    run.send_signal(signal.SIGKILL)  # its workers die with it (PR_SET_PDEATHSIG)
+    helpers = psutil.Process(run.pid).children(recursive=True)  # the fork server and its workers
+    run.send_signal(signal.SIGKILL)
     run.wait()
     assert run.returncode == -signal.SIGKILL, "finished before it could be killed"
     assert not (tmp_path / "out" / "256" / "index.json").exists()
+    _, alive = psutil.wait_procs(helpers, timeout=20)  # they end with it, none left converting a unit
+    assert len(helpers) >= 3 and not alive, alive
 
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
 

@@ -13,13 +13,13 @@ import hashlib
 import os
 from pathlib import Path, PurePosixPath
 
-from ..common import s3_client, split_s3
+from ..common import download_cache, s3_client, split_s3
 from ..errors import CheckpointError, WorkbenchError, first_line
 from .names import Checkpoint, file_label, in_run_listing, step_in_name
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("DWB_CACHE", Path.home() / ".cache" / "diffusion-workbench")) / "checkpoints"
+    return download_cache("checkpoints")
 
 
 def _split(uri: str) -> tuple[str, str]:

@@ -4,7 +4,7 @@
 - ``files``: files written whole or not at all, and a full disk said in one line;
 - ``typed_config``: YAML and ``key=value`` read into dataclasses: types, value ranges, unknown keys;
 - ``serving``: the servers' deadline for a request to arrive and their cap on open connections;
-- ``s3``: an S3 URL's bucket and key, and a client that names what it lacks;
+- ``s3``: an S3 URL's bucket and key, a client that names what it lacks, and the cache of downloads;
 - ``digits``: intervals and p-values printed so that rounding never contradicts the verdict beside them;
 - ``faces``: how a room's face hands on its names (this face too).
 """
@@ -17,7 +17,7 @@ __getattr__, __all__ = face(__name__, {
     "faces": "face",
     "files": "disk_full_error is_disk_full torch_save_whole whole_file whole_folder write_bytes_whole "
              "write_text_whole",
-    "s3": "s3_client split_s3",
+    "s3": "download_cache s3_client split_s3",
     "serving": "DeadlineProtocol allow_open_files deadline_protocol",
     "typed_config": "AT_LEAST_ONE NON_NEGATIVE POSITIVE PROBABILITY RULE SEED Duration Each OneOf Range build_config "
                     "check_rules checked merge_config one_of parse_overrides read_config_file",

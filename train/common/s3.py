@@ -1,9 +1,17 @@
-"""S3 (and S3-compatible stores): a URL's bucket and key, and a client that says in one line what it lacks."""
+"""S3 (and S3-compatible stores): a URL's bucket and key, a client that says in one line what it lacks, and the
+local cache of what is downloaded."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from ..errors import WorkbenchError
+
+
+def download_cache(kind: str) -> Path:
+    """Where downloads from object storage are kept: ``$DWB_CACHE`` (default ``~/.cache/diffusion-workbench``)
+    ``/<kind>`` (``checkpoints``, ``datasets``)."""
+    return Path(os.environ.get("DWB_CACHE", Path.home() / ".cache" / "diffusion-workbench")) / kind
 
 
 def split_s3(url: str) -> tuple[str, str]:

@@ -25,6 +25,7 @@ import math
 import multiprocessing
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -37,9 +38,9 @@ from ..errors import WorkbenchError
 from .image_folders import folder_records
 from .layouts import Columns, plan_units
 from .mds import image_columns, open_writer
-from .records import Filter, Record
+from .records import Filter, ReadCounts, Record
 from .tables import hf_records, parquet_records
-from .tar_shards import TarCounts, tar_records
+from .tar_shards import tar_records
 
 AESTHETIC_COLUMNS = ("aesthetic", "aesthetic_score", "AESTHETIC_SCORE")
 LANGUAGE_COLUMNS = ("language", "lang", "LANGUAGE")
@@ -53,6 +54,7 @@ SWAPPED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that turn the image by 
 DEFAULT_MAX_MEGAPIXELS = 64.0
 STATE = ".convert"  # OUT/.convert: plan.json, done/<unit>.json, summary.json
 PLAN_VERSION = 1
+WORKER_IMPORTS = [__name__, "streaming.base.format.mds.writer"]  # imported once by the workers' fork server
 
 
 @dataclass
@@ -66,7 +68,7 @@ class ConvertSummary:
     too_large: int = 0  # more pixels to decode than max_megapixels
     filtered: int = 0
     no_image: int = 0  # samples without an image: img2dataset's failed downloads, a tar sample's image refused
-    refused: int = 0  # tar members not read: links, devices, unsafe names, oversize (not samples)
+    refused: int = 0  # files not read: tar links, devices and unsafe names, oversize files (not samples)
     truncated: int = 0  # tar shards cut short or unreadable (not samples)
     units_kept: int = field(default=0, compare=False)  # units an earlier, interrupted run had finished
 
@@ -79,7 +81,7 @@ class ConvertSummary:
         buckets = ", ".join(f"{side}px {n}" for side, n in sorted(self.written.items()))
         extra = "".join(f", {n} {what}" for n, what in ((self.no_image, "without image"),) if n)
         shards = "; ".join(f"{n} {what}" for n, what in ((self.truncated, "tar shards cut short or unreadable"),
-                                                         (self.refused, "tar members refused")) if n)
+                                                         (self.refused, "files refused")) if n)
         return (f"converted {self.converted} of {self.seen} images: {buckets}; skipped {self.corrupt} corrupt, "
                 f"{self.no_caption} without caption, {self.empty_caption} empty caption, "
                 f"{self.too_small} too small, {self.too_large} too large, {self.filtered} filtered{extra}"
@@ -171,14 +173,14 @@ def _fit(img: Image.Image, side: int, original_size: tuple[int, int]) -> Image.I
     return img if img.size == size else img.resize(size, Image.Resampling.LANCZOS)
 
 
-def _records(unit: dict, counts: TarCounts) -> Iterator[Record]:
+def _records(unit: dict, counts: ReadCounts) -> Iterator[Record]:
     kind = unit["kind"]
     if kind == "tar":
         return tar_records(unit["url"], unit["name"], counts)
     if kind == "parquet":
         return parquet_records(unit["url"], unit["name"], unit["image_column"], unit["caption_column"])
     if kind == "images":
-        return folder_records(unit)
+        return folder_records(unit, counts)
     return hf_records(unit)
 
 
@@ -229,7 +231,7 @@ def _convert_unit(task: tuple[str, str, dict, _Options, int | None]) -> tuple[st
     images to convert (``limit``)."""
     out, name, unit, options, budget = task
     out = Path(out)
-    summary, counts = ConvertSummary(written={side: 0 for side in options.sides}), TarCounts()
+    summary, counts = ConvertSummary(written={side: 0 for side in options.sides}), ReadCounts()
     writers = {}
     for side in options.sides:
         shutil.rmtree(out / str(side) / name, ignore_errors=True)  # what a killed run left of this unit
@@ -245,32 +247,56 @@ def _convert_unit(task: tuple[str, str, dict, _Options, int | None]) -> tuple[st
     return name, summary
 
 
-def _die_with_parent() -> None:
-    """A worker whose parent is killed (SIGKILL leaves the pool no time to stop it) is killed too, so a
-    repeated command never meets a worker of the earlier run still writing a unit it converts again."""
-    import ctypes
-    import signal
+def _start_worker(pid: int, environment: dict[str, str]) -> None:
+    """A worker takes the converting process's environment as it is now (its S3 endpoint and credentials), not
+    the fork server's from when that started, and ends with that process."""
+    os.environ.clear()
+    os.environ.update(environment)
+    _die_with(pid)
 
-    PR_SET_PDEATHSIG = 1  # linux/prctl.h
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+def _die_with(pid: int) -> None:
+    """A worker's watch on the converting process ``pid``: it ends the worker when that process ends. SIGKILL
+    leaves the pool no time to stop its workers, and a worker waiting for its next unit would wait forever (it
+    holds its own end of the task queue), keeping the fork server alive with it; a repeated command must never
+    meet a worker of the earlier run still writing a unit it converts again."""
+    import select
+    import threading
+
+    def watch() -> None:
+        try:
+            with contextlib.closing(os.pidfd_open(pid)) as fd:  # readable once the process has ended
+                select.select([fd], [], [])
+        except (AttributeError, OSError):  # no pidfd (Linux < 5.3): look every second
+            while os.path.exists(f"/proc/{pid}"):
+                time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-converter", daemon=True).start()
+
+
+def _workers_context():
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WORKER_IMPORTS)  # no effect once this process's fork server has started
+    return context
 
 
 def _run(tasks: list, workers: int) -> Iterator[tuple[str, ConvertSummary]]:
-    """Each task's summary as it finishes: in this process for one worker or one task, else in a pool of
-    spawned processes (each imports PIL, pyarrow and Streaming once, and sees this process's environment, e.g.
-    its S3 endpoint). Not forked: a process that has started threads (OpenMP's, pyarrow's, a test runner's) can
-    leave a forked child dead or deadlocked, and ``multiprocessing.Pool`` then waits for the lost unit forever
-    (seen: a conversion hung for 14 minutes under the test runner). A worker that dies is one line here; the
-    same command goes on from the units already written."""
+    """Each task's summary as it finishes: in this process for one worker or one task, else in a pool of worker
+    processes forked from a fork server (``WORKER_IMPORTS`` imported once there). Not forked from this process:
+    a process that has started threads (pyarrow's, OpenMP's, a test runner's) can leave a forked child dead or
+    deadlocked, and a pool then waits for the lost unit forever (seen: a conversion hung for 14 minutes under
+    the test runner). Not spawned: each spawned worker imported Streaming itself, which imports torch and
+    transformers, 6-10 s of CPU and 0.5 GB per worker (measured: 2 workers spent 3.3x the CPU of one on 400
+    images). A worker that dies is one line here; the same command goes on from the units already written."""
     if workers == 1 or len(tasks) <= 1:
         yield from map(_convert_unit, tasks)
         return
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_die_with_parent) as pool:
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=_workers_context(), initializer=_start_worker,
+                             initargs=(os.getpid(), dict(os.environ))) as pool:
         futures = [pool.submit(_convert_unit, task) for task in tasks]
         try:
             for done in as_completed(futures):
@@ -341,14 +367,24 @@ def _total(done: dict[str, ConvertSummary], sides: Sequence[int]) -> ConvertSumm
     return total
 
 
-def _finish(out: Path, plan: dict, src: Any) -> ConvertSummary:
+def _merge_in_a_worker(out: Path, sides: Sequence[int], names: Sequence[str]) -> None:
+    """``_merge`` in a process of the workers' fork server, which has imported Streaming: this process need not
+    (6-10 s of CPU, as long as a quarter of the work on a 400-image conversion at 2 workers)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=_workers_context(), initializer=_start_worker,
+                             initargs=(os.getpid(), dict(os.environ))) as pool:
+        pool.submit(_merge, out, sides, names).result()
+
+
+def _finish(out: Path, plan: dict, src: Any, workers: int = 1) -> ConvertSummary:
     """Merge the finished units' indexes and record the summary; refuse a conversion that wrote nothing."""
     sides, names = plan["options"]["sides"], _unit_names(len(plan["units"]))
     done = _done_summaries(out, names)
     total = _total(done, sides)
     if total.converted == 0:
         raise WorkbenchError(f"no usable images in {src} ({total.line()})")
-    _merge(out, sides, [n for n in names if n in done])
+    (_merge_in_a_worker if workers > 1 else _merge)(out, sides, [n for n in names if n in done])
     write_text_whole(out / STATE / "summary.json", total.to_json())
     return total
 
@@ -416,11 +452,13 @@ def convert_to_mds(src: str | Path | Sequence[str | Path], out: str | Path, *, b
     mine = [k for k in range(len(units)) if part is None or k % part[1] == part[0]]
     done = _done_summaries(out, [names[k] for k in mine])
     pending = [k for k in mine if names[k] not in done]
-    _convert_pending(out, names, units, options, pending, done, workers or len(os.sched_getaffinity(0)), progress)
+    workers = workers or len(os.sched_getaffinity(0))
+    _convert_pending(out, names, units, options, pending, done, workers, progress)
     if part is not None:
         summary = _total(done, sides)
     else:
-        summary = _finish(out, plan, src if isinstance(src, (str, Path)) else ", ".join(map(str, src)))
+        where = src if isinstance(src, (str, Path)) else ", ".join(map(str, src))
+        summary = _finish(out, plan, where, workers if options.limit is None and len(pending) > 1 else 1)
     summary.units_kept = len(mine) - len(pending)
     return summary
 

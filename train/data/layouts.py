@@ -2,7 +2,7 @@
 ``IMAGES_PER_UNIT`` images of one folder, or ``ROWS_PER_UNIT`` rows of a datasets dataset.
 
 Sources: local paths or ``s3://`` URLs, several at once, with brace patterns (``{00000..00999}.tar``).
-A folder is read as the first of these it holds: a ``save_to_disk`` dataset; WebDataset tars (img2dataset's
+A folder (local or an ``s3://`` prefix, read alike) is read as the first of these it holds: a ``save_to_disk`` dataset; WebDataset tars (img2dataset's
 ``webdataset`` output: the Parquet beside each tar is its metadata); Parquet files with an image column
 (img2dataset's ``parquet`` output, a hub repository's ``data/`` files); images with sidecars (img2dataset's
 ``files`` output: the Parquet beside each folder is its metadata). A name that is none of these is a hub id.
@@ -10,13 +10,13 @@ A folder is read as the first of these it holds: a ``save_to_disk`` dataset; Web
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Sequence
 
 from ..errors import WorkbenchError
-from .image_folders import folder_plan, has_json_sidecars
+from .image_folders import folder_plan
 from .records import IMAGE_SUFFIXES, Filter
-from .storage import expand_braces, is_remote, list_s3
+from .storage import expand_braces, is_remote, list_objects
 from .tables import has_image_column, hf_plan, parquet_schema, table_columns
 
 HF_DISK_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
@@ -54,38 +54,54 @@ def _parquet_units(urls: Sequence[str], base: str, columns: Columns) -> list[dic
     return units
 
 
-def _metadata_beside_shard(parquet: Path) -> bool:
+def _places(names) -> set[str]:
+    """The files and the folders (``a/``) that hold them."""
+    return set(names) | {n.rsplit("/", 1)[0] + "/" for n in names if "/" in n}
+
+
+def _metadata_beside_shard(parquet: str, places: set[str]) -> bool:
     """img2dataset's ``00000.parquet`` beside ``00000.tar`` or the ``00000/`` folder of its files output."""
-    stem = parquet.with_suffix("")
-    return stem.with_suffix(".tar").is_file() or stem.is_dir()
+    stem = parquet[: -len(".parquet")]
+    return f"{stem}.tar" in places or f"{stem}/" in places
+
+
+def _folder(root: str, names: list[str], columns: Columns, split: str) -> list[dict]:
+    """The units of a folder, local or on S3, from the names of the files under it (relative, ``/``-separated,
+    in path order): the first layout it holds, in the order of the module's docstring."""
+    where = lambda name: f"{root.rstrip('/')}/{name}"  # noqa: E731
+    if any(marker in names for marker in HF_DISK_MARKERS):
+        return hf_plan(root, True, split, columns.image, columns.caption, columns.filters)
+    if tars := [n for n in names if _is_tar(n)]:
+        return _tar_units([where(n) for n in tars], root)
+    parquets = [n for n in names if n.endswith(".parquet")]
+    tables = [n for n in parquets if has_image_column(parquet_schema(where(n)), columns.image)]
+    places = _places(names) if parquets else set()
+    if tables or (parquets and not any(_metadata_beside_shard(n, places) for n in parquets)):
+        return _parquet_units([where(n) for n in (tables or parquets)], root, columns)  # else: which column
+    if images := [n for n in names if PurePosixPath(n).suffix.lower() in IMAGE_SUFFIXES]:
+        if columns.filters and not parquets and not any(n.endswith(".json") for n in names):
+            raise WorkbenchError(f"{root} is an image folder without .json sidecars, so it has no "
+                                 f"{' or '.join(f.what for f in columns.filters)} values to filter on")
+        return folder_plan(root, images)
+    raise WorkbenchError(f"{root} holds nothing conversion reads; looked for {LAYOUTS}")
+
+
+def _in_path_order(names) -> list[str]:
+    return sorted(names, key=lambda n: n.split("/"))
 
 
 def _local_folder(root: Path, columns: Columns, split: str) -> list[dict]:
-    if any((root / marker).is_file() for marker in HF_DISK_MARKERS):
-        return hf_plan(str(root), True, split, columns.image, columns.caption, columns.filters)
-    files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.relative_to(root).parts)
-    tars = [p for p in files if _is_tar(p.name)]
-    if tars:
-        return _tar_units([str(p) for p in tars], str(root))
-    parquets = [p for p in files if p.suffix == ".parquet"]
-    tables = [p for p in parquets if has_image_column(parquet_schema(str(p)), columns.image)]
-    if tables or (parquets and not any(_metadata_beside_shard(p) for p in parquets)):
-        return _parquet_units([str(p) for p in (tables or parquets)], str(root), columns)  # else: which column
-    if any(p.suffix.lower() in IMAGE_SUFFIXES for p in files):
-        if columns.filters and not parquets and not has_json_sidecars(root):
-            raise WorkbenchError(f"{root} is an image folder without .json sidecars, so it has no "
-                                 f"{' or '.join(f.what for f in columns.filters)} values to filter on")
-        return folder_plan(root)
-    raise WorkbenchError(f"{root} holds nothing conversion reads; looked for {LAYOUTS}")
+    names = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    return _folder(str(root), _in_path_order(names), columns, split)
 
 
 def _local_file(path: Path, columns: Columns) -> list[dict]:
     if _is_tar(path.name):
         return _tar_units([str(path)], str(path.parent))
     if path.suffix == ".parquet":
-        if not has_image_column(parquet_schema(str(path)), columns.image) and _metadata_beside_shard(path):
-            return _local_file(path.with_suffix(".tar"), columns) if path.with_suffix(".tar").is_file() \
-                else folder_plan_of_shard(path.with_suffix(""))
+        tar, folder = path.with_suffix(".tar"), path.with_suffix("")  # what img2dataset's metadata describes
+        if not has_image_column(parquet_schema(str(path)), columns.image) and (tar.is_file() or folder.is_dir()):
+            return _local_file(tar, columns) if tar.is_file() else folder_plan_of_shard(folder)
         return _parquet_units([str(path)], str(path.parent), columns)
     raise WorkbenchError(f"{path} is not a tar shard, a Parquet file, a folder of either, an image folder or a "
                          f"saved datasets dataset (looked for {LAYOUTS})")
@@ -93,29 +109,24 @@ def _local_file(path: Path, columns: Columns) -> list[dict]:
 
 def folder_plan_of_shard(folder: Path) -> list[dict]:
     """One img2dataset ``files`` shard named by its metadata Parquet: its folder, read with that metadata."""
-    return [dict(u, root=str(folder.parent), dir=folder.name) for u in folder_plan(folder)
-            if u["dir"] == "."]
+    images = [f"{folder.name}/{p.name}" for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES]
+    return folder_plan(str(folder.parent), _in_path_order(images))
 
 
-def _remote(url: str, columns: Columns) -> list[dict]:
+def _remote(url: str, columns: Columns, split: str) -> list[dict]:
     if _is_tar(url):
         return _tar_units([url], url.rsplit("/", 1)[0])
     if url.endswith(".parquet"):
         return _parquet_units([url], url.rsplit("/", 1)[0], columns)
-    objects = list_s3(url)
-    tars = [o for o in objects if _is_tar(o)]
-    if tars:
-        return _tar_units(tars, url)
-    parquets = [o for o in objects if o.endswith(".parquet")]
-    if parquets:
-        return _parquet_units(parquets, url, columns)
-    raise WorkbenchError(f"{url} holds no tar shards and no Parquet files ({len(objects)} objects); on S3 "
-                         f"conversion reads WebDataset tars and Parquet files with an image column")
+    names = _in_path_order(list_objects(url))
+    if not names:
+        raise WorkbenchError(f"{url} holds no objects")
+    return _folder(url.rstrip("/"), names, columns, split)
 
 
 def _one_source(src: str, columns: Columns, split: str, single: bool) -> list[dict]:
     if is_remote(src):
-        return _remote(src, columns)
+        return _remote(src, columns, split)
     path = Path(src).expanduser()
     if path.is_dir():
         return _local_folder(path, columns, split)

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Collection
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
+# The most one file of a sample (a tar member, an object on S3) may hold to be read into memory: an img2dataset
+# JPEG at LAION's 512-1024 px is 50-300 KB, a 64 MP camera photo about 30 MB.
+MAX_FILE_BYTES = 64 * 2**20
 CAPTION_KEYS = ("caption", "text", "txt", "TEXT", "prompt")  # also the caption columns of tables, in this order
 # img2dataset's .json member and the parquet beside a shard repeat the caption; meta keeps it once, as caption
 JSON_CAPTION_KEYS = ("caption", "text")
@@ -23,6 +26,14 @@ class Record:
     image: Any  # encoded bytes, a {"bytes", "path"} dict, a file path, or None: the source has no image for it
     caption: str | None  # None: the source has no caption for this image
     fields: dict[str, Any]  # the source's other json-serializable fields: filters read them, meta keeps them
+
+
+@dataclass
+class ReadCounts:
+    """What readers refused below the level of samples."""
+
+    refused: int = 0  # files not read: tar links, devices and unsafe names; files over MAX_FILE_BYTES
+    truncated: int = 0  # tar shards that ended before their end-of-archive
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,20 @@
 """Where conversion's sources live: local paths or ``s3://bucket/prefix`` URLs, and brace patterns over
 either (``shards/{00000..00999}.tar``, ``{a,b}``), as WebDataset and img2dataset name shards.
 
-Endpoints, credentials and retries are boto3's (``S3_ENDPOINT_URL`` for an S3-compatible store).
+Tars are streamed in one pass and images of an image folder read one object at a time. A ``save_to_disk``
+folder is memory-mapped by ``datasets``, so on S3 it is copied once into ``$DWB_CACHE/datasets/<hash of the
+URL and every object's ETag>/`` (as ``datasets`` itself does for a remote folder). Endpoints, credentials and
+retries are boto3's (``S3_ENDPOINT_URL`` for an S3-compatible store).
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from ..common import s3_client, split_s3
+from ..common import download_cache, s3_client, split_s3, whole_folder
 from ..errors import WorkbenchError, first_line
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
@@ -37,17 +41,25 @@ def is_remote(url: str) -> bool:
     return url.startswith("s3://")
 
 
-def list_s3(url: str) -> list[str]:
-    """Every object under an ``s3://bucket/prefix`` (the prefix taken as a folder), sorted."""
+def list_objects(url: str, below: bool = True) -> dict[str, dict]:
+    """The objects under an ``s3://bucket/prefix`` (the prefix taken as a folder), by name relative to it
+    (``a/b.jpg``), each with its ``size`` and ``etag``; only those directly in it when not ``below``."""
     bucket, prefix = split_s3(url)
     prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+    extra = {} if below else {"Delimiter": "/"}
     try:
-        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return sorted(f"s3://{bucket}/{o['Key']}" for page in pages for o in page.get("Contents", []))
+        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **extra)
+        return {o["Key"][len(prefix):]: {"size": o["Size"], "etag": o["ETag"].strip('"')}
+                for page in pages for o in page.get("Contents", []) if not o["Key"].endswith("/")}
     except WorkbenchError:
         raise
     except Exception as e:  # noqa: BLE001 - botocore's many error types, as one line
         raise WorkbenchError(f"cannot list {url}: {first_line(e)}") from None
+
+
+def list_s3(url: str) -> list[str]:
+    """Every object under an ``s3://bucket/prefix`` (the prefix taken as a folder), sorted."""
+    return sorted(f"{url.rstrip('/')}/{name}" for name in list_objects(url))
 
 
 def exists(url: str) -> bool:
@@ -82,3 +94,39 @@ def open_seekable(url: str):
         return url
     with open_stream(url) as body:
         return io.BytesIO(body.read())
+
+
+def read_bounded(url: str, limit: int) -> bytes | None:
+    """A file's or object's bytes, or None when it holds more than ``limit`` (never read past it)."""
+    with open_stream(url) as stream:
+        data = stream.read(limit + 1)
+    return None if len(data) > limit else data
+
+
+def local_copy(url: str) -> Path:
+    """The local copy of every object under an ``s3://`` folder, downloaded once per set of ETags; made whole or
+    not at all (``whole_folder``), so a killed download is never taken for a copy."""
+    objects = list_objects(url)
+    if not objects:
+        raise WorkbenchError(f"{url} holds no objects")
+    if unsafe := next((n for n in objects if ".." in PurePosixPath(n).parts or n.startswith("/")), None):
+        raise WorkbenchError(f"{url}: refusing to copy the object {unsafe!r}: its name leads out of the folder")
+    listing = "\n".join(f"{name} {o['etag']}" for name, o in sorted(objects.items()))
+    folder = download_cache("datasets") / hashlib.sha256(f"{url}\n{listing}".encode()).hexdigest()[:24]
+    if folder.is_dir():
+        return folder
+    bucket, prefix = split_s3(url.rstrip("/"))
+    client = s3_client()
+    try:
+        with whole_folder(folder) as partial:
+            for name in objects:
+                (partial / name).parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, f"{prefix}/{name}" if prefix else name, str(partial / name))
+    except OSError:  # another process finished the same copy first
+        if not folder.is_dir():
+            raise
+    except WorkbenchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - botocore's many error types, as one line
+        raise WorkbenchError(f"cannot copy {url}: {first_line(e)}") from None
+    return folder

@@ -9,7 +9,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import WorkbenchError, first_line
 from .records import CAPTION_KEYS, Filter, Record, scalar_fields
-from .storage import open_seekable
+from .storage import is_remote, local_copy, open_seekable
 
 IMAGE_COLUMNS = ("image", "jpg", "png", "webp", "img")
 KEY_COLUMN = "key"  # img2dataset's sample key: the tar member's or the file's name without its extension
@@ -84,6 +84,8 @@ def metadata_by_key(url: str) -> dict[str, dict[str, Any]]:
 def _load_dataset(src: str, on_disk: bool, split: str):
     import datasets  # slow to import; only this source needs it
 
+    if on_disk and is_remote(src):
+        src = str(local_copy(src))  # datasets memory-maps the folder's Arrow files
     try:
         ds = datasets.load_from_disk(src) if on_disk else datasets.load_dataset(src, split=split)
     except Exception as e:  # a broken folder, or offline / unknown repo / gated / bad split: many types

@@ -4,29 +4,20 @@ writer does.
 
 A sample is the run of members sharing a key: the member's path up to the first dot of its file name
 (WebDataset's rule). The tar is read in one forward pass, local or streamed from S3. Members are untrusted:
-links, devices, absolute or ``..`` names and members over ``MAX_MEMBER_BYTES`` are refused and counted, never
+links, devices, absolute or ``..`` names and members over ``MAX_FILE_BYTES`` are refused and counted, never
 read; a tar cut short ends its shard with the samples read whole before the cut, and is counted.
 """
 from __future__ import annotations
 
 import tarfile
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Iterator
 
-from .records import IMAGE_SUFFIXES, Record, caption_and_fields
+from .records import IMAGE_SUFFIXES, MAX_FILE_BYTES, ReadCounts, Record, caption_and_fields
 from .storage import exists, open_stream
 from .tables import metadata_by_key
 
-# An img2dataset JPEG at LAION's 512-1024 px is 50-300 KB; a 64 MP camera photo about 30 MB.
-MAX_MEMBER_BYTES = 64 * 2**20
 IMAGE_EXTENSIONS = tuple(s.lstrip(".") for s in sorted(IMAGE_SUFFIXES))
-
-
-@dataclass
-class TarCounts:
-    refused: int = 0  # members not read: links, devices, unsafe names, oversize
-    truncated: int = 0  # shards that ended before their end-of-archive
 
 
 def _unsafe_name(name: str) -> bool:
@@ -40,13 +31,13 @@ def _key_and_extension(name: str) -> tuple[str, str]:
     return str(path.parent / stem) if str(path.parent) != "." else stem, extension.lower()
 
 
-def _members(tar: tarfile.TarFile, counts: TarCounts) -> Iterator[tuple[str, str, tarfile.TarInfo]]:
+def _members(tar: tarfile.TarFile, counts: ReadCounts) -> Iterator[tuple[str, str, tarfile.TarInfo]]:
     """(key, extension, member) of each regular, safely named member of bounded size; its data is read by
     the caller before the next one (stream mode)."""
     for member in tar:
         if member.isdir():
             continue
-        if not member.isfile() or _unsafe_name(member.name) or member.size > MAX_MEMBER_BYTES:
+        if not member.isfile() or _unsafe_name(member.name) or member.size > MAX_FILE_BYTES:
             counts.refused += 1  # tarfile's stream mode skips its data without keeping it
             continue
         yield (*_key_and_extension(member.name), member)
@@ -62,7 +53,7 @@ def _record(shard: str, key: str, parts: dict[str, bytes], joined: dict[str, Any
     return Record(f"{shard}:{key}", image, caption, fields)
 
 
-def tar_records(url: str, name: str, counts: TarCounts) -> Iterator[Record]:
+def tar_records(url: str, name: str, counts: ReadCounts) -> Iterator[Record]:
     """The samples of one tar shard, joined by key with the img2dataset parquet beside it when there is one."""
     beside = url[: -len(".tar")] + ".parquet" if url.endswith(".tar") else None
     metadata = metadata_by_key(beside) if beside and exists(beside) else {}
