@@ -17,32 +17,70 @@ def _composer(*args, timeout=600) -> subprocess.CompletedProcess:
                           cwd=REPO)
 
 
+def _two_rank_overrides(shapes_data, components, folder) -> list[str]:
+    """Two ranks of 24 on 192 samples: 4-batch epochs, 6 batches; validation on 16 held-out samples at batch 6."""
+    return tiny_overrides(shapes_data, components, folder, save_interval="2ba", autoresume="true", run_name="ddp",
+                          global_train_batch_size=48, device_train_microbatch_size=24, max_duration="6ba",
+                          eval_interval="6ba", **{"ema.enabled": "true", "ema.ema_start": "1ba",
+                                                  "validation.path": shapes_data / "eval" / "32",
+                                                  "validation.max_samples": 16, "validation.timesteps": "[100,500,900]"})
+
+
+def _train_on_two_ranks(over: list[str]) -> subprocess.CompletedProcess:
+    return _composer(str(BIN / "dwb"), "train", str(REPO / "configs/tiny-phase1.yaml"), *over)
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(shapes_data, components, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("ddp") / "whole"
+    whole = _train_on_two_ranks(_two_rank_overrides(shapes_data, components, folder))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    return folder
+
+
 @pytest.mark.slow
-def test_two_process_training_resumes_bit_identically_from_an_epochs_last_batch(shapes_data, components, tmp_path):
-    """Two ranks of 24 on 192 samples: 4-batch epochs; resuming from ba4 (an epoch's last batch) ends where an
-    uninterrupted run does, in model, EMA and optimizer state."""
+def test_two_process_training_resumes_bit_identically_from_an_epochs_last_batch(two_rank_run, shapes_data, components,
+                                                                                tmp_path):
+    """Resuming from ba4 (an epoch's last batch) ends where an uninterrupted run does, in model, EMA and optimizer
+    state."""
     from .test_resilience import differing
 
-    def run(folder):
-        over = tiny_overrides(shapes_data, components, folder, save_interval="2ba", autoresume="true", run_name="ddp",
-                              global_train_batch_size=48, device_train_microbatch_size=24, max_duration="6ba",
-                              **{"ema.enabled": "true", "ema.ema_start": "1ba"})
-        return _composer(str(BIN / "dwb"), "train", str(REPO / "configs/tiny-phase1.yaml"), *over)
-
-    whole = run(tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-2000:]
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     for name in ("ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"):
-        (resumed / name).write_bytes((tmp_path / "whole" / name).read_bytes())
-    again = run(resumed)
+        (resumed / name).write_bytes((two_rank_run / name).read_bytes())
+    again = _train_on_two_ranks(_two_rank_overrides(shapes_data, components, resumed))
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming at batch 4" in again.stdout
     from train.checkpoints import read_checkpoint
 
     ts = read_checkpoint(resumed / "ep1-ba6-rank0.pt")["timestamp"]["Timestamp"]
     assert ts["batch"] == 6 and ts["sample"] == 288  # global batch 48 = 2 ranks x 24
-    assert differing(resumed / "ep1-ba6-rank0.pt", tmp_path / "whole" / "ep1-ba6-rank0.pt") == []
+    assert differing(resumed / "ep1-ba6-rank0.pt", two_rank_run / "ep1-ba6-rank0.pt") == []
+
+
+@pytest.mark.slow
+def test_validation_loss_on_two_ranks_equals_one_process(two_rank_run, shapes_data, components):
+    """Each rank measured every other held-out sample and the sums were gathered: the figures the 2-rank run's
+    callback saved equal this one process's, measured on the whole split, to float tolerance."""
+    from train.callbacks import read_held_out, validation_figures
+    from train.checkpoints import model_weights, read_checkpoint
+    from train.config import load_config
+    from train.trainer import build_model
+
+    checkpoint = read_checkpoint(two_rank_run / "ep1-ba6-rank0.pt")
+    saved = checkpoint["callbacks"]["ValidationLoss"]["last"]
+    cfg = load_config(REPO / "configs/tiny-phase1.yaml", _two_rank_overrides(shapes_data, components, two_rank_run))
+    model = build_model(cfg)
+    weights = model_weights(checkpoint)
+    model.unet.load_state_dict({k[len("unet."):]: v for k, v in weights.items() if k.startswith("unet.")})
+    v = cfg.validation
+    held = read_held_out(v.path, cfg.data.resolution, v.max_samples, 0, 1)
+    one = validation_figures(model, held, v.timesteps, v.seed, v.batch_size, "validation")
+    assert saved["batch"] == 6 and len(held.indices) == 16 and len(one) == 4
+    for key, value in one.items():
+        assert saved[key] == pytest.approx(value, rel=1e-5), key
+    assert saved["validation_ema/loss"] != saved["validation/loss"]
 
 
 @pytest.mark.slow
