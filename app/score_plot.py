@@ -92,7 +92,8 @@ def _point(p: ScorePoint, x: Scale, y: Scale, colour: str, axis: XAxis) -> str:
     bar = ""
     if s.lo is not None:
         top, low = y(s.hi), y(s.lo)
-        bar = (f'<g class="error-bar" data-step="{p.step}" data-x="{p.x(axis)!r}" data-lo="{s.lo!r}" data-hi="{s.hi!r}" stroke="{colour}">'
+        bar = (f'<g class="error-bar" data-step="{p.step}" data-x="{p.x(axis)!r}" data-lo="{s.lo!r}" '
+               f'data-hi="{s.hi!r}" stroke="{colour}">'
                f'<line class="bar" x1="{px:.2f}" x2="{px:.2f}" y1="{top:.2f}" y2="{low:.2f}"/>'
                f'<line x1="{px - CAP:.2f}" x2="{px + CAP:.2f}" y1="{top:.2f}" y2="{top:.2f}"/>'
                f'<line x1="{px - CAP:.2f}" x2="{px + CAP:.2f}" y1="{low:.2f}" y2="{low:.2f}"/></g>')
@@ -136,5 +137,4 @@ def left_out_note(left: int, total: int, axis: XAxis) -> str:
     if not left:
         return ""
     return (f'<p class="score-left-out" style="margin:4px 0 0 {LEFT}px">{left} of {total} rows '
-            f'{"is" if left == 1 else "are"} left out of the '
-            f'plot: {escape(axis.missing)}.</p>')
+            f'{"is" if left == 1 else "are"} left out of the plot: {escape(axis.missing)}.</p>')

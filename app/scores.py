@@ -4,9 +4,10 @@
   ``checkpoint_hash``, ``model``, ``step``, ``guidance``, ``sampler``, ``weights`` and metrics, each with an
   optional 95% interval in ``<metric>_lo`` / ``<metric>_hi``, and, where the checkpoint records what it cost to
   reach, ``gpu_hours`` and (where its run set a price) ``usd`` (no metrics: an x axis of the Scores plot). Found
-  beside the checkpoints (their folder or a parent up to the root) and in the ``--results`` folders. Beside it, ``metrics.json`` (evaluate's names of
-  its metric columns: ``{"fid": {"name": "FID", "lower_is_better": true, "family": "image quality"}}``; a column
-  none describes is shown by its key), and ``compare/*.html`` (`dwb evaluate compare`'s pages).
+  beside the checkpoints (their folder or a parent up to the root) and in the ``--results`` folders. Beside it,
+  ``metrics.json`` (evaluate's names of its metric columns: ``{"fid": {"name": "FID", "lower_is_better": true,
+  "family": "image quality"}}``; a column none describes is shown by its key), and ``compare/*.html``
+  (`dwb evaluate compare`'s pages).
 - ``STUDY/report/results.json`` (`dwb human-eval report`): ``model_info`` gives each model's
   ``checkpoint_hash``, ``comparisons`` each pair's win rate with its intervals; from ``--study`` folders.
 
