@@ -24,7 +24,8 @@ from .generate import GenerationParams, LimitError, Stopped, check_client, shown
 from .png_info import read_png_info, settings_from
 from .results_files import page_url
 from .score_plot import score_plot
-from .scores import Metric, ScorePoint, WinRate, points_of, scores_of, setting_text, significant
+from .scores import (STEP_AXIS, X_AXES, Metric, ScorePoint, WinRate, XAxis, points_of, scores_of, setting_text,
+                     significant, x_axes_of)
 from .service import Result, Service
 from .uploads import Uploads
 from .xyz import NONE
@@ -360,29 +361,32 @@ class Handlers:
 
     # -- Scores ----------------------------------------------------------------------------------
 
-    def scores_view(self, metric: str | None):
+    def scores_view(self, metric: str | None, x: str | None = None):
         """On each page load: the metrics some row measured (the one chosen kept while it is there), and the
-        chosen one's plot, table, note and compare pages (``scores_table``)."""
+        chosen one's plot, table, note, compare pages and x axes (``scores_table``)."""
         measured = self.service.scores.measured()
         keys = [m.key for m in measured]
         chosen = metric if metric in keys else "fid" if "fid" in keys else next(iter(keys), None)
-        return gr.update(choices=[(m.title(), m.key) for m in measured], value=chosen), *self.scores_table(chosen)
+        return gr.update(choices=[(m.title(), m.key) for m in measured], value=chosen), *self.scores_table(chosen, x)
 
-    def scores_table(self, metric: str | None):
-        """(the plot, the table, a note, the compare pages of the models shown) of one metric over every row."""
+    def scores_table(self, metric: str | None, x: str | None = None):
+        """(the plot, the table, a note, the compare pages of the models shown, the x axes offered) of one metric
+        over every row, plotted against ``x`` (``app.scores.X_AXES``: training step unless the rows have ``x``)."""
         scores = self.service.scores
         measured = {m.key: m for m in scores.measured()}
         chosen = measured.get(metric or "")
         if chosen is None:
             return (score_plot([], Metric("", "")), score_table([], None), "Pick a metric." if measured else
                     "No scores yet: score checkpoints with `dwb evaluate run CKPT ... --out OUT` and start the app "
-                    "with `--results OUT`.", self.compare_pages(set()))
+                    "with `--results OUT`.", self.compare_pages(set()), x_axis_choice([]))
         points = points_of(scores.rows(), chosen, self.service.labels_by_hash())
         note = "" if points else (f"{as_markdown(chosen.name)} was measured only for checkpoints with no training "
                                   "step (hub models, exported pipelines), which this plot cannot place: their scores "
                                   "are in the Generate tab's note when they are picked there.")
-        return score_plot(points, chosen), score_table(points, chosen), note, \
-            self.compare_pages({p.model for p in points})
+        offered = x_axes_of(points)
+        axis = X_AXES[x] if X_AXES.get(x) in offered else STEP_AXIS
+        return score_plot(points, chosen, axis), score_table(points, chosen), note, \
+            self.compare_pages({p.model for p in points}), x_axis_choice(offered, axis)
 
     def select_row(self, metric: str | None, evt: gr.SelectData):
         """The row clicked in the table: (its checkpoint's hash, a note saying what Open in Generate does, the
@@ -421,14 +425,21 @@ class Handlers:
                          if links else "", visible=bool(links))
 
 
+def x_axis_choice(offered: list[XAxis], chosen: XAxis = STEP_AXIS):
+    """The Scores tab's x axis radio: the axes the rows can be plotted against, shown when there is a choice."""
+    return gr.update(choices=[(a.choice, a.key) for a in offered], value=chosen.key, visible=len(offered) > 1)
+
+
 def score_table(points: list[ScorePoint], metric: Metric | None):
-    """The Scores tab's rows: checkpoint, step, series, value and 95% interval to 4 significant digits, hash."""
+    """The Scores tab's rows: checkpoint, step, series, value and 95% interval, GPU-hours and dollars where some
+    row has them, to 4 significant digits; hash."""
     title = metric.name if metric else "value"
+    costs = [a for a in X_AXES.values() if a is not STEP_AXIS and any(p.x(a) is not None for p in points)]
+    columns = ["checkpoint", "step", "series", title, "95% interval", *(a.choice for a in costs), "hash"]
     table = pd.DataFrame([{"checkpoint": p.checkpoint or "(not under the app's folders)", "step": p.step,
                            "series": p.series, title: p.score.value, "95% interval": p.score.interval_text(),
-                           "hash": p.digest} for p in points],
-                         columns=["checkpoint", "step", "series", title, "95% interval", "hash"])
-    return table.style.format({title: significant})
+                           **{a.choice: p.x(a) for a in costs}, "hash": p.digest} for p in points], columns=columns)
+    return table.style.format({c: significant for c in (title, *(a.choice for a in costs))}, na_rep="")
 
 
 def cost_or_zero(cost: Callable, inputs: list) -> int:

@@ -1,11 +1,12 @@
-"""The Scores tab's plot: one metric against training step, drawn by the app as SVG.
+"""The Scores tab's plot: one metric against training step, GPU-hours or dollars, drawn by the app as SVG.
 
 Why SVG of our own, not Gradio's native plots or ``gr.Plot``: the native ScatterPlot (Vega-Lite) put points on
 the plot's edge and draws neither lines nor error bars, and ``gr.Plot``'s figure reaches the page as an image whose
 points a browser cannot find. Here each series is a line, each row a point with its 95% interval as an error bar,
 each one an SVG element placed by the same scale as the axes' ticks, so a reader (and the tests) can check every
 one against the axes. The scales keep ``INSET`` pixels between the data and the plot area's edges, so no point
-or bar end lies on an edge.
+or bar end lies on an edge. Against GPU-hours or dollars, the rows without them are left out, and a line under the
+plot says how many and why.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 
-from .scores import Metric, ScorePoint, significant
+from .scores import STEP_AXIS, Metric, ScorePoint, XAxis, significant
 
 WIDTH, HEIGHT = 860, 360
 LEFT, RIGHT, TOP, BOTTOM = 76, 16, 14, 46  # room for the tick labels and the axis titles
@@ -66,60 +67,74 @@ def _colours(points: list[ScorePoint]) -> dict[str, str]:
     return {s: PALETTE[k % len(PALETTE)] for k, s in enumerate(dict.fromkeys(p.series for p in points))}
 
 
-def _axes(x: Scale, y: Scale, metric: Metric) -> list[str]:
+def _axes(x: Scale, y: Scale, metric: Metric, axis: XAxis) -> list[str]:
     right, bottom = WIDTH - RIGHT, HEIGHT - BOTTOM
     parts = []
     for value in ticks(y.at(bottom), y.at(TOP)):
         py = y(value)
         parts.append(f'<g class="y-tick"><line x1="{LEFT}" x2="{right}" y1="{py:.2f}" y2="{py:.2f}" stroke="#e5e7eb"/>'
                      f'<text x="{LEFT - 6}" y="{py + 4:.2f}" text-anchor="end">{significant(value)}</text></g>')
-    for value in ticks(x.at(LEFT), x.at(right), whole=True):
+    for value in ticks(x.at(LEFT), x.at(right), whole=axis.whole):
         px = x(value)
+        label = int(value) if axis.whole else significant(value)
         parts.append(f'<g class="x-tick"><line x1="{px:.2f}" x2="{px:.2f}" y1="{TOP}" y2="{bottom}" stroke="#e5e7eb"/>'
-                     f'<text x="{px:.2f}" y="{bottom + 16}" text-anchor="middle">{int(value)}</text></g>')
+                     f'<text x="{px:.2f}" y="{bottom + 16}" text-anchor="middle">{label}</text></g>')
     parts.append(f'<text class="x-title" x="{(LEFT + right) / 2}" y="{HEIGHT - 6}" text-anchor="middle">'
-                 f'training step</text>')
+                 f'{escape(axis.title)}</text>')
     parts.append(f'<text class="y-title" transform="translate(14 {(TOP + bottom) / 2}) rotate(-90)" '
                  f'text-anchor="middle">{escape(metric.title())}</text>')
     return parts
 
 
-def _point(p: ScorePoint, x: Scale, y: Scale, colour: str) -> str:
+def _point(p: ScorePoint, x: Scale, y: Scale, colour: str, axis: XAxis) -> str:
     """A row's error bar (its interval, where it has one) and its point, which carries its values and a tooltip."""
-    px, py, s = x(p.step), y(p.score.value), p.score
+    px, py, s = x(p.x(axis)), y(p.score.value), p.score
     bar = ""
     if s.lo is not None:
         top, low = y(s.hi), y(s.lo)
-        bar = (f'<g class="error-bar" data-step="{p.step}" data-lo="{s.lo!r}" data-hi="{s.hi!r}" stroke="{colour}">'
+        bar = (f'<g class="error-bar" data-step="{p.step}" data-x="{p.x(axis)!r}" data-lo="{s.lo!r}" '
+               f'data-hi="{s.hi!r}" stroke="{colour}">'
                f'<line class="bar" x1="{px:.2f}" x2="{px:.2f}" y1="{top:.2f}" y2="{low:.2f}"/>'
                f'<line x1="{px - CAP:.2f}" x2="{px + CAP:.2f}" y1="{top:.2f}" y2="{top:.2f}"/>'
                f'<line x1="{px - CAP:.2f}" x2="{px + CAP:.2f}" y1="{low:.2f}" y2="{low:.2f}"/></g>')
-    tooltip = f"{p.checkpoint or 'not under the app folders'}, step {p.step}: {s.text()}"
+    where = ", ".join(t for t in (f"step {p.step}", p.cost_text()) if t)
+    tooltip = f"{p.checkpoint or 'not under the app folders'}, {where}: {s.text()}"
     return (f'{bar}<circle class="point" cx="{px:.2f}" cy="{py:.2f}" r="{POINT_RADIUS}" fill="{colour}" '
-            f'data-step="{p.step}" data-value="{s.value!r}" data-series="{escape(p.series)}">'
+            f'data-step="{p.step}" data-x="{p.x(axis)!r}" data-value="{s.value!r}" data-series="{escape(p.series)}">'
             f'<title>{escape(tooltip)}</title></circle>')
 
 
-def score_plot(points: list[ScorePoint], metric: Metric) -> str:
-    """The plot of ``points`` (one metric's rows at their steps), a line per series, and its legend, as HTML."""
+def score_plot(points: list[ScorePoint], metric: Metric, axis: XAxis = STEP_AXIS) -> str:
+    """The plot of ``points`` (one metric's rows) against ``axis``, a line per series, its legend and a line saying
+    how many rows it leaves out (those without a value on ``axis``), as HTML."""
     area = (f'<rect class="plot-area" x="{LEFT}" y="{TOP}" width="{WIDTH - LEFT - RIGHT}" '
             f'height="{HEIGHT - TOP - BOTTOM}" fill="none" stroke="#9ca3af"/>')
     svg = (f'<svg class="score-plot" viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" role="img" '
-           f'aria-label="{escape(metric.name)} against training step" font-size="12" font-family="sans-serif">')
-    if not points:
-        return f'{svg}{area}</svg>'
-    x = Scale.fit((p.step for p in points), LEFT, WIDTH - RIGHT)
-    bounds = [v for p in points for v in (p.score.value, p.score.lo, p.score.hi) if v is not None]
+           f'aria-label="{escape(metric.name)} against {escape(axis.title)}" font-size="12" font-family="sans-serif">')
+    placed = [p for p in points if p.x(axis) is not None]
+    note = left_out_note(len(points) - len(placed), len(points), axis)
+    if not placed:
+        return f'{svg}{area}</svg>{note}'
+    x = Scale.fit((p.x(axis) for p in placed), LEFT, WIDTH - RIGHT)
+    bounds = [v for p in placed for v in (p.score.value, p.score.lo, p.score.hi) if v is not None]
     y = Scale.fit(bounds, HEIGHT - BOTTOM, TOP)
-    colours = _colours(points)
+    colours = _colours(placed)
     series = []
     for name, colour in colours.items():
-        mine = [p for p in points if p.series == name]
-        line = " ".join(f"{x(p.step):.2f},{y(p.score.value):.2f}" for p in mine)
+        mine = sorted((p for p in placed if p.series == name), key=lambda p: (p.x(axis), p.step))
+        line = " ".join(f"{x(p.x(axis)):.2f},{y(p.score.value):.2f}" for p in mine)
         series.append(f'<g class="series" data-series="{escape(name)}">'
                       f'<polyline class="line" points="{line}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
-                      + "".join(_point(p, x, y, colour) for p in mine) + "</g>")
+                      + "".join(_point(p, x, y, colour, axis) for p in mine) + "</g>")
     legend = "".join(f'<li><span style="display:inline-block;width:10px;height:10px;margin-right:6px;'
                      f'background:{colour}"></span>{escape(name)}</li>' for name, colour in colours.items())
-    return (f'{svg}{"".join(_axes(x, y, metric))}{area}{"".join(series)}</svg>'
-            f'<ul class="score-legend" style="list-style:none;margin:4px 0 0 {LEFT}px;padding:0">{legend}</ul>')
+    return (f'{svg}{"".join(_axes(x, y, metric, axis))}{area}{"".join(series)}</svg>'
+            f'<ul class="score-legend" style="list-style:none;margin:4px 0 0 {LEFT}px;padding:0">{legend}</ul>{note}')
+
+
+def left_out_note(left: int, total: int, axis: XAxis) -> str:
+    """``2 of 7 rows are left out of the plot: no GPU-hours recorded (...)``; nothing when none is."""
+    if not left:
+        return ""
+    return (f'<p class="score-left-out" style="margin:4px 0 0 {LEFT}px">{left} of {total} rows '
+            f'{"is" if left == 1 else "are"} left out of the plot: {escape(axis.missing)}.</p>')

@@ -2,10 +2,12 @@
 
 - ``results.jsonl`` (`dwb evaluate run` / `watch`): one JSON object per (checkpoint, guidance) row with
   ``checkpoint_hash``, ``model``, ``step``, ``guidance``, ``sampler``, ``weights`` and metrics, each with an
-  optional 95% interval in ``<metric>_lo`` / ``<metric>_hi``. Found beside the checkpoints (their folder or
-  a parent up to the root) and in the ``--results`` folders. Beside it, ``metrics.json`` (evaluate's names of
-  its metric columns: ``{"fid": {"name": "FID", "lower_is_better": true, "family": "image quality"}}``; a column
-  none describes is shown by its key), and ``compare/*.html`` (`dwb evaluate compare`'s pages).
+  optional 95% interval in ``<metric>_lo`` / ``<metric>_hi``, and, where the checkpoint records what it cost to
+  reach, ``gpu_hours`` and (where its run set a price) ``usd`` (no metrics: an x axis of the Scores plot). Found
+  beside the checkpoints (their folder or a parent up to the root) and in the ``--results`` folders. Beside it,
+  ``metrics.json`` (evaluate's names of its metric columns: ``{"fid": {"name": "FID", "lower_is_better": true,
+  "family": "image quality"}}``; a column none describes is shown by its key), and ``compare/*.html``
+  (`dwb evaluate compare`'s pages).
 - ``STUDY/report/results.json`` (`dwb human-eval report`): ``model_info`` gives each model's
   ``checkpoint_hash``, ``comparisons`` each pair's win rate with its intervals; from ``--study`` folders.
 
@@ -126,8 +128,31 @@ def series_of(row: dict) -> str:
 
 
 @dataclass(frozen=True)
+class XAxis:
+    """What the Scores plot can put along its x axis: a row's training step, or what reaching its checkpoint cost
+    (evaluate writes ``gpu_hours`` into the rows of checkpoints that record it, and ``usd`` where the run set a
+    price)."""
+
+    key: str  # the row's column
+    choice: str  # the radio's label
+    title: str  # the axis' title
+    whole: bool  # ticks at whole numbers only
+    missing: str  # why a row is left out of the plot
+
+
+STEP_AXIS = XAxis("step", "training step", "training step", True, "")
+X_AXES = {a.key: a for a in (
+    STEP_AXIS,
+    XAxis("gpu_hours", "GPU-hours", "GPU-hours to reach the checkpoint", False,
+          "no GPU-hours recorded (only checkpoints dwb train wrote record them, and only rows scored since evaluate "
+          "writes them carry them)"),
+    XAxis("usd", "dollars", "dollars to reach the checkpoint", False,
+          "no dollars recorded (their run set no cost.usd_per_gpu_hour, or their checkpoint records no cost)"))}
+
+
+@dataclass(frozen=True)
 class ScorePoint:
-    """One results row's value of one metric at its training step."""
+    """One results row's value of one metric at its training step, and what reaching its checkpoint cost."""
 
     checkpoint: str | None  # the checkpoint's label under the app's folders; None when it is not there
     digest: str
@@ -135,15 +160,35 @@ class ScorePoint:
     series: str
     step: int
     score: Score
+    gpu_hours: float | None = None
+    usd: float | None = None
+
+    def x(self, axis: XAxis) -> float | None:
+        """The point's value along ``axis``; None where its row has none."""
+        return getattr(self, axis.key)
+
+    def cost_text(self) -> str:
+        """``0.01234 GPU-hours, 0.02468 dollars`` (what the row has of them)."""
+        return ", ".join(f"{significant(v)} {a.choice}" for a in X_AXES.values()
+                         if a is not STEP_AXIS and (v := self.x(a)) is not None)
 
 
 def points_of(rows: list[dict], metric: Metric, labels: dict[str, str]) -> list[ScorePoint]:
     """The rows that measured ``metric`` at a training step, by series and step; ``labels``: hash -> label."""
     points = [ScorePoint(labels.get(row["checkpoint_hash"]), row["checkpoint_hash"], str(row.get("model") or ""),
-                         series_of(row), row["step"], score)
+                         series_of(row), row["step"], score, _number(row.get("gpu_hours")), _number(row.get("usd")))
               for row in rows if (score := score_of(row, metric)) is not None
               and isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool)]
     return sorted(points, key=lambda p: (p.series, p.step))
+
+
+def x_axes_of(points: list[ScorePoint]) -> list[XAxis]:
+    """The x axes the points can be plotted against: training step always; GPU-hours where some point has them;
+    dollars where some do and every point with GPU-hours has dollars too (a run without a price would otherwise
+    drop out of a plot its GPU-hours place)."""
+    hours = [p for p in points if p.gpu_hours is not None]
+    priced = bool(hours) and all(p.usd is not None for p in hours)
+    return [STEP_AXIS, *([X_AXES["gpu_hours"]] if hours else []), *([X_AXES["usd"]] if priced else [])]
 
 
 def names_model(page: str, model: str) -> bool:

@@ -25,6 +25,7 @@ from train.common import allow_open_files, deadline_protocol
 from .generate import DEFAULT_GUIDANCE, MAX_SEED
 from .handlers import OPEN_IN_GENERATE, Handlers, as_markdown, queue_validator
 from .results_files import ResultsFiles
+from .scores import STEP_AXIS
 from .service import Service
 from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB, UploadLimit, Uploads
 from .xyz import AXES, NONE
@@ -208,6 +209,9 @@ class UI:
     def scores_tab(self) -> None:
         with gr.Tab("Scores", id="scores-tab"):
             self.metric = gr.Dropdown([], label="Metric (those some results row measured)", elem_id="scores-metric")
+            # GPU-hours and dollars offered where the rows have them (app.scores.x_axes_of); hidden without a choice
+            self.s_x = gr.Radio([(STEP_AXIS.choice, STEP_AXIS.key)], value=STEP_AXIS.key, label="x axis",
+                                visible=False, elem_id="scores-x")
             self.s_note = gr.Markdown(elem_id="scores-note")
             # an SVG the app draws (app.score_plot says why): js_on_load=None, no click events of gr.HTML's own
             self.s_plot = gr.HTML(elem_id="scores-plot", js_on_load=None, padding=True)
@@ -259,14 +263,15 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     ui.png.upload(h.png_info, ui.png, [ui.png_text, ui.png_values, ui.png_notes], api_name="png_info")
     carry_settings(ui, ui.send.click(h.send_to_generate, ui.png_values,
                                      [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs], **private))
-    scores = [ui.s_plot, ui.s_table, ui.s_note, ui.s_pages]
-    ui.metric.input(h.scores_table, ui.metric, scores, **private)
+    scores = [ui.s_plot, ui.s_table, ui.s_note, ui.s_pages, ui.s_x]
+    for chooser in (ui.metric, ui.s_x):
+        chooser.input(h.scores_table, [ui.metric, ui.s_x], scores, **private)
     ui.s_table.select(h.select_row, ui.metric, [ui.s_digest, ui.s_selected, ui.s_open, ui.s_pages], **private)
     carry_settings(ui, ui.s_open.click(h.open_in_generate, ui.s_digest,
                                        [ui.checkpoint, ui.note, ui.g.width, ui.g.height, tabs], **private))
     carry_settings(ui, demo.load(h.on_load, ui.checkpoint, [ui.checkpoint, ui.c_checkpoints, ui.x_checkpoint, ui.note,
                                                             ui.g.width, ui.g.height], **private))
-    demo.load(h.scores_view, ui.metric, [ui.metric, *scores], **private)
+    demo.load(h.scores_view, [ui.metric, ui.s_x], [ui.metric, *scores], **private)
 
 
 def wire_settings(ui: UI) -> None:

@@ -16,7 +16,7 @@ from train.common import whole_file, write_text_whole
 
 from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
 from .names import PREFERENCE_COLUMNS, display_name, with_direction
-from .store import ResultsStore
+from .store import COST_COLUMNS, ResultsStore, checkpoint_cost_columns
 from .verdict import replicates_text
 
 ALL_RIGHT = attr_column("all", "all")  # every attribute right over every prompt
@@ -96,31 +96,35 @@ def _metric_panels(rows: list[dict], xkey: str, xlabel: str, out: Path) -> Path 
 
 
 def checkpoint_costs(rows: list[dict]) -> dict[str, dict]:
-    """What each row's checkpoint recorded it cost to reach (``train.callbacks``), for the ones that record it."""
-    from train.callbacks import checkpoint_cost
-    from train.errors import WorkbenchError
-
+    """What reaching each row's checkpoint cost (``gpu_hours``, and ``usd`` where its run set a price), for the
+    checkpoints that record it: the rows' own columns (``Evaluator.row`` writes them), else, for a store written
+    before rows carried them, read from the checkpoint file."""
     costs = {}
-    for ref in {r.get("checkpoint") for r in rows if r.get("checkpoint")}:
-        try:
-            cost = checkpoint_cost(ref) if Path(ref).is_file() else {}
-        except WorkbenchError:  # another kind of checkpoint: no cost inside
-            cost = {}
-        if cost.get("gpu_hours_total") is not None:
+    for r in rows:
+        if r.get("checkpoint") and r.get("gpu_hours") is not None:
+            costs.setdefault(r["checkpoint"], {k: r[k] for k in COST_COLUMNS if r.get(k) is not None})
+    for ref in {r.get("checkpoint") for r in rows if r.get("checkpoint")} - costs.keys():
+        if cost := checkpoint_cost_columns(ref):
             costs[ref] = cost
     return costs
+
+
+COST_AXES = {"gpu_hours": "GPU-hours to reach the checkpoint", "usd": "dollars to reach the checkpoint"}
+
+
+def cost_axis(rows: list[dict]) -> tuple[str, list[dict]]:
+    """The rows whose checkpoints record their cost, each with ``gpu_hours`` (and ``usd``) from ``checkpoint_costs``,
+    and the column to plot them against: ``usd`` where every one of them has dollars, else ``gpu_hours``."""
+    costs = checkpoint_costs(rows)
+    have = [{**r, **costs[r["checkpoint"]]} for r in rows if r.get("checkpoint") in costs]
+    return ("usd" if have and all("usd" in r for r in have) else "gpu_hours"), have
 
 
 def plot_metrics_vs_cost(rows: list[dict], out: Path) -> Path | None:
     """Each measured metric against the GPU-hours (or dollars, where every checkpoint has a price) spent to reach
     the checkpoint, both phases included: the cost-to-quality curve."""
-    costs = checkpoint_costs(rows)
-    priced = bool(costs) and all(c.get("usd_per_gpu_hour") is not None for c in costs.values())
-    xkey, xlabel = ("usd", "dollars to reach the checkpoint") if priced else ("gpu_hours", "GPU-hours to reach the checkpoint")
-    have = [{**r, "gpu_hours": costs[r["checkpoint"]]["gpu_hours_total"],
-             "usd": costs[r["checkpoint"]]["gpu_hours_total"] * (costs[r["checkpoint"]].get("usd_per_gpu_hour") or 0)}
-            for r in rows if r.get("checkpoint") in costs]
-    return _metric_panels(have, xkey, xlabel, out)
+    xkey, have = cost_axis(rows)
+    return _metric_panels(have, xkey, COST_AXES[xkey], out)
 
 
 def plot_tradeoff(rows: list[dict], out: Path) -> Path | None:
@@ -251,7 +255,8 @@ def write_report(folder: str | Path) -> Path:
                      "images falls, so compare those rows on fid_infinity (FD&infin;), not FID.</p>")
     parts += [f"<img src='{p.name}'>" for p in plots if p]
     parts.append(_table(rows, ["fid", "fid_infinity", "kid_mean", "clip_score", "cmmd", "fd_dinov2", "precision",
-                               "recall", "density", "coverage", *PREFERENCE_COLUMNS, "seconds_total"], first))
+                               "recall", "density", "coverage", *PREFERENCE_COLUMNS, "seconds_total", *COST_COLUMNS],
+                        first))
     if any(r.get(ALL_RIGHT) is not None for r in rows):
         parts += ["<h2>Attribute accuracy</h2>", _table(rows, [k for k, _ in ATTRIBUTE_LINES], first)]
     parts += _categories(rows, tag) + _comparisons(folder)

@@ -24,7 +24,7 @@ from .prompts import Prompt, load_prompts
 from .reference import check_reference_size, reference_stats
 from .row import FEATURES, RowScorer, row_metrics, save_features
 from .samples import Provenance, generate_samples, plan_batches, write_category_grids, write_manifest
-from .store import ResultsStore, checkpoint_identity
+from .store import ResultsStore, checkpoint_cost_columns, checkpoint_identity
 
 
 def check_output_folder(out: str | Path) -> None:
@@ -210,11 +210,13 @@ class Evaluator:
                 "seconds_metrics": round(seconds_metrics, 3), "seconds_total": round(seconds_total, 3)}
 
     def row(self, opened: Opened, guidance: float, samples: Path, n_images: int) -> dict:
-        """What a row says about how it was scored (the metrics and timings are added to it)."""
+        """What a row says about how it was scored and what its checkpoint cost to reach (the metrics and timings
+        are added to it)."""
         cfg, fid_reference = self.cfg, opened.references["fid"]
         return {"model": opened.source.model, "checkpoint": opened.found.ref,
                 "checkpoint_hash": opened.source.checkpoint_hash, "weights": opened.source.weights,
-                "step": opened.found.step or 0, "guidance": float(guidance), "n_images": n_images,
+                "step": opened.found.step or 0, **checkpoint_cost_columns(opened.found.path),
+                "guidance": float(guidance), "n_images": n_images,
                 "n_reference": fid_reference.stats.n, "reference_skipped": fid_reference.skipped,
                 "prompts": cfg.prompts, "sampler": opened.sampler, "steps": cfg.steps, "size": opened.size,
                 "dtype": str(self.dtype).removeprefix("torch."),

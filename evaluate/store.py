@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from train.common import disk_full_error, is_disk_full, whole_file
+from train.errors import WorkbenchError
 from train.generation import with_sampler_key
 
 from .attribute_accuracy import ATTRIBUTE_COLUMNS, COUNT_COLUMNS
@@ -32,7 +33,8 @@ def _with_interval(*names: str) -> list[str]:
     return [c for n in names for c in (n, f"{n}_lo", f"{n}_hi")]
 
 
-COLUMNS = ["model", "checkpoint", "step", "guidance", *_with_interval("fid"), "fid_infinity",
+COST_COLUMNS = ("gpu_hours", "usd")  # what reaching the checkpoint cost: GPU-hours, and dollars at its run's price
+COLUMNS = ["model", "checkpoint", "step", *COST_COLUMNS, "guidance", *_with_interval("fid"), "fid_infinity",
            *_with_interval("kid_mean"), "kid_std", *_with_interval("clip_score", "cmmd", "fd_dinov2"),
            "precision", "recall", "density", "coverage", *_with_interval(*ATTRIBUTE_COLUMNS),
            *COUNT_COLUMNS, *_with_interval(*PREFERENCE_COLUMNS), "n_images", "bootstrap",
@@ -49,6 +51,25 @@ def checkpoint_identity(ckpt) -> dict:
     remote = "://" in str(ckpt.ref)
     st = ckpt.path.stat() if ckpt.path is not None and ckpt.path.is_file() and not remote else None
     return {"file_size": st.st_size if st else None, "file_mtime_ns": st.st_mtime_ns if st else None}
+
+
+def checkpoint_cost_columns(path: str | Path | None) -> dict:
+    """What reaching a checkpoint cost, as a results row's columns: ``gpu_hours`` (the checkpoint's
+    ``gpu_hours_total``: every resume and the earlier phase included, ``train.callbacks.cost``) and, where its run
+    set a price (``cost.usd_per_gpu_hour``), ``usd``; ``{}`` for one that records no cost (a diffusers folder, a
+    single file, a hub model, a Composer checkpoint written without the cost callback)."""
+    from train.callbacks import checkpoint_cost
+
+    if path is None or not Path(path).is_file():
+        return {}
+    try:
+        cost = checkpoint_cost(path)
+    except WorkbenchError:  # another kind of file: no cost inside
+        return {}
+    hours, price = cost.get("gpu_hours_total"), cost.get("usd_per_gpu_hour")
+    if hours is None:
+        return {}
+    return {"gpu_hours": float(hours), **({"usd": float(hours) * float(price)} if price is not None else {})}
 
 
 class ResultsStore:

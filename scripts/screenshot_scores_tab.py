@@ -1,13 +1,15 @@
-"""The Scores tab's screenshot in docs/app.md (docs/images/scores-tab.png), taken on `dwb demo`'s results.
+"""The Scores tab's screenshots in docs/app.md (docs/images/scores-tab.png, scores-tab-cost.png), taken on
+`dwb demo`'s results.
 
     dwb demo --quick --out /tmp/demo
     python scripts/screenshot_scores_tab.py /tmp/demo            # writes docs/images/scores-tab.png
+    python scripts/screenshot_scores_tab.py /tmp/demo --x-axis GPU-hours   # docs/images/scores-tab-cost.png
 
 Compares the demo's last two checkpoints (`dwb evaluate compare`, so that the tab links a compare page; the
 first phase's are at another size, which compare refuses),
 starts `dwb app --checkpoints DEMO/runs --results DEMO/eval` on a free port, opens the Scores tab in headless
-Chromium (Debian's /usr/bin/chromium, as the browser tests use), selects the last row of the table (its step cell) and saves
-the tab.
+Chromium (Debian's /usr/bin/chromium, as the browser tests use), picks the x axis, selects the last row of the
+table (its step cell) and saves the tab.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def wait_ready(url: str, process: subprocess.Popen, timeout: float = 180.0) -> N
     raise SystemExit("dwb app did not answer in time")
 
 
-def screenshot(url: str, out: Path) -> None:
+def screenshot(url: str, out: Path, x_axis: str) -> None:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -63,8 +65,12 @@ def screenshot(url: str, out: Path) -> None:
         page.goto(url)
         page.get_by_role("tab", name="Scores").click()
         page.locator("#scores-plot circle.point").first.wait_for()
-        cells = page.locator("#scores-table [data-editable]")  # row by row, six a row: the last row's step
-        cells.nth(cells.count() - 5).click()
+        if x_axis != "training step":
+            page.locator("#scores-x label", has_text=x_axis).click()
+            page.locator("#scores-plot .x-title", has_text=f"{x_axis} to reach the checkpoint").wait_for()
+        cells = page.locator("#scores-table [data-editable]")  # row by row: the last row's step, its second cell
+        columns = page.locator("#scores-table thead th").count()
+        cells.nth(cells.count() - columns + 1).click()
         page.locator("#scores-open:not([disabled])").wait_for()
         page.locator("#scores-compare-pages a").first.wait_for()
         page.locator(".tabitem:visible").first.screenshot(path=str(out))
@@ -74,8 +80,12 @@ def screenshot(url: str, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("demo", type=Path, help="the folder `dwb demo --out` wrote")
-    parser.add_argument("out", type=Path, nargs="?", default=REPO / "docs" / "images" / "scores-tab.png")
+    parser.add_argument("out", type=Path, nargs="?", help="default: docs/images/scores-tab.png, or scores-tab-cost.png "
+                        "against GPU-hours or dollars")
+    parser.add_argument("--x-axis", default="training step", choices=["training step", "GPU-hours", "dollars"])
     args = parser.parse_args()
+    name = "scores-tab.png" if args.x_axis == "training step" else "scores-tab-cost.png"
+    args.out = args.out or REPO / "docs" / "images" / name
     compare_last_two(args.demo / "eval")
     port = free_port()
     app = subprocess.Popen([DWB, "app", "--checkpoints", args.demo / "runs", "--results", args.demo / "eval",
@@ -83,7 +93,7 @@ def main() -> None:
                            stdout=subprocess.DEVNULL)
     try:
         wait_ready(f"http://127.0.0.1:{port}", app)
-        screenshot(f"http://127.0.0.1:{port}", args.out)
+        screenshot(f"http://127.0.0.1:{port}", args.out, args.x_axis)
     finally:
         app.terminate()
         app.wait(30)

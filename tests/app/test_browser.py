@@ -344,20 +344,24 @@ FID_POINTS = [(2, 310.53219876, 290.25, 333.0), (4, 280.0000001, 262.0, 301.0), 
 
 @pytest.fixture(scope="module")
 def scored(tree, base):
-    """The server's --results folder: FID of the tiny run in two series (guidance 5 and 7.5) and of a run not under
-    the app's folders, with intervals; CLIP score, precision and a column evaluate does not describe (with an
+    """The server's --results folder: FID of the tiny run in two series (guidance 5 and 7.5), with the GPU-hours its
+    checkpoints record (as evaluate writes them; the run set no price), and of a run not under the app's folders
+    (no cost), with intervals; CLIP score, precision and a column evaluate does not describe (with an
     interval) of one row; FD-DINOv2 of a hub model, at no step; a failed row; evaluate's metrics.json (describing
     CMMD and others that no row measured); compare pages and a sample they show."""
     import json
     import shutil
 
     from evaluate.names import write_metrics_table
+    from evaluate.store import checkpoint_cost_columns
     from train.checkpoints import content_hash, find_checkpoint
 
     ba2, ba4 = (content_hash(find_checkpoint(p)) for p in (tree.ba2, tree.ba4))
     tiny = [dict(checkpoint_hash=h, model="tiny-phase1", step=step, guidance=g, sampler="DDIM", weights="ema", fid=fid,
                  fid_lo=lo, fid_hi=hi) for h, g, (step, fid, lo, hi) in zip((ba2, ba4, ba2, ba4), (5.0, 5.0, 7.5, 7.5),
                                                                             FID_POINTS)]
+    for row, path in zip(tiny, (tree.ba2, tree.ba4, tree.ba2, tree.ba4)):
+        row.update(checkpoint_cost_columns(path))
     tiny[0].update(clip_score=20.123456, clip_score_lo=19.5, clip_score_hi=20.9, precision=0.61234, house_score=21.0,
                    house_score_lo=20.5, house_score_hi=21.5)
     rows = [*tiny, dict(checkpoint_hash="0123456789ab", model="other-run", step=1000, guidance=5.0, fid=150.0,
@@ -442,6 +446,23 @@ def test_scores_tab_plots_each_row_with_its_interval_inside_the_axes(page, score
         choose_metric(page, "FID (lower is better)")
         page.locator("#scores-plot circle.point").nth(len(FID_POINTS) - 1).wait_for()
         assert page.inner_text("#scores-note").strip() == ""
+
+    step_x = axis(plot_as_drawn(page)["x"])
+    assert page.locator("#scores-x label").all_inner_texts() == ["training step", "GPU-hours"]  # no price: no dollars
+    page.locator("#scores-x label", has_text="GPU-hours").click()
+    page.locator("#scores-plot .x-title", has_text="GPU-hours to reach the checkpoint").wait_for()
+    drawn = plot_as_drawn(page)
+    x, y = axis(drawn["x"]), axis(drawn["y"])
+    costed = scored[:4]  # the tiny run's rows: the other run's checkpoint records no cost
+    assert len(drawn["points"]) == len(costed) and all(r["gpu_hours"] > 0 for r in costed)
+    centres = [((p["l"] + p["r"]) / 2, (p["t"] + p["b"]) / 2) for p in drawn["points"]]
+    for r in costed:  # each point at its checkpoint's GPU-hours
+        assert any(abs(cx - x(r["gpu_hours"])) < 1 and abs(cy - y(r["fid"])) < 1 for cx, cy in centres), r
+    assert max(abs(x(r["gpu_hours"]) - step_x(r["step"])) for r in costed) > 300  # ba4's points moved across
+    assert page.inner_text("#scores-plot .score-left-out") == ("1 of 5 rows is left out of the plot: no GPU-hours "
+                                                               "recorded (only checkpoints dwb train wrote record "
+                                                               "them, and only rows scored since evaluate writes "
+                                                               "them carry them).")
 
 
 def test_scores_table_is_read_only_and_a_row_opens_its_checkpoint_when_asked(page, scored):

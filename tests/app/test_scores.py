@@ -1,7 +1,9 @@
 """Scores beside checkpoints and PNG Info, without a server: the results store and a study joined to checkpoints
 by content hash, the Scores tab's table, and the parameters of our PNGs and AUTOMATIC1111's."""
 import json
+import re
 
+import numpy as np
 import pytest
 
 from app.handlers import Handlers
@@ -66,9 +68,11 @@ def test_checkpoint_note_shows_metrics_with_intervals_and_win_rates_joined_by_ha
 
 
 def test_scores_tab_plots_the_metric_against_step_and_opens_a_checkpoint(handlers, hashes):
-    plot, table, note, pages = handlers.scores_table("fid")
+    plot, table, note, pages, x_axis = handlers.scores_table("fid", "gpu_hours")
     table = table.data  # the Styler's frame
     assert note == "" and len(table) == 3  # two rows beside the run, one from the older --results store
+    assert x_axis["choices"] == [("training step", "step")] and x_axis["value"] == "step"  # no row has a cost
+    assert not x_axis["visible"] and "GPU-hours" not in table.columns and "training step</text>" in plot
     ours = table[table["series"].str.contains("DDIM")]  # one series: "sampler" and an older store's "scheduler"
     assert list(ours["step"]) == [2, 4] and list(ours["FID"]) == [310.5, 280.0]
     assert list(ours["95% interval"]) == ["[290.2, 333]", "[262, 301]"] and list(ours["checkpoint"]) == [BA2, BA4]
@@ -217,3 +221,65 @@ def test_a_runs_checkpoints_scored_alike_are_one_series():
                       "phase2 · guidance 3, DDIM": [2, 4], "phase2 · guidance 5, DDIM": [2, 4],
                       "sd2-base · guidance 3, DDIM": [0]}
     assert {p.model for p in points if p.step == 2} == {"phase1/ba2", "phase2/ba2"}  # compare pages name models
+
+
+HOURS = {("phase1", 2): 0.0118, ("phase1", 4): 0.0236, ("phase2", 2): 0.0361}  # phase 2 carries phase 1's hours
+
+
+def cost_rows(usd_per_gpu_hour: float | None = None) -> list[dict]:
+    """FID of a two-phase run at two guidance scales, each row with what reaching its checkpoint cost (dollars at
+    ``usd_per_gpu_hour``), and a row scored before rows carried the cost."""
+    rows = [dict(checkpoint_hash=f"{run}-{step}", model=f"{run}/ba{step}", step=step, guidance=g, sampler="DDIM",
+                 fid=300.0 - 10 * step - g, fid_lo=290.0 - 10 * step - g, fid_hi=310.0 - 10 * step - g, gpu_hours=hours,
+                 **({"usd": hours * usd_per_gpu_hour} if usd_per_gpu_hour is not None else {}))
+            for (run, step), hours in HOURS.items() for g in (3.0, 5.0)]
+    return [*rows, dict(checkpoint_hash="older", model="older/ba8", step=8, guidance=3.0, sampler="DDIM", fid=250.0)]
+
+
+def drawn_x(plot: str) -> tuple[list[tuple[float, float]], list[dict]]:
+    """The x ticks (label, pixel) and each point's attributes and tooltip in the plot's SVG."""
+    ticks = [(float(label), float(px)) for px, label in
+             re.findall(r'<g class="x-tick"><line x1="([-\d.]+)".*?<text [^>]*>([^<]+)</text></g>', plot)]
+    points = [{**dict(re.findall(r'([\w-]+)="([^"]*)"', attrs)), "tooltip": tip}
+              for attrs, tip in re.findall(r'<circle class="point"([^>]*)><title>([^<]+)</title>', plot)]
+    return ticks, points
+
+
+def test_score_plot_against_gpu_hours_places_each_row_at_its_cost_and_counts_those_left_out():
+    from app.score_plot import score_plot
+    from app.scores import X_AXES, Metric, points_of, significant
+
+    fid = Metric("fid", "FID", True)
+    points = points_of(cost_rows(), fid, {})
+    plot = score_plot(points, fid, X_AXES["gpu_hours"])
+    assert re.search(r'class="x-title"[^>]*>GPU-hours to reach the checkpoint</text>', plot)
+    ticks, drawn = drawn_x(plot)
+    assert len(ticks) >= 2 and any(v != int(v) for v, _ in ticks)  # not forced to whole numbers
+    value_at = np.poly1d(np.polyfit([px for _, px in ticks], [v for v, _ in ticks], 1))  # through the axis' ticks
+    per_pixel = abs(value_at(1) - value_at(0))
+    assert len(drawn) == 6  # the older row has no cost
+    for point in drawn:
+        step, run = int(point["data-step"]), point["data-series"].split(" · ")[0]
+        hours = HOURS[(run, step)]
+        assert float(point["data-x"]) == hours and abs(value_at(float(point["cx"])) - hours) < per_pixel, point
+        assert f"step {step}, {significant(hours)} GPU-hours:" in point["tooltip"]
+    assert "1 of 7 rows is left out of the plot: no GPU-hours recorded" in plot
+
+    by_step = score_plot(points, fid)
+    assert re.search(r'class="x-title"[^>]*>training step</text>', by_step) and "left out" not in by_step
+    ticks, drawn = drawn_x(by_step)
+    assert len(drawn) == 7 and all(v == int(v) for v, _ in ticks)
+    assert {p["data-x"] for p in drawn} == {"2", "4", "8"}  # data-x: the step
+
+
+def test_x_axes_offered_are_those_the_rows_have():
+    from app.scores import Metric, points_of, x_axes_of
+
+    def offered(rows):
+        return [a.choice for a in x_axes_of(points_of(rows, Metric("fid", "FID"), {}))]
+
+    assert offered(cost_rows()[-1:]) == ["training step"]
+    assert offered(cost_rows()) == ["training step", "GPU-hours"]  # no run set a price
+    assert offered(cost_rows(2.5)) == ["training step", "GPU-hours", "dollars"]  # the older row has neither
+    priced_and_not = cost_rows(2.5)[:2] + cost_rows()[2:]
+    assert offered(priced_and_not) == ["training step", "GPU-hours"]  # dollars would drop a run GPU-hours place

@@ -174,9 +174,10 @@ def test_evaluate_report_plots_metrics_against_gpu_hours(runs, tmp_path):
     ckpts = [runs["straight"] / "ep0-ba2-rank0.pt", runs["straight"] / "ep0-ba4-rank0.pt", runs["phase2"] / "ep0-ba2-rank0.pt"]
     rows = [{"model": c.parent.parent.name, "checkpoint": str(c), "step": 2, "guidance": 3.0, "fid": 30.0 - i}
             for i, c in enumerate(ckpts)]
-    costs = checkpoint_costs(rows)
-    hours = [costs[str(c)]["gpu_hours_total"] for c in ckpts]
+    costs = checkpoint_costs(rows)  # rows without cost columns (a store from before them): read from the files
+    hours = [costs[str(c)]["gpu_hours"] for c in ckpts]
     assert hours == sorted(hours) and hours[0] > 0  # phase 2's checkpoint carries phase 1's hours
+    assert [costs[str(c)]["usd"] for c in ckpts] == [h * 2.0 for h in hours]  # cost.usd_per_gpu_hour: 2.0
     out = plot_metrics_vs_cost(rows, tmp_path / "metrics_vs_cost.png")
     assert out is not None and Image.open(out).size[0] > 300
     assert plot_metrics_vs_cost([{**rows[0], "checkpoint": str(tmp_path / "gone.pt")}], tmp_path / "none.png") is None
