@@ -62,13 +62,16 @@ def run_in_child(script: str, out: Path) -> int:
 def main() -> None:
     out, scripts = Path(sys.argv[1]), sys.argv[2:]
     warm_imports()
-    waiting, running, status = list(scripts), {}, {}
+    waiting, running, status, seconds = list(scripts), {}, {}, {}
     while waiting or running:
         while waiting and len(running) < SIDE_BY_SIDE:
             script = waiting.pop(0)
             running[run_in_child(script, out)] = script
-        pid, raw = os.wait()
-        status[running.pop(pid)] = os.waitstatus_to_exitcode(raw)
+        pid, raw, usage = os.wait4(-1, 0)
+        script = running.pop(pid)
+        status[script] = os.waitstatus_to_exitcode(raw)
+        seconds[script] = round(usage.ru_utime + usage.ru_stime, 1)
+    (out / "cpu_seconds.json").write_text(json.dumps(seconds))  # each run's CPU time (its reaped children too)
     print(json.dumps(status))
 
 

@@ -19,3 +19,12 @@ def test_a_checkpoints_cost_comes_from_its_rows_else_from_its_file(tiny_run, tmp
         ("priced", 0.5), ("priced", 0.5), ("tiny", hours)]  # the tiny run set no price: dollars would drop it
     assert cost_axis(rows[:2])[0] == "usd"  # every checkpoint priced
     assert cost_axis(rows[3:]) == ("gpu_hours", [])
+
+
+def test_files_that_record_no_cost_give_rows_no_cost_columns(tiny_run, tmp_path):
+    from evaluate.store import checkpoint_cost_columns
+
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    assert checkpoint_cost_columns(tmp_path / "model.safetensors") == {}  # a single file: no pickle, no cost
+    assert checkpoint_cost_columns(tmp_path) == checkpoint_cost_columns(None) == {}  # a folder, a hub model
+    assert checkpoint_cost_columns(tiny_run / "ep0-ba2-rank0.pt")["gpu_hours"] > 0

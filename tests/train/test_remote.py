@@ -40,7 +40,8 @@ def test_remote_precomputed_latents(s3_server, shapes_data, components, tmp_path
     assert (tmp_path / "ckpt" / "ep0-ba2-rank0.pt").is_file()
 
 
-def test_checkpoints_saved_to_s3_and_autoresumed_from_it(s3_server, shapes_data, components, tmp_path, monkeypatch):
+def test_checkpoints_saved_to_s3_and_autoresumed_from_it(s3_server, shapes_data, components, tiny_run, tmp_path,
+                                                         monkeypatch):
     monkeypatch.chdir(tmp_path)  # Composer stages remote checkpoints in a local folder
     remote = "s3://runs/remote-run/checkpoints"
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket="runs")
@@ -54,13 +55,10 @@ def test_checkpoints_saved_to_s3_and_autoresumed_from_it(s3_server, shapes_data,
     trainer.close()
     assert "remote-run/checkpoints/ep0-ba4-rank0.pt" in _objects("runs", "remote-run/")
 
-    # The resumed run ends where an uninterrupted local run of 4 batches ends, bit for bit.
-    local = tmp_path / "local"
-    train(load_config(PHASE1, tiny_overrides(shapes_data, components, local, save_interval="2ba",
-                                             max_duration="4ba", run_name="remote-run")))
+    # The resumed run ends where the suite's uninterrupted local run of the same 4 batches ends, bit for bit.
     fetched = tmp_path / "fetched.pt"
     boto3.client("s3", endpoint_url=s3_server).download_file("runs", "remote-run/checkpoints/ep0-ba4-rank0.pt", str(fetched))
-    a, b = model_weights(read_checkpoint(fetched)), model_weights(read_checkpoint(local / "ep0-ba4-rank0.pt"))
+    a, b = model_weights(read_checkpoint(fetched)), model_weights(read_checkpoint(tiny_run / "ep0-ba4-rank0.pt"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
