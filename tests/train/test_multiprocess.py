@@ -68,18 +68,20 @@ def test_validation_loss_on_two_ranks_equals_one_process(two_rank_run, shapes_da
     from train.config import load_config
     from train.trainer import build_model
 
-    checkpoint = read_checkpoint(two_rank_run / "ep1-ba6-rank0.pt")
+    checkpoint = read_checkpoint(two_rank_run / "ep1-ba6-rank0.pt")  # the last: saved with its EMA weights in
     saved = checkpoint["callbacks"]["ValidationLoss"]["last"]
     cfg = load_config(REPO / "configs/tiny-phase1.yaml", _two_rank_overrides(shapes_data, components, two_rank_run))
     model = build_model(cfg)
-    weights = model_weights(checkpoint)
-    model.unet.load_state_dict({k[len("unet."):]: v for k, v in weights.items() if k.startswith("unet.")})
     v = cfg.validation
     held = read_held_out(v.path, cfg.data.resolution, v.max_samples, 0, 1)
-    one = validation_figures(model, held, v.timesteps, v.seed, v.batch_size, "validation")
-    assert saved["batch"] == 6 and len(held.indices) == 16 and len(one) == 4
-    for key, value in one.items():
-        assert saved[key] == pytest.approx(value, rel=1e-5), key
+    assert saved["batch"] == 6 and len(held.indices) == 16
+    for ema, prefix in ((False, "validation"), (True, "validation_ema")):  # DDP's names in the EMA state, mapped
+        weights = model_weights(checkpoint, ema=ema)
+        model.unet.load_state_dict({k[len("unet."):]: w for k, w in weights.items() if k.startswith("unet.")})
+        one = validation_figures(model, held, v.timesteps, v.seed, v.batch_size, prefix)
+        assert len(one) == 4
+        for key, value in one.items():
+            assert saved[key] == pytest.approx(value, rel=1e-5), key
     assert saved["validation_ema/loss"] != saved["validation/loss"]
 
 

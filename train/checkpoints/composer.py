@@ -180,6 +180,20 @@ def has_ema(ckpt: dict) -> bool:
     return bool(ckpt["ema_state"] and ckpt["ema_state"].get("ema_started"))
 
 
+# Wrappers' parts of a parameter's name: DDP's ``module.`` and FSDP's, which Composer's EMA keeps in the names of
+# the weights it swaps and Composer's saved model drops (a 2-rank DDP run's raw weights were read as its EMA
+# weights before these were removed).
+WRAPPER_PARTS = ("module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def model_key(name: str) -> str:
+    """A parameter's name as the saved model has it: without the wrappers' parts."""
+    parts = name.split(".")
+    while parts and parts[0] in WRAPPER_PARTS:
+        parts.pop(0)
+    return ".".join(p for p in parts if p not in WRAPPER_PARTS[1:])
+
+
 def model_weights(ckpt: dict, ema: bool = False) -> dict[str, torch.Tensor]:
     """The model's state dict with EMA (``ema=True``) or raw training weights."""
     weights = dict(ckpt["model"])
@@ -192,7 +206,11 @@ def model_weights(ckpt: dict, ema: bool = False) -> dict[str, torch.Tensor]:
     if ema == stored_are_ema:
         return weights
     other = state["ema_model"]  # the weights not swapped into the model
-    for swapped in (other["named_parameters_dict"], other["named_buffers_dict"]):
-        # EMA also tracks non-persistent buffers, which are not part of the saved model
-        weights.update({k: v for k, v in swapped.items() if k in weights})
+    parameters = {model_key(k): v for k, v in other["named_parameters_dict"].items()}
+    if missing := sorted(set(parameters) - set(weights))[:1]:
+        raise CheckpointError(f"this checkpoint's {'EMA' if ema else 'raw'} weights name a parameter its model "
+                              f"lacks ({missing[0]})")
+    weights.update(parameters)
+    # EMA also tracks non-persistent buffers, which are not part of the saved model
+    weights.update({key: v for k, v in other["named_buffers_dict"].items() if (key := model_key(k)) in weights})
     return weights
