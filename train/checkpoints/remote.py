@@ -18,10 +18,6 @@ from ..errors import CheckpointError, WorkbenchError, first_line
 from .names import Checkpoint, file_label, in_run_listing, step_in_name
 
 
-def cache_root() -> Path:
-    return download_cache("checkpoints")
-
-
 def _split(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise WorkbenchError(f"{uri}: only s3:// URIs are read (give a local path, a hub id or s3://bucket/key)")
@@ -77,7 +73,7 @@ def fetch(uri: str) -> Path:
             etag = s3.head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
         except Exception as e:  # noqa: BLE001
             raise _remote_error(uri, e) from None
-    folder = cache_root() / hashlib.sha256(f"{uri}\n{etag}".encode()).hexdigest()[:24]
+    folder = download_cache("checkpoints") / hashlib.sha256(f"{uri}\n{etag}".encode()).hexdigest()[:24]
     local = folder / PurePosixPath(key).name
     if local.is_file():
         return local

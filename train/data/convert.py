@@ -275,10 +275,15 @@ def _die_with(pid: int) -> None:
     threading.Thread(target=watch, name="die-with-converter", daemon=True).start()
 
 
-def _workers_context():
+def _worker_pool(size: int):
+    """A pool of ``size`` workers forked from this process's fork server (started on first use, with
+    ``WORKER_IMPORTS`` imported), each started by ``_start_worker``."""
+    from concurrent.futures import ProcessPoolExecutor
+
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(WORKER_IMPORTS)  # no effect once this process's fork server has started
-    return context
+    return ProcessPoolExecutor(size, mp_context=context, initializer=_start_worker,
+                               initargs=(os.getpid(), dict(os.environ)))
 
 
 def _run(tasks: list, workers: int) -> Iterator[tuple[str, ConvertSummary]]:
@@ -292,11 +297,10 @@ def _run(tasks: list, workers: int) -> Iterator[tuple[str, ConvertSummary]]:
     if workers == 1 or len(tasks) <= 1:
         yield from map(_convert_unit, tasks)
         return
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=_workers_context(), initializer=_start_worker,
-                             initargs=(os.getpid(), dict(os.environ))) as pool:
+    with _worker_pool(min(workers, len(tasks))) as pool:
         futures = [pool.submit(_convert_unit, task) for task in tasks]
         try:
             for done in as_completed(futures):
@@ -370,10 +374,7 @@ def _total(done: dict[str, ConvertSummary], sides: Sequence[int]) -> ConvertSumm
 def _merge_in_a_worker(out: Path, sides: Sequence[int], names: Sequence[str]) -> None:
     """``_merge`` in a process of the workers' fork server, which has imported Streaming: this process need not
     (6-10 s of CPU, as long as a quarter of the work on a 400-image conversion at 2 workers)."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(1, mp_context=_workers_context(), initializer=_start_worker,
-                             initargs=(os.getpid(), dict(os.environ))) as pool:
+    with _worker_pool(1) as pool:
         pool.submit(_merge, out, sides, names).result()
 
 

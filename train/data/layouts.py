@@ -2,10 +2,11 @@
 ``IMAGES_PER_UNIT`` images of one folder, or ``ROWS_PER_UNIT`` rows of a datasets dataset.
 
 Sources: local paths or ``s3://`` URLs, several at once, with brace patterns (``{00000..00999}.tar``).
-A folder (local or an ``s3://`` prefix, read alike) is read as the first of these it holds: a ``save_to_disk`` dataset; WebDataset tars (img2dataset's
-``webdataset`` output: the Parquet beside each tar is its metadata); Parquet files with an image column
-(img2dataset's ``parquet`` output, a hub repository's ``data/`` files); images with sidecars (img2dataset's
-``files`` output: the Parquet beside each folder is its metadata). A name that is none of these is a hub id.
+A folder (local or an ``s3://`` prefix, read alike) is read as the first of these it holds: a ``save_to_disk``
+dataset; WebDataset tars (img2dataset's ``webdataset`` output: the Parquet beside each tar is its metadata);
+Parquet files with an image column (img2dataset's ``parquet`` output, a hub repository's ``data/`` files); images
+with sidecars (img2dataset's ``files`` output: the Parquet beside each folder is its metadata). A name that is
+none of these is a hub id.
 """
 from __future__ import annotations
 

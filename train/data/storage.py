@@ -57,9 +57,11 @@ def list_objects(url: str, below: bool = True) -> dict[str, dict]:
         raise WorkbenchError(f"cannot list {url}: {first_line(e)}") from None
 
 
-def list_s3(url: str) -> list[str]:
-    """Every object under an ``s3://bucket/prefix`` (the prefix taken as a folder), sorted."""
-    return sorted(f"{url.rstrip('/')}/{name}" for name in list_objects(url))
+def unsafe_name(name: str) -> bool:
+    """A file name from elsewhere (a tar member, an object key) that leads out of its folder: absolute, with a
+    ``..`` part, a backslash or a NUL."""
+    path = PurePosixPath(name)
+    return path.is_absolute() or ".." in path.parts or "\\" in name or "\x00" in name
 
 
 def exists(url: str) -> bool:
@@ -109,7 +111,7 @@ def local_copy(url: str) -> Path:
     objects = list_objects(url)
     if not objects:
         raise WorkbenchError(f"{url} holds no objects")
-    if unsafe := next((n for n in objects if ".." in PurePosixPath(n).parts or n.startswith("/")), None):
+    if unsafe := next((n for n in objects if unsafe_name(n)), None):
         raise WorkbenchError(f"{url}: refusing to copy the object {unsafe!r}: its name leads out of the folder")
     listing = "\n".join(f"{name} {o['etag']}" for name, o in sorted(objects.items()))
     folder = download_cache("datasets") / hashlib.sha256(f"{url}\n{listing}".encode()).hexdigest()[:24]

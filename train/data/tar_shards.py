@@ -14,15 +14,10 @@ from pathlib import PurePosixPath
 from typing import Any, Iterator
 
 from .records import IMAGE_SUFFIXES, MAX_FILE_BYTES, ReadCounts, Record, caption_and_fields
-from .storage import exists, open_stream
+from .storage import exists, open_stream, unsafe_name
 from .tables import metadata_by_key
 
 IMAGE_EXTENSIONS = tuple(s.lstrip(".") for s in sorted(IMAGE_SUFFIXES))
-
-
-def _unsafe_name(name: str) -> bool:
-    path = PurePosixPath(name)
-    return path.is_absolute() or ".." in path.parts or "\\" in name or "\x00" in name
 
 
 def _key_and_extension(name: str) -> tuple[str, str]:
@@ -37,7 +32,7 @@ def _members(tar: tarfile.TarFile, counts: ReadCounts) -> Iterator[tuple[str, st
     for member in tar:
         if member.isdir():
             continue
-        if not member.isfile() or _unsafe_name(member.name) or member.size > MAX_FILE_BYTES:
+        if not member.isfile() or unsafe_name(member.name) or member.size > MAX_FILE_BYTES:
             counts.refused += 1  # tarfile's stream mode skips its data without keeping it
             continue
         yield (*_key_and_extension(member.name), member)
