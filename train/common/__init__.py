@@ -2,6 +2,7 @@
 
 - ``compat``: every patch of a library's internals, with the version it was written for;
 - ``files``: files written whole or not at all, and a full disk said in one line;
+- ``outside_json``: JSON a checkpoint, dataset, rater or other process wrote, bounded in size and nesting;
 - ``typed_config``: YAML and ``key=value`` read into dataclasses: types, value ranges, unknown keys;
 - ``serving``: the servers' deadline for a request to arrive and their cap on open connections;
 - ``s3``: an S3 URL's bucket and key, a client that names what it lacks, and the cache of downloads;
@@ -15,6 +16,7 @@ __getattr__, __all__ = face(__name__, {
               "release_streaming_shared_memory serialize_queue_joins serve_gradio_with upload_abort",
     "digits": "interval_decimals interval_text outward p_value_text round_up",
     "faces": "face",
+    "outside_json": "MAX_DEPTH load_outside loads_outside nesting_depth",
     "files": "disk_full_error is_disk_full torch_save_whole whole_file whole_folder write_bytes_whole "
              "write_text_whole",
     "s3": "download_cache s3_client split_s3",
