@@ -14,21 +14,32 @@ from typing import Optional, Union
 from .checkpoints import ARCHITECTURES
 from .data import StreamConfig
 from .errors import WorkbenchError
-from .common import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, Duration, Each, Range,
+from .common import (PROBABILITY, SEED, Duration, Each, Range,
                            build_config, check_rules, checked, merge_config, one_of, parse_overrides, read_config_file)
 
 ARCHITECTURE_NAMES = tuple(ARCHITECTURES)  # the architectures a config may name
 PREDICTION_TYPES = ("epsilon", "v_prediction")
 
 
+MAX_RESOLUTION = 4096  # SDXL-class models train at 1024; a 65536 side asked for 2^32 pixels per image
+MAX_BATCH = 1 << 20  # 512x SD2's 2048; a batch of 1e12 hung while the first one was gathered
+MAX_STEPS = 1000  # a preview's sampling steps: samplers gain nothing past a few hundred
+MAX_SAMPLES = 1 << 24  # held-out samples, workers' prefetch and the like
+
+
 def multiple_of_8(side: int) -> Optional[str]:
     """Image sides the VAE's 8x downsampling maps to whole latents."""
-    return None if side > 0 and side % 8 == 0 else f"must be a positive multiple of 8, got {side}"
+    return None if 0 < side <= MAX_RESOLUTION and side % 8 == 0 else \
+        f"must be a positive multiple of 8 up to {MAX_RESOLUTION}, got {side}"
 
 
 def microbatch(size: Union[int, str]) -> Optional[str]:
-    return None if size == "auto" or (isinstance(size, int) and size >= 1) else \
-        f"must be an integer >= 1 or 'auto', got {size!r}"
+    return None if size == "auto" or (isinstance(size, int) and 1 <= size <= MAX_BATCH) else \
+        f"must be an integer in [1, {MAX_BATCH}] or 'auto', got {size!r}"
+
+
+BATCH = Range(1, MAX_BATCH)
+COUNT = Range(1, MAX_SAMPLES)
 
 
 SHUFFLE_ALGOS = ("py1e", "py1br", "py1b", "py1s", "py2s", "naive")
@@ -46,7 +57,7 @@ class ModelConfig:
     # 1 would drop every caption: the model would never see one
     caption_dropout: float = checked(0.1, Range(0, 1, high_open=True))
     # <= 0 weighs every timestep's loss by zero or less (training stands still or runs uphill)
-    min_snr_gamma: Optional[float] = checked(None, Range(0, low_open=True, note="null turns the weighting off"))
+    min_snr_gamma: Optional[float] = checked(None, Range(0, 1000, low_open=True, note="null turns the weighting off"))
     # Probability of training a sample under its caption's other phrasing, where the data lists
     # phrasings ("A above B" / "B below A" in the shapes data): teaches that both mean one scene.
     other_phrasing: float = checked(0.0, PROBABILITY)
@@ -64,27 +75,30 @@ class DataConfig:
     # True: the datasets hold VAE latents and text hidden states from `dwb data precompute`.
     precomputed: bool = False
     resolution: int = checked(256, multiple_of_8)
-    num_workers: int = checked(0, NON_NEGATIVE)  # 0: samples are read in the training process
+    num_workers: int = checked(0, Range(0, 256))  # 0: samples are read in the training process
     shuffle: bool = True
     center_crop: bool = True  # False: random crop
     # Samples Streaming's background threads may prepare ahead of the reader. None: Streaming's
     # default (8 batches) for remote data; for local data the whole epoch, so those threads finish
     # at once instead of stepping in lockstep with every sample (3.2x the read rate measured).
-    predownload: Optional[int] = checked(None, NON_NEGATIVE)
+    predownload: Optional[int] = checked(None, Range(0, MAX_SAMPLES))
     # Streaming shuffles within this many canonical nodes; kept fixed, the global sample order is
     # the same whatever the number of nodes and ranks (elastic determinism). Must divide or be
     # divisible by the number of nodes.
-    num_canonical_nodes: int = checked(1, AT_LEAST_ONE)
+    num_canonical_nodes: int = checked(1, Range(1, 65536))
     shuffle_algo: str = checked("py1e", one_of(*SHUFFLE_ALGOS))
 
 
 @dataclass
 class OptimizerConfig:
-    lr: float = checked(1.0e-4, NON_NEGATIVE)  # < 0 trains uphill; 0 keeps the weights (a loss-only pass)
-    weight_decay: float = checked(0.01, NON_NEGATIVE)
+    # < 0 trains uphill; 0 keeps the weights (a loss-only pass); AdamW moves each weight by about lr per step,
+    # so above 1 no weight of a network keeps its scale
+    lr: float = checked(1.0e-4, Range(0, 1))
+    # AdamW multiplies each weight by 1 - lr x weight_decay per step: past 1/lr it flips the weights' sign
+    weight_decay: float = checked(0.01, Range(0, 10))
     # AdamW's moment decay rates: 1 or more never forgets (or grows without bound)
     betas: list[float] = checked(rule=Each(Range(0, 1, high_open=True), length=2), factory=lambda: [0.9, 0.999])
-    eps: float = checked(1.0e-8, POSITIVE)  # 0 divides by zero where a weight's gradient vanishes
+    eps: float = checked(1.0e-8, Range(0, 1, low_open=True))  # 0 divides by zero where a weight's gradient vanishes
 
 
 SCHEDULERS = ("constant_with_warmup", "linear_with_warmup", "cosine_with_warmup")
@@ -117,6 +131,10 @@ def batches(text: str) -> Optional[str]:
     return None if m and int(m.group(1)) > 0 else f"must be a positive number of batches such as 500ba, got {text!r}"
 
 
+def non_empty_text(text: str) -> Optional[str]:
+    return None if isinstance(text, str) and text.strip() else f"must be non-empty text, got {text!r}"
+
+
 def timestep(t: int) -> Optional[str]:
     return None if isinstance(t, int) and 0 <= t <= 999 else f"must be a timestep from 0 to 999, got {t!r}"
 
@@ -129,27 +147,28 @@ class ValidationConfig:
     # Each held-out sample is noised to every one of these timesteps with its own fixed noise; reported overall
     # and per band (low < 333 <= mid < 667 <= high).
     # Five timesteps and 64 samples: one pass (raw and EMA) costs about 3 training batches of 64 (bench/run_overhead.py).
-    timesteps: list[int] = checked(rule=Each(timestep), factory=lambda: [100, 300, 500, 700, 900])
-    max_samples: int = checked(64, AT_LEAST_ONE)  # the first this many of the split
+    timesteps: list[int] = checked(rule=Each(timestep, min_length=1), factory=lambda: [100, 300, 500, 700, 900])
+    max_samples: int = checked(64, COUNT)  # the first this many of the split
     seed: int = checked(0, SEED)  # of the fixed noise
-    batch_size: int = checked(64, AT_LEAST_ONE)  # held-out samples per UNet call
+    batch_size: int = checked(64, BATCH)  # held-out samples per UNet call
 
 
 @dataclass
 class PreviewConfig:
     # The grid drawn every `preview_interval`: these prompts x these seeds, as `dwb sample` draws them.
-    prompts: list[str] = field(default_factory=lambda: ["a red circle", "two blue squares",
-                                                        "a white square above a purple triangle"])
-    seeds: list[int] = checked(rule=Each(SEED), factory=lambda: [0, 1])
-    steps: int = checked(20, AT_LEAST_ONE)
-    guidance: float = checked(5.0, NON_NEGATIVE)
+    prompts: list[str] = checked(rule=Each(non_empty_text, min_length=1), factory=lambda: [
+        "a red circle", "two blue squares", "a white square above a purple triangle"])
+    seeds: list[int] = checked(rule=Each(SEED, min_length=1), factory=lambda: [0, 1])
+    steps: int = checked(20, Range(1, MAX_STEPS))
+    guidance: float = checked(5.0, Range(0, 100))
     sampler: Optional[str] = None  # null: the checkpoint's own (as `dwb sample` without --sampler)
     ema: bool = False  # the EMA weights (`dwb sample --ema`) instead of the raw ones
 
 
 @dataclass
 class CostConfig:
-    usd_per_gpu_hour: Optional[float] = checked(None, Range(0, note="null leaves dollars out"))
+    # the dearest cloud GPU rents for about $15 an hour; 10,000 leaves room for any currency's numbers
+    usd_per_gpu_hour: Optional[float] = checked(None, Range(0, 10_000, note="null leaves dollars out"))
 
 
 @dataclass
@@ -161,16 +180,16 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
-    global_train_batch_size: int = checked(2048, AT_LEAST_ONE)
+    global_train_batch_size: int = checked(2048, BATCH)
     device_train_microbatch_size: Union[int, str] = checked(16, microbatch)  # divides each process's batch
     # A negative threshold flips every clipped gradient (loss 4.92 -> 8.40 at -1); 0 zeroes them
-    grad_clip_norm: Optional[float] = checked(1.0, Range(0, low_open=True, note="null turns clipping off"))
+    grad_clip_norm: Optional[float] = checked(1.0, Range(0, 1e6, low_open=True, note="null turns clipping off"))
     # Composer refuses 'dur' here: a run's length is what 'dur' is a fraction of
     max_duration: str = checked("550000ba", Duration(units=("ba", "ep", "sp", "tok")))
     save_folder: str = "runs/{run_name}/checkpoints"
     save_interval: str = checked("10000ba", Duration())  # 0ba saved nothing, silently
     # -1 keeps every checkpoint; 0 keeps none on the local disk (only for a remote save_folder)
-    save_num_checkpoints_to_keep: int = checked(-1, Range(-1, note="-1 keeps every checkpoint"))
+    save_num_checkpoints_to_keep: int = checked(-1, Range(-1, MAX_SAMPLES, note="-1 keeps every checkpoint"))
     autoresume: bool = False
     load_path: Optional[str] = None  # phase 2: phase 1's final checkpoint; weights only, fresh optimizer
     load_weights_only: bool = True
@@ -180,7 +199,7 @@ class TrainConfig:
     fsdp: bool = False  # SHARD_GRAD_OP through Composer's parallelism config (GPU)
     low_precision_norms: bool = False  # Composer's LowPrecisionGroupNorm + LowPrecisionLayerNorm (GPU)
     # Batches whose loss is NaN or infinite are skipped (no update) and counted; this many in a row abort.
-    max_consecutive_nonfinite: int = checked(10, AT_LEAST_ONE)
+    max_consecutive_nonfinite: int = checked(10, Range(1, MAX_SAMPLES))
     loggers: list = checked(rule=Each(one_of(*LOGGERS)), factory=lambda: ["file"])
     log_interval: str = checked("10ba", Duration())
     progress_bar: bool = True

@@ -70,40 +70,40 @@ def test_missing_and_malformed_config_files(tmp_path):
 
 @pytest.mark.parametrize("override, refusal", [
     # the measured attacks: each ran to rc 0 (uphill training, EMA weights of 6.5e4 saved as the model, no checkpoint)
-    ("grad_clip_norm=-1", "'grad_clip_norm' must be > 0 (null turns clipping off), got -1.0"),
+    ("grad_clip_norm=-1", "'grad_clip_norm' must be in (0, 1000000] (null turns clipping off), got -1.0"),
     ("ema.smoothing=2", "'ema.smoothing' must be in (0, 1), got 2.0"),
     ("save_interval=0ba", "'save_interval' must be a Composer time > 0 such as '1000ba' or '1ep', got '0ba'"),
     # every other number and duration a run cannot mean
-    ("grad_clip_norm=0", "'grad_clip_norm' must be > 0 (null turns clipping off), got 0.0"),
+    ("grad_clip_norm=0", "'grad_clip_norm' must be in (0, 1000000] (null turns clipping off), got 0.0"),
     ("ema.smoothing=0", "'ema.smoothing' must be in (0, 1), got 0.0"),
     ("ema.update_interval=0ba", "'ema.update_interval' must be a Composer time > 0 such as '1000ba' or '1ep', got '0ba'"),
     ("ema.update_interval=10sp", "'ema.update_interval' must be a Composer time in ba, ep, got '10sp'"),
     ("ema.ema_start=-5ba", "'ema.ema_start' must be a Composer time >= 0 such as '0ba' or '1ep', got '-5ba'"),
-    ("optimizer.lr=-1e-4", "'optimizer.lr' must be >= 0, got -0.0001"),
-    ("optimizer.lr=.nan", "'optimizer.lr' must be >= 0, got nan"),
+    ("optimizer.lr=-1e-4", "'optimizer.lr' must be in [0, 1], got -0.0001"),
+    ("optimizer.lr=.nan", "'optimizer.lr' must be in [0, 1], got nan"),
     ("optimizer.betas=[0.9, 1.0]", "'optimizer.betas' must be 2 values, each in [0, 1), got [0.9, 1.0]"),
     ("optimizer.betas=[0.9]", "'optimizer.betas' must be 2 values, each in [0, 1), got [0.9]"),
-    ("optimizer.eps=0", "'optimizer.eps' must be > 0, got 0.0"),
-    ("optimizer.weight_decay=-0.01", "'optimizer.weight_decay' must be >= 0, got -0.01"),
+    ("optimizer.eps=0", "'optimizer.eps' must be in (0, 1], got 0.0"),
+    ("optimizer.weight_decay=-0.01", "'optimizer.weight_decay' must be in [0, 10], got -0.01"),
     ("model.caption_dropout=1.5", "'model.caption_dropout' must be in [0, 1), got 1.5"),
     ("model.other_phrasing=-0.1", "'model.other_phrasing' must be in [0, 1], got -0.1"),
-    ("model.min_snr_gamma=0", "'model.min_snr_gamma' must be > 0 (null turns the weighting off), got 0.0"),
+    ("model.min_snr_gamma=0", "'model.min_snr_gamma' must be in (0, 1000] (null turns the weighting off), got 0.0"),
     ("scheduler.t_warmup=-1ba", "'scheduler.t_warmup' must be a Composer time >= 0 such as '0ba' or '1ep', got '-1ba'"),
     ("scheduler.alpha_f=2", "'scheduler.alpha_f' must be in [0, 1], got 2.0"),
     ("max_duration=0ba", "'max_duration' must be a Composer time > 0 such as '1000ba' or '1ep', got '0ba'"),
     ("max_duration=0.5dur", "'max_duration' must be a Composer time in ba, ep, sp, tok, got '0.5dur'"),
     ("log_interval=0ba", "'log_interval' must be a Composer time > 0 such as '1000ba' or '1ep', got '0ba'"),
     ("save_interval=2dur", "'save_interval' must be a fraction of the run, at most 1dur, got '2dur'"),
-    ("global_train_batch_size=0", "'global_train_batch_size' must be >= 1, got 0"),
-    ("device_train_microbatch_size=0", "'device_train_microbatch_size' must be an integer >= 1 or 'auto', got 0"),
-    ("save_num_checkpoints_to_keep=-2", "'save_num_checkpoints_to_keep' must be >= -1 (-1 keeps every checkpoint), got -2"),
-    ("max_consecutive_nonfinite=0", "'max_consecutive_nonfinite' must be >= 1, got 0"),
+    ("global_train_batch_size=0", "'global_train_batch_size' must be in [1, 1048576], got 0"),
+    ("device_train_microbatch_size=0", "'device_train_microbatch_size' must be an integer in [1, 1048576] or 'auto', got 0"),
+    ("save_num_checkpoints_to_keep=-2", "'save_num_checkpoints_to_keep' must be in [-1, 16777216] (-1 keeps every checkpoint), got -2"),
+    ("max_consecutive_nonfinite=0", "'max_consecutive_nonfinite' must be in [1, 16777216], got 0"),
     ("seed=-1", "'seed' must be in [0, 4294967295], got -1"),
-    ("data.num_workers=-1", "'data.num_workers' must be >= 0, got -1"),
-    ("data.predownload=-8", "'data.predownload' must be >= 0, got -8"),
-    ("data.num_canonical_nodes=0", "'data.num_canonical_nodes' must be >= 1, got 0"),
+    ("data.num_workers=-1", "'data.num_workers' must be in [0, 256], got -1"),
+    ("data.predownload=-8", "'data.predownload' must be in [0, 16777216], got -8"),
+    ("data.num_canonical_nodes=0", "'data.num_canonical_nodes' must be in [1, 65536], got 0"),
     ("data.streams=[{path: a, proportion: -0.5}, {path: b, proportion: 1.5}]",
-     "'data.streams[0].proportion' must be >= 0, got -0.5"),
+     "'data.streams[0].proportion' must be in [0, 1], got -0.5"),
     ("loggers=[file, csv]", "'loggers' must be a list of values, each one of file, tensorboard, wandb, got ['file', 'csv']"),
 ])
 def test_out_of_range_values_are_refused_with_key_value_and_range(override, refusal):
@@ -166,6 +166,68 @@ def test_every_number_and_duration_key_has_a_rule():
                or key.endswith(("duration", "interval", "warmup", "start"))}
     assert {"optimizer.lr", "ema.smoothing", "save_interval", "grad_clip_norm", "data.streams.proportion"} <= set(numeric)
     assert [key for key, f in numeric.items() if f.metadata.get(RULE) is None] == []
+
+
+def _numeric_rules():
+    """(key, rule, is_int) of every numeric key of every section, list items' sections included."""
+    import dataclasses
+    import typing
+
+    from train.common import RULE
+    from train.config import TrainConfig
+
+    def walk(cls, prefix=""):
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            union = typing.get_origin(tp) is typing.Union
+            inner = [a for a in typing.get_args(tp) if a is not type(None)] if union else [tp]
+            item = typing.get_args(inner[0])[0] if typing.get_origin(inner[0]) is list else inner[0]
+            if dataclasses.is_dataclass(item):
+                yield from walk(item, f"{prefix}{f.name}.")
+            elif inner[0] in (int, float) or item in (int, float):
+                yield prefix + f.name, f.metadata.get(RULE), int in (inner[0], item), item is not inner[0]
+
+    return list(walk(TrainConfig))
+
+
+def test_every_numeric_key_has_a_finite_range():
+    """Infinity, NaN and a trillion are outside every numeric key's range (a list's rule is asked of a list):
+    weight_decay=.inf trained to 58% non-finite weights and exited 0, a batch of 1e12 hung."""
+    rules = _numeric_rules()
+    assert {"optimizer.lr", "optimizer.weight_decay", "cost.usd_per_gpu_hour", "global_train_batch_size",
+            "data.resolution", "previews.guidance", "validation.batch_size"} <= {key for key, *_ in rules}
+    for key, rule, is_int, is_list in rules:
+        bad = [10**12] if is_int else [float("inf"), float("-inf"), float("nan"), 1e12]
+        for value in bad:
+            assert rule((value,) if is_list else value) is not None, f"{key} admits {value}"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optimizer.lr=.inf", "optimizer.lr"), ("optimizer.weight_decay=.inf", "optimizer.weight_decay"),
+    ("cost.usd_per_gpu_hour=.inf", "cost.usd_per_gpu_hour"),
+    ("global_train_batch_size=1000000000000", "global_train_batch_size"),
+    ("data.resolution=65536", "data.resolution"), ("previews.prompts=[]", "previews.prompts"),
+    ("previews.seeds=[]", "previews.seeds"), ("validation.timesteps=[]", "validation.timesteps"),
+    ("previews.prompts=['']", "previews.prompts"),
+])
+def test_values_no_run_can_use_are_refused_by_name(override, key):
+    """Each was accepted: weight_decay=.inf exited 0 with non-finite weights, batch 1e12 hung, resolution
+    65536 asked for 2^32 pixels an image, no preview prompt crashed at the first preview."""
+    with pytest.raises(WorkbenchError) as refused:
+        load_config(CONFIGS / "tiny-phase1.yaml", [override])
+    assert str(refused.value).startswith(f"config key '{key}' must be ")
+
+
+def test_an_empty_held_out_split_is_one_line(tmp_path):
+    """An MDS split with no sample: Streaming's IndexError before, now the key and the reason."""
+    from streaming import MDSWriter
+
+    from train.callbacks.validation import read_held_out
+
+    with MDSWriter(out=str(tmp_path / "eval"), columns={"image": "bytes", "caption": "str"}):
+        pass
+    with pytest.raises(WorkbenchError, match=r"^config key 'validation.path' \(.*\): the MDS dataset holds no samples$"):
+        read_held_out(str(tmp_path / "eval"), 16, 64, 0, 1)
 
 
 def test_out_of_range_training_value_stops_dwb_train_in_one_line(dwb, tmp_path):
