@@ -196,7 +196,14 @@ class TrainConfig:
     device: str = checked("auto", one_of("auto", "cpu", "gpu"))
     # auto (amp_bf16 on GPU, fp32 on CPU) | fp32 | amp_bf16 | amp_fp16
     precision: str = checked("auto", one_of("auto", "fp32", "amp_bf16", "amp_fp16"))
-    fsdp: bool = False  # SHARD_GRAD_OP through Composer's parallelism config (GPU)
+    # The UNet sharded by FSDP through Composer's parallelism config, on GPUs or CPU ranks (docs/scale.md):
+    # SHARD_GRAD_OP shards gradients and optimizer state (the weights stay whole between forward and backward),
+    # FULL_SHARD the weights too, HYBRID_SHARD shards within a node and replicates across nodes
+    fsdp: bool = False
+    fsdp_sharding_strategy: str = checked("SHARD_GRAD_OP", one_of("SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"))
+    # full: each checkpoint one file gathered on rank 0 (every command reads it); sharded: each rank writes its
+    # own part (no rank holds the whole state), for resuming the same run
+    fsdp_state_dict_type: str = checked("full", one_of("full", "sharded"))
     low_precision_norms: bool = False  # Composer's LowPrecisionGroupNorm + LowPrecisionLayerNorm (GPU)
     # Batches whose loss is NaN or infinite are skipped (no update) and counted; this many in a row abort.
     max_consecutive_nonfinite: int = checked(10, Range(1, MAX_SAMPLES))

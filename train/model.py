@@ -21,6 +21,9 @@ class LatentDiffusion(ComposerModel):
         self.tokenizer = tokenizer
         self.vae.requires_grad_(False)
         self.text_encoder.requires_grad_(False)
+        # Under FSDP only the UNet is sharded: the frozen parts are called by their methods (``vae.encode``),
+        # which an FSDP wrapper's flat parameters cannot serve, and hold no gradients or optimizer state to share
+        self.vae._fsdp_wrap = self.text_encoder._fsdp_wrap = False
         self.prediction_type = prediction_type
         self.caption_dropout = caption_dropout
         self.min_snr_gamma = min_snr_gamma
@@ -31,6 +34,12 @@ class LatentDiffusion(ComposerModel):
             empty = tokenizer("", padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
                               return_tensors="pt").input_ids
             self.register_buffer("empty_ids", empty, persistent=False)
+
+    def fsdp_wrap_fn(self, module: torch.nn.Module) -> bool:
+        """Composer's FSDP wrapping inside the UNet: each down, mid and up block is its own unit, so a rank
+        holds one block's full weights at a time (the UNet itself is the outer unit)."""
+        unet = self.unet
+        return any(module is block for block in (*unet.down_blocks, unet.mid_block, *unet.up_blocks))
 
     def train(self, mode: bool = True):
         super().train(mode)

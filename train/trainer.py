@@ -49,7 +49,7 @@ def check_gpu_features(cfg: TrainConfig, device: str) -> None:
     if cfg.device_train_microbatch_size == "auto":
         raise WorkbenchError("config key 'device_train_microbatch_size' is 'auto', which searches for the largest "
                              "microbatch that fits in GPU memory and needs a CUDA GPU; give an integer on CPU")
-    for key, on in (("fsdp", cfg.fsdp), ("low_precision_norms", cfg.low_precision_norms)):
+    for key, on in (("low_precision_norms", cfg.low_precision_norms),):
         if on:
             raise WorkbenchError(f"config key '{key}' needs a CUDA GPU; set {key}=false to train on CPU")
     if cfg.model.attention == "xformers":
@@ -327,6 +327,10 @@ def start_processes(cfg: TrainConfig) -> tuple[str, str]:
     device = resolve_device(cfg)
     check_gpu_features(cfg, device)
     precision = resolve_precision(cfg, device)
+    if cfg.fsdp and device == "cpu":
+        from .common import fsdp_on_cpu
+
+        fsdp_on_cpu()
     if dist.get_world_size() > 1 and not dist.is_initialized():
         dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())
     return device, precision
@@ -379,7 +383,7 @@ def build_trainer(cfg: TrainConfig):
         load_path=resume_from if remote_resume else (None if resume_from else load_path),
         load_weights_only=False if remote_resume else cfg.load_weights_only,
         device=device, precision=precision, device_train_microbatch_size=cfg.device_train_microbatch_size,
-        parallelism_config={"fsdp": {"sharding_strategy": "SHARD_GRAD_OP", "mixed_precision": "PURE"}} if cfg.fsdp else None,
+        parallelism_config=parallelism_config(cfg),
         seed=cfg.seed, python_log_level=None,
     )
     restore_rng.take_over(trainer)
@@ -387,6 +391,21 @@ def build_trainer(cfg: TrainConfig):
     log.info("attention backend: %s, device: %s, precision: %s", attention, device, precision)
     write_run_config(cfg, run_dir)
     return trainer
+
+
+def parallelism_config(cfg: TrainConfig) -> dict | None:
+    """Composer's FSDP settings for the config's keys; HYBRID_SHARD shards over a node's processes and
+    replicates over the nodes (a 2-D device mesh: nodes x local processes)."""
+    from composer.utils import dist
+
+    if not cfg.fsdp:
+        return None
+    fsdp = {"sharding_strategy": cfg.fsdp_sharding_strategy, "state_dict_type": cfg.fsdp_state_dict_type,
+            "mixed_precision": "PURE"}
+    if cfg.fsdp_sharding_strategy == "HYBRID_SHARD":
+        fsdp.update(data_parallel_replicate_degree=dist.get_world_size() // dist.get_local_world_size(),
+                    data_parallel_shard_degree=dist.get_local_world_size())
+    return {"fsdp": fsdp}
 
 
 def write_run_config(cfg: TrainConfig, run_dir: Path) -> None:

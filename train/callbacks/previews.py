@@ -3,8 +3,14 @@ path (``train.generation``), written beside the checkpoints with its parameters 
 
 The pipeline is built around the training model's own modules with the same inference scheduler and sampler
 a checkpoint opens with, so a preview cell is what `dwb sample` of the checkpoint at that batch draws for the
-same prompt, seed, sampler, steps and size. Rank 0 draws; the others wait at the next step's gradient
-exchange. The training RNG is saved and restored around it.
+same prompt, seed, sampler, steps and size. Rank 0 draws. The training RNG is saved and restored around it.
+
+Under FSDP no rank works alone inside a collective: every rank swaps the EMA weights in (a gather of the full
+weights), takes part in gathering the UNet's full state dict into a plain copy on rank 0, and swaps back; rank 0
+draws with the copy in between, and the other ranks wait at the swap back. Drawing through the sharded UNet on
+rank 0 alone had rank 0 all-gathering weights while the others gathered the checkpoint's optimizer state: gloo
+aborted, NCCL would have waited for ever. Without FSDP the other ranks go straight on, as before, and wait at the
+next step's gradient exchange.
 """
 from __future__ import annotations
 
@@ -16,13 +22,7 @@ import torch
 from composer.core import Callback, Event, State
 from composer.loggers import Logger
 
-from .validation import due, ema_of, unwrap
-
-
-def preview_pipeline(model):
-    from ..checkpoints import build_pipeline
-
-    return build_pipeline(model.unet, model.vae, model.text_encoder, model.tokenizer, model.prediction_type)
+from .validation import due, ema_of, full_unet, sharded, unwrap
 
 
 class Previews(Callback):
@@ -36,36 +36,52 @@ class Previews(Callback):
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         from composer.utils import dist
 
-        if event != Event.BATCH_END or not due(state, self.interval) or dist.get_global_rank() != 0:
+        if event != Event.BATCH_END or not due(state, self.interval):
+            return
+        if dist.get_global_rank() != 0 and not sharded(state.model):
             return
         batch = int(state.timestamp.batch)
         grid = self.draw(state, f"ba{batch}")
-        logger.log_images(np.asarray(grid), name="previews", channels_last=True, step=batch)
+        if grid is not None:
+            logger.log_images(np.asarray(grid), name="previews", channels_last=True, step=batch)
 
     def draw(self, state: State, name: str):
-        from PIL import Image
-
-        from ..generation import write_grid
+        """The grid as an image on rank 0 (None on the other ranks, which only help gather the weights)."""
+        from composer.utils import dist
 
         model = unwrap(state.model)
         ema = ema_of(state) if self.ema else None
-        was_training = model.training
-        model.eval()
         if ema is not None:
             ema.ema_model.swap_params(model=state.model)
-        out = self.folder / f"{name}.png"
         try:
-            with torch.random.fork_rng(devices=[]):
-                write_grid(preview_pipeline(model), out, self.prompts, self.seeds,
-                           title=f"{name}{' EMA' if ema is not None else ''}", settings=self.generation_settings(),
-                           weights="raw" if ema is None else "ema")
+            unet = full_unet(model.unet)
+            if dist.get_global_rank() == 0:
+                self.write_grid(model, unet, name, ema is not None)
         finally:
             if ema is not None:
                 ema.ema_model.swap_params(model=state.model)
-            model.train(was_training)
+        if dist.get_global_rank() != 0:
+            return None
         self.write_parameters(name, ema is not None)
-        with Image.open(out) as grid:
+        from PIL import Image
+
+        with Image.open(self.folder / f"{name}.png") as grid:
             return grid.convert("RGB")
+
+    def write_grid(self, model, unet, name: str, ema: bool) -> None:
+        from ..checkpoints import build_pipeline
+        from ..generation import write_grid
+
+        was_training = unet.training
+        unet.eval()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                pipe = build_pipeline(unet, model.vae, model.text_encoder, model.tokenizer, model.prediction_type)
+                write_grid(pipe, self.folder / f"{name}.png", self.prompts, self.seeds,
+                           title=f"{name}{' EMA' if ema else ''}", settings=self.generation_settings(),
+                           weights="ema" if ema else "raw")
+        finally:
+            unet.train(was_training)
 
     def generation_settings(self):
         """The previews' settings as the one generation path takes them (its PNG parameters record them too)."""

@@ -6,7 +6,11 @@ model runs in eval mode (no caption dropout, no other phrasing). So a checkpoint
 a kill and a resume gives the same bits, and so does any number of ranks up to float summation order.
 
 Sharding: rank r of N takes held-out samples r, r + N, r + 2N ...; each rank sums its per-sample losses per
-timestep in float64, and one ``all_reduce`` (sum) of the sums and counts gives every rank the totals.
+timestep in float64, and one ``all_reduce`` (sum) of the sums and counts gives every rank the totals. Every
+rank makes the same number of UNet calls: a rank with fewer samples (n not divisible by N, or more ranks than
+samples) is padded to ceil(n / N) with copies of the first sample, weighted 0 in the sums. Under FSDP each UNet
+call gathers weights from every rank, and a rank with one batch more waited in its last call for ranks that
+had moved on.
 
 Composer's own eval loop (``Evaluator``) is not used: it runs ``eval_forward`` with torchmetrics objects
 over a dataloader, while this loss needs each sample at every fixed timestep with its own fixed noise, the
@@ -32,8 +36,34 @@ def band_of(t: int) -> str:
 
 
 def unwrap(model):
-    """The LatentDiffusion inside Composer's DDP wrapper (or the model itself)."""
+    """The LatentDiffusion inside Composer's DDP wrapper (or the model itself: Composer's FSDP wraps its parts)."""
     return model.module if hasattr(model, "module") and not hasattr(model, "unet") else model
+
+
+def sharded(model) -> bool:
+    """Whether the training model's UNet is sharded by FSDP (its every call a collective of all ranks)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(unwrap(model).unet, FullyShardedDataParallel)
+
+
+def full_unet(unet):
+    """The UNet to draw with on rank 0: itself, or under FSDP a plain copy holding its full weights, gathered
+    by every rank (the other ranks get None)."""
+    from composer.utils import dist
+    from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+
+    if not isinstance(unet, FullyShardedDataParallel):
+        return unet
+    with FullyShardedDataParallel.state_dict_type(unet, StateDictType.FULL_STATE_DICT,
+                                                  FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+        weights = unet.state_dict()
+    if dist.get_global_rank() != 0:
+        return None
+    inner = unet.module
+    copy = type(inner).from_config(inner.config)
+    copy.load_state_dict(weights)
+    return copy.to(unet.compute_device)  # the gathered weights were offloaded to the CPU
 
 
 def noise_for(seed: int, index: int, t: int, shape: tuple) -> torch.Tensor:
@@ -45,10 +75,11 @@ def noise_for(seed: int, index: int, t: int, shape: tuple) -> torch.Tensor:
 
 @dataclass
 class HeldOut:
-    """Held-out images and captions of this rank's shard, read once."""
+    """Held-out images and captions of this rank's shard, read once, padded to every rank's length."""
     indices: list[int]
     images: torch.Tensor  # (n, 3, R, R) in [-1, 1]
     captions: list[str]
+    counted: torch.Tensor  # (n,) float64: 1 for this rank's samples, 0 for the padding
 
 
 def read_held_out(path: str, resolution: int, max_samples: int, rank: int, world: int) -> HeldOut:
@@ -56,10 +87,12 @@ def read_held_out(path: str, resolution: int, max_samples: int, rank: int, world
 
     data = open_local(path, where=f"config key 'validation.path' ({path})")
     n = min(len(data), max_samples)
-    indices = list(range(rank, n, world))
+    own = list(range(rank, n, world))
+    padding = -(-n // world) - len(own)
+    indices = own + [0] * padding
     images = [image_to_tensor(data[i]["image"], resolution) for i in indices]
-    return HeldOut(indices, torch.stack(images) if images else torch.zeros(0, 3, resolution, resolution),
-                   [data[i]["caption"] for i in indices])
+    return HeldOut(indices, torch.stack(images), [data[i]["caption"] for i in indices],
+                   torch.tensor([1.0] * len(own) + [0.0] * padding, dtype=torch.float64))
 
 
 @torch.no_grad()
@@ -69,6 +102,7 @@ def loss_sums(model, held: HeldOut, timesteps: list[int], seed: int, batch_size:
     sums = torch.zeros(len(timesteps), 2, dtype=torch.float64)
     for start in range(0, len(held.indices), batch_size):
         idx = held.indices[start:start + batch_size]
+        counted = held.counted[start:start + batch_size]
         images = held.images[start:start + batch_size].to(device)
         latents = model.vae.encode(images).latent_dist.mean * model.scaling_factor
         ids = model.tokenizer(held.captions[start:start + batch_size], padding="max_length", truncation=True,
@@ -78,8 +112,8 @@ def loss_sums(model, held: HeldOut, timesteps: list[int], seed: int, batch_size:
             noise = torch.stack([noise_for(seed, i, t, latents.shape[1:]) for i in idx]).to(device, latents.dtype)
             steps = torch.full((len(idx),), t, dtype=torch.long, device=device)
             per_sample = model.per_sample_loss(model.denoise(latents, text, noise, steps))
-            sums[k, 0] += per_sample.double().sum().cpu()
-            sums[k, 1] += len(idx)
+            sums[k, 0] += (per_sample.double().cpu() * counted).sum()
+            sums[k, 1] += counted.sum()
     return sums
 
 

@@ -70,6 +70,7 @@ FSDP's ``summon_full_params`` on the whole model. Without FSDP it returns a no-o
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 
 import torch
@@ -130,6 +131,55 @@ def fsdp_full_params(model: torch.nn.Module):
 
         return FullyShardedDataParallel.summon_full_params(model)
     return contextlib.nullcontext()
+
+
+def fsdp_on_cpu() -> None:
+    """Composer's FSDP preparation on CPU ranks (see above; idempotent). Within it ``torch.cuda.current_device``
+    answers the CPU device, which PyTorch's FSDP takes as its ``device_id``."""
+    import composer.checkpoint.load as composer_load
+    import composer.distributed as composer_distributed
+
+    original = composer_distributed.prepare_fsdp_module
+    if getattr(original, "on_cpu", False):
+        return
+
+    @functools.wraps(original)
+    def prepare(*args, **kwargs):
+        if torch.cuda.is_available():
+            return original(*args, **kwargs)
+        asked = torch.cuda.current_device
+        torch.cuda.current_device = lambda: torch.device("cpu")
+        try:
+            return original(*args, **kwargs)
+        finally:
+            torch.cuda.current_device = asked
+
+    prepare.on_cpu = True
+    composer_distributed.prepare_fsdp_module = prepare  # Composer's State imports it from here at call time
+    composer_load.prepare_fsdp_module = prepare
+    _keep_cpu_weights_when_offloading()
+
+
+def _keep_cpu_weights_when_offloading() -> None:
+    """PyTorch 2.7.0's FSDP "offloads" a gathered flat parameter to the CPU by copying it there and freeing the
+    original; on a CPU rank the copy is the original itself, and the freed storage then segfaulted the first
+    full state dict (Composer asks for one, offloaded, at every checkpoint). Already on the CPU, nothing moves."""
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    original = FlatParamHandle.to_cpu
+    if getattr(original, "keeps_cpu_weights", False):
+        return
+
+    @contextlib.contextmanager
+    def to_cpu(self):
+        if self.flat_param.device.type == "cpu":
+            yield
+            return
+        with original(self):
+            yield
+
+    to_cpu.keeps_cpu_weights = True
+    FlatParamHandle.to_cpu = to_cpu
 
 
 def patch_composer_ema() -> None:
