@@ -22,6 +22,7 @@ import torch
 
 from train.errors import WorkbenchError
 from train.common import write_text_whole
+from train.shapes import parse_caption
 
 from .bootstrap import interval, p_floor, p_value, prompt_weights, weighted_means
 from .layout import comparison_file
@@ -73,9 +74,20 @@ def load_row_images(out: Path, row: dict) -> tuple[RowImages, dict[str, str], di
     clip = np.array([m["clip_score"] for m in manifest]) if manifest and "clip_score" in manifest[0] else None
     verdicts = ([None if m.get("attr_all") is None else {k: m.get(f"attr_{k}") for k in VERDICTS} for m in manifest]
                 if manifest and "attr_all" in manifest[0] else [])
+    check_verdict_captions(folder / MANIFEST, manifest, verdicts)
     preference = {k: np.array([m[k] for m in manifest]) for k in PREFERENCE_COLUMNS if manifest and k in manifest[0]}
     images = RowImages(keys, [m["category"] for m in manifest], clip, verdicts, state["features"], preference)
     return images, state["references"], {m["prompt_index"]: m["prompt"] for m in manifest}, manifest
+
+
+def check_verdict_captions(path: Path, manifest: list[dict], verdicts: list[dict | None]) -> None:
+    """Attribute verdicts are tallied by the kind of caption they judge: an image with verdicts whose prompt the
+    shapes grammar cannot read (a manifest edited since scoring) is a one-line error naming the manifest."""
+    for line, verdict in zip(manifest, verdicts):
+        if verdict is not None and parse_caption(line["prompt"]) is None:
+            raise WorkbenchError(f"{path}: prompt {line['prompt_index']} ({line['prompt'][:80]!r}) is not a shapes "
+                                 f"caption, yet its image {line['image_index']} has attribute verdicts (attr_*): the "
+                                 f"manifest was changed after scoring; score the checkpoint again")
 
 
 def _check_rows(a: dict, b: dict) -> None:

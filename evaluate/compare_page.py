@@ -48,13 +48,22 @@ table.votes{font-size:12px;border-collapse:collapse}table.votes td,table.votes t
 
 
 def _text(value) -> str:
+    """Escaped for HTML text and for an attribute value in quotes (either kind)."""
     return html.escape(str(value), quote=True)
 
 
-def _number(value) -> str:
+def _real(value) -> float | None:
+    """``value`` as a float where it is a number (a verdict counts 1 when right), else None."""
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _number(value, spec: str = ".4g") -> str:
+    """A number in ``spec``; a verdict as a check mark or a cross; anything else escaped as text."""
     if isinstance(value, bool):
         return "&#10003;" if value else "&#10007;"  # a check mark or a cross
-    return f"{value:.4g}" if isinstance(value, float) else _text(value)
+    if isinstance(value, float) or (spec != ".4g" and isinstance(value, int)):
+        return format(value, spec)
+    return _text(value)
 
 
 @dataclass(frozen=True)
@@ -73,8 +82,8 @@ class ImagePair:
 
     def difference(self, score: str) -> float | None:
         """B's per-image ``score`` minus A's (a verdict counts 1 when right), None where either lacks it."""
-        va, vb = self.a.get(score), self.b.get(score)
-        return None if va is None or vb is None else float(vb) - float(va)
+        va, vb = _real(self.a.get(score)), _real(self.b.get(score))
+        return None if va is None or vb is None else vb - va
 
 
 def image_pairs(out: Path, row_a: dict, row_b: dict) -> list[ImagePair]:
@@ -119,9 +128,10 @@ def verdict_table(result: dict) -> str:
         "<th class='sentence'>in words</th>"
     rows = []
     for m in result["metrics"]:
+        interval = f"{_number(m['difference'], '+.4g')} [{_number(m['lo'], '+.4g')}, {_number(m['hi'], '+.4g')}]"
         rows.append(f"<tr class='better-{_text(m.get('better') or 'none')}' data-metric='{_text(m['metric'])}'>"
                     f"<td>{_text(m.get('name') or m['metric'])}</td><td>{_number(m['a'])}</td><td>{_number(m['b'])}</td>"
-                    f"<td>{m['difference']:+.4g} [{m['lo']:+.4g}, {m['hi']:+.4g}]</td><td>{m['p']:.2g}</td>"
+                    f"<td>{interval}</td><td>{_number(m['p'], '.2g')}</td>"
                     f"<td class='sentence'>{_text(m['sentence'])}</td></tr>")
     verdict = f"<p class='verdict'>{_text(_verdict_text(result['verdict']))}</p>" if result.get("verdict") else ""
     return f"{verdict}<table class='verdict'><tr>{head}</tr>{''.join(rows)}</table>"
@@ -129,7 +139,7 @@ def verdict_table(result: dict) -> str:
 
 def _shown_size(line: dict) -> tuple[int, int]:
     low, high = SHOWN_SIZE
-    width, height = line.get("width") or high, line.get("height") or high
+    width, height = (_real(line.get(side)) or high for side in ("width", "height"))
     scale = min(max(1.0, low / max(width, height)), high / max(width, height))
     return round(width * scale), round(height * scale)
 
@@ -139,7 +149,7 @@ def _scores(line: dict) -> str:
 
 
 def _side(name: str, line: dict, folder: Path, page: Path) -> str:
-    src = quote(os.path.relpath(folder / line["path"], page.parent).replace(os.sep, "/"))
+    src = quote(os.path.relpath(folder / line.get("path", ""), page.parent).replace(os.sep, "/"))
     width, height = _shown_size(line)
     return (f"<div class='side'><b>{name}</b><a href='{_text(src)}'><img class='{name.lower()}' src='{_text(src)}' "
             f"width='{width}' height='{height}' loading='lazy' alt='{name}'></a><small>{_scores(line)}</small></div>")
@@ -158,7 +168,7 @@ def votes_table(counts: Counts | None, questions: tuple[str, ...]) -> str:
         return "<p class='votes'><small>no votes on this pair</small></p>"
     head = "<tr><th>raters</th>" + "".join(f"<th>{c}</th>" for c in CHOICES) + "</tr>"
     rows = "".join(f"<tr data-question='{_text(q)}'><td>{_text(q)}</td>"
-                   + "".join(f"<td data-choice='{c}'>{counts[q][c]}</td>" for c in CHOICES) + "</tr>"
+                   + "".join(f"<td data-choice='{c}'>{_text(counts[q][c])}</td>" for c in CHOICES) + "</tr>"
                    for q in questions if q in counts)
     return f"<table class='votes'>{head}{rows}</table>"
 
@@ -167,8 +177,9 @@ def pair_figure(pair: ImagePair, page: Path, votes: Counts | None, questions: tu
     a = pair.a
     where = f"prompt {a['prompt_index']}, image {a['image_index']}, seed {a['seed']}" + \
         (f", {a['category']}" if a.get("category") else "")
-    return (f"<figure class='pair' data-prompt-index='{a['prompt_index']}' data-image-index='{a['image_index']}' "
-            f"data-seed='{a['seed']}'><div class='sides'>{_side('A', a, pair.folder_a, page)}"
+    return (f"<figure class='pair' data-prompt-index='{_text(a['prompt_index'])}' "
+            f"data-image-index='{_text(a['image_index'])}' data-seed='{_text(a['seed'])}'><div class='sides'>"
+            f"{_side('A', a, pair.folder_a, page)}"
             f"{_side('B', pair.b, pair.folder_b, page)}</div><figcaption><p class='prompt'>{_text(a['prompt'])}</p>"
             f"<small>{_text(where)}<br>{_differences(pair)}</small>{votes_table(votes, questions)}</figcaption></figure>")
 
@@ -186,15 +197,21 @@ def pairs_part(pairs: list[ImagePair], page: Path, votes: dict | None, questions
             f"{unrated}<div class='pairs'>{figures}</div>")
 
 
+def section_heading(result: dict) -> str:
+    """A section's opening tag, heading and what it was computed on."""
+    guidance = _number(result["guidance"], "g")
+    sampler = f", {result['sampler_a']}" if result.get("sampler_a") else ""
+    return (f"<section class='guidance' data-guidance='{guidance}'><h2>Guidance {guidance}{_text(sampler)}</h2>"
+            f"<p><small>{_text(result['n_images'])} images of {_text(result['n_prompts'])} prompts, "
+            f"{_text(replicates_text(result))}; the interval and p-value resample prompts.</small></p>")
+
+
 def section(out: Path, page: Path, result: dict, rows: tuple[dict, dict], studies: list[StudyVotes],
             max_pairs: int) -> str:
     """One guidance scale (and sampler): the verdict table, then the image pairs with their votes."""
-    sampler = f", {result['sampler_a']}" if result.get("sampler_a") else ""
     questions = tuple(dict.fromkeys(q for s in studies for q in s.questions))
     votes = pair_votes(studies, *rows) if studies else None
-    return (f"<section class='guidance' data-guidance='{result['guidance']:g}'>"
-            f"<h2>Guidance {result['guidance']:g}{_text(sampler)}</h2>"
-            f"<p><small>{result['n_images']} images of {result['n_prompts']} prompts, {replicates_text(result)}; the interval and p-value resample prompts.</small></p>{verdict_table(result)}"
+    return (f"{section_heading(result)}{verdict_table(result)}"
             f"{pairs_part(image_pairs(out, *rows), page, votes, questions, max_pairs)}</section>")
 
 

@@ -12,7 +12,6 @@ people's choices 65.1% of the time, HPS v2 65.7% (HPSv2's README).
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from train.checkpoints import fingerprint
+from train.common import load_outside
 from train.errors import WorkbenchError
 
 from .config import PREFERENCE_WEIGHTS
@@ -93,7 +93,10 @@ def load_imagereward(ref: str | Path):
     if "patch_embed.proj.weight" not in vision_state:
         raise WorkbenchError(f"{path} is not an ImageReward checkpoint (no {VISION}patch_embed.proj.weight)")
     vision = BlipVisionModel(vision_config(vision_state))
-    text = BlipTextModel(text_config(json.loads(med_path.read_text()), vision.config.hidden_size), add_pooling_layer=False)
+    med = load_outside(med_path, str(med_path))
+    if not isinstance(med, dict):
+        raise WorkbenchError(f"{med_path}: expected a JSON object (a BERT config), got {type(med).__name__}")
+    text = BlipTextModel(text_config(med, vision.config.hidden_size), add_pooling_layer=False)
     head = Head(text.config.hidden_size)
     for module, part in ((vision, {vision_key(k): v for k, v in vision_state.items()}),
                          (text, _part(state, TEXT)), (head, _part(state, HEAD))):

@@ -7,19 +7,22 @@ trade-off puts FID against CLIP score, or against attribute accuracy when there 
 from __future__ import annotations
 
 import html
-import json
+import logging
 import os
 from collections import defaultdict
 from pathlib import Path
 
-from train.common import whole_file, write_text_whole
+from train.common import load_outside, whole_file, write_text_whole
+from train.errors import WorkbenchError
 
 from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
 from .names import PREFERENCE_COLUMNS, display_name, with_direction
 from .store import COST_COLUMNS, ResultsStore, checkpoint_cost_columns
 from .verdict import replicates_text
 
+log = logging.getLogger("evaluate.report")
 ALL_RIGHT = attr_column("all", "all")  # every attribute right over every prompt
+PLACED_BY = ("model", "step", "guidance")  # what places a row in the report's tables and plots
 
 STEP_METRICS = tuple((k, with_direction(k)) for k in ("fid", "clip_score", "cmmd", "fd_dinov2", *PREFERENCE_COLUMNS))
 TRADEOFF_X = tuple((k, display_name(k)) for k in ("clip_score", ALL_RIGHT))
@@ -208,16 +211,63 @@ def _categories(rows: list[dict], tag) -> list[str]:
     return ["<h2>By prompt category</h2>", *parts] if parts else []
 
 
+def comparison_problem(c) -> str | None:
+    """Why a saved comparison (``compare/*.json``) cannot be shown, or None: the report reads every file there,
+    and any of them may have been written by someone else."""
+    if not isinstance(c, dict):
+        return f"a JSON {type(c).__name__}, not an object"
+    kinds = {"a": str, "b": str, "guidance": (int, float), "n_images": int, "bootstrap": int, "metrics": list}
+    for key, kind in kinds.items():
+        if not isinstance(c.get(key), kind) or isinstance(c[key], bool):
+            return f"'{key}' must be {kind.__name__ if isinstance(kind, type) else 'a number'}"
+    if not all(isinstance(m, dict) and isinstance(m.get("sentence"), str) for m in c["metrics"]):
+        return "'metrics' must be objects with a 'sentence'"
+    replicates = c.get("replicates") or {}
+    if not isinstance(replicates, dict) or not all(isinstance(n, int) for n in replicates.values()):
+        return "'replicates' must map families to counts"
+    return _verdict_problem(c.get("overall") or {})
+
+
+def _verdict_problem(verdict) -> str | None:
+    """Why a saved comparison's overall verdict (none in older files) cannot be shown, or None."""
+    if not verdict:
+        return None
+    if not isinstance(verdict, dict):
+        return "'overall' must be an object"
+    families = verdict.get("families")
+    if not (isinstance(verdict.get("heading"), str) and isinstance(verdict.get("note") or "", str)
+            and isinstance(families, list) and all(isinstance(f, dict) and isinstance(f.get("sentence"), str)
+                                                   for f in families)):
+        return "'overall' must hold a 'heading' and its families' sentences"
+    return None
+
+
+def saved_comparisons(folder: Path) -> list[dict]:
+    """Every readable comparison in ``folder/compare``; a file too large, nested too deep or not a comparison is
+    left out with a warning that names it."""
+    found = []
+    for path in sorted((folder / "compare").glob("*.json")):
+        try:
+            c = load_outside(path, str(path))
+        except WorkbenchError as e:
+            log.warning("warning: %s; left out of the report", e)
+            continue
+        if problem := comparison_problem(c):
+            log.warning("warning: %s: %s; left out of the report", path, problem)
+            continue
+        found.append(c)
+    return found
+
+
 def _comparisons(folder: Path) -> list[str]:
     parts = []
-    for path in sorted((folder / "compare").glob("*.json")):
-        c = json.loads(path.read_text())
+    for c in saved_comparisons(folder):
         verdict = c.get("overall") or {}  # comparisons written before the overall verdict have none
         lines = [m["sentence"] for m in c["metrics"]]
         lines += [verdict["heading"], *(f["sentence"] for f in verdict["families"])] if verdict else []
         lines += [verdict["note"]] if verdict.get("note") else []
         parts.append(f"<p><b>A = {html.escape(c['a'])}, B = {html.escape(c['b'])}</b>, guidance {c['guidance']:g}, "
-                     f"{c['n_images']} images, {replicates_text(c)}<br>"
+                     f"{c['n_images']} images, {html.escape(replicates_text(c))}<br>"
                      + "<br>".join(html.escape(line) for line in lines) + "</p>")
     return ["<h2>Comparisons (dwb evaluate compare)</h2>", *parts] if parts else []
 
@@ -231,11 +281,26 @@ def _comparison_pages(folder: Path, out: Path) -> list[str]:
     return ["<h2>Comparison pages: A and B side by side</h2><ul>", *links, "</ul>"] if links else []
 
 
+def placed_rows(rows: list[dict]) -> list[dict]:
+    """The scored rows; one without a model, step or guidance (not written by `dwb evaluate run`) is left out
+    with a warning."""
+    placed = []
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        missing = [k for k in PLACED_BY if r.get(k) is None]
+        if missing:
+            log.warning("warning: a scored row of %s has no %s; left out of the report", r.get("checkpoint"),
+                        ", ".join(missing))
+            continue
+        placed.append(r)
+    return placed
+
+
 def write_report(folder: str | Path) -> Path:
     """``folder/report/``: the plots that have data, index.html (tables, categories, comparisons, grids)."""
     folder = Path(folder)
-    rows = sorted((r for r in ResultsStore(folder).rows() if r.get("status") == "ok"),
-                  key=lambda r: (r["step"], r["guidance"]))
+    rows = sorted(placed_rows(ResultsStore(folder).rows()), key=lambda r: (r["step"], r["guidance"]))
     out = folder / "report"
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("metrics_vs_step.png", "tradeoff.png", "attributes_vs_step.png", "metrics_vs_cost.png"):

@@ -23,11 +23,13 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from train.common import write_text_whole
+from train.common import loads_outside, write_text_whole
+from train.errors import WorkbenchError
 from train.generation import (DEFAULT_GUIDANCE, DEFAULT_STEPS, ImageRecord, Settings, generate_images, native_size,
                               sampler_of, save_png, with_sampler_key)
 
 from .layout import grid_file
+from .names import PREFERENCE_COLUMNS
 from .prompts import Prompt
 
 MANIFEST = "manifest.jsonl"
@@ -158,11 +160,66 @@ def write_manifest(records: list[SampleRecord], out: str | Path,
                                           for r in records))
 
 
+# What each key a comparison reads must hold: a seed of "1' autofocus onfocus=..." went onto the comparison page
+# as an attribute of its own. Per-image scores are numbers (attribute verdicts true or false), or null.
+LINE_INTEGERS = ("prompt_index", "image_index", "seed")
+LINE_TEXTS = ("prompt", "category", "path", "prompt_set", "model", "checkpoint", "checkpoint_hash", "sampler")
+LINE_SIZES = ("width", "height")
+PER_IMAGE_SCORES = ("clip_score", *PREFERENCE_COLUMNS)
+
+
+def _kind_problem(line: dict) -> str | None:
+    """Whether the keys of ``LINE_INTEGERS``, ``LINE_TEXTS`` and ``LINE_SIZES`` hold what they must."""
+    for key in LINE_INTEGERS:
+        if not isinstance(line.get(key), int) or isinstance(line[key], bool):
+            return f"'{key}' must be an integer, got {str(line.get(key))[:80]!r}"
+    for key in LINE_TEXTS:
+        if line.get(key) is not None and not isinstance(line[key], str):
+            return f"'{key}' must be a string, got {type(line[key]).__name__}"
+    for key in LINE_SIZES:
+        value = line.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            return f"'{key}' must be a positive integer, got {str(value)[:80]!r}"
+    return None
+
+
+def _score_problem(line: dict) -> str | None:
+    """Whether the per-image scores are numbers and the attribute verdicts true or false (either may be null)."""
+    for key, value in line.items():
+        if value is None or not (key in PER_IMAGE_SCORES or key.startswith("attr_")):
+            continue
+        verdict = key.startswith("attr_")
+        if isinstance(value, bool) != verdict or not isinstance(value, (int, float)):
+            return f"'{key}' must be {'true or false' if verdict else 'a number'} or null, got {str(value)[:80]!r}"
+    return None
+
+
+def _line_problem(line) -> str | None:
+    """Why a manifest line cannot be compared or shown, or None."""
+    if not isinstance(line, dict):
+        return f"a JSON {type(line).__name__}, not an object"
+    if not isinstance(line.get("prompt"), str):
+        return "needs a 'prompt'"
+    path = line.get("path")
+    if path is not None and isinstance(path, str) and (Path(path).is_absolute() or ".." in Path(path).parts):
+        return f"'path' must name a file inside the sample folder, got {path[:80]!r}"
+    return _kind_problem(line) or _score_problem(line)
+
+
 def read_manifest(path: str | Path) -> list[dict]:
     """One dict per manifest line, keys under their current names (a manifest of an older version says
-    ``scheduler`` for ``sampler``)."""
+    ``scheduler`` for ``sampler``); a line nested too deep, too large, or holding values of the wrong kind is a
+    one-line error naming the manifest, the line and the key."""
     path = Path(path)
-    return [with_sampler_key(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    lines = []
+    for lineno, text in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not text.strip():
+            continue
+        line = loads_outside(text, f"{path} line {lineno}")
+        if problem := _line_problem(line):
+            raise WorkbenchError(f"{path} line {lineno}: {problem}")
+        lines.append(with_sampler_key(line))
+    return lines
 
 
 def write_category_grids(records: list[SampleRecord], out: str | Path, max_prompts: int = 8, title: str = "") -> list[Path]:

@@ -17,7 +17,7 @@ import logging
 import os
 from pathlib import Path
 
-from train.common import disk_full_error, is_disk_full, whole_file
+from train.common import disk_full_error, is_disk_full, loads_outside, spreadsheet_cell, whole_file
 from train.errors import WorkbenchError
 from train.generation import with_sampler_key
 
@@ -43,6 +43,9 @@ COLUMNS = ["model", "checkpoint", "step", *COST_COLUMNS, "guidance", *_with_inte
            "status", "error",
            "checkpoint_hash", "weights", "dtype", "file_size", "file_mtime_ns", "time"]
 CATEGORY_KEYS = ["model", "checkpoint", "step", "guidance", "sampler"]
+TEXT_COLUMNS = frozenset({"model", "checkpoint", "checkpoint_hash", "weights", "prompts", "sampler", "extractor",
+                          "dinov2", "resize", "samples", "status", "error", "dtype"})
+NUMBER_COLUMNS = frozenset(COLUMNS) - TEXT_COLUMNS
 
 
 def checkpoint_identity(ckpt) -> dict:
@@ -72,21 +75,70 @@ def checkpoint_cost_columns(path: str | Path | None) -> dict:
     return {"gpu_hours": float(hours), **({"usd": float(hours) * float(price)} if price is not None else {})}
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def inside_relative(value) -> bool:
+    """Whether ``value`` is a relative path that stays inside its folder (no absolute path, no ``..``)."""
+    return isinstance(value, str) and bool(value) and not Path(value).is_absolute() and ".." not in Path(value).parts
+
+
+def row_problem(row) -> str | None:
+    """Why a store line is not a row this package can show or compare (markup where a number goes, a samples
+    folder outside the store), or None. Keys a row leaves out are not checked."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    for key, value in row.items():
+        if value is None:
+            continue
+        if key in NUMBER_COLUMNS and not _is_number(value):
+            return f"'{key}' must be a number, got {str(value)[:80]!r}"
+        if key in TEXT_COLUMNS and not isinstance(value, str):
+            return f"'{key}' must be a string, got {type(value).__name__}"
+    if row.get("samples") is not None and not inside_relative(row["samples"]):
+        return f"'samples' must be a folder inside the store, got {row['samples'][:80]!r}"
+    categories = row.get("categories")
+    if categories is not None and not (isinstance(categories, list) and all(isinstance(c, dict) for c in categories)):
+        return "'categories' must be a list of objects"
+    return None
+
+
+_warned: set[tuple[str, int, str]] = set()
+
+
+def _skip(path: Path, lineno: int, reason: str) -> None:
+    """Say once per process why a store line is left out (the commands read the store several times)."""
+    if (str(path), lineno, reason) not in _warned:
+        _warned.add((str(path), lineno, reason))
+        log.warning("warning: %s; the line is left out", reason)
+
+
 class ResultsStore:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.path = self.folder / RESULTS
 
     def rows(self) -> list[dict]:
+        """Each line that is a row, its keys under their current names; a line nested too deep, too large, or
+        holding values of the wrong kind is left out with a warning that names it."""
         if not self.path.is_file():
             return []
-        rows = []
-        for line in self.path.read_text().splitlines():
+        rows, lines = [], self.path.read_text(errors="replace").split("\n")
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{self.path} line {lineno}"
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash: that score is redone
-            rows.append(with_sampler_key(row) if isinstance(row, dict) else row)  # an older store says "scheduler"
+                row = loads_outside(line, where)
+            except WorkbenchError as e:
+                if lineno < len(lines):  # else a line cut short by a crash: that score is redone
+                    _skip(self.path, lineno, str(e))
+                continue
+            if problem := row_problem(row):
+                _skip(self.path, lineno, f"{where}: {problem}")
+                continue
+            rows.append(with_sampler_key(row))  # an older store says "scheduler"
         return rows
 
     def append_rows(self, rows: list[dict]) -> None:
@@ -133,7 +185,7 @@ class ResultsStore:
         """(path, size, mtime) of each checkpoint file with a finished record: scored, or refused as unreadable
         (those are left out with ``retry_unreadable``). A file replaced since its record is not done."""
         finished = ("ok",) if retry_unreadable else ("ok", "unreadable")
-        return {(r["checkpoint"], r.get("file_size"), r.get("file_mtime_ns")) for r in self.rows()
+        return {(r.get("checkpoint"), r.get("file_size"), r.get("file_mtime_ns")) for r in self.rows()
                 if r.get("status") in finished}
 
     def export_csv(self, path: str | Path | None = None) -> Path:
@@ -150,6 +202,6 @@ class ResultsStore:
 def _write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
     with whole_file(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
+        writer.writerow({c: spreadsheet_cell(c) for c in columns})
         for row in rows:
-            writer.writerow(row)
+            writer.writerow({k: spreadsheet_cell(v) for k, v in row.items()})

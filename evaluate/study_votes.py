@@ -11,11 +11,11 @@ the raters the study's report excluded (``report/results.json``, ``--exclude-fai
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from train.common import load_outside
 from train.errors import WorkbenchError
 
 STUDY = "study.json"
@@ -61,13 +61,33 @@ def _same_images(info: dict, row: dict) -> bool:
             and info.get("sampler") in (None, row.get("sampler")))
 
 
+# A vote is about 600 bytes in votes.json (`dwb human-eval report` writes it indented), an image and its pair
+# about 700 in study.json: 256 MiB hold some 400,000 of either, beyond any study we run.
+MAX_STUDY_BYTES = 256 * 1024 * 1024
+VOTE_KEYS = ("rater", "pair", "question", "choice")
+
+
 def _read_json(path: Path, missing: str):
     if not path.is_file():
         raise WorkbenchError(missing)
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise WorkbenchError(f"{path}: not valid JSON ({e})") from None
+    return load_outside(path, str(path), max_bytes=MAX_STUDY_BYTES)
+
+
+def _checked_votes(votes, path: Path) -> list[dict]:
+    """The votes of ``report/votes.json``; a vote whose keys are not strings is a one-line error naming it."""
+    if not isinstance(votes, list):
+        raise WorkbenchError(f"{path}: expected a list of votes, got a JSON {type(votes).__name__}")
+    for n, vote in enumerate(votes):
+        if not isinstance(vote, dict) or not all(isinstance(vote.get(k), str) for k in VOTE_KEYS):
+            raise WorkbenchError(f"{path}: vote {n} is not a vote (it needs {', '.join(VOTE_KEYS)} as strings)")
+    return votes
+
+
+def _integer(value) -> int | None:
+    """A prompt or image index as the comparison's keys hold it; anything but an integer (or null) is refused."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"an index of {str(value)[:40]!r}")
 
 
 def _main_pairs(study: dict) -> dict[str, StudyPair]:
@@ -75,9 +95,10 @@ def _main_pairs(study: dict) -> dict[str, StudyPair]:
     pairs = {}
     for p in study["pairs"]:
         if p.get("kind", "main") == "main":
-            prompt = prompts[p["prompt"]]
-            pairs[p["id"]] = StudyPair((images[p["a"]]["model"], images[p["b"]]["model"]),
-                                       (prompt.get("prompt_set") or "", prompt.get("index"), p["image_index"]))
+            prompt = prompts[_integer(p["prompt"])]
+            pairs[str(p["id"])] = StudyPair((str(images[p["a"]]["model"]), str(images[p["b"]]["model"])),
+                                            (str(prompt.get("prompt_set") or ""), _integer(prompt.get("index")),
+                                             _integer(p["image_index"])))
     return pairs
 
 
@@ -85,15 +106,19 @@ def read_study(folder: str | Path) -> StudyVotes:
     """A study's main pairs and the main votes of the raters its report kept; one-line errors for what is missing."""
     folder = Path(folder)
     study = _read_json(folder / STUDY, f"no study in {folder} ({STUDY} not found)")
-    votes = _read_json(folder / VOTES, f"{folder} has no {VOTES}: run `dwb human-eval report {folder}` first")
+    votes = _checked_votes(_read_json(folder / VOTES, f"{folder} has no {VOTES}: run `dwb human-eval report {folder}` "
+                                                      f"first"), folder / VOTES)
     results = _read_json(folder / RESULTS, "") if (folder / RESULTS).is_file() else {}
-    excluded = set(results.get("counts", {}).get("excluded_raters", []))
     try:
+        excluded = set(results.get("counts", {}).get("excluded_raters", []))
         pairs = _main_pairs(study)
         kept = tuple(v for v in votes if v["pair"] in pairs and v["rater"] not in excluded)
-        return StudyVotes(folder, study["model_info"], tuple(q["id"] for q in study["questions"]), pairs, kept)
-    except (KeyError, IndexError, TypeError) as e:
-        raise WorkbenchError(f"{folder}: {STUDY} or {VOTES} is not a study's (no {e})") from None
+        questions = tuple(str(q["id"]) for q in study["questions"])
+        models = {str(label): dict(info) for label, info in study["model_info"].items()}
+        return StudyVotes(folder, models, questions, pairs, kept)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise WorkbenchError(f"{folder}: {STUDY}, {VOTES} or {RESULTS} is not a study's ({type(e).__name__}: "
+                             f"{str(e)[:80]})") from None
 
 
 def _sides(pair: StudyPair, a_labels: set[str], b_labels: set[str]) -> str | None:

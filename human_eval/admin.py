@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import io
 import json
+import re
 import threading
 import time
 from html import escape
@@ -29,6 +30,7 @@ COOKIE = "dwb_admin"
 MIN_TOKEN = 16  # characters; shorter tokens (an empty token file opened the pages to anyone) are refused
 MIN_DISTINCT = 8  # different characters in a token: 16 spaces or "aaaaaaaabbbbbbbb" passed the length check
 SESSION_S = 12 * 3600  # an admin cookie opens the dashboard for this long
+EXPIRY = re.compile(r"[0-9]{1,12}")  # a cookie's expiry: Unix seconds in ASCII digits (12 reach the year 33658)
 REFRESH_S = 30.0  # the dashboard's results are at most this old (the page reloads itself as often)
 
 
@@ -136,10 +138,14 @@ class AdminGate:
         return hmac.compare_digest(supplied.encode(), self.token.encode())
 
     def cookie_valid(self, cookie: str) -> bool:
+        """Whether ``cookie`` is a session this token signed that has not expired; any other value, however it is
+        made, is simply no session (an expiry of 5,000 digits, or of "²", which ``str.isdigit`` passes and ``int``
+        refuses, answered 500)."""
         expires = cookie.partition(".")[0]
-        if not expires.isdigit() or int(expires) < time.time():
+        if not EXPIRY.fullmatch(expires) or int(expires) < time.time():
             return False
-        return hmac.compare_digest(cookie.encode(), session_cookie(self.token, self.study_id, int(expires)).encode())
+        expected = session_cookie(self.token, self.study_id, int(expires))
+        return hmac.compare_digest(cookie.encode("utf-8", "replace"), expected.encode())
 
     def login(self, request: Request, supplied: str) -> Response:
         """``/admin?token=...``: a session cookie set, and the token taken out of the address bar. The cookie is

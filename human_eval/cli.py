@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 from .errors import HumanEvalError
+from .limits import DEFAULT_MAX_MEGAPIXELS, MAX_SIDE
 
 TOKEN_ENV = "DWB_HUMAN_EVAL_TOKEN"
 REQUEST_TIMEOUT_S = 10.0  # a request is under 5 KiB (bodies over 4 KiB are refused): 10 s allows 4 kbit/s
@@ -51,6 +52,16 @@ def _image_size(value: str) -> tuple[int, int]:
     if len(parts) in (1, 2) and all(p.isdigit() and 0 < int(p) <= 8192 for p in parts):
         return int(parts[0]), int(parts[-1])
     raise argparse.ArgumentTypeError(f"must be N or WIDTHxHEIGHT in pixels (1 to 8192), got {value}")
+
+
+def _megapixels(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = 0.0
+    if not 0 < x <= 1000:
+        raise argparse.ArgumentTypeError(f"must be a number of megapixels above 0 (at most 1000), got {value}")
+    return x
 
 
 def _seconds(value: str) -> float:
@@ -108,7 +119,8 @@ def cmd_create(args) -> None:
         samples += read_folder(path, args.prompts, model=label)
     study, summary = build_study(samples, args.study, gold=args.gold, repeats=args.repeats, per_rater=args.per_rater,
                                  images_per_prompt=args.images_per_prompt, seed=args.seed, allocation=args.allocation,
-                                 target_width=args.target_width, image_size=args.image_size)
+                                 target_width=args.target_width, image_size=args.image_size,
+                                 max_megapixels=args.max_megapixels)
     per_pair = ", ".join(f"{k}: {v}" for k, v in summary["pairs_per_model_pair"].items())
     print(f"study {study.folder}: {len(summary['models'])} models, {summary['prompts']} prompts, {summary['pairs']} pairs "
           f"({per_pair}), {summary['gold']} gold, {summary['repeats']} repeated; {summary['images_written']} images "
@@ -281,8 +293,12 @@ def _add_create(sub) -> None:
     p.add_argument("--target-width", type=_fraction, default=0.1,
                    help="the stopping rule's interval width, e.g. 0.1 for +-5 points (default)")
     p.add_argument("--image-size", type=_image_size, metavar="N|WxH",
-                   help="the one size every image is shown at, so that size tells no model apart "
-                        "(default: the largest image's; others are resized with Lanczos)")
+                   help="the one size every image is shown at, so that size tells no model apart (default: the "
+                        f"largest image's, shrunk to fit {MAX_SIDE}x{MAX_SIDE}; others are resized with Lanczos)")
+    p.add_argument("--max-megapixels", type=_megapixels, default=DEFAULT_MAX_MEGAPIXELS, metavar="MP",
+                   help="refuse images with more pixels than this, read from their headers before any is decoded "
+                        f"(default {DEFAULT_MAX_MEGAPIXELS:g}: 4096x4096; re-encoding one takes about 15 bytes a "
+                        "pixel)")
     p.set_defaults(func=cmd_create)
 
 

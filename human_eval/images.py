@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageFilter
 
+from .limits import DEFAULT_MAX_MEGAPIXELS, MAX_SIDE
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BACKDROP = (221, 221, 221)  # the rating page's image background (#ddd): what transparent pixels showed on
 COMPRESS_LEVEL = 6
@@ -89,15 +91,47 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def image_size(path: str | Path) -> tuple[int, int]:
-    """(width, height) of an image file, from its header."""
-    with Image.open(path) as image:
+def pixels_problem(size: tuple[int, int], max_megapixels: float) -> str | None:
+    """Why an image of ``size`` is not decoded (more pixels than ``max_megapixels``), or None."""
+    width, height = size
+    megapixels = width * height / 1e6
+    if megapixels <= max_megapixels:
+        return None
+    shown = f"{megapixels:.3g}" if megapixels < 1000 else f"{megapixels:,.0f}"
+    return f"{width}x{height} is {shown} megapixels, over the limit of {max_megapixels:g} (--max-megapixels)"
+
+
+def open_image(path: str | Path, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS) -> Image.Image:
+    """The image at ``path``, its header read and nothing decoded yet; ValueError for one whose pixels are over
+    ``max_megapixels`` (a flat 12000 x 12000 PNG is 434 KB on disk and 432 MB once decoded)."""
+    try:
+        image = Image.open(path)
+    except Image.DecompressionBombError as e:  # PIL's own refusal, past 179 megapixels
+        raise ValueError(f"{e} (--max-megapixels)") from None
+    if problem := pixels_problem(image.size, max_megapixels):
+        image.close()
+        raise ValueError(problem)
+    return image
+
+
+def image_size(path: str | Path, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS) -> tuple[int, int]:
+    """(width, height) of an image file, from its header; ValueError past ``max_megapixels``."""
+    with open_image(path, max_megapixels) as image:
         return image.size
 
 
 def largest_size(sizes) -> tuple[int, int]:
-    """The size with the most pixels (then the widest): what a study's images are brought to by default."""
+    """The size with the most pixels (then the widest)."""
     return max(sizes, key=lambda wh: (wh[0] * wh[1], wh))
+
+
+def study_size(sizes, max_side: int = MAX_SIDE) -> tuple[int, int]:
+    """What a study's images are brought to by default: the largest of ``sizes``, shrunk by one factor to fit
+    ``max_side`` x ``max_side`` where it is larger (every image was brought up to the largest one's size, and a
+    single 12000 x 12000 image made each a 432 MB array)."""
+    width, height = largest_size(sizes)
+    scale = min(1.0, max_side / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 def fit(image: Image.Image, size: tuple[int, int]) -> Image.Image:
@@ -124,13 +158,16 @@ def encode_png(image: Image.Image, size: tuple[int, int] | None = None) -> bytes
     return strip_png_metadata(buf.getvalue())
 
 
-def clean_image(path: str | Path, size: tuple[int, int] | None = None) -> bytes:
-    """The image at `path` (PNG, JPEG, WebP, any mode) as 8-bit RGB PNG bytes with its pixels only, at `size`."""
-    with Image.open(path) as image:
+def clean_image(path: str | Path, size: tuple[int, int] | None = None,
+                max_megapixels: float = DEFAULT_MAX_MEGAPIXELS) -> bytes:
+    """The image at `path` (PNG, JPEG, WebP, any mode) as 8-bit RGB PNG bytes with its pixels only, at `size`;
+    ValueError, before decoding, for one over `max_megapixels`."""
+    with open_image(path, max_megapixels) as image:
         return encode_png(image, size)
 
 
-def degrade(path: str | Path, seed: int, target_bytes: int, size: tuple[int, int] | None = None) -> bytes:
+def degrade(path: str | Path, seed: int, target_bytes: int, size: tuple[int, int] | None = None,
+            max_megapixels: float = DEFAULT_MAX_MEGAPIXELS) -> bytes:
     """A clearly worse copy of an image for gold (attention-check) pairs, about `target_bytes` as a PNG.
 
     The image is made coarse (1/16 of its size) and blurred, then given Gaussian noise whose strength is
@@ -138,7 +175,7 @@ def degrade(path: str | Path, seed: int, target_bytes: int, size: tuple[int, int
     a fixed amount of it were 1.8-2.8x larger than ordinary images, which gave them away to anyone
     comparing file sizes.
     """
-    with Image.open(path) as image:
+    with open_image(path, max_megapixels) as image:
         image = rgb8(image)
     if size:
         image = fit(image, size)
@@ -172,6 +209,15 @@ def covariates(data: bytes) -> dict[str, float]:
             "file_bytes": float(len(data)), "pixels": float(w * h)}
 
 
+def _header_size(path: Path) -> tuple[int, int] | None:
+    """A study image's size from its PNG header (nothing is decoded); None for a file that is not a PNG."""
+    try:
+        with open(path, "rb") as f:
+            return png_size(f.read(24))
+    except (OSError, ValueError):
+        return None
+
+
 class ImageCache:
     """Study images in memory, least recently used out first once `max_bytes` is reached.
 
@@ -181,7 +227,7 @@ class ImageCache:
 
     def __init__(self, files: dict[str, Path], size: tuple[int, int] | None = None, max_bytes: int = 256 << 20):
         self.files = files  # opaque token -> file inside the study folder
-        self.size = size or largest_size(map(image_size, files.values()))
+        self.size = size or study_size([s for s in map(_header_size, files.values()) if s] or [(MAX_SIDE, MAX_SIDE)])
         self.max_bytes = max_bytes
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._size = 0
@@ -200,7 +246,7 @@ class ImageCache:
         try:  # the study's checked path, never a link put there since
             with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                 data = self.served(f.read())
-        except OSError:
+        except (OSError, ValueError):  # gone, not a PNG, or too many pixels to decode: not served
             return None
         with self._lock:
             if token not in self._cache:
@@ -216,5 +262,7 @@ class ImageCache:
         data = strip_png_metadata(data)
         if png_size(data) == self.size:
             return data
+        if problem := pixels_problem(png_size(data), DEFAULT_MAX_MEGAPIXELS):
+            raise ValueError(problem)
         with Image.open(io.BytesIO(data)) as image:
             return encode_png(image, self.size)

@@ -5,13 +5,12 @@ anyone could have written (manifests, results stores), so each is escaped.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from html import escape
 from pathlib import Path
 
+from .report import csv_text
 from .scores import LABELS, METRICS
 
 FILES = ("joined.html", "joined.json", "joined_models.csv", "joined_agreement.csv", "joined_categories.csv")
@@ -93,11 +92,7 @@ def page(joined: dict) -> str:
 
 
 def _csv(header: list[str], rows: list[list]) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(header)
-    writer.writerows([["" if x is None else x for x in row] for row in rows])
-    return buf.getvalue()
+    return csv_text(header, [["" if x is None else x for x in row] for row in rows])
 
 
 def models_csv(joined: dict) -> str:

@@ -11,7 +11,7 @@ import math
 import time
 from pathlib import Path
 
-from train.common import interval_text, p_value_text
+from train.common import interval_text, p_value_text, spreadsheet_cell
 
 from .chart import DEFAULT_INTERVAL, INTERVALS
 from .study import Study
@@ -48,12 +48,17 @@ def vote_rows(study: Study, votes: list[dict], labels: dict[str, str] | None = N
     return rows
 
 
-def votes_csv(study: Study, votes: list[dict], labels: dict[str, str] | None = None) -> str:
+def csv_text(header, rows) -> str:
+    """A CSV file's text, every cell through ``spreadsheet_cell``."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, VOTE_COLUMNS)
-    writer.writeheader()
-    writer.writerows(vote_rows(study, votes, labels))
+    writer = csv.writer(buf)
+    for row in [header, *rows]:
+        writer.writerow([spreadsheet_cell(x) for x in row])
     return buf.getvalue()
+
+
+def votes_csv(study: Study, votes: list[dict], labels: dict[str, str] | None = None) -> str:
+    return csv_text(VOTE_COLUMNS, ([row[k] for k in VOTE_COLUMNS] for row in vote_rows(study, votes, labels)))
 
 
 def votes_json(study: Study, votes: list[dict], labels: dict[str, str] | None = None) -> str:
@@ -62,9 +67,7 @@ def votes_json(study: Study, votes: list[dict], labels: dict[str, str] | None = 
 
 def results_csv(results: dict) -> str:
     """One row per question, model pair and category ('all' first)."""
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(RESULT_COLUMNS)
+    rows = []
     for c in results["comparisons"]:
         for category, r in [("all", c)] + [(cat["category"], cat) for cat in c["categories"]]:
             row = {"question": c["question"], "model_a": c["model_a"], "model_b": c["model_b"], "category": category,
@@ -73,8 +76,8 @@ def results_csv(results: dict) -> str:
             for name in INTERVALS:
                 lo, hi = r.get(name) or (None, None)
                 row[f"{name}_lo"], row[f"{name}_hi"] = lo, hi
-            writer.writerow([row[k] for k in RESULT_COLUMNS])
-    return buf.getvalue()
+            rows.append([row[k] for k in RESULT_COLUMNS])
+    return csv_text(RESULT_COLUMNS, rows)
 
 
 def _pct(x) -> str:

@@ -32,6 +32,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from train.common import loads_outside
+from train.errors import WorkbenchError
+
 from .errors import HumanEvalError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
@@ -104,6 +107,16 @@ def _optional_int(row: dict, key: str, where: str) -> int | None:
     return _int(row[key], key, where) if row.get(key) is not None else None
 
 
+def _check_settings(row: dict, where: str) -> None:
+    """The settings a study keeps per model (``SETTINGS``): guidance a number, sampler text, the rest integers."""
+    for key in SETTINGS:
+        value = row.get(key)
+        kind = (int, float) if key == "guidance" else str if key == "sampler" else int
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise HumanEvalError(f"{where}: '{key}' must be {'text' if kind is str else 'a number'}, got "
+                                 f"{str(value)[:80]!r}")
+
+
 def _sample_of_line(row, where: str, manifest: Path, model: str | None) -> Sample:
     """One manifest line as a Sample, or a one-line error naming the line and the key."""
     if not isinstance(row, dict):
@@ -125,6 +138,7 @@ def _sample_of_line(row, where: str, manifest: Path, model: str | None) -> Sampl
     image_path = image_path if image_path.is_absolute() else manifest.parent / image_path
     if not image_path.is_file():
         raise HumanEvalError(f"{where}: image not found: {image_path}")
+    _check_settings(row, where)
     # clip_score is a number; attr_all is evaluate's verdict, true / false (1 / 0 here) or null (does not count)
     metrics = {k: float(row[k]) for k in METRICS if isinstance(row.get(k), (int, float)) and math.isfinite(row[k])}
     return Sample(
@@ -147,9 +161,9 @@ def read_manifest(path: str | Path, model: str | None = None) -> list[Sample]:
                 continue
             where = f"{path}:{lineno}"
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HumanEvalError(f"{where}: not valid JSON ({e.msg})") from None
+                row = loads_outside(line, where)
+            except WorkbenchError as e:
+                raise HumanEvalError(str(e)) from None
             sample = _sample_of_line(row, where, path, model)
             if (sample.model, sample.key) in seen:
                 hint = "" if sample.prompt_index is not None else " (a 'prompt_index' per line tells repeated captions apart)"

@@ -10,10 +10,12 @@ taken; a model without a matching row is kept, without metrics, and the reason i
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from train.common import loads_outside
+from train.errors import WorkbenchError
 
 from .errors import HumanEvalError
 from .samples import with_sampler_key
@@ -46,6 +48,13 @@ def _number(value) -> float | None:
     return float(value)
 
 
+def _usable(row) -> bool:
+    """A scored row whose checkpoint hash is text and whose settings and labels are plain values (a list where a
+    label goes cannot be joined or shown)."""
+    return (isinstance(row, dict) and row.get("status", "ok") == "ok" and isinstance(row.get("checkpoint_hash"), str)
+            and all(isinstance(row.get(k), (str, int, float, type(None))) for k in ROW_KEYS))
+
+
 def read_scores(folders: list[str | Path]) -> ScoreRows:
     """Every row with ``status`` "ok" of each folder's results.jsonl (or a results.jsonl path given directly)."""
     out = ScoreRows()
@@ -55,12 +64,12 @@ def read_scores(folders: list[str | Path]) -> ScoreRows:
         if not path.is_file():
             raise HumanEvalError(f"no evaluate results at {path} (pass the --out folder of `dwb evaluate run`)")
         out.sources.append(str(path))
-        for line in path.read_text(errors="replace").splitlines():
+        for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
+                row = loads_outside(line, f"{path} line {lineno}")
+            except WorkbenchError:  # cut short by a crash, nested too deep, too large: counted below
                 row = None
-            if not isinstance(row, dict) or row.get("status", "ok") != "ok" or not isinstance(row.get("checkpoint_hash"), str):
+            if not _usable(row):
                 out.skipped += bool(line.strip())
                 continue
             out.rows.append(with_sampler_key(row))  # a store of an older version says "scheduler"
@@ -117,5 +126,6 @@ def join_scores(study: Study, scores: ScoreRows) -> tuple[dict[str, dict | None]
         notes.append(f"the rows were scored on different numbers of images ({', '.join(sorted(map(str, sizes)))}): "
                      "FID and KID depend on it, so their order partly reflects the sample size (FD-infinity does not)")
     if scores.skipped:
-        notes.append(f"{scores.skipped} lines of the results were not used (not scored, or not a whole JSON row)")
+        notes.append(f"{scores.skipped} lines of the results were not used (not scored, not a whole JSON row, too "
+                     "large or nested too deep, or a label or setting that is not plain text or a number)")
     return joined, notes

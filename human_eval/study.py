@@ -28,12 +28,19 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from train.common import load_outside
+from train.errors import WorkbenchError
+
 from .errors import HumanEvalError
-from .images import clean_image, covariates, degrade, image_size, largest_size
+from .images import clean_image, covariates, degrade, image_size, study_size
+from .limits import DEFAULT_MAX_MEGAPIXELS
 from .raters import rater_key
 from .samples import Sample, with_sampler_key
 
 FORMAT = 1
+# An image and its pair take about 700 bytes of study.json: 256 MiB hold some 400,000 images, beyond any study
+# we run (a study file is JSON like any other: size and nesting bounded before it is parsed).
+MAX_STUDY_BYTES = 256 * 1024 * 1024
 GOLD_MODEL = "(gold decoy)"  # the label of degraded images in gold pairs; never shown to raters
 ALLOCATIONS = ("uniform", "adaptive")
 
@@ -157,11 +164,20 @@ def load_study(folder: str | Path) -> Study:
     if not path.is_file():
         raise HumanEvalError(f"no study in {folder} (create one with `dwb human-eval create {folder} --samples ...`)")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise HumanEvalError(f"{path}: not valid JSON ({e.msg})") from None
-    if data.get("format") != FORMAT:
-        raise HumanEvalError(f"{path}: study format {data.get('format')!r}, this version reads {FORMAT}")
+        data = load_outside(path, str(path), max_bytes=MAX_STUDY_BYTES)
+    except WorkbenchError as e:
+        raise HumanEvalError(str(e)) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = repr(data.get("format"))[:40] if isinstance(data, dict) else f"(a JSON {type(data).__name__})"
+        raise HumanEvalError(f"{path}: study format {found}, this version reads {FORMAT}")
+    try:
+        return _study_of(folder, data)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise HumanEvalError(f"{path}: not a study this version wrote ({type(e).__name__}: {str(e)[:80]})") from None
+
+
+def _study_of(folder: Path, data: dict) -> Study:
+    """The Study a study file's JSON describes."""
     return Study(
         folder=folder, id=data["id"], secret=data["secret"], created=data["created"], models=data["models"],
         prompts=[StudyPrompt(**p) for p in data["prompts"]],
@@ -224,6 +240,11 @@ def _model_info(samples: list[Sample]) -> dict:
             **s.settings}
 
 
+def _source_paths(src: tuple) -> tuple:
+    """The files a study image is made from: a sample's, or a decoy's sample and the real image it stands against."""
+    return (src[1],) if src[0] == "clean" else (src[1], src[3])
+
+
 class _Images:
     """The study's image tokens and what each is made from: a sample's file, or a gold decoy of one."""
 
@@ -238,15 +259,19 @@ class _Images:
         self.sources[token] = ("clean", sample.path) if decoy is None else ("decoy", sample.path, *decoy)
         return token
 
-    def largest_size(self) -> tuple[int, int]:
-        """The largest (width, height) among the images shown as they are (decoys are made at the study's size)."""
-        paths = {src[1] for src in self.sources.values() if src[0] == "clean"}
-        try:
-            return largest_size(map(image_size, paths))
-        except OSError as e:
-            raise HumanEvalError(f"cannot read image: {e}") from None
+    def shown_sizes(self, max_megapixels: float) -> list[tuple[int, int]]:
+        """The (width, height) of the images shown as they are (decoys are made at the study's size), from their
+        headers. Every file an image is made from, decoys' sources too, is checked first: one over
+        `max_megapixels` is a one-line error naming it, before any image is decoded."""
+        sizes = {}
+        for path in sorted({path for src in self.sources.values() for path in _source_paths(src)}):
+            try:
+                sizes[path] = image_size(path, max_megapixels)
+            except (OSError, ValueError) as e:
+                raise HumanEvalError(f"cannot use image {path}: {e}") from None
+        return [sizes[src[1]] for src in self.sources.values() if src[0] == "clean"]
 
-    def write(self, folder: Path, size: tuple[int, int], progress: bool) -> int:
+    def write(self, folder: Path, size: tuple[int, int], progress: bool, max_megapixels: float) -> int:
         """Encode every image at `size` into `folder/images` (real ones first: decoys take their file size);
         returns the number of files."""
         images_folder(folder).mkdir(parents=True, exist_ok=True)
@@ -258,10 +283,10 @@ class _Images:
             if src not in written:
                 try:
                     if src[0] == "clean":
-                        data = clean[src[1]] = clean.get(src[1]) or clean_image(src[1], size)
+                        data = clean[src[1]] = clean.get(src[1]) or clean_image(src[1], size, max_megapixels)
                     else:
-                        real = clean.get(src[3]) or clean_image(src[3], size)
-                        data = degrade(src[1], src[2], target_bytes=round(len(real) * src[4]), size=size)
+                        real = clean.get(src[3]) or clean_image(src[3], size, max_megapixels)
+                        data = degrade(src[1], src[2], round(len(real) * src[4]), size, max_megapixels)
                 except (OSError, ValueError) as e:
                     raise HumanEvalError(f"cannot read image {src[1]}: {e}") from None
                 name = f"images/{hashlib.sha256(data).hexdigest()[:24]}.png"
@@ -344,10 +369,12 @@ def _gold_pairs(main: list[Pair], n: int, by_model: dict, keys: dict[str, tuple]
 def build_study(samples: list[Sample], folder: str | Path, *, gold: int = 0, repeats: int = 0,
                 per_rater: int | None = None, images_per_prompt: int | None = None, seed: int = 0,
                 allocation: str = "uniform", target_width: float = 0.1, image_size: tuple[int, int] | None = None,
-                progress: bool = True) -> tuple[Study, dict]:
+                max_megapixels: float = DEFAULT_MAX_MEGAPIXELS, progress: bool = True) -> tuple[Study, dict]:
     """Write a study folder from samples of two or more models; returns the study and a summary.
 
-    Every image is brought to `image_size` (width, height), by default the largest of the study's images."""
+    Every image is brought to `image_size` (width, height), by default the largest of the study's images shrunk
+    to fit 1024 x 1024 (`images.study_size`); an image of more than `max_megapixels` is refused before any is
+    decoded."""
     folder = Path(folder)
     if (folder / "study.json").exists():
         raise HumanEvalError(f"{folder} already holds a study; choose a new folder (its votes refer to these pairs)")
@@ -375,8 +402,9 @@ def build_study(samples: list[Sample], folder: str | Path, *, gold: int = 0, rep
         pairs += _gold_pairs(main, gold, by_model, keys, images, rng, seed)
     rng.shuffle(pairs)
     unmatched = {m: sum(1 for k in by_model[m] if all(k not in by_model[o] for o in models if o != m)) for m in models}
-    size = image_size or images.largest_size()
-    files = images.write(folder, size, progress)
+    sizes = images.shown_sizes(max_megapixels)
+    size = image_size or study_size(sizes)
+    files = images.write(folder, size, progress, max_megapixels)
     study = Study(
         folder=folder, id=_token(12), secret=secrets.token_hex(32), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         models=models, prompts=prompts, images=images.images, pairs=pairs, per_rater=per_rater,

@@ -72,6 +72,16 @@ def test_the_admin_cookie_is_secure_behind_an_https_proxy(server):
     assert server.token not in cookie["value"]
 
 
+@pytest.mark.parametrize("expiry", [b"9" * 5000, b"\xb2", b"-1", b""])
+def test_a_cookie_of_any_make_is_no_session(server, expiry):
+    """An expiry of 5,000 digits (past int()'s 4,300) or a superscript two (the header's byte 0xb2, which str.isdigit
+    passes and int refuses) answered 500; like any other bad cookie, each is simply not a session."""
+    with client(server) as c:
+        r = c.get("/admin", headers={"Cookie": b"dwb_admin=" + expiry + b".0123abcd"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert c.get("/healthz").status_code == 200
+
+
 def test_every_image_a_rater_sees_has_the_studys_size(server, mixed_study):
     sizes, pairs = set(), 0
     with client(server) as c:

@@ -7,14 +7,16 @@
 - ``serving``: the servers' deadline for a request to arrive and their cap on open connections;
 - ``s3``: an S3 URL's bucket and key, a client that names what it lacks, and the cache of downloads;
 - ``digits``: intervals and p-values printed so that rounding never contradicts the verdict beside them;
+- ``escaping``: text from outside escaped for a spreadsheet cell;
 - ``faces``: how a room's face hands on its names (this face too).
 """
 from .faces import face
 
 __getattr__, __all__ = face(__name__, {
-    "compat": "RestoreRNG align_dataset_epoch calm_gradio_queue fsdp_full_params patch_composer_ema queue_jobs "
+    "compat": "RestoreRNG align_dataset_epoch calm_gradio_queue fsdp_full_params fsdp_on_cpu patch_composer_ema queue_jobs "
               "release_streaming_shared_memory serialize_queue_joins serve_gradio_with upload_abort",
     "digits": "interval_decimals interval_text outward p_value_text round_up",
+    "escaping": "FORMULA_STARTS spreadsheet_cell",
     "faces": "face",
     "outside_json": "MAX_DEPTH load_outside loads_outside nesting_depth",
     "files": "disk_full_error is_disk_full torch_save_whole whole_file whole_folder write_bytes_whole "
