@@ -153,7 +153,8 @@ def test_bad_data_paths_fail_before_training(shapes_data, components, tmp_path):
 
 
 def test_gpu_only_features_are_refused_on_cpu(shapes_data, components, tmp_path):
-    for key in ("fsdp=true", "low_precision_norms=true", "model.attention=xformers", "device_train_microbatch_size=auto",
+    """FSDP trains on CPU ranks (tests/train/test_fsdp.py); mixed precision and the rest need a GPU."""
+    for key in ("low_precision_norms=true", "model.attention=xformers", "device_train_microbatch_size=auto",
                 "precision=amp_bf16", "precision=amp_fp16"):
         over = tiny_overrides(shapes_data, components, tmp_path / "c") + [key, "device=cpu"]
         with pytest.raises(WorkbenchError, match="needs a CUDA GPU"):
