@@ -82,7 +82,8 @@ def cmd_convert(args) -> None:
                       language_column=args.language_column, languages=args.languages.split(",") if args.languages else None,
                       max_punsafe=args.max_punsafe, max_watermark=args.max_watermark,
                       split=args.split, limit=args.limit, workers=args.workers, part=args.part,
-                      **({"max_megapixels": args.max_megapixels} if args.max_megapixels else {}))
+                      **({"max_megapixels": args.max_megapixels} if args.max_megapixels else {}),
+                      **({"max_row_group_bytes": args.max_row_group_mib * 2**20} if args.max_row_group_mib else {}))
     kept = f" ({summary.units_kept} units kept from an earlier run)" if summary.units_kept else ""
     if args.part:
         i, n = args.part
@@ -322,6 +323,9 @@ def register_data(sub) -> None:
     p.add_argument("--max-megapixels", type=_positive_float,
                    help="skip and count images with more pixels to decode (JPEGs at their reduced draft size); "
                         "converting one takes about 8 bytes a pixel (default 64: today's camera photos)")
+    p.add_argument("--max-row-group-mib", type=_positive,
+                   help="skip and count Parquet row groups whose columns hold more, uncompressed (pyarrow reads a "
+                        "group's columns whole; default 1024: img2dataset writes about 30, the hub about 100)")
     p.set_defaults(func=cmd_convert)
 
     p = data_sub.add_parser("join", help="merge the parts of a `dwb data convert --part i/N` run into one dataset")

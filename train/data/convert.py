@@ -14,6 +14,12 @@ run killed at any point and repeated with the same command finishes the job with
 every unit is done, Streaming's ``merge_index`` joins the units' indexes into ``OUT/<side>/index.json`` in
 unit order, so the dataset's sample order is the sources' order whatever the number of workers or parts.
 ``--part i/N`` converts every N-th unit from the i-th; ``join_parts`` merges once all parts are done.
+
+What a run finds in OUT was written by another process (a killed run, a part on another machine) and is
+checked before use: ``plan.json`` and the done files are read as JSON from outside and must have their shape;
+each unit's MDS index must name only shards inside its folder (``mds.checked_index``) before ``merge_index``
+joins it; and the plan records each unit's source ``state``, so a run resumed after a source changed is
+refused, naming the unit, instead of mixing old and new samples.
 """
 from __future__ import annotations
 
@@ -33,13 +39,13 @@ from typing import Any, Iterator, Sequence
 from PIL import ExifTags, Image, ImageOps
 from tqdm import tqdm
 
-from ..common import write_text_whole
+from ..common import load_outside, loads_outside, write_text_whole
 from ..errors import WorkbenchError
 from .image_folders import folder_records
 from .layouts import Columns, plan_units
-from .mds import image_columns, open_writer
+from .mds import checked_index, image_columns, open_writer
 from .records import Filter, ReadCounts, Record
-from .tables import hf_records, parquet_records
+from .tables import DEFAULT_MAX_ROW_GROUP_BYTES, hf_records, parquet_records
 from .tar_shards import tar_records
 
 AESTHETIC_COLUMNS = ("aesthetic", "aesthetic_score", "AESTHETIC_SCORE")
@@ -53,7 +59,8 @@ SWAPPED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that turn the image by 
 # to after draft (1/2 to 1/8 per side), so larger JPEGs pass where the buckets need less.
 DEFAULT_MAX_MEGAPIXELS = 64.0
 STATE = ".convert"  # OUT/.convert: plan.json, done/<unit>.json, summary.json
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: each unit's source state
+PLAN_BYTES = 2**30  # plan.json lists every unit, about 250 bytes each: a million shards' plan is 250 MB
 WORKER_IMPORTS = [__name__, "streaming.base.format.mds.writer"]  # imported once by the workers' fork server
 
 
@@ -68,8 +75,11 @@ class ConvertSummary:
     too_large: int = 0  # more pixels to decode than max_megapixels
     filtered: int = 0
     no_image: int = 0  # samples without an image: img2dataset's failed downloads, a tar sample's image refused
-    refused: int = 0  # files not read: tar links, devices and unsafe names, oversize files (not samples)
+    refused: int = 0  # files not read: links, devices, names or paths leading out, oversize files (not samples)
     truncated: int = 0  # tar shards cut short or unreadable (not samples)
+    bad_json: int = 0  # .json sidecars too large, too deep or broken (their samples keep the .txt caption)
+    tars_stopped: int = 0  # tar shards stopped at a header over its limit or a gzip bomb (not samples)
+    row_groups: int = 0  # Parquet row groups over max_row_group_bytes, never read (not samples)
     units_kept: int = field(default=0, compare=False)  # units an earlier, interrupted run had finished
 
     @property
@@ -80,8 +90,11 @@ class ConvertSummary:
     def line(self) -> str:
         buckets = ", ".join(f"{side}px {n}" for side, n in sorted(self.written.items()))
         extra = "".join(f", {n} {what}" for n, what in ((self.no_image, "without image"),) if n)
-        shards = "; ".join(f"{n} {what}" for n, what in ((self.truncated, "tar shards cut short or unreadable"),
-                                                         (self.refused, "files refused")) if n)
+        shards = "; ".join(f"{n} {what}" for n, what in (
+            (self.truncated, "tar shards cut short or unreadable"), (self.refused, "files refused"),
+            (self.bad_json, ".json sidecars refused (too large, too deep or not JSON)"),
+            (self.tars_stopped, "tar shards stopped (a header over 1 MiB, or gzip expanding over 100x)"),
+            (self.row_groups, "Parquet row groups over the size limit (--max-row-group-mib)")) if n)
         return (f"converted {self.converted} of {self.seen} images: {buckets}; skipped {self.corrupt} corrupt, "
                 f"{self.no_caption} without caption, {self.empty_caption} empty caption, "
                 f"{self.too_small} too small, {self.too_large} too large, {self.filtered} filtered{extra}"
@@ -99,10 +112,18 @@ class ConvertSummary:
         return json.dumps({**asdict(self), "written": {str(k): v for k, v in self.written.items()}})
 
     @classmethod
-    def from_json(cls, text: str) -> "ConvertSummary":
-        data = json.loads(text)
-        data["written"] = {int(k): v for k, v in data["written"].items()}
-        return cls(**{k: v for k, v in data.items() if k != "units_kept"})
+    def from_json(cls, text: str | bytes, what: str) -> "ConvertSummary":
+        """A summary ``to_json`` wrote; a file of any other shape is a one-line error starting with ``what``."""
+        data = loads_outside(text, what)
+        counts = {f.name for f in fields(cls)} - {"written", "units_kept"}
+        if not (isinstance(data, dict) and isinstance(data.get("written"), dict)
+                and set(data) <= counts | {"written", "units_kept"}):
+            raise WorkbenchError(f"{what}: not a unit's summary (a dict of counts with 'written')")
+        values = [v for k, v in data.items() if k in counts] + list(data["written"].values())
+        if not all(type(v) is int and v >= 0 for v in values) or not all(k.isdigit() for k in data["written"]):
+            raise WorkbenchError(f"{what}: not a unit's summary (counts must be whole numbers, buckets sides)")
+        return cls(**{k: v for k, v in data.items() if k in counts},
+                   written={int(k): v for k, v in data["written"].items()})
 
 
 @dataclass(frozen=True)
@@ -113,15 +134,15 @@ class _Options:
     filters: tuple[Filter, ...]
     max_pixels: float
     limit: int | None
+    max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES
 
 
 def _open(value: Any) -> Image.Image:
-    """Open lazily (header only) from encoded bytes, a {"bytes", "path"} dict or a file path."""
-    if isinstance(value, dict):
-        value = value.get("bytes") or value.get("path")
+    """Open lazily (header only) from encoded bytes or a local file a reader admitted (a ``Path``); a path in
+    the data itself (a string) is never opened."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return Image.open(io.BytesIO(value))
-    if isinstance(value, (str, Path)):
+    if isinstance(value, Path):
         return Image.open(value)
     raise ValueError(f"no image data ({type(value).__name__})")
 
@@ -173,15 +194,19 @@ def _fit(img: Image.Image, side: int, original_size: tuple[int, int]) -> Image.I
     return img if img.size == size else img.resize(size, Image.Resampling.LANCZOS)
 
 
-def _records(unit: dict, counts: ReadCounts) -> Iterator[Record]:
+def _records(unit: dict, counts: ReadCounts, options: _Options) -> Iterator[Record]:
     kind = unit["kind"]
     if kind == "tar":
         return tar_records(unit["url"], unit["name"], counts)
     if kind == "parquet":
-        return parquet_records(unit["url"], unit["name"], unit["image_column"], unit["caption_column"])
+        return parquet_records(unit["url"], unit["name"], unit["image_column"], unit["caption_column"], counts,
+                               options.max_row_group_bytes)
     if kind == "images":
         return folder_records(unit, counts)
-    return hf_records(unit)
+    if kind == "refused":  # a link or device where a source file would be (layouts)
+        counts.refused += 1
+        return iter(())
+    return hf_records(unit, counts)
 
 
 def _skip_reason(record: Record, options: _Options) -> str | None:
@@ -236,13 +261,14 @@ def _convert_unit(task: tuple[str, str, dict, _Options, int | None]) -> tuple[st
     for side in options.sides:
         shutil.rmtree(out / str(side) / name, ignore_errors=True)  # what a killed run left of this unit
         writers[side] = open_writer(out / str(side) / name, options.image_format)
-    for record in _records(unit, counts):
+    for record in _records(unit, counts, options):
         _convert_record(record, writers, options, summary)
         if budget is not None and summary.converted >= budget:
             break
     for writer in writers.values():  # each writes its index.json last
         writer.finish()
-    summary.refused, summary.truncated = counts.refused, counts.truncated
+    for count, value in asdict(counts).items():
+        setattr(summary, count, value)
     write_text_whole(_done_file(out, name), summary.to_json())
     return name, summary
 
@@ -320,7 +346,38 @@ def _unit_names(count: int) -> list[str]:
 
 def _read_plan(out: Path) -> dict | None:
     path = out / STATE / "plan.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    plan = load_outside(path, str(path), max_bytes=PLAN_BYTES)
+    options = plan.get("options") if isinstance(plan, dict) else None
+    sides = options.get("sides") if isinstance(options, dict) else None
+    units = plan.get("units") if isinstance(plan, dict) else None
+    if not (isinstance(units, list) and all(isinstance(u, dict) for u in units) and isinstance(sides, list)
+            and sides and all(type(side) is int and side > 0 for side in sides)):
+        raise WorkbenchError(f"{path}: not a conversion's plan (a dict of 'units' and 'options' with 'sides')")
+    return plan
+
+
+def _without_states(plan: dict) -> dict:
+    return {**plan, "units": [{k: v for k, v in u.items() if k != "state"} for u in plan["units"]]}
+
+
+def _check_same_plan(out: Path, found: dict, plan: dict) -> None:
+    """Refuse to go on with a conversion in OUT that is not this one: another version's, other sources or
+    options, or these sources changed since it began (resumed, it would mix old samples with new)."""
+    if found.get("version") != plan["version"]:
+        raise WorkbenchError(f"{out} holds a conversion begun by another version of dwb (plan version "
+                             f"{found.get('version')!r}); finish it with that version, or choose an empty folder")
+    if _without_states(found) != _without_states(plan):
+        raise WorkbenchError(f"{out} holds a conversion of other sources or options; repeat that conversion's "
+                             f"command to finish it, or choose an empty folder")
+    names = _unit_names(len(plan["units"]))
+    for name, was, unit in zip(names, found["units"], plan["units"]):
+        if was.get("state") != unit["state"]:
+            source = unit.get("url") or unit.get("src") or f"{unit['root']}/{unit['dir']}"
+            raise WorkbenchError(f"{out}: the source of unit {name} ({source}) changed since this conversion began "
+                                 f"(its files' sizes or times differ); convert into a fresh OUT, or delete {out} "
+                                 f"and run the command again")
 
 
 def _claim(out: Path, plan: dict) -> None:
@@ -328,8 +385,7 @@ def _claim(out: Path, plan: dict) -> None:
     found = _read_plan(out)
     if found is not None:
         if found != plan:
-            raise WorkbenchError(f"{out} holds a conversion of other sources or options; repeat that conversion's "
-                                 f"command to finish it, or choose an empty folder")
+            _check_same_plan(out, found, plan)
         return
     if out.is_dir() and any(p.name != STATE for p in out.iterdir()):
         held = any((p / "index.json").is_file() for p in out.iterdir())
@@ -340,7 +396,15 @@ def _claim(out: Path, plan: dict) -> None:
 
 
 def _done_summaries(out: Path, names: Sequence[str]) -> dict[str, ConvertSummary]:
-    return {n: ConvertSummary.from_json(f.read_text()) for n in names if (f := _done_file(out, n)).is_file()}
+    return {n: ConvertSummary.from_json(f.read_bytes(), str(f)) for n in names if (f := _done_file(out, n)).is_file()}
+
+
+def _check_unit_indexes(out: Path, sides: Sequence[int], names: Sequence[str]) -> None:
+    """Each unit's index, as ``merge_index`` will join it: only shards inside the unit's folder, present and
+    of the size it says (a part from elsewhere naming ``../../x/shard`` would be merged as is)."""
+    for side in sides:
+        for name in names:
+            checked_index(out / str(side) / name)
 
 
 @contextlib.contextmanager
@@ -385,6 +449,7 @@ def _finish(out: Path, plan: dict, src: Any, workers: int = 1) -> ConvertSummary
     total = _total(done, sides)
     if total.converted == 0:
         raise WorkbenchError(f"no usable images in {src} ({total.line()})")
+    _check_unit_indexes(out, sides, [n for n in names if n in done])
     (_merge_in_a_worker if workers > 1 else _merge)(out, sides, [n for n in names if n in done])
     write_text_whole(out / STATE / "summary.json", total.to_json())
     return total
@@ -404,13 +469,15 @@ def _filters(min_aesthetic, aesthetic_column, languages, language_column, max_pu
     return tuple(filters)
 
 
-def _check_arguments(sides, limit, max_megapixels, workers, part, image_format) -> None:
+def _check_arguments(sides, limit, max_megapixels, workers, part, image_format, max_row_group_bytes) -> None:
     if not sides or sides[0] <= 0:
         raise WorkbenchError(f"buckets must be positive sides in pixels, got {list(sides)}")
     if limit is not None and limit < 1:
         raise WorkbenchError(f"limit must be at least 1, got {limit}")
     if not max_megapixels > 0:
         raise WorkbenchError(f"max_megapixels must be positive, got {max_megapixels}")
+    if not max_row_group_bytes > 0:
+        raise WorkbenchError(f"max_row_group_bytes must be positive, got {max_row_group_bytes}")
     if workers is not None and workers < 1:
         raise WorkbenchError(f"workers must be at least 1, got {workers}")
     if part is not None and not (part[1] >= 1 and 0 <= part[0] < part[1]):
@@ -427,25 +494,27 @@ def convert_to_mds(src: str | Path | Sequence[str | Path], out: str | Path, *, b
                    max_punsafe: float | None = None, max_watermark: float | None = None,
                    split: str = "train", limit: int | None = None, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
                    workers: int | None = None, part: tuple[int, int] | None = None,
-                   progress: bool = True) -> ConvertSummary:
+                   max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES, progress: bool = True) -> ConvertSummary:
     """Convert SRC (one source or several) into one MDS folder per bucket, ``OUT/<side>``.
 
     ``limit`` caps the images converted (then units run one after another, in order); images with more than
-    ``max_megapixels`` to decode are skipped and counted. ``workers``: processes (default: every core).
+    ``max_megapixels`` to decode are skipped and counted, and so are Parquet row groups of more than
+    ``max_row_group_bytes`` uncompressed. ``workers``: processes (default: every core).
     ``part=(i, N)`` converts only the i-th of N parts and leaves the merge to ``join_parts``. Repeating a
     command whose run was killed finishes it; repeating a finished one returns its summary.
     """
     sides = sorted({int(b) for b in buckets})
-    _check_arguments(sides, limit, max_megapixels, workers, part, image_format)
+    _check_arguments(sides, limit, max_megapixels, workers, part, image_format, max_row_group_bytes)
     filters = _filters(min_aesthetic, aesthetic_column, languages, language_column, max_punsafe, max_watermark)
-    options = _Options(tuple(sides), image_format, filters, max_megapixels * 1e6, limit)
+    options = _Options(tuple(sides), image_format, filters, max_megapixels * 1e6, limit, int(max_row_group_bytes))
     sources = [src] if isinstance(src, (str, Path)) else list(src)
     units = plan_units(sources, Columns(image_column, caption_column, filters), split)
     out = Path(out)
     plan = json.loads(json.dumps({"version": PLAN_VERSION, "options": asdict(options), "units": units}))
     _claim(out, plan)
     if part is None and (out / STATE / "summary.json").is_file():
-        summary = ConvertSummary.from_json((out / STATE / "summary.json").read_text())
+        finished = out / STATE / "summary.json"
+        summary = ConvertSummary.from_json(finished.read_bytes(), str(finished))
         summary.units_kept = len(units)
         return summary
 

@@ -6,14 +6,14 @@ A dataset folder holds one subfolder per resolution bucket, named by its side in
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..errors import WorkbenchError, first_line
-from ..common import NON_NEGATIVE, checked
+from ..common import Range, checked, load_outside
+from .storage import outside_root
 
 
 @dataclass
@@ -22,9 +22,9 @@ class StreamConfig:
 
     path: str = ""  # the local folder, or the cache folder of a remote (empty: a temporary cache)
     remote: Optional[str] = None  # s3://bucket/prefix or any remote Streaming reads
-    proportion: Optional[float] = checked(None, NON_NEGATIVE)  # share of each epoch (all streams or none; they sum to 1)
-    repeat: Optional[float] = checked(None, NON_NEGATIVE)  # or: how many times each sample is seen per epoch
-    choose: Optional[int] = checked(None, NON_NEGATIVE)  # or: how many samples this stream gives per epoch
+    proportion: Optional[float] = checked(None, Range(0, 1))  # share of each epoch (all streams or none; they sum to 1)
+    repeat: Optional[float] = checked(None, Range(0, 1e6))  # or: how many times each sample is seen per epoch
+    choose: Optional[int] = checked(None, Range(0, 1 << 36))  # or: how many samples this stream gives per epoch
 
 
 def image_columns(image_format: str) -> dict[str, str]:
@@ -74,11 +74,13 @@ def _read_index(folder: Path) -> dict:
     path = folder / "index.json"
     if not path.is_file():
         raise WorkbenchError(f"no MDS dataset at {folder} (index.json missing)")
+    index = load_outside(path, f"MDS dataset {folder}: index.json")
     try:
-        index = json.loads(path.read_text())
         for shard in index["shards"]:
-            int(shard["samples"]), str(shard["raw_data"]["basename"]), int(shard["raw_data"]["bytes"])
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            int(shard["samples"]), int(shard["raw_data"]["bytes"])
+            if not all(isinstance(shard[k]["basename"], str) for k in ("raw_data", "zip_data") if shard.get(k)):
+                raise TypeError("a shard's basename is not a string")
+    except (ValueError, KeyError, TypeError) as e:
         raise WorkbenchError(f"MDS dataset {folder}: index.json is unreadable ({type(e).__name__}: {first_line(e)})") from None
     return index
 
@@ -90,10 +92,11 @@ def _check_shard(folder: Path, shard: dict) -> None:
     unpacked = (folder / raw["basename"]).is_file() or not (packed and (folder / packed["basename"]).is_file())
     file = raw if unpacked else packed
     path, where = folder / file["basename"], f"MDS dataset {folder}: shard {file['basename']}"
-    if not path.resolve().is_relative_to(folder.resolve()):
+    reason = outside_root(folder, file["basename"], links=True)
+    if reason == "leads out of its folder":
         raise WorkbenchError(f"{where} lies outside the dataset folder")
-    if not path.is_file():
-        raise WorkbenchError(f"{where} is missing (index.json lists it)")
+    if reason:
+        raise WorkbenchError(f"{where} {'is missing (index.json lists it)' if reason == 'does not exist' else reason}")
     size = path.stat().st_size
     if size != file["bytes"]:
         raise WorkbenchError(f"{where} is {size} bytes, but index.json says {file['bytes']} (cut short or replaced)")
@@ -141,7 +144,8 @@ def open_local(folder: str | Path, where: str | None = None):
     columns checked (``check_safe_columns``)."""
     from streaming import LocalDataset
 
-    checked_index(folder)
+    if not sum(int(shard["samples"]) for shard in checked_index(folder)["shards"]):
+        raise WorkbenchError(f"{where or folder}: the MDS dataset holds no samples")  # Streaming: a raw IndexError
     dataset = LocalDataset(local=str(folder))
     check_safe_columns(dataset, where or str(folder))
     return dataset

@@ -6,15 +6,20 @@ decodes, filters and writes them. Filters are plain data, so a unit of work trav
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Collection
+
+from ..common import loads_outside
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
 # The most one file of a sample (a tar member, an object on S3) may hold to be read into memory: an img2dataset
 # JPEG at LAION's 512-1024 px is 50-300 KB, a 64 MP camera photo about 30 MB.
 MAX_FILE_BYTES = 64 * 2**20
+# The most a caption or a sample's .json (a sidecar, a tar member, a table's caption cell, the scalar fields of a
+# row) may hold: LAION's captions are under 1 KB and img2dataset's .json with its EXIF 1-5 KB. Past it a caption
+# is refused, like a file; a metadata field is left out of meta.
+MAX_SIDECAR_BYTES = 2**20
 CAPTION_KEYS = ("caption", "text", "txt", "TEXT", "prompt")  # also the caption columns of tables, in this order
 # img2dataset's .json member and the parquet beside a shard repeat the caption; meta keeps it once, as caption
 JSON_CAPTION_KEYS = ("caption", "text")
@@ -23,7 +28,7 @@ JSON_CAPTION_KEYS = ("caption", "text")
 @dataclass
 class Record:
     source: str | int  # file path, row or shard:key, kept in meta to trace a sample back
-    image: Any  # encoded bytes, a {"bytes", "path"} dict, a file path, or None: the source has no image for it
+    image: Any  # encoded bytes, a local file (a Path, admitted by storage.outside_root), or None: none for it
     caption: str | None  # None: the source has no caption for this image
     fields: dict[str, Any]  # the source's other json-serializable fields: filters read them, meta keeps them
 
@@ -32,8 +37,11 @@ class Record:
 class ReadCounts:
     """What readers refused below the level of samples."""
 
-    refused: int = 0  # files not read: tar links, devices and unsafe names; files over MAX_FILE_BYTES
+    refused: int = 0  # files not read: links, devices, names or paths leading out, files over their limit
     truncated: int = 0  # tar shards that ended before their end-of-archive
+    bad_json: int = 0  # .json sidecars and members not read: over MAX_SIDECAR_BYTES, too deep, or not JSON
+    tars_stopped: int = 0  # tar shards refused part-way: a header over its limit, or a gzip bomb
+    row_groups: int = 0  # Parquet row groups not read: more uncompressed bytes than the limit
 
 
 @dataclass(frozen=True)
@@ -68,18 +76,25 @@ class Filter:
 
 
 def scalar_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """The json-serializable scalars of a row or a .json member; lists and structs stay out of meta."""
-    return {k: v for k, v in row.items() if v is None or isinstance(v, (str, int, float, bool))}
+    """The json-serializable scalars of a row or a .json member; lists and structs stay out of meta, and so do
+    texts that would take it past ``MAX_SIDECAR_BYTES`` (a row of a table is as bounded as a sample's .json)."""
+    fields, size = {}, 0
+    for k, v in row.items():
+        if v is None or isinstance(v, (str, int, float, bool)):
+            cost = len(k) + (len(v) if isinstance(v, str) else 8)
+            if size + cost <= MAX_SIDECAR_BYTES:
+                fields[k], size = v, size + cost
+    return fields
 
 
 def caption_and_fields(json_text: str | bytes | None, txt: str | None,
                        joined: dict[str, Any] | None = None) -> tuple[str | None, dict[str, Any]]:
     """A sample's caption (``.txt`` first, then the json's or the joined row's caption) and its fields: the
-    joined metadata row (the parquet beside a shard), overridden by its own ``.json``. Raises ValueError on a
-    json that does not parse."""
+    joined metadata row (the parquet beside a shard), overridden by its own ``.json``. Raises WorkbenchError
+    (one line) on a json over ``MAX_SIDECAR_BYTES``, nested too deep or not JSON."""
     fields = dict(joined or {})
     if json_text is not None:
-        data = json.loads(json_text)
+        data = loads_outside(json_text, "a sample's .json", max_bytes=MAX_SIDECAR_BYTES)
         if isinstance(data, dict):
             fields.update(scalar_fields(data))
     caption = txt

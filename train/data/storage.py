@@ -10,31 +10,63 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
+import os
 import re
+import stat
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import BinaryIO, Iterable
 
 from ..common import download_cache, s3_client, split_s3, whole_folder
 from ..errors import WorkbenchError, first_line
 
-_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
-_CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
-MAX_EXPANDED = 10_000_000  # names one pattern may expand to: a typo such as {0..99999999999} fails at once
+_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}|\{([^{}]*,[^{}]*)\}")  # a range {000..099} or a choice {a,b}
+# Names one pattern may expand to, counted before any is made: LAION-5B's img2dataset shards are about 230,000;
+# {0..9999999}{0..9999999} would be 10^14 (expanded, it took every byte of memory).
+MAX_EXPANDED = 1_000_000
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """``a{000..002}b`` -> a000b a001b a002b (zero padding kept from the first bound); ``{x,y}`` -> x y."""
-    if m := _RANGE.search(pattern):
-        lo, hi = int(m.group(1)), int(m.group(2))
-        if hi < lo or hi - lo >= MAX_EXPANDED:
-            raise WorkbenchError(f"{pattern}: the range {m.group(0)} must count up, by at most {MAX_EXPANDED:,} names")
-        width = len(m.group(1))
-        heads = [f"{pattern[:m.start()]}{i:0{width}d}" for i in range(lo, hi + 1)]
-        return [head + tail for head in heads for tail in expand_braces(pattern[m.end():])]
-    if m := _CHOICE.search(pattern):
-        return [name for choice in m.group(1).split(",")
-                for name in expand_braces(pattern[:m.start()] + choice + pattern[m.end():])]
-    return [pattern]
+class _NumberRange:
+    """The zero-padded numbers lo..hi as a sequence, made one at a time."""
+
+    def __init__(self, lo: int, hi: int, width: int):
+        self.lo, self.hi, self.width = lo, hi, width
+
+    def __len__(self) -> int:
+        return self.hi - self.lo + 1
+
+    def __iter__(self):
+        return (f"{i:0{self.width}d}" for i in range(self.lo, self.hi + 1))
+
+
+def _brace_parts(pattern: str) -> list[list[str]]:
+    """``a{0..2}b{x,y}`` -> [[a], [0, 1, 2], [b], [x, y]]: the choices of each piece, left to right; a range
+    counts up, zero-padded to the width of its first bound. Only counts are made here for a range."""
+    parts, end = [], 0
+    for m in _BRACE.finditer(pattern):
+        parts.append([pattern[end:m.start()]])
+        if m.group(3) is not None:
+            parts.append(m.group(3).split(","))
+        else:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise WorkbenchError(f"{pattern}: the range {m.group(0)} must count up")
+            parts.append(_NumberRange(lo, hi, len(m.group(1))))
+        end = m.end()
+    parts.append([pattern[end:]])
+    return parts
+
+
+def expand_braces(pattern: str, limit: int = MAX_EXPANDED) -> list[str]:
+    """``a{000..002}b`` -> a000b a001b a002b (zero padding kept from the first bound); ``{x,y}`` -> x y. The
+    names are counted first: a pattern of more than ``limit`` is refused before one is made."""
+    parts = _brace_parts(pattern)
+    count = 1
+    for choices in parts:
+        count *= len(choices)
+        if count > limit:
+            raise WorkbenchError(f"{pattern}: expands to more than {limit:,} names; split it into several patterns")
+    return ["".join(names) for names in itertools.product(*parts)]
 
 
 def is_remote(url: str) -> bool:
@@ -62,6 +94,74 @@ def unsafe_name(name: str) -> bool:
     ``..`` part, a backslash or a NUL."""
     path = PurePosixPath(name)
     return path.is_absolute() or ".." in path.parts or "\\" in name or "\x00" in name
+
+
+def outside_root(root: str | Path, name: str | Path, links: bool = False) -> str | None:
+    """Why the local file ``name`` may not be read as part of the folder ``root``, or None when it may.
+
+    The one judge of every local path a source leads to: a file a folder's listing found, a name written in
+    the data (a ``save_to_disk`` folder's ``state.json``, an MDS index's shards). ``name`` is relative to
+    ``root`` (``/``-separated). Refused: a name that leads out (absolute, ``..``, backslash, NUL), a symbolic
+    link on the way below ``root`` (a caption linked to ``/proc/self/environ`` put the process's environment
+    into a dataset), and anything but a regular file. With ``links``, links are followed and only where they
+    end is judged (a path into a cache whose files are links to blobs); ``name`` may then be absolute.
+    """
+    base = Path(root).resolve()  # the root the user named may itself be a link
+    if links:
+        path = (base / name).resolve()
+        if not path.is_relative_to(base):
+            return "leads out of its folder"
+    else:
+        if unsafe_name(str(name)):
+            return "leads out of its folder"
+        path = base
+        for part in PurePosixPath(name).parts:
+            path = path / part
+            if path.is_symlink():
+                return "is a symbolic link"
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "does not exist"
+    return None if stat.S_ISREG(mode) else "is not a regular file"
+
+
+def walk_local(root: Path) -> tuple[list[str], list[str]]:
+    """The files under a local folder (relative, ``/``-separated) that ``outside_root`` admits, and those it
+    refuses; links (to files or folders) are never followed."""
+    admitted, refused = [], []
+    for folder, dirs, files in os.walk(root):
+        where = Path(folder).relative_to(root)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
+            relative = (where / name).as_posix()
+            if outside_root(root, relative):
+                refused.append(relative)
+            else:
+                admitted.append(relative)
+    return admitted, refused
+
+
+def source_state(urls: Iterable[str], listings: dict[str, dict]) -> str:
+    """A digest of the size and modification time (the ETag on S3) of each file or object: what a resumed
+    conversion compares to tell a source that changed since it began; a missing one counts as such.
+    ``listings`` keeps each S3 prefix's listing for the caller's next call (a pattern of 1,000 shards under one
+    prefix is one listing, not 1,000 requests)."""
+    lines = sorted(f"{url} {_state(url, listings)}" for url in urls)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def _state(url: str, listings: dict[str, dict]) -> str:
+    if is_remote(url):
+        prefix, _, name = url.rpartition("/")
+        if prefix not in listings:
+            listings[prefix] = list_objects(prefix, below=False)
+        found = listings[prefix].get(name)
+        return f"{found['size']} {found['etag']}" if found else "missing"
+    try:
+        st = os.stat(url)
+    except OSError:
+        return "missing"
+    return f"{st.st_size} {st.st_mtime_ns}"
 
 
 def exists(url: str) -> bool:
