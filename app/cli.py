@@ -78,17 +78,19 @@ def cmd_app(args) -> None:
     if args.output:
         output = Path(args.output).resolve()
         output.mkdir(parents=True, exist_ok=True)
-    limits = Limits(max_steps=args.max_steps, max_size=args.max_size, max_batch=args.max_batch,
-                    max_pixel_steps=args.max_pixel_steps, max_client_requests=args.max_client_requests,
-                    max_client_pixel_steps=args.max_client_pixel_steps)
-    service = Service(roots, limits=limits,
-                      runtime=Runtime.pick(args.device, args.dtype), cache_size=args.cache_size, output=output,
+    runtime = Runtime.pick(args.device, args.dtype)
+    limits = Limits.for_device(runtime.device, max_steps=args.max_steps, max_size=args.max_size,
+                               max_batch=args.max_batch, max_pixel_steps=args.max_pixel_steps,
+                               max_client_requests=args.max_client_requests,
+                               max_client_pixel_steps=args.max_client_pixel_steps)
+    service = Service(roots, limits=limits, runtime=runtime, cache_size=args.cache_size, output=output,
                       workers=args.concurrency, allow_download=args.allow_download,
                       results=[Path(p).resolve() for p in args.results or []],
                       studies=[Path(p).resolve() for p in args.study or []])
     found = service.checkpoints()
     print(f"dwb app: {len(found)} checkpoint(s) under {', '.join(str(r) for r in roots)}; "
-          f"{service.runtime.device}, {str(service.runtime.dtype).removeprefix('torch.')}", flush=True)
+          f"{service.runtime.device}, {str(service.runtime.dtype).removeprefix('torch.')}; at most "
+          f"{limits.max_pixel_steps:,} pixel-steps a request", flush=True)
     demo, uploads = build_ui(service, concurrency=args.concurrency, max_client_upload_mb=args.max_client_upload_mb,
                              max_total_upload_mb=args.max_total_upload_mb)
     launch(demo, uploads, host=args.host, port=args.port, queue_size=args.queue_size, concurrency=args.concurrency,
@@ -117,13 +119,15 @@ def register(sub) -> None:
     p.add_argument("--max-size", type=_at_least(MIN_SIZE), default=MAX_SIZE, help="largest width or height (a multiple of 8)")
     p.add_argument("--max-batch", type=_at_least(1), default=8,
                    help="most images one request may ask (Generate's batch, X/Y/Z's cells per call)")
-    p.add_argument("--max-pixel-steps", type=_count, default="250M", metavar="N",
+    p.add_argument("--max-pixel-steps", type=_count, metavar="N",
                    help="most work one request may ask: width x height x steps, summed over its images (an X/Y/Z "
-                        "plot: over its cells); k, M, G: thousands, millions, billions")
+                        "plot: over its cells); k, M, G: thousands, millions, billions (default: 8M on a CPU, "
+                        "250M on a GPU)")
     p.add_argument("--max-client-requests", type=_at_least(1), default=4,
                    help="requests one client (address) may have waiting or running at once")
-    p.add_argument("--max-client-pixel-steps", type=_count, default="500M", metavar="N",
-                   help="pixel-steps one client may have waiting or running at once")
+    p.add_argument("--max-client-pixel-steps", type=_count, metavar="N",
+                   help="pixel-steps one client may have waiting or running at once (default: twice "
+                        "--max-pixel-steps)")
     p.add_argument("--trusted-proxy", nargs="+", action="extend", type=_address, metavar="ADDR",
                    help="addresses (or networks) of reverse proxies whose X-Forwarded-For names the client; "
                         "without it none is, and a client is its peer address")

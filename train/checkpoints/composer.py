@@ -25,7 +25,7 @@ import torch
 
 from ..errors import CheckpointError, first_line
 from .spec import SPEC_FORMAT
-from .ziphead import zip_head
+from .ziphead import check_inflation, zip_head
 
 # Plain data types Composer's checkpoints hold besides tensors (RNG states, timestamps, versions).
 SAFE_TYPES = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, datetime.timedelta,
@@ -43,6 +43,7 @@ def load_state(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    check_inflation(path)  # PyTorch's reader allocates what a member declares, before inflating it
     try:
         with torch.serialization.safe_globals(SAFE_TYPES):
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -14,14 +14,18 @@ converted tensor, never a second copy of the model. Never a pickle: a ``.ckpt`` 
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import yaml
 
-from ..common import whole_file, whole_folder
+from ..common import disk_full_error, is_disk_full
 from ..errors import WorkbenchError
 from .find import Checkpoint, find_checkpoint
 from .original_layout import Entry, original_config, original_entries
@@ -108,27 +112,61 @@ def config_folder(out: Path) -> Path:
 def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bool = False, half: bool = False,
                        settings: dict | None = None) -> Path:
     """`dwb export CKPT OUT.safetensors`: the original layout, its spec in the metadata; beside it ``OUT.yaml``
-    (the original config) and ``OUT.config/`` (what ``from_single_file(OUT, config=OUT.config)`` reads offline)."""
+    (the original config) and ``OUT.config/`` (what ``from_single_file(OUT, config=OUT.config)`` reads offline).
+    All three are written, or none: each under a temporary name, renamed into place at the end."""
     from .schedules import inference_scheduler
     from .single_file import write_spec_folder
 
     out = Path(out)
-    for path in (out, out.with_suffix(".yaml"), config_folder(out)):
-        if path.exists():
-            raise WorkbenchError(f"{path} exists: remove it or choose another name")
+    outputs = [out, out.with_suffix(".yaml"), config_folder(out)]
+    refuse_taken(outputs)
     ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref)
     spec, weights = spec_and_weights(ckpt, ema, settings)
     entries = original_entries(weights, spec)
     metadata = {"format": "pt", SPEC_KEY: json.dumps(spec), "dwb.source": ckpt.label,
                 "dwb.weights": "ema" if ema else "raw", "dwb.dtype": "float16" if half else "float32"}
     out.parent.mkdir(parents=True, exist_ok=True)
-    with whole_file(out) as partial:  # a full disk leaves no half file behind
-        write_safetensors(partial, entries, half, metadata)
-    with whole_file(out.with_suffix(".yaml")) as partial:
-        partial.write_text(yaml.safe_dump(original_config(spec), sort_keys=False))
-    with whole_folder(config_folder(out)) as partial:
-        write_spec_folder(partial, spec, inference_scheduler(spec["prediction_type"]))
+    with all_or_nothing(outputs) as (weights_file, yaml_file, folder):
+        write_safetensors(weights_file, entries, half, metadata)
+        yaml_file.write_text(yaml.safe_dump(original_config(spec), sort_keys=False))
+        write_spec_folder(folder, spec, inference_scheduler(spec["prediction_type"]))
     return out
+
+
+def refuse_taken(paths: list[Path]) -> None:
+    """A one-line WorkbenchError for the first path something is at: a file, a folder, or a link, dangling or not
+    (a dangling ``NAME.config`` link passed an ``exists()`` check and left a half-written export behind)."""
+    for path in paths:
+        if os.path.lexists(path):
+            what = "a link" if path.is_symlink() else "a folder" if path.is_dir() else "a file"
+            raise WorkbenchError(f"{path} exists ({what}): remove it or choose another name")
+
+
+@contextlib.contextmanager
+def all_or_nothing(paths: list[Path]) -> Iterator[list[Path]]:
+    """Temporary names beside ``paths`` to write to; at the end of the block each is renamed into its place, all of
+    them or none: on any error (a full disk, a place taken meanwhile) what was written or renamed is removed."""
+    temps = [p.with_name(f".{p.name}.{os.getpid()}.partial") for p in paths]
+    placed: list[Path] = []
+    try:
+        yield temps
+        refuse_taken(paths)  # again, just before: nothing is written over what appeared meanwhile
+        for tmp, path in zip(temps, paths):
+            os.rename(tmp, path)
+            placed.append(path)
+    except BaseException as e:
+        for path in [*placed, *temps]:
+            _remove(path)
+        if is_disk_full(e):
+            raise disk_full_error(paths[0].parent, ", ".join(p.name for p in paths), e) from None
+        raise
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def card_spec(ckpt: Checkpoint, settings: dict | None) -> tuple[dict, dict | None]:

@@ -25,6 +25,7 @@ SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
 log = logging.getLogger("checkpoints")
 
 _kinds: dict[tuple[str, int, int], tuple[str, int | None]] = {}
+_unreadable: dict[tuple[str, int, int], str] = {}  # why each unreadable file version is no checkpoint, until told
 _kinds_lock = threading.Lock()
 
 
@@ -39,23 +40,41 @@ def local_kind(path: Path) -> tuple[str, int | None]:
     with _kinds_lock:
         if key in _kinds:
             return _kinds[key]
-    found = _read_kind(path)
+    found, reason = _read_kind(path)
     with _kinds_lock:
         _kinds[key] = found
+        if reason:
+            _unreadable[key] = reason
     return found
 
 
-def _read_kind(path: Path) -> tuple[str, int | None]:
-    from .single_file import is_single_file
+def _read_kind(path: Path) -> tuple[tuple[str, int | None], str | None]:
+    """((kind, training batches), why it is unreadable where it is)."""
+    from .single_file import is_single_file, read_shapes
 
     if path.suffix in (".safetensors", ".ckpt") and is_single_file(path):
-        return "single-file", None
-
+        return ("single-file", None), None
     try:
         ckpt = read_summary(path)
-    except CheckpointError:
-        return "unreadable", step_in_name(path.name)
-    return ckpt["kind"], training_batches(ckpt)
+    except CheckpointError as e:
+        if path.suffix in (".safetensors", ".ckpt"):  # the reason as a single file: what its suffix says it is
+            try:
+                read_shapes(path)
+            except CheckpointError as single:
+                e = single
+        return ("unreadable", step_in_name(path.name)), str(e)
+    return (ckpt["kind"], training_batches(ckpt)), None
+
+
+def unreadable_reason(path: Path) -> str | None:
+    """Why a file ``local_kind`` found unreadable is no checkpoint, the first time it is asked for this version of
+    the file (None after, and for readable ones): a listing says it once, not at every page load."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    with _kinds_lock:
+        return _unreadable.pop((str(path), st.st_size, st.st_mtime_ns), None)
 
 
 def list_checkpoints(folder: str | Path, kinds: tuple[str, ...] | None = None) -> list[Checkpoint]:
@@ -225,7 +244,9 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
     """Every checkpoint under the roots: Composer files (any name), single files and diffusers folders.
 
     Hidden folders are skipped, symlinks are not followed into folders, and a symlinked file is listed
-    only when it resolves under a root and is not another name for a listed file (``latest-rank0.pt``).
+    only when it resolves under a root and is not another name for a listed file (``latest-rank0.pt``). A weights
+    file that reads as no checkpoint (damaged, hostile, of another kind) is left out, its one-line reason logged
+    once per version of the file, by its label.
     """
     found: dict[Path, Checkpoint] = {}
     for root in roots:
@@ -247,6 +268,8 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
                 kind, step = local_kind(path)
                 if kind != "unreadable":
                     found[path] = Checkpoint(str(path), kind, label_under(path, roots), path, step)
+                elif reason := unreadable_reason(path):
+                    log.warning("not listed: %s", reason.replace(str(path), label_under(path, roots)))
     return sorted(found.values(), key=lambda c: _natural(c.label))
 
 

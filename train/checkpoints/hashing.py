@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import CheckpointError
 from .ziphead import zip_head
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ _lock = threading.Lock()
 def _zip_digest(path: Path, h) -> bool:
     try:
         members = zip_head(path).members
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-        return False
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, CheckpointError):
+        return False  # named by its sampled bytes, as any other file
     # the archive's top folder is named after the file it was first saved as: leave it out
     for name, crc, size in sorted(((n.split("/", 1)[-1], c, s) for n, c, s in members)):
         h.update(f"{name}:{crc}:{size}\n".encode())

@@ -10,30 +10,59 @@ read as files; ``train`` imports neither package.
 """
 from __future__ import annotations
 
+import html
 import json
+import logging
 import math
+import re
 from pathlib import Path
 
 import yaml
 
-from ..common import interval_text
+from ..common import interval_text, load_outside, loads_outside
 from ..errors import WorkbenchError
 from .architectures import ARCHITECTURES
 
+# What makes links, images, code, emphasis and table cells in Markdown; ``_`` stays (inside a word it is text,
+# and names such as v_prediction are full of it).
+MARKDOWN_PUNCTUATION = re.compile(r"([\\`*\[\]|~])")
 RESULTS_FILE = "results.jsonl"
 STUDY_RESULTS = Path("report") / "results.json"
+log = logging.getLogger("checkpoints")
 # evaluate's columns with intervals (``{name}_lo``/``{name}_hi``) shown on the card, and which way is better
 METRICS = {"fid": ("FID", "lower"), "kid_mean": ("KID", "lower"), "clip_score": ("CLIP score", "higher"),
            "cmmd": ("CMMD", "lower"), "fd_dinov2": ("FD-DINOv2", "lower")}
 
 
+def shown(value) -> str:
+    """Text from a checkpoint, a results file or a study (a label, a sampler, a question) as it reads, on one line of
+    the card: HTML escaped, every line break a space (no heading, list or table row of its own), Markdown's
+    punctuation escaped (no link, image or cell of its own). A results row's ``<script>`` went into the card raw."""
+    line = " ".join(str(value).splitlines())
+    return MARKDOWN_PUNCTUATION.sub(r"\\\1", html.escape(line, quote=False))
+
+
 def _front_matter(spec: dict) -> dict:
     data = {"library_name": "diffusers", "pipeline_tag": "text-to-image", "license": "other",
             "tags": ["stable-diffusion", "text-to-image", "diffusion-workbench"]}
-    base = ARCHITECTURES.get(spec.get("architecture"), {}).get("hub_id")
+    base = ARCHITECTURES.get(str(spec.get("architecture")), {}).get("hub_id")
     if base:
         data["base_model"] = base
     return data
+
+
+def _quoted(value) -> str:
+    """A YAML double-quoted scalar on one line: nothing in it can end the front matter or start a key."""
+    return yaml.safe_dump(str(value), default_style='"', width=float("inf"), allow_unicode=True).strip()
+
+
+def front_matter_text(data: dict) -> str:
+    """The YAML between the card's ``---`` lines: our keys, every value (or list item) quoted."""
+    lines = []
+    for key, value in data.items():
+        items = value if isinstance(value, list) else None
+        lines += [f"{key}:", *(f"- {_quoted(v)}" for v in items)] if items is not None else [f"{key}: {_quoted(value)}"]
+    return "\n".join(lines) + "\n"
 
 
 def _trained(timestamp) -> str | None:
@@ -50,12 +79,12 @@ def _training_lines(training: dict | None) -> list[str]:
         return ["The checkpoint does not record its training data and schedule (checkpoints `dwb train` "
                 "wrote before the spec kept them, and mosaicml/diffusion's, do not)."]
     lines = []
-    for section, values in training.items():
+    for section, values in (training.items() if isinstance(training, dict) else []):
         if isinstance(values, dict):
-            shown = ", ".join(f"{k} {json.dumps(v)}" for k, v in values.items() if v not in (None, "", [], {}))
-            lines.append(f"- **{section}**: {shown or 'defaults'}")
+            said = ", ".join(f"{k} {json.dumps(v)}" for k, v in values.items() if v not in (None, "", [], {}))
+            lines.append(f"- **{shown(section)}**: {shown(said) or 'defaults'}")
         elif values not in (None, "", [], {}):
-            lines.append(f"- **{section}**: {json.dumps(values)}")
+            lines.append(f"- **{shown(section)}**: {shown(json.dumps(values))}")
     return lines
 
 
@@ -64,33 +93,35 @@ def _finite(*values) -> bool:
 
 
 def _metric_rows(rows: list[dict]) -> list[str]:
-    shown = [m for m in METRICS if any(_finite(r.get(m)) for r in rows)]
-    if not shown:
+    measured = [m for m in METRICS if any(_finite(r.get(m)) for r in rows)]
+    if not measured:
         return []
     head = "| guidance | sampler | steps | images | " + " | ".join(
-        f"{METRICS[m][0]} ({METRICS[m][1]} is better)" for m in shown) + " |"
-    lines = [head, "|" + "---|" * (4 + len(shown))]
-    for r in sorted(rows, key=lambda r: (r.get("guidance") or 0, str(r.get("sampler")))):
+        f"{METRICS[m][0]} ({METRICS[m][1]} is better)" for m in measured) + " |"
+    lines = [head, "|" + "---|" * (4 + len(measured))]
+    for r in sorted(rows, key=lambda r: (r["guidance"] if _finite(r.get("guidance")) else 0, str(r.get("sampler")))):
         cells = []
-        for m in shown:
+        for m in measured:
             value, lo, hi = r.get(m), r.get(f"{m}_lo"), r.get(f"{m}_hi")
             cells.append(interval_text(value, lo, hi) if _finite(value, lo, hi)
                          else f"{value:.4g}" if _finite(value) else "")
-        lines.append(f"| {r.get('guidance')} | {r.get('sampler')} | {r.get('steps')} | {r.get('n_images')} | "
+        lines.append("| " + " | ".join(shown(r.get(k)) for k in ("guidance", "sampler", "steps", "n_images")) + " | "
                      + " | ".join(cells) + " |")
     return lines
 
 
 def read_result_rows(folder: Path, checkpoint_hash: str) -> list[dict]:
-    """The scored rows of a results store for one checkpoint hash (a line cut short by a crash is skipped)."""
+    """The scored rows of a results store for one checkpoint hash; a line that is no JSON row (cut short by a crash,
+    nested too deep: ``train.common.loads_outside``) is skipped with its reason."""
     path = Path(folder) / RESULTS_FILE if Path(folder).is_dir() else Path(folder)
     if not path.is_file():
         raise WorkbenchError(f"no evaluate results store at {folder} (expected {RESULTS_FILE})")
     rows = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = loads_outside(line, f"{path} line {number}")
+        except WorkbenchError as e:
+            log.warning("skipped: %s", e)
             continue
         if isinstance(row, dict) and row.get("checkpoint_hash") == checkpoint_hash and row.get("status") == "ok":
             rows.append(row)
@@ -101,19 +132,21 @@ def read_win_rates(folder: Path, checkpoint_hash: str) -> list[dict]:
     """A study's comparisons of this checkpoint against another: ``question``, ``opponent``, ``rate`` (of its
     decisive votes) and the report's interval (``clustered_wilson``: Wilson's on the effective votes), ``votes``."""
     path = Path(folder) / STUDY_RESULTS
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise WorkbenchError(f"no human-eval report at {path} (run `dwb human-eval report` first): "
-                             f"{type(e).__name__}") from None
-    ours = {m for m, info in (report.get("model_info") or {}).items()
-            if checkpoint_hash in str(info.get("checkpoint_hash") or "").split(",")}
+    if not path.is_file():
+        raise WorkbenchError(f"no human-eval report at {path} (run `dwb human-eval report` first)")
+    report = load_outside(path, str(path))
+    report = report if isinstance(report, dict) else {}
+    info = report.get("model_info") if isinstance(report.get("model_info"), dict) else {}
+    ours = {m for m, about in info.items()
+            if isinstance(about, dict) and checkpoint_hash in str(about.get("checkpoint_hash") or "").split(",")}
+    comparisons = report.get("comparisons") if isinstance(report.get("comparisons"), list) else []
     found = []
-    for c in report.get("comparisons") or []:
-        side = "a" if c.get("model_a") in ours else "b" if c.get("model_b") in ours else None
+    for c in (c for c in comparisons if isinstance(c, dict)):
+        side = "a" if str(c.get("model_a")) in ours else "b" if str(c.get("model_b")) in ours else None
         if side is None or not _finite(c.get("rate_a")):
             continue
-        lo, hi = c.get("clustered_wilson") or (math.nan, math.nan)
+        interval = c.get("clustered_wilson")
+        lo, hi = interval if isinstance(interval, list) and len(interval) == 2 else (math.nan, math.nan)
         rate = c["rate_a"] if side == "a" else 1 - c["rate_a"]
         lo, hi = (lo, hi) if side == "a" else (1 - hi, 1 - lo) if _finite(lo, hi) else (lo, hi)
         found.append({"study": report.get("study"), "question": c.get("question"), "rate": rate, "lo": lo, "hi": hi,
@@ -127,7 +160,8 @@ def _win_rate_rows(wins: list[dict]) -> list[str]:
     for w in wins:
         rate = (interval_text(100 * w["rate"], 100 * w["lo"], 100 * w["hi"]) + " %" if _finite(w["lo"], w["hi"])
                 else f"{100 * w['rate']:.1f} %")
-        lines.append(f"| {w['study']} | {w['question']} | {w['opponent']} | {rate} | {w['votes']} | {w['ties']} |")
+        lines.append("| " + " | ".join(shown(w[k]) for k in ("study", "question", "opponent")) + f" | {rate} | "
+                     + " | ".join(shown(w[k]) for k in ("votes", "ties")) + " |")
     return lines
 
 
@@ -136,16 +170,17 @@ def model_card_text(spec: dict, *, label: str, checkpoint_hash: str, weights: st
     """The card's text: YAML header, description, training, and the scores found for ``checkpoint_hash``."""
     rows = [r for folder in results for r in read_result_rows(folder, checkpoint_hash)]
     wins = [w for folder in studies for w in read_win_rates(folder, checkpoint_hash)]
-    header = yaml.safe_dump(_front_matter(spec), sort_keys=False)
-    lines = [f"---\n{header}---", "", f"# {label}", "",
+    vae = spec.get("vae") if isinstance(spec.get("vae"), dict) else {}
+    lines = [f"---\n{front_matter_text(_front_matter(spec))}---", "", f"# {shown(label)}", "",
              f"A text-to-image latent diffusion model exported by diffusion-workbench (`dwb export`) from checkpoint "
-             f"`{label}` (content hash `{checkpoint_hash}`, {weights} weights).", "",
+             f"{shown(label)} (content hash `{shown(checkpoint_hash)}`, {shown(weights)} weights).", "",
              "```python", "from diffusers import StableDiffusionPipeline",
              'pipe = StableDiffusionPipeline.from_pretrained("path/to/this/folder")', "```", "",
              "## Model", "",
-             f"- **architecture**: {spec.get('architecture')}", f"- **prediction type**: {spec.get('prediction_type')}",
-             f"- **resolution**: {spec.get('resolution')} px",
-             f"- **latent scale**: {spec.get('vae', {}).get('scaling_factor')}", "",
+             f"- **architecture**: {shown(spec.get('architecture'))}",
+             f"- **prediction type**: {shown(spec.get('prediction_type'))}",
+             f"- **resolution**: {shown(spec.get('resolution'))} px",
+             f"- **latent scale**: {shown(vae.get('scaling_factor'))}", "",
              "## Training", ""]
     trained = _trained(timestamp)
     if trained:

@@ -7,14 +7,13 @@ single files go through ``single_file`` (weights-only for ``.ckpt``).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..errors import CheckpointError, WorkbenchError, first_line
-from ..common import whole_folder
+from ..common import load_outside, whole_folder
 from ..generation import DEFAULT_WEIGHTS, native_size, weights_to_use
 from .composer import has_ema, model_weights, read_checkpoint, read_summary
 from .find import Checkpoint, find_checkpoint
@@ -44,13 +43,15 @@ def describe(ckpt: Checkpoint) -> CheckpointInfo:
         d = describe_single_file(ckpt.path)
         return CheckpointInfo(ckpt.kind, d.get("resolution"), None, d.get("architecture"), d.get("prediction_type"))
     try:
-        unet = json.loads((ckpt.path / "unet" / "config.json").read_text())
-        vae = json.loads((ckpt.path / "vae" / "config.json").read_text())
-        scheduler = json.loads((ckpt.path / "scheduler" / "scheduler_config.json").read_text())
+        unet, vae, scheduler = (load_outside(ckpt.path / name, name) for name in
+                                ("unet/config.json", "vae/config.json", "scheduler/scheduler_config.json"))
         resolution = int(unet["sample_size"]) * 2 ** (len(vae["block_out_channels"]) - 1)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        prediction_type = scheduler.get("prediction_type", "epsilon")
+    except WorkbenchError as e:
+        raise CheckpointError(f"{ckpt.label}: {e}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{ckpt.label}: unreadable unet/vae/scheduler config ({type(e).__name__}: {e})") from None
-    return CheckpointInfo(ckpt.kind, resolution, None, None, scheduler.get("prediction_type", "epsilon"))
+    return CheckpointInfo(ckpt.kind, resolution, None, None, prediction_type)
 
 
 def weights_of(ckpt: Checkpoint, choice: str = DEFAULT_WEIGHTS) -> str:
@@ -162,6 +163,8 @@ def export_pipeline(ref: str | Path | Checkpoint, out: str | Path, ema: bool = F
     """`dwb export`: any checkpoint to a diffusers folder (safetensors) any diffusers user loads; ``half``
     writes float16 weights as diffusers' ``fp16`` variant, ``readme`` is the model card (``model_card``)."""
     out = Path(out)
+    if out.is_symlink():  # dangling or not: the folder would not be renamed into its place
+        raise WorkbenchError(f"export folder {out} is a link: remove it or choose another name")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise WorkbenchError(f"export folder {out} is not empty")
     pipe = load_pipeline(ref, ema=ema, settings=settings)

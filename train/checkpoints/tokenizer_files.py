@@ -13,11 +13,11 @@ A Composer checkpoint's spec carries its tokenizer as ``{file name: text}``; a d
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..common import load_outside, loads_outside
+from ..errors import CheckpointError, WorkbenchError
 
 TOKENIZER_FILES = frozenset({"vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json",
                              "added_tokens.json", "tokenizer.json"})
@@ -45,9 +45,9 @@ def _check_files(files: dict, where: str) -> None:
                                   f"{', '.join(sorted(TOKENIZER_FILES))}; refused")
     if "tokenizer_config.json" in files:
         try:
-            config = json.loads(files["tokenizer_config.json"])
-        except ValueError as e:
-            raise CheckpointError(f"{where}: unreadable tokenizer_config.json ({e})") from None
+            config = loads_outside(files["tokenizer_config.json"], "its tokenizer_config.json")
+        except WorkbenchError as e:
+            raise CheckpointError(f"{where}: {e}") from None
         _check_config(config if isinstance(config, dict) else {}, where)
 
 
@@ -70,9 +70,9 @@ def tokenizer_from_files(files: dict, where: str):
 def check_pipeline_folder(folder: Path, where: str) -> None:
     """A diffusers folder's ``model_index.json`` and ``tokenizer/`` are safe to hand to diffusers."""
     try:
-        index = json.loads((folder / "model_index.json").read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{where}: unreadable model_index.json ({type(e).__name__}: {e})") from None
+        index = load_outside(folder / "model_index.json")
+    except WorkbenchError as e:
+        raise CheckpointError(f"{where}: {e}") from None
     for part, value in (index.items() if isinstance(index, dict) else []):
         if part.startswith("_") or not isinstance(value, list):
             continue  # settings such as requires_safety_checker; parts are [library, class]
@@ -82,7 +82,7 @@ def check_pipeline_folder(folder: Path, where: str) -> None:
     config = folder / "tokenizer" / "tokenizer_config.json"
     if config.is_file():
         try:
-            data = json.loads(config.read_text())
-        except ValueError as e:
-            raise CheckpointError(f"{where}: unreadable tokenizer/tokenizer_config.json ({e})") from None
+            data = load_outside(config, "tokenizer/tokenizer_config.json")
+        except WorkbenchError as e:
+            raise CheckpointError(f"{where}: {e}") from None
         _check_config(data if isinstance(data, dict) else {}, where)

@@ -1,24 +1,40 @@
-"""A zip-format checkpoint's directory and pickle, read once per version of the file.
+"""A zip-format checkpoint's directory and pickle, read once per version of the file, every inflation bounded.
 
 Naming a Composer checkpoint (``hashing``: its directory's CRC-32s) and summarising it (``composer.read_summary``:
 its pickle) each parsed the zip directory on their own: on a full-size SD2-base checkpoint (3,371 members) three
 parses by ``zipfile``, 0.066 s each, in a door that must stay under 2% of a 3.1 s open (bench/door_cost.py).
-The directory is now read once, by ``_read_fast`` (the layout PyTorch writes: no encryption, the pickle stored
-uncompressed), and by ``zipfile`` for anything else; both give the same ``ZipHead``.
+The directory is now read once, by ``_read_fast`` (the end records and the central directory, as PyTorch
+writes them), and by ``zipfile`` for anything else; both give the same ``ZipHead``.
+
+**Inflation.** ``torch.save`` stores every member uncompressed, but PyTorch's reader and ``zipfile`` also take
+deflated ones, and allocate what the directory declares: a 3 MiB checkpoint whose deflated ``data.pkl``
+declared 3 GiB took `dwb sample` and the app's listing past 2 GiB of memory in seconds. Before anything is
+inflated, the declared inflated sizes of the compressed members (the central directory's and each local
+header's) are summed and held to ``max_inflated()`` (``DWB_MAX_INFLATED_MB``, default 256: the largest tensor
+of SD 1.x/2.x, the CLIP token embedding, is 202 MB in float32), and a stored member must declare the size it
+holds. The pickle is then inflated in a stream with a running count, so a header that lies is stopped at the
+size it declared. Every reader of a zip checkpoint (``torch.load`` in ``composer`` and ``single_file``, the
+pickle here, ``autoresume``'s CRC check) calls ``zip_head`` first: the one place the bound is kept.
 """
 from __future__ import annotations
 
 import functools
+import os
 import struct
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import CheckpointError, WorkbenchError
+
 EOCD, EOCD64_LOCATOR, EOCD64 = b"PK\x05\x06", b"PK\x06\x07", b"PK\x06\x06"
 MEMBER, LOCAL = b"PK\x01\x02", b"PK\x03\x04"
 MAX_DIRECTORY = 64 << 20  # bytes: a 3,371-member checkpoint's directory is 0.2 MB
-MAX_PICKLE = 1 << 30
+MAX_INFLATED_ENV = "DWB_MAX_INFLATED_MB"
+DEFAULT_MAX_INFLATED_MB = 256
+STORED, DEFLATED = 0, 8
+CHUNK = 1 << 16  # compressed bytes read at a time while inflating
 FULL32 = 0xFFFFFFFF
 
 
@@ -28,15 +44,37 @@ class ZipHead:
     pickle: bytes | None  # the ``data.pkl`` member (None when there is none)
 
 
+@dataclass(frozen=True)
+class _Member:
+    name: str
+    crc: int
+    size: int  # inflated, as the central directory declares it
+    compressed: int
+    method: int
+    local: int  # offset of its local header
+    flags: int
+
+
+def max_inflated() -> int:
+    """Bytes the compressed members of one checkpoint may inflate to, in all (``DWB_MAX_INFLATED_MB``)."""
+    raw = os.environ.get(MAX_INFLATED_ENV, str(DEFAULT_MAX_INFLATED_MB))
+    try:
+        mib = int(raw)
+    except ValueError:
+        mib = 0
+    if mib < 1:
+        raise WorkbenchError(f"{MAX_INFLATED_ENV}={raw!r}: expected a whole number of MiB, at least 1")
+    return mib << 20
+
+
 def _is_pickle(name: str) -> bool:
     return name.endswith("/data.pkl") or name == "data.pkl"
 
 
-def _read_zipfile(path: str) -> ZipHead:
+def _zipfile_members(path: str) -> list[_Member]:
     with zipfile.ZipFile(path) as z:
-        infos = z.infolist()
-        name = next((i.filename for i in infos if _is_pickle(i.filename)), None)
-        return ZipHead(tuple((i.filename, i.CRC, i.file_size) for i in infos), z.read(name) if name else None)
+        return [_Member(i.filename, i.CRC, i.file_size, i.compress_size, i.compress_type, i.header_offset, i.flag_bits)
+                for i in z.infolist()]
 
 
 def _directory_place(f, size: int) -> tuple[int, int, int] | None:
@@ -74,59 +112,139 @@ def _zip64(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int,
     return usize, csize, offset
 
 
-def _read_fast(path: str, size: int) -> ZipHead | None:
-    with open(path, "rb") as f:
-        place = _directory_place(f, size)
-        if place is None:
+def _fast_members(f, size: int) -> list[_Member] | None:
+    """The central directory's members, read directly; None for a layout left to ``zipfile``."""
+    place = _directory_place(f, size)
+    if place is None:
+        return None
+    count, offset, length = place
+    f.seek(offset)
+    directory = f.read(length)
+    members, at = [], 0
+    for _ in range(count):
+        if directory[at:at + 4] != MEMBER:
             return None
-        count, offset, length = place
-        f.seek(offset)
-        directory = f.read(length)
-        members, pickle_at, at = [], None, 0
-        for _ in range(count):
-            if directory[at:at + 4] != MEMBER:
-                return None
-            (flags, method, crc, csize, usize, n, m, k) = struct.unpack_from("<8x2H4x3I3H", directory, at)
-            local = struct.unpack_from("<I", directory, at + 42)[0]
-            name = directory[at + 46:at + 46 + n].decode("utf-8" if flags & 0x800 else "cp437")
-            usize, csize, local = _zip64(directory[at + 46 + n:at + 46 + n + m], usize, csize, local)
-            if flags & 0x1:
-                return None  # encrypted
-            members.append((name, crc, usize))
-            if pickle_at is None and _is_pickle(name):
-                pickle_at = (local, csize, method, crc)
-            at += 46 + n + m + k
-        return ZipHead(tuple(members), _stored_member(f, *pickle_at) if pickle_at else None)
+        (flags, method, crc, csize, usize, n, m, k) = struct.unpack_from("<8x2H4x3I3H", directory, at)
+        local = struct.unpack_from("<I", directory, at + 42)[0]
+        name = directory[at + 46:at + 46 + n].decode("utf-8" if flags & 0x800 else "cp437")
+        usize, csize, local = _zip64(directory[at + 46 + n:at + 46 + n + m], usize, csize, local)
+        members.append(_Member(name, crc, usize, csize, method, local, flags))
+        at += 46 + n + m + k
+    return members
 
 
-def _stored_member(f, local: int, csize: int, method: int, crc: int) -> bytes:
-    """A member written without compression, checked against its CRC-32 (else ``BadZipFile`` via the fallback)."""
-    f.seek(local)
+def _local_header(f, member: _Member) -> tuple[int, int, int]:
+    """(where the member's data starts, the inflated size its local header declares, its method)."""
+    f.seek(member.local)
     header = f.read(30)
-    if method != 0 or len(header) < 30 or header[:4] != LOCAL or csize > MAX_PICKLE:
-        raise _Unusual
-    n, m = struct.unpack_from("<HH", header, 26)
-    f.seek(local + 30 + n + m)
-    data = f.read(csize)
-    if len(data) != csize or zlib.crc32(data) != crc:
-        raise _Unusual
+    if len(header) < 30 or header[:4] != LOCAL:
+        raise zipfile.BadZipFile(f"bad local header for {member.name!r}")
+    method, csize, usize, n, m = struct.unpack_from("<8xH8x2I2H", header)
+    try:
+        usize = _zip64(f.read(n + m)[n:], usize, csize, 0)[0]
+    except struct.error:
+        raise zipfile.BadZipFile(f"bad zip64 field in the local header of {member.name!r}") from None
+    return member.local + 30 + n + m, usize, method
+
+
+def _check_sizes(path: str, f, members: list[_Member], limit: int) -> None:
+    """A one-line CheckpointError, before anything is inflated, for members whose declared sizes (directory and
+    local header) would take more than ``limit`` bytes in all, or a stored member that declares another size
+    than it holds."""
+    declared = 0
+    for member in members:
+        if member.method == STORED:
+            if member.size != member.compressed:
+                raise CheckpointError(f"cannot read checkpoint {path}: zip member {member.name} is stored as "
+                                      f"{member.compressed:,} bytes but declares {member.size:,}")
+            continue
+        local_size = _local_header(f, member)[1]
+        declared += max(member.size, local_size)
+        if declared > limit:
+            raise CheckpointError(
+                f"cannot read checkpoint {path}: its compressed zip members would inflate to at least {declared:,} "
+                f"bytes ({member.name}: {member.size:,} in the directory, {local_size:,} in its local header), "
+                f"over the limit of {limit:,} ({MAX_INFLATED_ENV}={limit >> 20})")
+
+
+def _inflate(f, path: str, member: _Member, start: int) -> bytes:
+    """A deflated member, inflated a chunk at a time and stopped once past the size its directory declared."""
+    out, left, inflater = bytearray(), member.compressed, zlib.decompressobj(-15)
+    f.seek(start)
+    while left > 0 and not inflater.eof:
+        data = f.read(min(CHUNK, left))
+        if not data:
+            raise zipfile.BadZipFile(f"{member.name!r} is cut short")
+        left -= len(data)
+        while data:
+            out += inflater.decompress(data, member.size - len(out) + 1)
+            if len(out) > member.size:
+                raise CheckpointError(f"cannot read checkpoint {path}: zip member {member.name} inflates past the "
+                                      f"{member.size:,} bytes its directory declares")
+            data = inflater.unconsumed_tail
+    return bytes(out)
+
+
+def _member_bytes(f, path: str, member: _Member) -> bytes:
+    """A member's bytes (stored or deflated), checked against its size and CRC-32 as ``zipfile`` checks them."""
+    start, _, method = _local_header(f, member)
+    if member.flags & 0x1:
+        raise zipfile.BadZipFile(f"{member.name!r} is encrypted")
+    if method != member.method or method not in (STORED, DEFLATED):
+        raise zipfile.BadZipFile(f"{member.name!r}: compression method {method} (stored or deflated expected)")
+    if method == STORED:
+        f.seek(start)
+        data = f.read(member.compressed)
+    else:
+        data = _inflate(f, path, member, start)
+    if len(data) != member.size:
+        raise zipfile.BadZipFile(f"{member.name!r} is cut short")
+    if zlib.crc32(data) != member.crc:
+        raise zipfile.BadZipFile(f"Bad CRC-32 for file {member.name!r}")
     return data
 
 
-class _Unusual(Exception):
-    """A layout the fast reader leaves to ``zipfile``."""
+def _head(path: str, members: list[_Member], limit: int) -> ZipHead:
+    with open(path, "rb") as f:
+        _check_sizes(path, f, members, limit)
+        pickle = next((m for m in members if _is_pickle(m.name)), None)
+        return ZipHead(tuple((m.name, m.crc, m.size) for m in members),
+                       _member_bytes(f, path, pickle) if pickle else None)
+
+
+def _read_fast(path: str, size: int, limit: int | None = None) -> ZipHead | None:
+    with open(path, "rb") as f:
+        members = _fast_members(f, size)
+    return None if members is None else _head(path, members, max_inflated() if limit is None else limit)
+
+
+def _read_zipfile(path: str, limit: int | None = None) -> ZipHead:
+    return _head(path, _zipfile_members(path), max_inflated() if limit is None else limit)
 
 
 @functools.lru_cache(maxsize=16)
-def _read(path: str, size: int, mtime_ns: int) -> ZipHead:
+def _read(path: str, size: int, mtime_ns: int, limit: int) -> ZipHead:
+    """The fast reader's head; ``zipfile``'s where the fast reader does not know the layout or fails on it (an
+    archive with bytes before it, a damaged file: ``zipfile`` raises what it always raised)."""
     try:
-        head = _read_fast(path, size)
-    except (_Unusual, struct.error, UnicodeDecodeError, IndexError, OverflowError, ValueError):
+        head = _read_fast(path, size, limit)
+    except (zipfile.BadZipFile, struct.error, IndexError, OverflowError, ValueError):
         head = None
-    return head if head is not None else _read_zipfile(path)
+    return head if head is not None else _read_zipfile(path, limit)
 
 
 def zip_head(path: str | Path) -> ZipHead:
-    """Raises what ``zipfile`` raises for a file that is not a readable zip archive (``BadZipFile``, ``OSError``...)."""
+    """The directory and pickle of a zip checkpoint; a one-line CheckpointError for one whose members would
+    inflate past ``max_inflated()``. Raises what ``zipfile`` raises for a file that is not a readable zip
+    archive (``BadZipFile``, ``OSError``...)."""
     st = Path(path).stat()
-    return _read(str(path), st.st_size, st.st_mtime_ns)
+    return _read(str(path), st.st_size, st.st_mtime_ns, max_inflated())
+
+
+def check_inflation(path: str | Path) -> None:
+    """Before a library opens ``path`` as a zip (``torch.load``): a one-line CheckpointError when its members
+    would inflate past ``max_inflated()``; a file that is no readable zip is left to that library to name."""
+    try:
+        zip_head(path)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error):
+        pass

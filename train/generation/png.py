@@ -12,7 +12,11 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from PIL import Image, PngImagePlugin
 
+from ..common import loads_outside
+from ..errors import WorkbenchError, first_line
 from .images import Settings
+
+MAX_RECORD_CHARS = 64 * 1024  # ours is two prompts of at most 2,000 characters and a dozen short fields
 
 
 @dataclass
@@ -57,6 +61,18 @@ class ImageRecord:
     def pnginfo(self, extra: dict | None = None) -> dict[str, str]:
         """Text chunks: ``parameters`` (A1111) and ``dwb`` (the record as JSON, plus ``extra`` fields)."""
         return {"parameters": self.parameters(), "dwb": json.dumps({**asdict(self), **(extra or {})}, sort_keys=True)}
+
+    @classmethod
+    def from_chunk(cls, text: str) -> "ImageRecord":
+        """The record a PNG's ``dwb`` text chunk holds, read as JSON from outside (``train.common.loads_outside``:
+        a chunk nested 5,000 deep raised RecursionError in PNG Info); a one-line WorkbenchError for a chunk that
+        is too long, too deep, not JSON or not a whole record."""
+        what = "this PNG's dwb record"
+        data = loads_outside(text, what, max_bytes=MAX_RECORD_CHARS)
+        try:
+            return cls.from_json(data)
+        except ValueError as e:
+            raise WorkbenchError(f"{what}: {first_line(e)}") from None
 
     @classmethod
     def from_json(cls, data: dict) -> "ImageRecord":
