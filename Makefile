@@ -16,7 +16,8 @@ test-fast: setup
 	.venv/bin/python -m pytest -q -m "not slow"
 
 # Every benchmark's CPU figures, one after the other, each into bench/out/NAME.json (BENCHMARKS.md has the
-# commands). GPU figures: `--gpu` (app_overhead, evaluate_bench), train_throughput without --reduced.
+# commands). GPU figures: `--gpu` (app_overhead, evaluate_bench), train_throughput without --reduced; all of them
+# in one run of at most 8 minutes: bench/device_check.py (BENCHMARKS.md, "The one-shot GPU check").
 bench: setup
 	.venv/bin/python bench/composer_overhead.py
 	.venv/bin/python bench/streaming_throughput.py
