@@ -60,9 +60,17 @@ def launch(args: list[str], nproc: int, hang_after: float = 150, env: dict | Non
     full_env = {**os.environ, **(env or {}), "DWB_TEST_HANG_AFTER": str(hang_after), "DWB_TEST_LOGS": str(logs),
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(logs), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env=full_env)
+                            env=full_env, start_new_session=True)  # its own group: kill_ranks ends every rank
     proc.logs = logs
     return proc
+
+
+def kill_ranks(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every rank it started, as a machine that fails does."""
+    import signal
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
 
 
 def finish(proc: subprocess.Popen, hang_after: float = 150) -> RankRun:
@@ -80,6 +88,24 @@ def finish(proc: subprocess.Popen, hang_after: float = 150) -> RankRun:
 def run_ranks(args: list[str], nproc: int, hang_after: float = 150, **kwargs) -> RankRun:
     """``composer -n NPROC ARGS`` to its end, each rank's stack kept if it hung."""
     return finish(launch(args, nproc, hang_after, **kwargs), hang_after)
+
+
+PRIVATE_SHM = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"]  # a node's own /dev/shm, as a machine has
+
+
+def run_nodes(args: list[str], nodes: int, nproc: int, hang_after: float = 150, private_shm: bool = True,
+              env: dict | None = None) -> list[RankRun]:
+    """``nodes`` launchers of ``nproc`` processes each on 127.0.0.1, as on separate machines (each in its own
+    mount namespace with its own /dev/shm unless ``private_shm`` is False); one RankRun per node."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [launch(args, nproc, hang_after, env=env, node_rank=n, world_size=nodes * nproc, master_port=port,
+                    wrap=PRIVATE_SHM if private_shm else []) for n in range(nodes)]
+    return [finish(p, hang_after) for p in procs]
 
 
 def dwb_train_on_ranks(config: Path, overrides: list[str], nproc: int, hang_after: float = 150, **kwargs) -> RankRun:

@@ -199,11 +199,14 @@ class TrainConfig:
     # The UNet sharded by FSDP through Composer's parallelism config, on GPUs or CPU ranks (docs/scale.md):
     # SHARD_GRAD_OP shards gradients and optimizer state (the weights stay whole between forward and backward),
     # FULL_SHARD the weights too, HYBRID_SHARD shards within a node and replicates across nodes
+    # per_rank: Composer's, each rank draws noise, timesteps and caption dropout from its own generator (seeded
+    # seed + rank), so the draws of a sample depend on the number of ranks; per_sample: from one generator per
+    # sample (seed, epoch, index), the same on any number of ranks, nodes or microbatches, which an elastic
+    # resume (4 ranks to 2) needs to end where an uninterrupted run does (docs/scale.md)
+    randomness: str = checked("per_rank", one_of("per_rank", "per_sample"))
     fsdp: bool = False
     fsdp_sharding_strategy: str = checked("SHARD_GRAD_OP", one_of("SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"))
-    # full: each checkpoint one file gathered on rank 0 (every command reads it); sharded: each rank writes its
-    # own part (no rank holds the whole state), for resuming the same run
-    fsdp_state_dict_type: str = checked("full", one_of("full", "sharded"))
+
     low_precision_norms: bool = False  # Composer's LowPrecisionGroupNorm + LowPrecisionLayerNorm (GPU)
     # Batches whose loss is NaN or infinite are skipped (no update) and counted; this many in a row abort.
     max_consecutive_nonfinite: int = checked(10, Range(1, MAX_SAMPLES))

@@ -13,10 +13,46 @@ from composer.models import ComposerModel
 from .checkpoints import ddpm_scheduler
 
 
+class Draws:
+    """A batch's random draws (posterior noise, phrasing, caption dropout, timesteps, noise): from the rank's
+    global generator (``None``: Composer seeds rank r with seed + r, so a sample's draws depend on which rank
+    and microbatch it lands in), or from one generator per sample keyed by the run's seed, the epoch and the
+    sample's index in the dataset: the same draws whatever the number of ranks, nodes or microbatches, which
+    an elastic resume (4 ranks to 2) needs to end where an uninterrupted run does."""
+
+    def __init__(self, generators: list[torch.Generator] | None = None):
+        self.generators = generators
+
+    @classmethod
+    def of_batch(cls, batch: dict, seed: int | None) -> "Draws":
+        if seed is None or "sample_id" not in batch:
+            return cls()
+        keys = zip(batch["epoch"].tolist(), batch["sample_id"].tolist())
+        return cls([torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 2_147_483_647 + index)
+                    for epoch, index in keys])
+
+    def uniform(self, n: int, device) -> torch.Tensor:
+        if self.generators is None:
+            return torch.rand(n, device=device)
+        return torch.stack([torch.rand((), generator=g) for g in self.generators]).to(device)
+
+    def normal(self, shape, device, dtype) -> torch.Tensor:
+        if self.generators is None:
+            return torch.randn(shape, device=device, dtype=dtype)
+        return torch.stack([torch.randn(shape[1:], generator=g) for g in self.generators]).to(device, dtype)
+
+    def timesteps(self, high: int, n: int, device) -> torch.Tensor:
+        if self.generators is None:
+            return torch.randint(0, high, (n,), device=device)
+        return torch.cat([torch.randint(0, high, (1,), generator=g) for g in self.generators]).to(device)
+
+
 class LatentDiffusion(ComposerModel):
     def __init__(self, unet, vae, text_encoder, tokenizer, *, prediction_type: str = "epsilon",
-                 caption_dropout: float = 0.1, min_snr_gamma: float | None = None, other_phrasing: float = 0.0):
+                 caption_dropout: float = 0.1, min_snr_gamma: float | None = None, other_phrasing: float = 0.0,
+                 per_sample_seed: int | None = None):
         super().__init__()
+        self.per_sample_seed = per_sample_seed  # set: each sample's draws from its own generator (``Draws``)
         self.unet, self.vae, self.text_encoder = unet, vae, text_encoder
         self.tokenizer = tokenizer
         self.vae.requires_grad_(False)
@@ -52,9 +88,13 @@ class LatentDiffusion(ComposerModel):
         return float(self.vae.config.scaling_factor)
 
     @torch.no_grad()
-    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+    def encode_images(self, images: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
         """(B, 3, H, W) in [-1, 1] -> (B, C, H/f, W/f) scaled latents, sampled from the posterior."""
-        return self.vae.encode(images).latent_dist.sample() * self.scaling_factor
+        posterior = self.vae.encode(images).latent_dist
+        if draws is None or draws.generators is None:
+            return posterior.sample() * self.scaling_factor
+        eps = draws.normal(posterior.mean.shape, posterior.mean.device, posterior.mean.dtype)
+        return (posterior.mean + posterior.std * eps) * self.scaling_factor
 
     @torch.no_grad()
     def encode_text(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -65,30 +105,30 @@ class LatentDiffusion(ComposerModel):
         """The empty caption's hidden states (L, D): what a dropped caption becomes with precomputed text."""
         self.register_buffer("empty_text", hidden_states.detach().float().clone(), persistent=False)
 
-    def drop_text(self, text: torch.Tensor) -> torch.Tensor:
+    def drop_text(self, text: torch.Tensor, draws: Draws = Draws()) -> torch.Tensor:
         """Caption dropout on precomputed hidden states, drawn at every step (same draws as ``drop_captions``)."""
         if not self.training or self.caption_dropout <= 0:
             return text
         if not hasattr(self, "empty_text"):
             raise RuntimeError("caption dropout on precomputed text needs the empty caption's states (set_empty_text)")
-        drop = torch.rand(text.shape[0], device=text.device) < self.caption_dropout
+        drop = draws.uniform(text.shape[0], text.device) < self.caption_dropout
         return torch.where(drop[:, None, None], self.empty_text.to(text.device, text.dtype), text)
 
-    def drop_captions(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def drop_captions(self, input_ids: torch.Tensor, draws: Draws = Draws()) -> torch.Tensor:
         if not self.training or self.caption_dropout <= 0:
             return input_ids
-        drop = torch.rand(input_ids.shape[0], device=input_ids.device) < self.caption_dropout
+        drop = draws.uniform(input_ids.shape[0], input_ids.device) < self.caption_dropout
         return torch.where(drop[:, None], self.empty_ids.to(input_ids.device), input_ids)
 
-    def rephrase(self, main: torch.Tensor, alt: torch.Tensor | None) -> torch.Tensor:
+    def rephrase(self, main: torch.Tensor, alt: torch.Tensor | None, draws: Draws = Draws()) -> torch.Tensor:
         """Each sample under its other phrasing with probability ``other_phrasing`` (drawn every step, on both
         the token-id and the precomputed path, before caption dropout)."""
         if not self.training or self.other_phrasing <= 0 or alt is None:
             return main
-        swap = torch.rand(main.shape[0], device=main.device) < self.other_phrasing
+        swap = draws.uniform(main.shape[0], main.device) < self.other_phrasing
         return torch.where(swap.view(-1, *([1] * (main.dim() - 1))), alt.to(main.dtype), main)
 
-    def latents_and_text(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def latents_and_text(self, batch: dict, draws: Draws = Draws()) -> tuple[torch.Tensor, torch.Tensor]:
         """Scaled latents and text states from raw images and token ids, or from precomputed ones.
 
         With precomputed data the posterior is sampled here as ``mean + std * eps`` (the VAE's own
@@ -97,21 +137,22 @@ class LatentDiffusion(ComposerModel):
         """
         if "latent_mean" in batch:
             mean = batch["latent_mean"].float()
-            eps = torch.randn(mean.shape, device=mean.device, dtype=mean.dtype)
+            eps = draws.normal(mean.shape, mean.device, mean.dtype)
             latents = mean + batch["latent_std"].float() * eps
             alt = batch.get("text_alt")
-            text = self.rephrase(batch["text"].float(), alt.float() if alt is not None else None)
-            return latents, self.drop_text(text)
-        latents = self.encode_images(batch["image"])
-        ids = self.rephrase(batch["input_ids"], batch.get("input_ids_alt"))
-        return latents, self.encode_text(self.drop_captions(ids))
+            text = self.rephrase(batch["text"].float(), alt.float() if alt is not None else None, draws)
+            return latents, self.drop_text(text, draws)
+        latents = self.encode_images(batch["image"], draws)
+        ids = self.rephrase(batch["input_ids"], batch.get("input_ids_alt"), draws)
+        return latents, self.encode_text(self.drop_captions(ids, draws))
 
     def forward(self, batch: dict):
-        latents, text = self.latents_and_text(batch)
+        draws = Draws.of_batch(batch, self.per_sample_seed)
+        latents, text = self.latents_and_text(batch, draws)
         # Drawn in logical order whatever the latents' memory layout (the VAE may return channels-last
         # latents, and randn_like follows the layout), so stored and on-the-fly latents get the same noise.
-        noise = torch.randn(latents.shape, device=latents.device, dtype=latents.dtype)
-        t = torch.randint(0, len(self.alphas_cumprod), (latents.shape[0],), device=latents.device)
+        noise = draws.normal(latents.shape, latents.device, latents.dtype)
+        t = draws.timesteps(len(self.alphas_cumprod), latents.shape[0], latents.device)
         return self.denoise(latents, text, noise, t)
 
     def denoise(self, latents: torch.Tensor, text: torch.Tensor, noise: torch.Tensor, t: torch.Tensor):

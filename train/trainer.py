@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from composer.core import Callback
 
 from .config import TrainConfig, config_to_dict
 from .errors import WorkbenchError
@@ -98,7 +99,8 @@ def build_model(cfg: TrainConfig) -> LatentDiffusion:
         unet.enable_gradient_checkpointing()
     return LatentDiffusion(unet, vae, text_encoder, tokenizer, prediction_type=m.prediction_type,
                            caption_dropout=m.caption_dropout, min_snr_gamma=m.min_snr_gamma,
-                           other_phrasing=m.other_phrasing)
+                           other_phrasing=m.other_phrasing,
+                           per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
 
 
 def public_config(config: dict) -> dict:
@@ -324,13 +326,14 @@ def start_processes(cfg: TrainConfig) -> tuple[str, str]:
     from composer.devices import DeviceCPU, DeviceGPU
     from composer.utils import dist
 
+    from .common import fsdp_on_cpu, signal_files_per_node
+
     device = resolve_device(cfg)
     check_gpu_features(cfg, device)
     precision = resolve_precision(cfg, device)
     if cfg.fsdp and device == "cpu":
-        from .common import fsdp_on_cpu
-
         fsdp_on_cpu()
+    signal_files_per_node()
     if dist.get_world_size() > 1 and not dist.is_initialized():
         dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())
     return device, precision
@@ -364,13 +367,14 @@ def build_trainer(cfg: TrainConfig):
     trainer = Trainer(
         model=model,
         train_dataloader=build_dataloader(cfg.data, model.tokenizer, cfg.global_train_batch_size // dist.get_world_size(),
-                                          cfg.seed, other_phrasings=cfg.model.other_phrasing > 0),
+                                          cfg.seed, other_phrasings=cfg.model.other_phrasing > 0,
+                                          with_ids=cfg.randomness == "per_sample"),
         max_duration=cfg.max_duration,
         optimizers=torch.optim.AdamW(model.unet.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas),
                                      eps=cfg.optimizer.eps, weight_decay=cfg.optimizer.weight_decay),
         schedulers=make_scheduler(cfg), step_schedulers_every_batch=True,
         algorithms=make_algorithms(cfg),
-        callbacks=[SpeedMonitor(window_size=20), LRMonitor(), ModelSpec(spec), restore_rng,
+        callbacks=[SpeedMonitor(window_size=20), LRMonitor(), ModelSpec(spec), restore_rng, EpochInBatch(),
                    *make_run_callbacks(cfg, run_dir, load_path)],
         loggers=make_loggers(cfg, run_dir), run_name=cfg.run_name, progress_bar=cfg.progress_bar,
         log_to_console=False, console_log_interval=cfg.log_interval,
@@ -388,9 +392,18 @@ def build_trainer(cfg: TrainConfig):
     )
     restore_rng.take_over(trainer)
     align_dataset_epoch(trainer)
+    say_fsdp_share(cfg, model)
     log.info("attention backend: %s, device: %s, precision: %s", attention, device, precision)
     write_run_config(cfg, run_dir)
     return trainer
+
+
+class EpochInBatch(Callback):
+    """Each sample's epoch beside its dataset index, for draws per sample (``randomness: per_sample``)."""
+
+    def after_dataloader(self, state, logger) -> None:
+        if isinstance(state.batch, dict) and "sample_id" in state.batch:
+            state.batch["epoch"] = torch.full_like(state.batch["sample_id"], int(state.timestamp.epoch))
 
 
 def parallelism_config(cfg: TrainConfig) -> dict | None:
@@ -400,12 +413,26 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
 
     if not cfg.fsdp:
         return None
-    fsdp = {"sharding_strategy": cfg.fsdp_sharding_strategy, "state_dict_type": cfg.fsdp_state_dict_type,
-            "mixed_precision": "PURE"}
+    # Checkpoints are full state dicts gathered on rank 0, one file every command reads (Composer's sharded
+    # ones, a part per rank, are not read by the door yet)
+    fsdp = {"sharding_strategy": cfg.fsdp_sharding_strategy, "state_dict_type": "full", "mixed_precision": "PURE"}
     if cfg.fsdp_sharding_strategy == "HYBRID_SHARD":
         fsdp.update(data_parallel_replicate_degree=dist.get_world_size() // dist.get_local_world_size(),
                     data_parallel_shard_degree=dist.get_local_world_size())
     return {"fsdp": fsdp}
+
+
+def say_fsdp_share(cfg: TrainConfig, model: LatentDiffusion) -> None:
+    """One line per node: the share of the UNet's weights its ranks hold (1/4 on 4 ranks with FULL_SHARD, 1/2
+    on 2 nodes x 2 with HYBRID_SHARD, which replicates across nodes)."""
+    from composer.utils import dist
+
+    from .common import fsdp_weight_share
+
+    if cfg.fsdp and dist.get_local_rank() == 0:
+        held, total = fsdp_weight_share(model.unet)
+        print(f"FSDP {cfg.fsdp_sharding_strategy}: node {dist.get_node_rank()}'s rank {dist.get_global_rank()} holds "
+              f"{held:,} of the UNet's {total:,} weights (1/{round(total / max(held, 1))})", flush=True)
 
 
 def write_run_config(cfg: TrainConfig, run_dir: Path) -> None:

@@ -158,6 +158,52 @@ def fsdp_on_cpu() -> None:
     composer_distributed.prepare_fsdp_module = prepare  # Composer's State imports it from here at call time
     composer_load.prepare_fsdp_module = prepare
     _keep_cpu_weights_when_offloading()
+    _copy_gathered_optimizer_states()
+
+
+def signal_files_per_node() -> None:
+    """Composer 0.32.1 names the file by which a node's first process tells the others it has loaded a checkpoint
+    after global rank 0's node (``._signal_file_node0_<random>``, broadcast to every node), so nodes sharing a
+    save folder, as on a shared file system, wrote and deleted one file: node 0's first process found it gone
+    (FileNotFoundError) when 2 nodes x 2 processes resumed. The random part still comes from rank 0; the node
+    part is each node's own (idempotent)."""
+    from composer.utils import dist as composer_dist
+
+    original = composer_dist.get_node_signal_file_name
+    if getattr(original, "per_node", False):
+        return
+
+    @functools.wraps(original)
+    def name(rng=None) -> str:
+        shared = original(rng)
+        return f"._signal_file_node{composer_dist.get_node_rank()}_{shared.rsplit('_', 1)[1]}"
+
+    name.per_node = True
+    composer_dist.get_node_signal_file_name = name
+
+
+def _copy_gathered_optimizer_states() -> None:
+    """PyTorch 2.7.0's FSDP gathers each optimizer state (``exp_avg``, then ``exp_avg_sq``) into one buffer and
+    hands out views of it, relying on the offload to the CPU to copy them before the next state overwrites the
+    buffer. On a CPU rank nothing is copied: every saved ``exp_avg`` held the ``exp_avg_sq`` values, and a run
+    resumed from a FULL_SHARD checkpoint drifted (0.006 in the weights two batches later). The views are
+    copied on CPU ranks."""
+    from torch.distributed.fsdp import _optim_utils
+
+    original = _optim_utils._unflatten_orig_param_states
+    if getattr(original, "copies", False):
+        return
+
+    @functools.wraps(original)
+    def unflatten(fsdp_param_info, output_states, state_name, shard_state, to_save, cpu_offload):
+        original(fsdp_param_info, output_states, state_name, shard_state, to_save, cpu_offload)
+        if to_save and cpu_offload and not shard_state and fsdp_param_info.state.compute_device.type == "cpu":
+            for states in output_states.values():
+                if isinstance(states.get(state_name), torch.Tensor):
+                    states[state_name] = states[state_name].clone()
+
+    unflatten.copies = True
+    _optim_utils._unflatten_orig_param_states = unflatten
 
 
 def _keep_cpu_weights_when_offloading() -> None:
@@ -180,6 +226,22 @@ def _keep_cpu_weights_when_offloading() -> None:
 
     to_cpu.keeps_cpu_weights = True
     FlatParamHandle.to_cpu = to_cpu
+
+
+def fsdp_weight_share(module: torch.nn.Module) -> tuple[int, int]:
+    """(weights this rank holds, weights in all) of the FSDP units inside ``module``, from each unit's flat
+    parameter (PyTorch 2.7.0's ``_handle``; padding counted out): how a run shows what its strategy shards."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    held = total = 0
+    for unit in FullyShardedDataParallel.fsdp_modules(module):
+        handle = getattr(unit, "_handle", None)
+        if handle is None:
+            continue
+        flat = handle.flat_param
+        held += flat.numel() - flat._shard_numel_padded
+        total += flat._unpadded_unsharded_size.numel()
+    return held, total
 
 
 def patch_composer_ema() -> None:

@@ -1,6 +1,7 @@
 """Reading image-caption MDS datasets for training: crop to the phase's resolution, tokenize captions."""
 from __future__ import annotations
 
+import os
 from functools import partial
 from pathlib import Path
 
@@ -246,6 +247,37 @@ def latent_meta(data_cfg) -> dict:
     return metas[0]
 
 
+SHARED_MEMORY = Path("/dev/shm")  # where Linux keeps POSIX shared memory, Streaming's per-node state
+
+
+def check_node_shared_memory() -> None:
+    """Several nodes of one run must not share ``/dev/shm``: Streaming keeps each node's sample partition, locks
+    and cache in shared memory named per dataset, so two "nodes" on one machine (or sharing a host's /dev/shm in
+    containers) take each other's state, and a rank waited 300 s and failed with "cannot open the training data",
+    which named the wrong cause. Each node's first process leaves a mark there; seeing another node's mark is one
+    line saying what is wrong. Every rank joins (two barriers and a broadcast), once, before the data opens."""
+    from composer.utils import dist
+
+    nodes = dist.get_world_size() // dist.get_local_world_size()
+    if nodes < 2 or not SHARED_MEMORY.is_dir():
+        return
+    token = [os.urandom(6).hex() if dist.get_global_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    mark = SHARED_MEMORY / f"dwb-node-{token[0]}-{dist.get_node_rank()}"
+    if dist.get_local_rank() == 0:
+        mark.touch()
+    dist.barrier()
+    shared = sorted(n for n in range(nodes)
+                    if n != dist.get_node_rank() and (SHARED_MEMORY / f"dwb-node-{token[0]}-{n}").exists())
+    dist.barrier()
+    if dist.get_local_rank() == 0:
+        mark.unlink(missing_ok=True)
+    if shared:
+        raise WorkbenchError(f"node {dist.get_node_rank()} shares {SHARED_MEMORY} with node {shared[0]}: Streaming keeps "
+                             f"each node's state there, so every node needs its own (separate machines, or a private "
+                             f"mount namespace with a tmpfs on {SHARED_MEMORY}: docs/scale.md)")
+
+
 def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -> StreamingDataset:
     """The Streaming dataset of a data config: one dataset or a mixture of streams, images or latents."""
     from streaming import Stream
@@ -269,6 +301,7 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -
     else:
         common.update(local=data_cfg.path or None, remote=data_cfg.remote)
     where = f"the training data ({', '.join(s.remote or s.path for s in streams)})"
+    check_node_shared_memory()
     try:
         dataset = open_streaming(lambda: LatentDataset(with_ids=with_ids, where=where, **common) if data_cfg.precomputed
                                  else ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
