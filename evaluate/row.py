@@ -32,11 +32,24 @@ from .prompts import Prompt
 FEATURES = "features.pt"
 
 
-def merged_stats(states: list[dict], kid_max: int) -> FeatureStats:
-    """One set's statistics from every rank's ``FeatureStats.state_dict()``, in rank order."""
+def key_order(parts: list[dict]) -> list[int]:
+    """Where each image of the ranks' parts, joined in rank order, goes in (prompt index, image index) order."""
+    keys = [k for p in parts for k in p["keys"]]
+    return sorted(range(len(keys)), key=keys.__getitem__)
+
+
+def merged_stats(states: list[dict], kid_max: int, order: list[int] | None = None) -> FeatureStats:
+    """One set's statistics from every rank's ``FeatureStats.state_dict()``, in rank order.
+
+    Ranks take batches in turn, so the joined KID sample holds the images in another order than one process's;
+    KID draws its subsets by position, and 6 images on 4 ranks gave another KID than on one process. While the
+    sample holds every image, ``order`` (``key_order``) puts it in (prompt, image) order, as one process keeps it.
+    """
     merged = FeatureStats.from_state_dict(states[0], kid_max=kid_max)
     for state in states[1:]:
         merged.merge(FeatureStats.from_state_dict(state, kid_max=kid_max))
+    if order is not None and len(merged.kept) == merged.n:  # nothing dropped: the ranks' rows, joined in rank order
+        merged.kept = [merged.kept[i] for i in order]
     return merged
 
 
@@ -115,7 +128,7 @@ class RowImages:
     @classmethod
     def gather(cls, parts: list[dict]) -> "RowImages":
         joined = {name: [x for p in parts for x in p[name]] for name in ("keys", "categories", "clip_score", "verdicts")}
-        order = sorted(range(len(joined["keys"])), key=joined["keys"].__getitem__)
+        order = key_order(parts)
         ordered = {name: [values[i] for i in order] if values else [] for name, values in joined.items()}
         features = {k: torch.cat([p["features"][k] for p in parts])[order] for k in parts[0]["features"]}
         clip = np.array(ordered["clip_score"]) if ordered["clip_score"] else None
@@ -229,7 +242,8 @@ def row_metrics(parts: list[dict], references: dict, prompts: list[Prompt], *, k
     """The row's metric columns (points, intervals, FD-infinity, ``categories``) and its images, from every
     rank's ``RowScorer.part()``; ``references`` maps feature-set names to ``ReferenceStats``."""
     images = RowImages.gather(parts)
-    stats = {k: merged_stats([p["stats"][k] for p in parts], kid_subset_size * 10) for k in parts[0]["stats"]}
+    order = key_order(parts)
+    stats = {k: merged_stats([p["stats"][k] for p in parts], kid_subset_size * 10, order) for k in parts[0]["stats"]}
     captions = {p.index: p.text for p in prompts}
     cols = _point_metrics(images, stats, references, captions, kid_subsets, kid_subset_size, seed)
     cols["fid_infinity"] = fd_infinity(references["fid"].frechet, images.features["fid"], seed=seed)

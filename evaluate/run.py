@@ -5,6 +5,8 @@ feature statistics and CLIP sums are gathered on rank 0, which writes the manife
 """
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +30,20 @@ from .store import ResultsStore, checkpoint_cost_columns, checkpoint_identity
 
 
 def check_output_folder(out: str | Path) -> None:
-    """An output folder that cannot be written stops scoring before any checkpoint is opened."""
+    """An output folder that cannot be written stops scoring before any checkpoint is opened.
+
+    Each call probes with a file of its own name: every rank of ``composer -n N`` probes the folder at once, and
+    with one shared name a rank's unlink found the file gone (another rank had removed it) and stopped the run
+    with "No such file or directory"."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_bytes(b"0")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
         raise WorkbenchError(f"cannot write to the output folder {out} ({e.strerror})") from None
 
@@ -47,8 +56,6 @@ def _dist():
 
 def init_distributed(device: torch.device) -> None:
     """Join the process group `composer -n N` set up (gloo on CPU, NCCL on GPU); nothing for one process."""
-    import os
-
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or _dist().is_initialized():
         return
     from composer.devices import DeviceCPU, DeviceGPU
