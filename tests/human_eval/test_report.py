@@ -60,9 +60,15 @@ def rated_study(tmp_path_factory) -> tuple[Path, dict]:
 
 
 def rows_as_json(rows: list[dict]) -> list[dict]:
-    """CSV rows with the JSON export's types (CSV has only strings)."""
+    """CSV rows with the JSON export's types (CSV has only strings) and text as stored: the CSV puts a ``'``
+    before text a spreadsheet would run as a formula (a pair id can start with ``-``)."""
+    from train.common import FORMULA_STARTS
+
+    def stored(value: str) -> str:
+        return value[1:] if value.startswith("'") and value[1:].startswith(FORMULA_STARTS) else value
+
     ints = ("vote_id", "prompt_index", "image_index", "client_ms", "server_ms")
-    return [{k: (int(v) if k in ints and v != "" else v) for k, v in row.items()} for row in rows]
+    return [{k: (int(v) if k in ints and v != "" else stored(v)) for k, v in row.items()} for row in rows]
 
 
 def test_report_writes_results_exports_and_chart(rated_study, tmp_path):

@@ -54,7 +54,7 @@ def test_mixing_precomputed_streams_of_different_encoders_is_refused(shapes_data
     ("[{path: a, proportion: 0.5}, {path: b}]", "every stream or for none"),
     ("[{path: a, proportion: 1.0}, {path: b, repeat: 2}]", "proportion"),
     ("[{path: a, proportion: 0.5, repeat: 2}]", "at most one"),
-    ("[{path: a, repeat: -1}]", "'data.streams[0].repeat' must be >= 0, got -1.0"),
+    ("[{path: a, repeat: -1}]", "'data.streams[0].repeat' must be in [0, 1000000], got -1.0"),
     ("[{proportion: 1.0}]", "needs a path or a remote"),
     ("[{path: a, weight: 2}]", "unknown config key 'data.streams[0].weight'"),
 ])
