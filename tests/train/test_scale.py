@@ -202,3 +202,21 @@ def test_two_nodes_sharing_dev_shm_are_told_what_is_wrong(shapes_data, component
         assert node.returncode != 0 and not node.hung, node.explain()
         assert f"error: node {n} shares /dev/shm with node {1 - n}: Streaming keeps each node's state there" in \
             node.stderr, node.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_nan_on_one_rank_under_fsdp_skips_the_update_on_every_rank(shapes_data, components, tmp_path):
+    """Rank 1 alone sees a NaN loss at batch 3 of 4: both ranks' guards skip that update (Adam took 3 steps of
+    4 on every shard) and the run goes on; no rank steps alone."""
+    import json
+
+    from ..ranks import run_ranks
+
+    overrides = tiny_overrides(shapes_data, components, tmp_path / "c", max_duration="4ba", save_interval="4ba",
+                               global_train_batch_size=16, device_train_microbatch_size=8, fsdp="true")
+    run = run_ranks([str(REPO / "tests" / "train" / "fsdp_guard.py"), str(tmp_path / "guard"), str(CONFIG),
+                     *overrides], nproc=2)
+    assert run.returncode == 0 and not run.hung, run.explain()
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"guard.rank{rank}").read_text())
+        assert seen == {"skipped": 1, "consecutive": 0, "adam_steps": [3]}, (rank, seen)
