@@ -58,12 +58,14 @@ def one_line(e: Exception) -> gr.Error:
     return gr.Error(html.escape(first_line(e), quote=False), print_exception=False)
 
 
-def failed(what: str, e: Exception) -> gr.Error:
+def failed(what: str, e: Exception, for_client: Callable[[str], str]) -> gr.Error:
+    """The one line a client sees for a failed event; ``for_client`` takes the server's paths out of it
+    (the server's log keeps the whole error)."""
     if isinstance(e, (WorkbenchError, Stopped)):
         log.warning("%s: %s", what, e)
-        return one_line(e)
+        return one_line(type(e)(for_client(first_line(e))))
     log.exception("%s failed", what)  # a bug or a runtime failure (out of memory): the server keeps serving
-    return one_line(RuntimeError(f"{what} failed: {type(e).__name__}: {e}"))
+    return one_line(RuntimeError(for_client(f"{what} failed: {type(e).__name__}: {first_line(e)}")))
 
 
 def session_of(request: gr.Request | None) -> str:
@@ -211,7 +213,7 @@ class Handlers:
             result = self.service.generate(checkpoint, weights, params, session=session_of(request),
                                            client=client_of(request), on_step=steps_progress(progress))
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the server keeps serving
-            raise failed("generate", e) from None
+            raise failed("generate", e, self.service.for_client) from None
         log.info("generated %d image(s) in %.1f s", len(result.images), result.seconds)
         return gallery_of(result, [f"seed {r.seed}" for r in result.records])
 
@@ -229,7 +231,7 @@ class Handlers:
             result = self.service.compare(checkpoints, weights, params, session=session_of(request),
                                           client=client_of(request), on_step=on_step)
         except Exception as e:  # noqa: BLE001
-            raise failed("compare", e) from None
+            raise failed("compare", e, self.service.for_client) from None
         items, first, texts = gallery_of(result, [f"{r.checkpoint} ({r.weights})" for r in result.records])
         return items, tuple(result.images[:2]), first, texts
 
@@ -249,7 +251,7 @@ class Handlers:
             plot = self.service.xyz_plot(checkpoint, weights, params, axes, batch_size, session=session_of(request),
                                          client=client_of(request), on_progress=on_progress)
         except Exception as e:  # noqa: BLE001
-            raise failed("X/Y/Z plot", e) from None
+            raise failed("X/Y/Z plot", e, self.service.for_client) from None
         log.info("X/Y/Z plot of %d cells in %.1f s", len(plot.cells.images), plot.cells.seconds)
         items, first, texts = gallery_of(plot.cells, plot.captions)
         return [(g, f"grid {k + 1} of {len(plot.grids)}") for k, g in enumerate(plot.grids)], items, first, texts

@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import difflib
 import logging
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,7 @@ log = logging.getLogger("app")
 WEIGHTS = WEIGHT_CHOICES  # "auto": EMA where the checkpoint holds EMA weights
 NOT_FOUND = "checkpoint not found: "  # train.checkpoints' words for a name that names nothing
 NOT_A_PIPELINE = "is a folder but not a diffusers pipeline"  # ... and for a folder that is no checkpoint
+SERVER_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/:'\"(),;]+/)*[^\s/:'\"(),;]+")  # an absolute POSIX path in a message
 KNOWN_SHOWN = 5  # labels a "checkpoint not found" message names
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
@@ -135,6 +137,13 @@ class Service:
             message = message.replace(str(root), root.name)
         return message.replace(str(hub_cache()), "the Hugging Face cache")
 
+    def for_client(self, message: str) -> str:
+        """A message as a client may see it: the roots by their names (``redact``), the ``--output`` folder by
+        that name, and any other absolute path (a library's error about its own files) as "<server path>"."""
+        if self.output is not None:
+            message = message.replace(str(self.output), "--output")
+        return SERVER_PATH.sub("<server path>", self.redact(message))
+
     def labels_by_hash(self) -> dict[str, str]:
         """Content hash -> label of each readable checkpoint under the roots (hashes are cached; the first label
         of a hash wins)."""
@@ -178,7 +187,8 @@ class Service:
         except WorkbenchError as e:
             raise WorkbenchError(self.redact(f"{ckpt.label}: {str(e).replace(str(ckpt.path), ckpt.label)}")) from None
         except Exception as e:  # noqa: BLE001 - anything else a foreign file can make a loader raise
-            raise WorkbenchError(f"cannot load {ckpt.label}: {type(e).__name__}: {first_line(e)}") from None
+            reason = first_line(e).replace(str(ckpt.path), ckpt.label)
+            raise WorkbenchError(self.for_client(f"cannot load {ckpt.label}: {type(e).__name__}: {reason}")) from None
         if self.runtime.device.startswith("cuda"):
             from diffusers.models.attention_processor import AttnProcessor2_0
 

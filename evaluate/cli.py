@@ -127,7 +127,8 @@ def cmd_watch(args) -> None:
         write_report(ev.cfg.out)
 
     Watcher(args.run_dir, ev.store, score, ev.record_unreadable, settle=args.settle,
-            retry_unreadable=args.retry_unreadable).run_forever(interval=args.interval, max_polls=args.max_polls)
+            retry_unreadable=args.retry_unreadable).run_forever(interval=args.interval, max_polls=args.max_polls,
+                                                                max_wait=args.max_wait)
 
 
 def cmd_train_scorer(args) -> None:
@@ -283,6 +284,8 @@ def register(sub) -> None:
     p.add_argument("--interval", type=float, default=30.0, help="seconds between polls")
     p.add_argument("--settle", type=float, default=10.0, help="seconds a file must stay unchanged before scoring")
     p.add_argument("--max-polls", type=_positive, help="stop after N polls (default: watch forever)")
+    p.add_argument("--max-wait", type=float, metavar="SECONDS",
+                   help="how long to wait for a run folder that does not exist yet (default: no limit)")
     p.add_argument("--retry-unreadable", action="store_true",
                    help="try again the checkpoints recorded as unreadable (a changed file is always tried again)")
     p.set_defaults(func=cmd_watch)

@@ -4,7 +4,8 @@ RUN is a local folder or an ``s3://`` prefix where training saves (``RUN`` or ``
 checkpoint file counts, whatever its name (``train.checkpoints.list_checkpoints``).
 
 A local checkpoint is scored only when it is finished: its size and mtime have not changed for ``settle``
-seconds (an object in S3 appears whole, under its own ETag, and is fetched once). Which checkpoints are done is read from the results store, so a restarted watcher picks up
+seconds (an object in S3 appears whole, under its own ETag, and is fetched once). A local RUN that does not
+exist yet is waited for, as when the watcher starts beside a training that has not created it. Which checkpoints are done is read from the results store, so a restarted watcher picks up
 where the last one stopped. A settled file that is torn or
 cannot be opened (a ``CheckpointError``) is recorded as ``unreadable`` and not tried again until the
 file changes or the watcher starts with ``retry_unreadable``. Any other error is a problem of the setup
@@ -35,8 +36,6 @@ class Watcher:
                  clock: Callable[[], float] = time.monotonic, retry_unreadable: bool = False):
         self.run = str(run)
         self.remote = self.run.startswith("s3://")
-        if not self.remote and not Path(run).is_dir():
-            raise WorkbenchError(f"run folder not found: {run}")
         self.store, self.score, self.record_unreadable = store, score, record_unreadable
         self.settle, self.clock, self.retry_unreadable = settle, clock, retry_unreadable
         self._seen: dict[Path, tuple[int, int, float]] = {}  # path -> (size, mtime_ns, first time seen so)
@@ -76,7 +75,23 @@ class Watcher:
             scored.append(ckpt)
         return scored
 
-    def run_forever(self, interval: float = 30.0, max_polls: int | None = None) -> None:
+    def wait_for_run(self, interval: float = 30.0, max_wait: float | None = None) -> None:
+        """Returns once the run's folder exists (at once for an ``s3://`` prefix, whose objects appear with the
+        first checkpoint), saying once that it waits: a watcher may start beside a training that has not
+        created its folder yet. After ``max_wait`` seconds (None: no limit) it stops with one line."""
+        if self.remote or Path(self.run).is_dir():
+            return
+        print(f"waiting for the run folder {self.run} to appear (checked every {interval:g} s"
+              + (f", for at most {max_wait:g} s)" if max_wait is not None else ")"), flush=True)
+        start = self.clock()
+        while not Path(self.run).is_dir():
+            left = None if max_wait is None else max_wait - (self.clock() - start)
+            if left is not None and left <= 0:
+                raise WorkbenchError(f"run folder {self.run} did not appear within {max_wait:g} s (--max-wait)")
+            time.sleep(interval if left is None else min(interval, left))
+
+    def run_forever(self, interval: float = 30.0, max_polls: int | None = None, max_wait: float | None = None) -> None:
+        self.wait_for_run(interval, max_wait)
         polls = 0
         while max_polls is None or polls < max_polls:
             for ckpt in self.poll_once():

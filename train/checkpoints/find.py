@@ -205,8 +205,8 @@ def _under_roots(raw: str, roots: list[Path]) -> Path | None:
     """
     given = Path(raw)
     candidates = [given] if given.is_absolute() else [root / given for root in roots]
-    if not given.is_absolute() and len(given.parts) > 1:  # a label of several roots: ROOT_NAME/path
-        candidates += [r / Path(*given.parts[1:]) for r in roots if r.name == given.parts[0]]
+    if not given.is_absolute() and given.parts:  # a label of several roots (ROOT_NAME/path), or a root's own name
+        candidates += [r.joinpath(*given.parts[1:]) for r in roots if r.name == given.parts[0]]
     try:
         under = [c for c in candidates if _resolves_under(c, roots)]
         if not under:
