@@ -1,6 +1,7 @@
 """`dwb demo`: every stage on the offline shapes domain: data, tiny parts, precomputed latents, two phases,
-export, grids, a score for every checkpoint (domain FID and attribute accuracy from the shapes scorer), and a
-blind A/B study of the first, middle and last checkpoints built from the scoring's own samples."""
+export, grids, a score for every checkpoint (domain FID and attribute accuracy from the shapes scorer), the last
+checkpoint compared with the middle one (the JSON and the page `dwb evaluate compare` writes, linked from the
+report), and a blind A/B study of the first, middle and last checkpoints built from the scoring's own samples."""
 from __future__ import annotations
 
 import json
@@ -155,14 +156,15 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
                   "against the middle one", stages):
         scores = score_checkpoints(out, phase_dirs, resolutions, n_prompts=p["score_prompts"], steps=p["steps"],
                                    seed=seed, progress=not quick)
-        comparison = compare_last_with_middle(out, scores, seed)
+        comparison, compare_page = compare_last_with_middle(out, scores, seed)
     with measured("study: blind A/B pairs of the first, middle and last checkpoints", stages):
         study = write_study(out, scores)
     report = {"quick": quick, "seed": seed, "startup_seconds": startup,
               "total_seconds": round(time.perf_counter() - t_start, 1), "stages": stages,
               "final_checkpoint": str(final.path), "export": str(out / "export"), "grids": [str(g) for g in grids],
               "generation": generation(quick), "scorer": str(out / "scorer.pt"), "scores": scores,
-              "comparison": comparison, "evaluation": str(out / "eval" / "report" / "index.html"), "study": study,
+              "comparison": comparison, "compare_page": str(compare_page),
+              "evaluation": str(out / "eval" / "report" / "index.html"), "study": study,
               **run_in_sight}
     (out / "demo.json").write_text(json.dumps(report, indent=2))
     print_summary(out, report, scorer)
@@ -188,6 +190,7 @@ def print_summary(out: Path, report: dict, scorer: dict) -> None:
     print(f"\ndata:        {out / 'shapes'}\ncomponents:  {out / 'components'}\ncheckpoints: {out / 'runs'}\n"
           f"export:      {out / 'export'}  (StableDiffusionPipeline.from_pretrained)\ngrids:       {out / 'grids'}"
           f"  (last: {Path(report['grids'][-1]).name})\nscores:      {out / 'eval' / 'report' / 'index.html'}"
+          f"\ncompare:     {report['compare_page']}  (last vs middle, as `dwb evaluate compare` writes it)"
           f"\nreport:      {out / 'demo.json'}")
     print(f"\nstudy:       {study['folder']}  ({study['pairs']} pairs of {', '.join(study['models'])})\n"
           f"  rate:      dwb human-eval serve {study['folder']}\n  results:   dwb human-eval report {study['folder']}")
@@ -220,15 +223,19 @@ def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_promp
              "samples": str(Path(cfg.out) / r["samples"]), **{k: r.get(k) for k in SCORE_KEYS}} for r in rows]
 
 
-def compare_last_with_middle(out: Path, scores: list[dict], seed: int) -> dict:
+def compare_last_with_middle(out: Path, scores: list[dict], seed: int) -> tuple[dict, Path]:
     """`dwb evaluate compare`'s paired comparison of the last scored checkpoint (B) with the middle one (A), written
-    where `dwb evaluate compare` writes it."""
+    where `dwb evaluate compare` writes it: the JSON, the comparison page, and the report again (it lists both)."""
     from evaluate.compare import compare_store, write_comparison
+    from evaluate.compare_page import write_compare_page
+    from evaluate.report import write_report
 
     middle, last = scores[len(scores) // 2]["model"], scores[-1]["model"]
-    [result] = compare_store(out / "eval", middle, last, seed=seed)  # one guidance scale, one sampler
-    write_comparison(out / "eval", result)
-    return result
+    results = compare_store(out / "eval", middle, last, seed=seed)  # one guidance scale, one sampler
+    write_comparison(out / "eval", results[0])
+    page = write_compare_page(out / "eval", middle, last, results)
+    write_report(out / "eval")
+    return results[0], page
 
 
 # The demo's question, asked before it runs: do the images look more like the shapes (FID on the scorer's

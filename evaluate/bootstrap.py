@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 LEVEL = 0.95
+SIGNIFICANCE = 0.05  # 1 - LEVEL, written out: in floating point 1 - 0.95 is 0.050000000000000044
+MIN_REPLICATES = 40  # one replicate in each 2.5% tail of a 95% interval; p_floor(40) = 0.049 < 0.05
 
 
 def prompt_weights(prompt_ids: np.ndarray, replicates: int, seed: int = 0) -> np.ndarray:

@@ -145,8 +145,8 @@ def cmd_train_scorer(args) -> None:
 
 def cmd_compare(args) -> None:
     from .compare import check_replicates, compare_store, rows_of, write_comparison
-    from .verdict import replicates_text
     from .store import ResultsStore
+    from .verdict import comparison_lines
     from .study_votes import read_study
 
     cfg = config_from_args(args, scoring=False)
@@ -164,14 +164,7 @@ def cmd_compare(args) -> None:
         _summary(evaluate_checkpoints(cfg, missing))
     results = compare_store(cfg.out, args.a, args.b, replicates=cfg.bootstrap, seed=cfg.seed)
     for result in results:
-        print(f"A = {result['a']}, B = {result['b']}, guidance {result['guidance']:g}, {result['n_images']} images "
-              f"of {result['n_prompts']} prompts, {replicates_text(result)}:")
-        for m in result["metrics"]:
-            print(f"  {m['sentence']}")
-        verdict = result["overall"]
-        print(f"  {verdict['heading']}")
-        for family in verdict["families"]:
-            print(f"    {family['sentence']}")
+        print("\n".join(comparison_lines(result)))
         print(f"  (written to {write_comparison(cfg.out, result)})")
     from .compare_page import write_compare_page
 

@@ -24,7 +24,7 @@ from train.errors import WorkbenchError
 from train.common import write_text_whole
 from train.shapes import parse_caption
 
-from .bootstrap import interval, p_floor, p_value, prompt_weights, weighted_means
+from .bootstrap import MIN_REPLICATES, interval, p_floor, p_value, prompt_weights, weighted_means
 from .layout import comparison_file
 from .metrics import FeatureStats
 from .names import IMAGE_QUALITY, PREFERENCE_COLUMNS, difference_range, metric
@@ -138,18 +138,29 @@ def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed:
     for images in (ia, ib):
         means = {k: weighted_means(v, weights) for k, v in mean_values(images, captions).items()}
         reps.append({**set_replicates(images, references, set_weights), **means})
-    metrics = []
-    for name in names:
-        n = counts[metric(name).family]
-        diff, reps_diff = float(b[name] - a[name]), (reps[1][name] - reps[0][name])[:n]
-        lo, hi = interval(diff, reps_diff, bounds=difference_range(name))
-        metrics.append({"metric": name, "a": a[name], "b": b[name], "difference": diff, "lo": lo, "hi": hi,
-                        "p": p_value(diff, reps_diff), "replicates": n})
-    metrics = with_verdicts(metrics)
-    return {"a": a["model"], "b": b["model"], "guidance": a["guidance"], "sampler_a": a.get("sampler"),
-            "sampler_b": b.get("sampler"), "n_images": a["n_images"], "n_prompts": int(len(np.unique(ia.prompts))),
-            "bootstrap": replicates, "replicates": counts, "seed": seed, "metrics": metrics,
-            "overall": overall(metrics)}
+    metrics = with_verdicts([metric_difference(name, a[name], b[name], (reps[1][name] - reps[0][name])[
+        :counts[metric(name).family]]) for name in names])
+    return {"a": a["model"], "b": b["model"], "guidance": a["guidance"], **scored_settings(a, b),
+            "n_images": a["n_images"], "n_prompts": int(len(np.unique(ia.prompts))), "bootstrap": replicates,
+            "replicates": counts, "seed": seed, "metrics": metrics, "overall": overall(metrics)}
+
+
+def metric_difference(name: str, a: float, b: float, replicates: np.ndarray) -> dict:
+    """One metric's B - A with its interval and p from the paired replicates of the difference, and how many of
+    them are ``defined`` (a replicate that drew no image the metric judges is NaN: it does not count)."""
+    diff = float(b - a)
+    lo, hi = interval(diff, replicates, bounds=difference_range(name))
+    return {"metric": name, "a": a, "b": b, "difference": diff, "lo": lo, "hi": hi, "p": p_value(diff, replicates),
+            "replicates": len(replicates), "defined": int(np.isfinite(replicates).sum())}
+
+
+SCORED = ("sampler", "steps", "weights", "checkpoint_hash")  # what each side's images were made with, as rows record it
+
+
+def scored_settings(a: dict, b: dict) -> dict:
+    """``sampler_a``, ``steps_a``, ``weights_a``, ``checkpoint_hash_a`` and B's: what each compared row scored (None
+    where an older row does not record it)."""
+    return {f"{key}_{side}": row.get(key) for key in SCORED for side, row in (("a", a), ("b", b))}
 
 
 def write_comparison(out: str | Path, result: dict) -> Path:
@@ -157,9 +168,6 @@ def write_comparison(out: str | Path, result: dict) -> Path:
     path = comparison_file(out, result["a"], result["b"], result["guidance"])
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_whole(path, json.dumps(result, indent=1))
-
-
-MIN_REPLICATES = 40  # one replicate in each 2.5% tail of a 95% interval; p_floor(40) = 0.049 < 0.05
 
 
 def check_replicates(replicates: int) -> None:

@@ -1,12 +1,14 @@
 """The comparison page: what `dwb evaluate compare A B` found, and the images behind it, on one HTML page.
 
 ``OUT/compare/<A>-vs-<B>.html`` (``layout.comparison_page``) has one section per guidance scale (and sampler)
-of the comparison. Each starts with the verdict table: per metric, A, B, the difference B - A with its paired
-95% interval, the p-value and the sentence (a metric's ``name`` and the comparison's ``verdict`` where the
-comparison has them). Then A's and B's images of the same prompt and seed side by side, the pairs whose
-per-image scores differ most first (``pair_order``), each captioned with its prompt, seed and per-image
-scores, and, with studies of the same checkpoints (``study_votes``), how many raters preferred A, B or
-neither on that pair.
+of the comparison. Each names what was scored (weights, sampler, steps, guidance), then gives each family's
+verdict after Holm's adjustment (the comparison's ``overall``), with studies of the same checkpoints the raters'
+preference with its interval from the study's report, and the verdict table: per metric, A, B, the difference
+B - A with its paired 95% interval, the p its verdict rests on (Holm-adjusted within its family), its own p, the
+verdict and the sentence, each printed by ``verdict.py`` exactly as `dwb evaluate compare` prints it, the row
+coloured by the adjusted verdict. Then A's and B's images of the same prompt and seed side by side: pairs
+raters voted on first, then those whose per-image scores differ most (``pair_order``), each captioned with its
+prompt, seed and per-image scores and how many raters preferred A, B or neither on it (``study_votes``).
 
 The page embeds nothing: it links the sample PNGs relative to itself, so a copy of OUT keeps it whole, and
 shows at most ``MAX_PAIRS`` pairs per section (``--max-pairs``), each image at its own size within
@@ -20,15 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from train.common import write_text_whole
+from train.common import interval_text, p_value_text, write_text_whole
 
 from .attribute_accuracy import PREFIX, VERDICTS
 from .compare import rows_of
 from .layout import comparison_page
 from .samples import MANIFEST, read_manifest
 from .store import ResultsStore
-from .study_votes import CHOICES, Counts, StudyVotes, check_studies, pair_votes
-from .verdict import replicates_text
+from .study_votes import CHOICES, Counts, StudyVotes, check_studies, pair_votes, raters_preference
+from .verdict import interval_shown, own_p_shown, p_shown, replicates_text, scored_text, verdict_shown
 
 MAX_PAIRS = 48  # image pairs shown per guidance scale
 SHOWN_SIZE = (128, 256)  # an image is shown at its own side, enlarged to the first or shrunk to the second
@@ -38,7 +40,8 @@ ORDER_SCORES = (PREFIX + "all", "clip_score")  # what orders the pairs: every at
 STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}small{color:#555}
 table.verdict td,table.verdict th{padding:3px 8px;text-align:right;font-size:13px;white-space:nowrap}
 table.verdict .sentence{text-align:left;white-space:normal}tr.better-B{background:#e6f4e6}
-tr.better-A{background:#fbeaea}p.verdict{font-size:1.1em;font-weight:bold}
+tr.better-A{background:#fbeaea}p.verdict{font-size:1.1em;font-weight:bold;margin-bottom:.2em}
+div.overall ul,div.raters ul{margin-top:0}
 div.pairs{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
 figure.pair{margin:0;padding:8px;border:1px solid #ccc;border-radius:6px;width:min-content}
 div.sides{display:flex;gap:8px}div.side{text-align:center;font-size:12px}
@@ -118,23 +121,59 @@ def order_sentence(pairs: list[ImagePair]) -> str:
     return f"Pairs where A's and B's images differ most first: by {by} (largest first), then in prompt order."
 
 
-def _verdict_text(verdict) -> str:
-    return verdict if isinstance(verdict, str) else str(verdict.get("sentence", verdict))
+VERDICT_COLUMNS = ("metric", "A", "B", "B - A [95% interval]", "p, Holm-adjusted", "its own p", "verdict")
+
+
+def overall_part(result: dict) -> str:
+    """Each family's verdict after Holm's adjustment, the lines `dwb evaluate compare` prints under its heading."""
+    verdict = result.get("overall") or {}
+    lines = "".join(f"<li class='family' data-family='{_text(f.get('family', ''))}'>{_text(f['sentence'])}</li>"
+                    for f in verdict.get("families", []))
+    return (f"<div class='overall'><p class='verdict'>verdict per family of metrics, after Holm's adjustment within "
+            f"each:</p><ul>{lines}</ul></div>" if verdict else "")
+
+
+def verdict_row(m: dict) -> str:
+    """One metric: A, B, B - A with its interval, the p its verdict rests on (after Holm's adjustment within its
+    family), its own p, the verdict and the sentence, each printed by ``verdict.py`` as `compare` prints it."""
+    cells = ((m.get("name") or m["metric"], "name"), (_number(m["a"]), None), (_number(m["b"]), None),
+             (interval_shown(m), "interval"), (p_shown(m), "p"), (own_p_shown(m), "own-p"),
+             (verdict_shown(m), "verdict"), (m["sentence"], "sentence"))
+    tds = "".join(f"<td class='{kind}'>{_text(value)}</td>" if kind else f"<td>{value}</td>" for value, kind in cells)
+    return f"<tr class='better-{_text(m.get('better_holm') or 'none')}' data-metric='{_text(m['metric'])}'>{tds}</tr>"
 
 
 def verdict_table(result: dict) -> str:
-    """The comparison's verdict (where it has one) and one table row per metric."""
-    head = "".join(f"<th>{h}</th>" for h in ("metric", "A", "B", "B - A [95% interval]", "p")) + \
-        "<th class='sentence'>in words</th>"
-    rows = []
-    for m in result["metrics"]:
-        interval = f"{_number(m['difference'], '+.4g')} [{_number(m['lo'], '+.4g')}, {_number(m['hi'], '+.4g')}]"
-        rows.append(f"<tr class='better-{_text(m.get('better') or 'none')}' data-metric='{_text(m['metric'])}'>"
-                    f"<td>{_text(m.get('name') or m['metric'])}</td><td>{_number(m['a'])}</td><td>{_number(m['b'])}</td>"
-                    f"<td>{interval}</td><td>{_number(m['p'], '.2g')}</td>"
-                    f"<td class='sentence'>{_text(m['sentence'])}</td></tr>")
-    verdict = f"<p class='verdict'>{_text(_verdict_text(result['verdict']))}</p>" if result.get("verdict") else ""
-    return f"{verdict}<table class='verdict'><tr>{head}</tr>{''.join(rows)}</table>"
+    """The comparison's verdict per family and one table row per metric; a row's colour is its verdict after Holm's
+    adjustment within its family, the verdict its sentence leads with."""
+    head = "".join(f"<th>{h}</th>" for h in VERDICT_COLUMNS) + "<th class='sentence'>in words</th>"
+    rows = "".join(verdict_row(m) for m in result["metrics"])
+    return f"{overall_part(result)}<table class='verdict'><tr>{head}</tr>{rows}</table>"
+
+
+def preference_text(pref: dict) -> str:
+    """The raters' preference in `dwb human-eval report`'s words and digits: the preferred side first, its share of
+    the decisive votes with the 95% interval (Wilson on effective votes) and the score test's p."""
+    if pref["rate_a"] is None or pref["lo"] is None:
+        return f"{pref['question']}: no decisive votes ({pref['votes']} votes)"
+    flip = pref["rate_a"] < 0.5  # the winner first, as the report writes it
+    first = {"A": "B", "B": "A"}[pref["model_a"]] if flip else pref["model_a"]
+    rate, lo, hi = ((1 - pref["rate_a"], 1 - pref["hi"], 1 - pref["lo"]) if flip
+                    else (pref["rate_a"], pref["lo"], pref["hi"]))
+    said = f"{first} is preferred" if lo > 0.5 or hi < 0.5 else "cannot tell yet (the interval holds 50%)"
+    p = "" if pref["p"] is None else f", {p_value_text(pref['p'])}"
+    return (f"{pref['question']}: {said}: {first}'s share of {pref['decisive']} decisive votes "
+            f"{interval_text(100 * rate, 100 * lo, 100 * hi, threshold=50)}% (95%, Wilson on effective votes){p}")
+
+
+def raters_part(preferences: list[dict]) -> str:
+    """Beside the metrics' verdict: what the raters preferred, per study and question, from the study's report."""
+    if not preferences:
+        return ""
+    items = "".join(f"<li class='preference' data-question='{_text(p['question'])}'>{_text(preference_text(p))} "
+                    f"<small>(study folder {_text(p['study'])})</small></li>" for p in preferences)
+    return (f"<div class='raters'><p class='verdict'>raters' preference, the same checkpoints and settings (`dwb "
+            f"human-eval report`):</p><ul>{items}</ul></div>")
 
 
 def _shown_size(line: dict) -> tuple[int, int]:
@@ -186,43 +225,55 @@ def pair_figure(pair: ImagePair, page: Path, votes: Counts | None, questions: tu
 
 def pairs_part(pairs: list[ImagePair], page: Path, votes: dict | None, questions: tuple[str, ...],
                max_pairs: int) -> str:
-    """The first ``max_pairs`` image pairs in ``pair_order``, with their votes (``votes`` None: no study given)."""
+    """The first ``max_pairs`` image pairs: with a study, those raters voted on first; then in ``pair_order``
+    (``votes`` None: no study given)."""
     pairs = pair_order(pairs)
+    voted = 0
+    if votes:
+        pairs = sorted(pairs, key=lambda p: p.key not in votes)  # stable: each part keeps pair_order
+        voted = sum(p.key in votes for p in pairs)
     shown = f"{max_pairs} of {len(pairs)} pairs" if len(pairs) > max_pairs else f"{len(pairs)} pairs"
     unrated = "" if votes is None or votes else \
         "<p><small>The studies hold no votes on these checkpoints at this guidance scale.</small></p>"
+    rated = f"The {voted} pairs raters voted on first; then: " if voted else ""
     figures = "".join(pair_figure(p, page, (votes or {}).get(p.key), questions if votes else ())
                       for p in pairs[:max_pairs])
-    return (f"<h3>A and B, same prompt and seed ({shown})</h3><p class='order'>{_text(order_sentence(pairs))}</p>"
-            f"{unrated}<div class='pairs'>{figures}</div>")
+    return (f"<h3>A and B, same prompt and seed ({shown})</h3><p class='order'>{_text(rated + order_sentence(pairs))}"
+            f"</p>{unrated}<div class='pairs'>{figures}</div>")
 
 
 def section_heading(result: dict) -> str:
-    """A section's opening tag, heading and what it was computed on."""
+    """A section's opening tag, heading, what was scored (weights, sampler, steps, guidance) and what the interval
+    and p were computed on."""
     guidance = _number(result["guidance"], "g")
     sampler = f", {result['sampler_a']}" if result.get("sampler_a") else ""
     return (f"<section class='guidance' data-guidance='{guidance}'><h2>Guidance {guidance}{_text(sampler)}</h2>"
+            f"<p class='scored'>Scored: {_text(scored_text(result))}.</p>"
             f"<p><small>{_text(result['n_images'])} images of {_text(result['n_prompts'])} prompts, "
             f"{_text(replicates_text(result))}; the interval and p-value resample prompts.</small></p>")
 
 
 def section(out: Path, page: Path, result: dict, rows: tuple[dict, dict], studies: list[StudyVotes],
             max_pairs: int) -> str:
-    """One guidance scale (and sampler): the verdict table, then the image pairs with their votes."""
+    """One guidance scale (and sampler): the verdict per family, the raters' preference, the verdict table, then
+    the image pairs with their votes."""
     questions = tuple(dict.fromkeys(q for s in studies for q in s.questions))
     votes = pair_votes(studies, *rows) if studies else None
-    return (f"{section_heading(result)}{verdict_table(result)}"
+    return (f"{section_heading(result)}{raters_part(raters_preference(studies, *rows))}{verdict_table(result)}"
             f"{pairs_part(image_pairs(out, *rows), page, votes, questions, max_pairs)}</section>")
 
 
 def _header(a: dict, b: dict, studies: list[StudyVotes]) -> str:
-    who = "".join(f"<li><b>{side}</b> = {_text(r['model'])} <small>({_text(r['checkpoint'])}, hash "
+    """Who A and B are: label, checkpoint file name and hash (no folder: the app serves this page to other
+    machines), and the studies by folder name."""
+    who = "".join(f"<li><b>{side}</b> = {_text(r['model'])} <small>({_text(Path(str(r['checkpoint'])).name)}, hash "
                   f"{_text(r.get('checkpoint_hash') or 'none')})</small></li>" for side, r in (("A", a), ("B", b)))
-    raters = (f"<p>Raters' votes from {_text(', '.join(str(s.folder) for s in studies))}: per pair and question, how "
-              f"many raters preferred A, B or neither (main pairs only; repeated showings, gold checks and raters "
-              f"the study's report excluded are left out).</p>") if studies else ""
+    raters = (f"<p>Raters' votes (study folder {_text(', '.join(s.folder.name for s in studies))}): per pair and "
+              f"question, how many raters preferred A, B or neither (main pairs only; repeated showings, gold checks "
+              f"and raters the study's report excluded are left out).</p>") if studies else ""
     return (f"<h1>{_text(a['model'])} vs {_text(b['model'])}</h1><ul>{who}</ul>"
-            f"<p>Differences are B - A; a row is green where B is better, red where A is.</p>{raters}")
+            f"<p>Differences are B - A. A row is green where B is better after Holm's adjustment within its family "
+            f"of metrics, red where A is; its p column is that adjusted p, the next its metric's own.</p>{raters}")
 
 
 def write_compare_page(out: str | Path, a: str, b: str, results: list[dict], studies: list[StudyVotes] = (),

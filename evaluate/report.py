@@ -18,7 +18,7 @@ from train.errors import WorkbenchError
 from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
 from .names import PREFERENCE_COLUMNS, display_name, with_direction
 from .store import COST_COLUMNS, ResultsStore, checkpoint_cost_columns
-from .verdict import replicates_text
+from .verdict import comparison_lines
 
 log = logging.getLogger("evaluate.report")
 ALL_RIGHT = attr_column("all", "all")  # every attribute right over every prompt
@@ -189,11 +189,20 @@ def _cell(r: dict, key: str) -> str:
     return f"<td>{_fmt(r.get(key))}{ci}</td>"
 
 
+# What each row scored, named for people (the CSV's column names are the titles): a training step is not a
+# sampler's step count.
+SCORED_NAMES = {"step": "training step", "weights": "weights", "sampler": "sampler", "steps": "sampler steps"}
+
+
+def _heading(c: str) -> str:
+    name = SCORED_NAMES.get(c) or display_name(c)
+    return f"<th title='{html.escape(c)}'>{html.escape(name)}</th>" if name != c else f"<th>{html.escape(c)}</th>"
+
+
 def _table(rows: list[dict], cols: list[str], first: list[str]) -> str:
     """An HTML table: ``first`` columns as they are, ``cols`` with their intervals; empty columns dropped."""
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
-    head = "".join(f"<th title='{html.escape(c)}'>{html.escape(display_name(c))}</th>" if display_name(c) != c
-                   else f"<th>{html.escape(c)}</th>" for c in first + cols)  # the title: the CSV's column name
+    head = "".join(_heading(c) for c in first + cols)  # the title: the CSV's column name
     body = ["<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in first) + "".join(_cell(r, c) for c in cols) + "</tr>"
             for r in rows]
     return f"<div class='wide'><table><tr>{head}</tr>{''.join(body)}</table></div>"
@@ -211,6 +220,10 @@ def _categories(rows: list[dict], tag) -> list[str]:
     return ["<h2>By prompt category</h2>", *parts] if parts else []
 
 
+SCORED_KINDS = {**{f"{key}_{side}": kind for key, kind in (("sampler", str), ("steps", int), ("weights", str))
+                   for side in "ab"}, "n_prompts": int}  # what a saved comparison says was scored
+
+
 def comparison_problem(c) -> str | None:
     """Why a saved comparison (``compare/*.json``) cannot be shown, or None: the report reads every file there,
     and any of them may have been written by someone else."""
@@ -225,6 +238,9 @@ def comparison_problem(c) -> str | None:
     replicates = c.get("replicates") or {}
     if not isinstance(replicates, dict) or not all(isinstance(n, int) for n in replicates.values()):
         return "'replicates' must map families to counts"
+    for key, kind in SCORED_KINDS.items():
+        if c.get(key) is not None and (not isinstance(c[key], kind) or isinstance(c[key], bool)):
+            return f"'{key}' must be {'text' if kind is str else 'a whole number'}"
     return _verdict_problem(c.get("overall") or {})
 
 
@@ -260,15 +276,13 @@ def saved_comparisons(folder: Path) -> list[dict]:
 
 
 def _comparisons(folder: Path) -> list[str]:
+    """Each saved comparison in the lines `dwb evaluate compare` printed (``verdict.comparison_lines``)."""
     parts = []
     for c in saved_comparisons(folder):
-        verdict = c.get("overall") or {}  # comparisons written before the overall verdict have none
-        lines = [m["sentence"] for m in c["metrics"]]
-        lines += [verdict["heading"], *(f["sentence"] for f in verdict["families"])] if verdict else []
-        lines += [verdict["note"]] if verdict.get("note") else []
-        parts.append(f"<p><b>A = {html.escape(c['a'])}, B = {html.escape(c['b'])}</b>, guidance {c['guidance']:g}, "
-                     f"{c['n_images']} images, {html.escape(replicates_text(c))}<br>"
-                     + "<br>".join(html.escape(line) for line in lines) + "</p>")
+        lines = comparison_lines(c)
+        lines += [c["overall"]["note"]] if (c.get("overall") or {}).get("note") else []
+        parts.append(f"<p><b>{html.escape(lines[0])}</b><br>" + "<br>".join(html.escape(line.strip())
+                                                                          for line in lines[1:]) + "</p>")
     return ["<h2>Comparisons (dwb evaluate compare)</h2>", *parts] if parts else []
 
 
@@ -310,7 +324,7 @@ def write_report(folder: str | Path) -> Path:
                                                         (plot_attributes_vs_step, "attributes_vs_step.png"),
                                                         (plot_metrics_vs_cost, "metrics_vs_cost.png"))] if rows else []
     tag = _sampler_tag(rows)
-    first = ["model", "step", "guidance", *(["sampler"] if any(tag(r) for r in rows) else []), "n_images"]
+    first = ["model", "step", "weights", "guidance", "sampler", "steps", "n_images"]  # what each row scored
     parts = ["<!doctype html><meta charset='utf-8'><title>evaluation report</title>",
              "<style>body{font-family:sans-serif;margin:2em;max-width:100%}td,th{padding:2px 6px;text-align:right;"
              "font-size:13px}div.wide{overflow-x:auto}img{max-width:100%}small{color:#555}</style>",

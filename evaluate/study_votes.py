@@ -7,7 +7,9 @@ the pair's image chosen: ``a``, ``b`` or ``none``). A study's model is checkpoin
 checkpoint hash is A's and its guidance scale and sampler, where the study records them, are the compared
 rows'; a study pair is a comparison's pair when it shows the same prompt (prompt set and index) and image
 index. Only main pairs count: repeated showings (self-consistency) and gold checks are left out, and so are
-the raters the study's report excluded (``report/results.json``, ``--exclude-failing-raters``).
+the raters the study's report excluded (``report/results.json``, ``--exclude-failing-raters``). The same file's
+comparisons give the raters' preference between two models with its interval and p as the report computed
+them (``raters_preference``): the page shows those numbers, never a second computation of them.
 """
 from __future__ import annotations
 
@@ -34,14 +36,32 @@ class StudyPair:
 
 
 @dataclass(frozen=True)
+class Preference:
+    """One comparison of the study's report (``report/results.json``): a question and two of its model labels,
+    the share of decisive votes for ``model_a`` with its 95% interval (Wilson on effective votes, the report's
+    default) and the score test's p read off the same rule."""
+
+    question: str
+    model_a: str
+    model_b: str
+    votes: int
+    decisive: int
+    rate_a: float | None
+    lo: float | None
+    hi: float | None
+    p: float | None
+
+
+@dataclass(frozen=True)
 class StudyVotes:
-    """One study's main pairs and their votes, as its files hold them."""
+    """One study's main pairs and their votes, as its files hold them, and its report's preferences."""
 
     folder: Path
     models: dict[str, dict]  # label -> model info: checkpoint_hash (comma-separated), guidance, sampler, ...
     questions: tuple[str, ...]
     pairs: dict[str, StudyPair]  # main pair id -> its models and key
     votes: tuple[dict, ...]  # main votes of raters the report kept
+    preferences: tuple[Preference, ...] = ()
 
     def labels_of(self, row: dict) -> set[str]:
         """The study's labels for the checkpoint and settings of an evaluate row."""
@@ -115,10 +135,51 @@ def read_study(folder: str | Path) -> StudyVotes:
         kept = tuple(v for v in votes if v["pair"] in pairs and v["rater"] not in excluded)
         questions = tuple(str(q["id"]) for q in study["questions"])
         models = {str(label): dict(info) for label, info in study["model_info"].items()}
-        return StudyVotes(folder, models, questions, pairs, kept)
+        return StudyVotes(folder, models, questions, pairs, kept, _preferences(results.get("comparisons", [])))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise WorkbenchError(f"{folder}: {STUDY}, {VOTES} or {RESULTS} is not a study's ({type(e).__name__}: "
                              f"{str(e)[:80]})") from None
+
+
+def _share(value) -> float | None:
+    """A share or p-value of the report (null where there were no votes); anything else is refused."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
+        return None if value is None else float(value)
+    raise ValueError(f"a share of {str(value)[:40]!r}")
+
+
+def _count(value) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"a count of {str(value)[:40]!r}")
+
+
+def _preferences(comparisons) -> tuple[Preference, ...]:
+    """The report's comparisons, each value checked for its kind (the file may have been written by anyone)."""
+    found = []
+    for c in comparisons:
+        lo, hi = c.get("clustered_wilson") or (None, None)
+        found.append(Preference(str(c["question"]), str(c["model_a"]), str(c["model_b"]), _count(c["votes"]),
+                                _count(c["decisive"]), _share(c["rate_a"]), _share(lo), _share(hi),
+                                _share(c.get("score_test_p"))))
+    return tuple(found)
+
+
+def raters_preference(studies: list[StudyVotes], row_a: dict, row_b: dict) -> list[dict]:
+    """Per study and question, the raters' preference between rows A and B from the study's report, as `dwb
+    human-eval report` computed it: ``rate_a`` (the share of decisive votes for the study's model a) with its 95%
+    interval ``lo``, ``hi`` and ``p``, and ``model_a``: which of the comparison's sides, "A" or "B", the study's
+    model a is."""
+    found = []
+    for study in studies:
+        a_labels, b_labels = study.labels_of(row_a), study.labels_of(row_b)
+        for pref in study.preferences:
+            a_first = pref.model_a in a_labels and pref.model_b in b_labels
+            if a_first or (pref.model_a in b_labels and pref.model_b in a_labels):
+                found.append({"study": study.folder.name, "question": pref.question, "votes": pref.votes,
+                              "decisive": pref.decisive, "rate_a": pref.rate_a, "lo": pref.lo, "hi": pref.hi,
+                              "p": pref.p, "model_a": "A" if a_first else "B"})
+    return found
 
 
 def _sides(pair: StudyPair, a_labels: set[str], b_labels: set[str]) -> str | None:

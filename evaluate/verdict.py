@@ -10,20 +10,22 @@ The overall verdict counts, per metric family (``names.FAMILIES``), the metrics 
 cannot tell after Holm's adjustment within the family (``bootstrap.holm``): testing the 14 attribute accuracies
 at once would otherwise call about one of them "better" by chance alone. Each family is its own question
 (do the images look real, do they match the caption, are the attributes right), so the chance of any false
-"better" is kept under 5% per family. A family of several metrics gets enough replicates for the adjustment to
-be able to find a difference (``family_replicates``): Holm's first step asks p < 0.05 / m, and the smallest p
-that B replicates resolve is 2 / (B + 1), so at the default 200 a family of 14 could never pass it.
+"better" is kept under 5% per family. Each metric's sentence leads with its verdict after that adjustment and
+gives the metric's own p second, and every surface (the printed lines, the JSON, the comparison page, the
+report) prints a metric's interval, p and verdict through the same functions here. A family of several metrics
+gets enough replicates for the adjustment to be able to find a difference (``family_replicates``): Holm's first
+step asks p < 0.05 / m, and the smallest p that B replicates resolve is 2 / (B + 1), so at the default 200 a
+family of 14 could never pass it.
 """
 from __future__ import annotations
 
-from collections import Counter
+import math
 
 from train.common import interval_text, p_value_text
 
-from .bootstrap import holm, p_floor
+from .bootstrap import MIN_REPLICATES, SIGNIFICANCE, holm, p_floor
 from .names import FAMILIES, display_name, metric
 
-SIGNIFICANCE = 0.05
 # Replicates per metric of a family: at 80 m, an estimate with two of the replicates beyond it still passes
 # Holm's first step (p < 0.05 / m needs fewer than 0.025 B / m = 2 of them in the tail).
 PER_METRIC = 80
@@ -45,26 +47,109 @@ def replicates_text(result: dict) -> str:
     return f"{base:,} paired bootstrap replicates" + (f" ({', '.join(raised)})" if raised else "")
 
 
+WEIGHTS = {"ema": "EMA weights", "raw": "raw weights", "stored": "stored weights"}
+
+
+def _side_settings(result: dict, side: str) -> str:
+    """"DPM++ 2M, 20 steps, EMA weights": what one side's images were made with (rows written before a setting was
+    recorded say so)."""
+    sampler, steps, weights = (result.get(f"{key}_{side}") for key in ("sampler", "steps", "weights"))
+    return ", ".join((sampler or "the checkpoint's own sampler", f"{steps} steps" if steps else "steps not recorded",
+                      WEIGHTS.get(weights, f"{weights} weights") if weights else "weights not recorded"))
+
+
+def scored_text(result: dict) -> str:
+    """What a comparison scored: "guidance 3, DPM++ 2M, 20 steps, EMA weights", each side's settings where A's and
+    B's differ ("guidance 3; A: ..., EMA weights; B: ..., raw weights")."""
+    a, b = _side_settings(result, "a"), _side_settings(result, "b")
+    return f"guidance {result['guidance']:g}, {a}" if a == b else f"guidance {result['guidance']:g}; A: {a}; B: {b}"
+
+
 def p_text(p: float, replicates: int, bound: bool = False) -> str:
     """``train.common.p_value_text`` with the replicates' floor: "p <= 0.01" for 200 (``bootstrap.p_floor``);
     ``bound``: an upper bound (a Holm-adjusted p of a metric at the floor)."""
     return p_value_text(p, SIGNIFICANCE, p_floor(replicates), bound)
 
 
-def better_of(key: str, lo: float, hi: float, p: float) -> str | None:
+def better_of(key: str, lo: float | None, hi: float | None, p: float | None) -> str | None:
     """"B", "A", or None (cannot tell) for a difference B - A whose interval is [lo, hi] and p-value ``p``: the
     side of 0 the interval lies on, read in the metric's direction (p < 0.05 exactly when it lies on one)."""
-    if p >= SIGNIFICANCE or lo <= 0 <= hi:
+    if p is None or lo is None or p >= SIGNIFICANCE or lo <= 0 <= hi:
         return None
     return "B" if (hi < 0) == metric(key).lower_is_better else "A"
 
 
+def defined(m: dict) -> int:
+    """The replicates a metric's p rests on (every one drawn, in a comparison written before they were counted)."""
+    return m.get("defined", m["replicates"])
+
+
+def unmeasured(m: dict) -> str | None:
+    """Why a metric has no interval and p, or None: B - A is not a number (a row's value is infinite or NaN), or
+    fewer than ``MIN_REPLICATES`` replicates are defined (each replicate that drew no image the metric judges is
+    NaN: with 35 of 40 left, the interval of the rest cleared 0 while their p, at least 2 / 36, could not)."""
+    if not math.isfinite(m["difference"]):
+        return "not finite"
+    if defined(m) < MIN_REPLICATES or m["lo"] is None or m["p"] is None:
+        return (f"{defined(m)} of {m['replicates']} replicates drew an image it judges; a 95% interval needs "
+                f"{MIN_REPLICATES}")
+    return None
+
+
+def settled(m: dict) -> dict:
+    """The metric's ``lo``, ``hi`` and ``p`` as its verdict reads them, and ``unmeasured`` (why it has none).
+
+    At a tie the interval and p cannot part. Where the 95% interval's bound is 0 in exact arithmetic, floating point
+    put it a few ulps past 0 beside p = 0.05, or p a few ulps under 0.05 beside a bound at 0 or printed on it (one in
+    seven of 20,000 estimates placed on the bound). An interval clears 0 only by more than rounding (1e-9 of the
+    estimate or the interval's width) and with p < 0.05; otherwise a bound past 0 is set on it and p is at least
+    0.05: cannot tell."""
+    why = unmeasured(m)
+    if why:
+        return {**m, "lo": None, "hi": None, "p": None, "unmeasured": why}
+    lo, hi, p = m["lo"], m["hi"], m["p"]
+    rounding = 1e-9 * max(abs(m["difference"]), hi - lo)
+    if not ((lo > rounding or hi < -rounding) and p < SIGNIFICANCE):
+        lo, hi, p = min(lo, 0.0), max(hi, 0.0), max(p, SIGNIFICANCE)
+    return {**m, "lo": lo, "hi": hi, "p": p, "unmeasured": None}
+
+
+def interval_shown(m: dict) -> str:
+    """B - A with its 95% interval, signed, as every surface prints it ("-301 [-411, -208]"); the difference alone
+    where the metric has no interval."""
+    if m["lo"] is None:
+        return f"{m['difference']:+.4g}"
+    return interval_text(m["difference"], m["lo"], m["hi"], signed=True)
+
+
+def own_p_shown(m: dict) -> str:
+    """The metric's own p as every surface prints it ("p <= 0.01"); "" without one."""
+    return "" if m["p"] is None else p_text(m["p"], defined(m))
+
+
+def p_shown(m: dict) -> str:
+    """The p its verdict rests on, after Holm's adjustment within its family, as every surface prints it: an upper
+    bound ("p <= 0.02") where the metric's own p is at the replicates' floor; "" without one."""
+    if m.get("p_holm") is None:
+        return ""
+    at_floor = m["p"] <= p_floor(defined(m)) * (1 + 1e-9)
+    return p_text(m["p_holm"], defined(m), at_floor)
+
+
+def verdict_shown(m: dict) -> str:
+    """"B is better", "A is better" or "cannot tell", after Holm's adjustment: what a row's colour shows."""
+    return "cannot tell" if m["better_holm"] is None else f"{m['better_holm']} is better"
+
+
 def claim(m: dict) -> str:
-    """A metric's verdict with its gain (or B - A where it cannot tell) and 95% interval: "B is better on FID by
-    301 [208, 411]", "cannot tell on CLIP score: B - A = +0.12 [-0.05, +0.30]"."""
+    """A metric's verdict alone with its gain (or B - A where it cannot tell) and 95% interval: "B is better on FID
+    by 301 [208, 411]", "cannot tell on CLIP score: B - A = +0.12 [-0.05, +0.30]", "cannot tell on FID (not
+    finite): B - A = +inf"."""
     name = display_name(m["metric"])
+    if m.get("unmeasured"):
+        return f"cannot tell on {name} ({m['unmeasured']}): B - A = {interval_shown(m)}"
     if m["better"] is None:
-        return f"cannot tell on {name}: B - A = {interval_text(m['difference'], m['lo'], m['hi'], signed=True)}"
+        return f"cannot tell on {name}: B - A = {interval_shown(m)}"
     flip = (m["better"] == "A") != metric(m["metric"]).lower_is_better  # the gain is -(B - A)
     gain, lo, hi = (-m["difference"], -m["hi"], -m["lo"]) if flip else (m["difference"], m["lo"], m["hi"])
     return f"{m['better']} is better on {name} by {interval_text(gain, lo, hi)}"
@@ -73,43 +158,47 @@ def claim(m: dict) -> str:
 def brief(m: dict) -> str:
     """The claim and its p-value alone, for one metric asked about beforehand (no Holm adjustment): "B is better on
     FID by 301 [208, 411] (p <= 0.01)"."""
-    return f"{claim(m)} ({p_text(m['p'], m['replicates'])})"
+    return claim(m) if m.get("unmeasured") else f"{claim(m)} ({own_p_shown(m)})"
 
 
 def sentence(m: dict, n_family: int) -> str:
-    """One metric's line: the claim, p, and p after Holm's adjustment within its family of ``n_family`` metrics."""
-    replicates = m["replicates"]
-    line = f"{claim(m)}, {p_text(m['p'], replicates)}"
-    if n_family > 1:
-        after = "cannot tell" if m["better_holm"] is None else f"{m['better_holm']} is better"
-        at_floor = m["p"] <= p_floor(replicates) * (1 + 1e-9)
-        line += (f" (Holm-adjusted over the {n_family} {m['family']} metrics: "
-                 f"{p_text(m['p_holm'], replicates, at_floor)}, {after})")
-    return line
+    """One metric's line, led by its verdict after Holm's adjustment within its family of ``n_family`` tested
+    metrics, then its own p: "B is better on FID by 301 [208, 411] (Holm-adjusted over the 2 image quality
+    metrics: p <= 0.02; its own p <= 0.01)"; where the adjustment takes a verdict back, "cannot tell on ... after
+    Holm's adjustment over the 14 attribute accuracy metrics (p = 0.096); alone: B is better on ... (p = 0.048)"."""
+    if n_family <= 1 or m.get("unmeasured"):
+        return brief(m)
+    over = f"over the {n_family} {m['family']} metrics"
+    if m["better_holm"] != m["better"]:
+        return (f"cannot tell on {display_name(m['metric'])} after Holm's adjustment {over} ({p_shown(m)}); "
+                f"alone: {brief(m)}")
+    return f"{claim(m)} (Holm-adjusted {over}: {p_shown(m)}; its own {own_p_shown(m)})"
 
 
-def holm_within_families(metrics: list[dict]) -> list[float]:
-    """Each metric's p after Holm's adjustment over the metrics of its family (``names.FAMILIES``)."""
-    adjusted = [1.0] * len(metrics)
+def holm_within_families(metrics: list[dict]) -> tuple[list[float | None], list[int]]:
+    """Each metric's p after Holm's adjustment over the tested metrics of its family (``names.FAMILIES``; a metric
+    without a p is not tested and gets none), and how many metrics each adjustment was over."""
+    adjusted, sizes = [None] * len(metrics), [0] * len(metrics)
     for family in FAMILIES:
-        members = [i for i, m in enumerate(metrics) if metric(m["metric"]).family == family]
+        members = [i for i, m in enumerate(metrics) if metric(m["metric"]).family == family and m["p"] is not None]
         for i, p in zip(members, holm([metrics[i]["p"] for i in members])):
-            adjusted[i] = p
-    return adjusted
+            adjusted[i], sizes[i] = p, len(members)
+    return adjusted, sizes
 
 
 def with_verdicts(metrics: list[dict]) -> list[dict]:
-    """Each metric's ``better``, Holm-adjusted ``p_holm`` and ``better_holm``, display ``name``, ``family``,
-    ``lower_is_better`` and ``sentence``, from its ``metric``, ``difference``, ``lo``, ``hi``, ``p`` and
-    ``replicates``."""
-    sizes = Counter(metric(m["metric"]).family for m in metrics)
+    """Each metric's ``better``, Holm-adjusted ``p_holm`` and ``better_holm``, ``holm_over`` (the metrics adjusted
+    together), display ``name``, ``family``, ``lower_is_better``, ``unmeasured`` and ``sentence``, from its
+    ``metric``, ``difference``, ``lo``, ``hi``, ``p``, ``replicates`` and ``defined`` (``settled`` first: a tie at
+    the boundary and a metric without enough replicates read the same in the interval, p and words)."""
+    metrics = [settled(m) for m in metrics]
     out = []
-    for m, p_holm in zip(metrics, holm_within_families(metrics)):
+    for m, (p_holm, n) in zip(metrics, zip(*holm_within_families(metrics))):
         info = metric(m["metric"])
-        m = {**m, "better": better_of(m["metric"], m["lo"], m["hi"], m["p"]), "p_holm": p_holm,
+        m = {**m, "better": better_of(m["metric"], m["lo"], m["hi"], m["p"]), "p_holm": p_holm, "holm_over": n,
              "better_holm": better_of(m["metric"], m["lo"], m["hi"], p_holm), "name": info.name, "family": info.family,
              "lower_is_better": info.lower_is_better}
-        out.append({**m, "sentence": sentence(m, sizes[info.family])})
+        out.append({**m, "sentence": sentence(m, n)})
     return out
 
 
@@ -135,5 +224,17 @@ def overall(metrics: list[dict]) -> dict:
     adjusted = any(len(f["metrics"]) > 1 for f in families)
     return {"correction": "holm within each family", "level": SIGNIFICANCE, "n_metrics": len(metrics),
             "families": families,
-            "heading": "overall, after Holm's adjustment within each family (p_holm; each line above also gives its "
-                       "metric's p alone):" if adjusted else "overall:"}
+            "heading": "overall, after Holm's adjustment within each family (each line above leads with it and gives "
+                       "its metric's own p second):" if adjusted else "overall:"}
+
+
+def comparison_lines(result: dict) -> list[str]:
+    """A comparison as `dwb evaluate compare` prints it and the report shows it: what was scored, each metric's
+    sentence, the overall verdict per family."""
+    n_prompts = f" of {result['n_prompts']} prompts" if result.get("n_prompts") else ""
+    lines = [f"A = {result['a']}, B = {result['b']}, {scored_text(result)}, {result['n_images']} images{n_prompts}, "
+             f"{replicates_text(result)}:", *(f"  {m['sentence']}" for m in result["metrics"])]
+    verdict = result.get("overall") or {}  # comparisons written before the overall verdict have none
+    if verdict:
+        lines += [f"  {verdict['heading']}", *(f"    {f['sentence']}" for f in verdict["families"])]
+    return lines

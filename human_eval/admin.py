@@ -22,9 +22,10 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from train.common import interval_decimals, outward, p_value_text
+from train.common import p_value_text
 
-from .report import results_csv, stopping_lines, summary, votes_csv, votes_json
+from .report import interval_only, results_csv, stopping_lines, summary, votes_csv, votes_json
+from .resampling import REPORT_BOOTSTRAP
 
 COOKIE = "dwb_admin"
 MIN_TOKEN = 16  # characters; shorter tokens (an empty token file opened the pages to anyone) are refused
@@ -41,13 +42,8 @@ def _fmt(x, pct: bool = True) -> str:
 
 
 def _interval(iv) -> str:
-    """A share's interval in percent, rounded outward, never printing a bound clear of 50% on it."""
-    if not iv or iv[0] is None:
-        return "n/a"
-    lo, hi = 100 * iv[0], 100 * iv[1]
-    d = max(1, interval_decimals(lo, hi, 50))
-    plo, phi = outward(lo, hi, d)
-    return f"[{plo:.{d}f}, {phi:.{d}f}]"
+    """A share's interval in percent as the report prints it (``report.interval_only``)."""
+    return interval_only(*(iv or (None, None)))
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -174,7 +170,7 @@ class AnalysisCache:
             last = self.cache.get(exclude)
             if last is None or (time.monotonic() - last["at"] > REFRESH_S and last["last_vote"] != store.last_vote_id()):
                 last_vote, votes = store.last_vote_id(), store.all_votes()
-                results = analyze(self.service.study, votes, exclude_failing=exclude, n_boot=1000,
+                results = analyze(self.service.study, votes, exclude_failing=exclude, n_boot=REPORT_BOOTSTRAP,
                                   target_width=self.service.study.target_width, labels=store.labels())
                 self.cache[exclude] = last = {"at": time.monotonic(), "last_vote": last_vote, "votes": votes,
                                               "results": results}

@@ -19,8 +19,9 @@ from tqdm import tqdm
 from .agreement import krippendorff_alpha_nominal
 from .allocation import stopping_point, votes_to_settle
 from .bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
-from .stats import (Z95, bootstrap_rate, clustered_wilson_interval, decisive_votes_needed, design_effect,
-                    percentile_interval, score_test_p, sign_test, two_way_interval, two_way_variance, wilson_interval)
+from .resampling import DESIGN_EFFECT_REPLICATES, DESIGN_EFFECT_SEED, REPORT_BOOTSTRAP
+from .stats import (Z95, bootstrap_rate, decisive_votes_needed, effective_votes, percentile_interval, sign_test,
+                    two_way_interval, wilson_interval)
 from .study import Study
 from .style_control import bradley_terry_with_covariates, covariate_differences, interval
 
@@ -53,8 +54,9 @@ def preference(votes: list[dict]) -> dict:
 
 
 def clustered(votes: list[dict], study: Study, n_boot: int, rng: np.random.Generator) -> dict:
-    """Bootstrap intervals of the decisive rate, by prompt, by rater and both; the design effect of that
-    clustering; Wilson's interval on the effective number of votes and its score test (``human_eval.stats``)."""
+    """Bootstrap intervals of the decisive rate, by prompt, by rater and both (``n_boot`` draws of ``rng``); the
+    design effect of that clustering, Wilson's interval on the effective number of votes and its score test, from
+    ``stats.effective_votes`` (its own fixed draws: the same on every surface)."""
     if not votes:
         return {"bootstrap_prompt": (math.nan, math.nan), "bootstrap_rater": (math.nan, math.nan),
                 "two_way": (math.nan, math.nan), "design_effect": math.nan, "clustered_wilson": (math.nan, math.nan),
@@ -63,13 +65,11 @@ def clustered(votes: list[dict], study: Study, n_boot: int, rng: np.random.Gener
     decisive = np.array([v["choice"] != "none" for v in votes], dtype=float)
     prompts = np.array([study.by_id[v["pair_id"]].prompt for v in votes])
     raters = np.array([v["rater_id"] for v in votes])
-    variance = two_way_variance(wins, decisive, prompts, raters, n_boot, rng)
-    deff = design_effect(wins.sum(), decisive.sum(), variance)
+    effective = effective_votes(wins, decisive, prompts, raters)
     return {"bootstrap_prompt": percentile_interval(bootstrap_rate(wins, decisive, prompts, n_boot, rng)),
             "bootstrap_rater": percentile_interval(bootstrap_rate(wins, decisive, raters, n_boot, rng)),
-            "two_way": two_way_interval(wins, decisive, prompts, raters, variance=variance), "design_effect": deff,
-            "clustered_wilson": clustered_wilson_interval(wins.sum(), decisive.sum(), deff),
-            "score_test_p": score_test_p(wins.sum(), decisive.sum(), deff)}
+            "two_way": two_way_interval(wins, decisive, prompts, raters, variance=effective["variance"]),
+            **{k: effective[k] for k in ("design_effect", "clustered_wilson", "score_test_p")}}
 
 
 def sample_size_plan(result: dict, target_width: float) -> dict:
@@ -187,7 +187,7 @@ def rater_table(votes: list[dict], gold: dict, consistency: dict, excluded: set[
 
 
 def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, gold_threshold: float = 0.8,
-            n_boot: int = 2000, seed: int = 0, target_width: float = 0.1, covariates: tuple[str, ...] = (),
+            n_boot: int = REPORT_BOOTSTRAP, seed: int = 0, target_width: float = 0.1, covariates: tuple[str, ...] = (),
             labels: dict[str, str] | None = None, progress: bool = False) -> dict:
     """Every result for one study's votes (see the module doc); JSON-ready (nan as None).
 
@@ -218,7 +218,9 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
                        for m in study.models},
         "questions": {q.id: q.text for q in study.questions},
         "settings": {"exclude_failing_raters": exclude_failing, "gold_threshold": gold_threshold, "bootstrap": n_boot,
-                     "seed": seed, "target_width": target_width, "covariates": list(covariates), "z": Z95},
+                     "seed": seed, "design_effect_bootstrap": DESIGN_EFFECT_REPLICATES,
+                     "design_effect_seed": DESIGN_EFFECT_SEED, "target_width": target_width,
+                     "covariates": list(covariates), "z": Z95},
         "counts": {"votes": len(votes), "main_votes": len(main), "raters": len(raters),
                    "excluded_raters": sorted(excluded)},
         "comparisons": comparisons, "bradley_terry": bt, "style_control": {q: r for q, r in controlled.items() if r},

@@ -335,6 +335,7 @@ def _add_links(sub) -> None:
 
 def _add_report(sub) -> None:
     from .chart import DEFAULT_INTERVAL, INTERVALS
+    from .resampling import DESIGN_EFFECT_REPLICATES, REPORT_BOOTSTRAP
 
     p = sub.add_parser("report", help="preference rates, intervals, Bradley-Terry, agreement; CSV, JSON and PNG")
     p.add_argument("study")
@@ -342,7 +343,11 @@ def _add_report(sub) -> None:
     p.add_argument("--out", help="output folder (default: STUDY/report)")
     p.add_argument("--exclude-failing-raters", action="store_true", help="leave out raters under --gold-threshold")
     p.add_argument("--gold-threshold", type=_fraction, default=0.8, help="gold pass rate a rater needs (default 0.8)")
-    p.add_argument("--bootstrap", type=_positive, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--bootstrap", type=_positive, default=REPORT_BOOTSTRAP,
+                   help=f"resamples of the bootstrap intervals beside the headline one (by prompt, by rater, "
+                        f"Bradley-Terry; default {REPORT_BOOTSTRAP}, as on the admin page); the headline interval's "
+                        f"design effect always takes {DESIGN_EFFECT_REPLICATES} with its own seed, so every surface "
+                        f"gives the same digits")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target-width", type=_fraction,
                    help="the planner's and the stopping rule's interval width, e.g. 0.1 for +-5 points "

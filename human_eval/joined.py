@@ -1,8 +1,8 @@
 """Humans beside metrics: per model, raters' scores next to evaluate's; per metric, how often it orders as raters do.
 
 Per model and question: the Bradley-Terry score (bootstrap by prompt) and the win rate, the share of the
-model's decisive main votes it won (Wilson and bootstrap-by-prompt intervals), next to the metrics of its
-evaluate row (`human_eval.scores`), each with the row's 95% interval.
+model's decisive main votes it won, with the report's headline interval (Wilson's on effective votes) and its p,
+next to the metrics of its evaluate row (`human_eval.scores`), each with the row's 95% interval.
 
 Agreement of a metric with raters, two ways, each with a 95% bootstrap interval that resamples prompts
 (all votes and images of one prompt together):
@@ -30,13 +30,13 @@ import numpy as np
 
 from .analysis import NO_CATEGORY, bradley_terry, json_ready
 from .scores import LABELS, METRICS, ROW_KEYS, ScoreRows, join_scores, metric_values
-from .stats import (bootstrap_rate, clustered_wilson_interval, design_effect, percentile_interval, ratio,
-                    wilson_interval)
+from .stats import bootstrap_rate, effective_votes, percentile_interval, ratio, wilson_interval
 from .study import Study
 
 # A prompt bootstrap needs prompts to resample: in a simulation (6 votes a prompt, per-prompt rates spread by
 # 0.1) its 95% interval covered the true rate in 74% of draws with 2 prompts and 87-90% with 3-10 (Wilson:
-# 93-97%); one prompt gives zero width. Under MIN_PROMPTS a win rate has its Wilson interval only.
+# 93-97%); one prompt gives zero width. Under MIN_PROMPTS a win rate has no bootstrap-by-prompt interval (its
+# headline interval, Wilson's on effective votes, keeps Wilson's coverage at any number of prompts).
 MIN_PROMPTS = 5
 # row column -> the study image's metric (the preference scores keep their names)
 PER_IMAGE = {"clip_score": "clip_score", "attr_all_all": "attr_all",
@@ -44,21 +44,25 @@ PER_IMAGE = {"clip_score": "clip_score", "attr_all_all": "attr_all",
 
 
 def win_rate(votes: list[dict], model: str, study: Study, n_boot: int, rng: np.random.Generator) -> dict:
-    """The share of `model`'s decisive votes it won, with Wilson and bootstrap-by-prompt intervals, and Wilson's on
-    the effective number of votes (the prompt bootstrap's design effect; 1 under MIN_PROMPTS prompts)."""
+    """The share of `model`'s decisive votes it won, with Wilson's interval, the bootstrap-by-prompt interval (with
+    MIN_PROMPTS prompts or more), and Wilson's on the effective number of votes with its score test's p: the
+    report's headline interval, from the same function (``stats.effective_votes``: prompts and raters clustered, its
+    own fixed draws), so a model of a two-model study reads here as in the report and on the admin page."""
     mine = [v for v in votes if model in study.models_of(study.by_id[v["pair_id"]])]
     won = np.array([v["choice"] != "none" and study.models_of(study.by_id[v["pair_id"]])["ab".index(v["choice"])] == model
                     for v in mine], dtype=float)
     decisive = np.array([v["choice"] != "none" for v in mine], dtype=float)
     prompts = np.array([study.by_id[v["pair_id"]].prompt for v in mine], dtype=np.int64)
+    raters = np.array([v["rater_id"] for v in mine])
     wins, n = int(won.sum()), int(decisive.sum())
     enough = len(np.unique(prompts[decisive > 0])) >= MIN_PROMPTS
-    reps = bootstrap_rate(won, decisive, prompts, n_boot, rng) if enough else None
-    deff = design_effect(wins, n, float(np.nanvar(reps))) if enough else 1.0
+    effective = effective_votes(won, decisive, prompts, raters) if mine else {
+        "design_effect": math.nan, "clustered_wilson": (math.nan, math.nan), "score_test_p": 1.0}
     return {"votes": len(mine), "decisive": n, "wins": wins, "win_rate": wins / n if n else math.nan,
-            "wilson": wilson_interval(wins, n), "design_effect": deff,
-            "clustered_wilson": clustered_wilson_interval(wins, n, deff),
-            "bootstrap_prompt": percentile_interval(reps) if enough else (math.nan, math.nan)}
+            "wilson": wilson_interval(wins, n), **{k: effective[k] for k in ("design_effect", "clustered_wilson",
+                                                                              "score_test_p")},
+            "bootstrap_prompt": percentile_interval(bootstrap_rate(won, decisive, prompts, n_boot, rng)) if enough
+            else (math.nan, math.nan)}
 
 
 class PromptTable:

@@ -10,7 +10,9 @@ import math
 from html import escape
 from pathlib import Path
 
-from .report import csv_text
+from train.common import p_value_text
+
+from .report import csv_text, share_text
 from .scores import LABELS, METRICS
 
 FILES = ("joined.html", "joined.json", "joined_models.csv", "joined_agreement.csv", "joined_categories.csv")
@@ -35,6 +37,12 @@ def _pct(value, interval) -> str:
     return f"{100 * value:.1f}%" + ("" if lo is None else f" [{100 * lo:.1f}, {100 * hi:.1f}]")
 
 
+def _share(value, interval) -> str:
+    """A win rate with its headline interval, as the report and the admin page print a share (``share_text``)."""
+    lo, hi = interval or (None, None)
+    return "n/a" if value is None or lo is None else share_text(value, lo, hi)
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -51,11 +59,13 @@ def _model_section(joined: dict, q: str) -> str:
     rows = []
     for r in joined["table"]:
         h = r["human"][q]
-        rows.append([r["model"], _with_interval(h["bt_score"], h["bt_interval"], 2), _pct(h["win_rate"], h["clustered_wilson"]),
-                     h["decisive"], *(_with_interval(r["metrics"][m]["value"], (r["metrics"][m]["lo"], r["metrics"][m]["hi"]))
-                                      if m in r["metrics"] else "no row" if r["row"] is None else "n/a" for m in metrics)])
-    return _table(["model", "Bradley-Terry [95%]", "win rate [95% Wilson, effective votes]", "decisive votes",
-                   *(LABELS[m] + " [95%]" for m in metrics)], rows)
+        p = "n/a" if h.get("score_test_p") is None else p_value_text(h["score_test_p"])
+        rows.append([r["model"], _with_interval(h["bt_score"], h["bt_interval"], 2),
+                     _share(h["win_rate"], h["clustered_wilson"]), p, h["decisive"],
+                     *(_with_interval(r["metrics"][m]["value"], (r["metrics"][m]["lo"], r["metrics"][m]["hi"]))
+                       if m in r["metrics"] else "no row" if r["row"] is None else "n/a" for m in metrics)])
+    return _table(["model", "Bradley-Terry [95%]", "win rate [95% Wilson, effective votes]", "p (50/50)",
+                   "decisive votes", *(LABELS[m] + " [95%]" for m in metrics)], rows)
 
 
 def _agreement_section(joined: dict, q: str) -> str:
@@ -99,13 +109,15 @@ def models_csv(joined: dict) -> str:
     """One line per model and question: human scores, then each metric with its interval."""
     metrics = shown_metrics(joined)
     header = ["question", "model", "checkpoint_hash", "guidance", "sampler", "n_images", "bt_score", "bt_lo", "bt_hi",
-              "decisive", "win_rate", "win_rate_lo", "win_rate_hi", *(c for m in metrics for c in (m, f"{m}_lo", f"{m}_hi"))]
+              "decisive", "win_rate", "win_rate_lo", "win_rate_hi", "win_rate_p",
+              *(c for m in metrics for c in (m, f"{m}_lo", f"{m}_hi"))]
     rows = []
     for q in joined["questions"]:
         for r in joined["table"]:
             h, row = r["human"][q], r["row"] or {}
             rows.append([q, r["model"], r["checkpoint_hash"], row.get("guidance"), row.get("sampler"), row.get("n_images"),
                          h["bt_score"], *h["bt_interval"], h["decisive"], h["win_rate"], *h["clustered_wilson"],
+                         h.get("score_test_p"),
                          *(r["metrics"].get(m, {}).get(k) for m in metrics for k in ("value", "lo", "hi"))])
     return _csv(header, rows)
 

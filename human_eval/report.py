@@ -80,6 +80,19 @@ def results_csv(results: dict) -> str:
     return csv_text(RESULT_COLUMNS, rows)
 
 
+def share_text(rate: float, lo: float, hi: float) -> str:
+    """A share of decisive votes with its 95% interval, in percent, as every human-eval surface prints it (the
+    report, the admin page, joined.html): "64.0 [50.8, 86.3]%", rounded outward, never a bound clear of 50% on it."""
+    return f"{interval_text(100 * rate, 100 * lo, 100 * hi, threshold=50)}%"
+
+
+def interval_only(lo: float | None, hi: float | None) -> str:
+    """The bracket of ``share_text`` alone: "[50.8, 86.3]%"; "n/a" without an interval."""
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return "n/a"
+    return share_text(lo, lo, hi).partition(" ")[2]  # the same digits: the estimate does not move the bounds
+
+
 def _pct(x) -> str:
     return "  n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:5.1f}"
 
@@ -106,7 +119,7 @@ def preference_line(c: dict, interval: str = DEFAULT_INTERVAL) -> str:
         other = f"; {SHORT[interval]} [{_pct(olo)}, {_pct(ohi)}]"
     deff = c.get("design_effect")
     return (f"{c['question']:>10}  {first} vs {second}: {first}'s share of {c['decisive']} decisive votes "
-            f"{interval_text(100 * rate, 100 * lo, 100 * hi, threshold=50)}% (95%, {SHORT[DEFAULT_INTERVAL]}, design "
+            f"{share_text(rate, lo, hi)} (95%, {SHORT[DEFAULT_INTERVAL]}, design "
             f"effect {'n/a' if deff is None else f'{deff:.2f}'}), {p_value_text(c['score_test_p'])}: {verdict}{other}; "
             f"ties {_pct(c['tie_rate']).strip()}%; sign test, votes as independent, {p_value_text(c['sign_test_p'])}")
 

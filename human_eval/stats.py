@@ -20,6 +20,8 @@ import math
 import numpy as np
 from scipy.stats import binomtest, norm
 
+from .resampling import DESIGN_EFFECT_REPLICATES, DESIGN_EFFECT_SEED
+
 Z95 = float(norm.ppf(0.975))  # 1.959964...
 
 
@@ -117,6 +119,24 @@ def clustered_wilson_interval(k: float, n: float, deff: float, z: float = Z95) -
     size). It stays inside [0, 1] and never shrinks to a point, as a bootstrap does when every vote agrees."""
     deff = 1.0 if math.isnan(deff) else max(deff, 1.0)
     return wilson_interval(k / deff, n / deff, z)
+
+
+
+
+def effective_votes(wins: np.ndarray, decisive: np.ndarray, prompts: np.ndarray, raters: np.ndarray) -> dict:
+    """One share's uncertainty as every human-eval surface gives it: the two-way clustered ``variance`` (prompts
+    and raters), its ``design_effect``, Wilson's interval on the effective number of votes (``clustered_wilson``)
+    and its score test's p (``score_test_p``), from ``DESIGN_EFFECT_REPLICATES`` draws seeded ``DESIGN_EFFECT_SEED``.
+
+    wins, decisive: (V,) 0/1 per vote; prompts, raters: (V,) each vote's cluster ids. The clusters are resampled in
+    sorted order, so the votes' order does not matter, and one model's share and the other's (wins = decisive -
+    wins) get the same design effect."""
+    variance = two_way_variance(wins, decisive, prompts, raters, DESIGN_EFFECT_REPLICATES,
+                                np.random.default_rng(DESIGN_EFFECT_SEED))
+    k, n = float(wins.sum()), float(decisive.sum())
+    deff = design_effect(k, n, variance)
+    return {"variance": variance, "design_effect": deff, "clustered_wilson": clustered_wilson_interval(k, n, deff),
+            "score_test_p": score_test_p(k, n, deff)}
 
 
 def score_test_p(k: float, n: float, deff: float = 1.0) -> float:

@@ -3,9 +3,9 @@
 Importing torch, diffusers, transformers, Composer and Streaming is most of a smoke run's cost (about 16 s of
 CPU of a script's 17-20 s), paid once here. Each script then runs in its own forked child exactly as
 `python bench/SCRIPT --smoke --out OUT` runs it (as ``__main__``, with bench/ first on the path and its own
-argv), two children at a time, with its output in OUT/SCRIPT.log. No thread pool exists yet at the fork:
-torch starts its threads at the first parallel operation, which happens in the children. Prints one JSON
-object: each script's exit status.
+argv), two children at a time, with its stdout in OUT/SCRIPT.out and its stderr in OUT/SCRIPT.log. No
+thread pool exists yet at the fork: torch starts its threads at the first parallel operation, which happens
+in the children. Prints one JSON object: each script's exit status.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def warm_imports() -> None:
 
 
 def run_in_child(script: str, out: Path) -> int:
-    """Fork; the child runs ``script`` as __main__ with its output in OUT/SCRIPT.log. Returns the child's pid."""
+    """Fork; the child runs ``script`` as __main__, stdout in OUT/SCRIPT.out, stderr in OUT/SCRIPT.log.
+    Returns the child's pid."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -39,9 +40,10 @@ def run_in_child(script: str, out: Path) -> int:
         return pid
     code = 1
     try:
-        log = os.open(out / f"{script}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
+        # stdout apart from stderr: a helper process (multiprocessing's resource tracker) may still write a
+        # warning to stderr after the script printed its JSON
+        for fd, suffix in ((1, "out"), (2, "log")):
+            os.dup2(os.open(out / f"{script}.{suffix}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         sys.argv = [str(BENCH / script), "--smoke", "--out", str(out)]
         sys.path.insert(0, str(BENCH))
         try:

@@ -37,8 +37,8 @@ def test_every_benchmark_is_found():
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_smoke_run(script, smoke_runs):
     out, status = smoke_runs
-    log = (out / f"{script}.log").read_text()
-    assert status[script] == 0, f"bench/{script} --smoke exited {status[script]}:\n{log[-3000:]}"
+    printed, log = (out / f"{script}.out").read_text(), (out / f"{script}.log").read_text()
+    assert status[script] == 0, f"bench/{script} --smoke exited {status[script]}:\n{printed[-1500:]}\n{log[-1500:]}"
     # the JSON it reports is the last thing it prints: the run got to its end, marked as a smoke run
-    result = json.loads(log[log.rfind("\n{") + 1:])
+    result = json.loads(printed[printed.rfind("\n{") + 1:])
     assert result["smoke"] is True and result["benchmark"]

@@ -1,19 +1,34 @@
 import json
 import re
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from .conftest import run_dwb
+from .conftest import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_dwb
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory) -> SimpleNamespace:
+    """`dwb demo --quick`, run once for the module, with its results folder copied as the demo left it (a test runs
+    `dwb evaluate compare` over the original), and that command's output."""
+    out = tmp_path_factory.mktemp("quick-demo") / "demo"
+    r = run_dwb("demo", "--quick", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    left = out.parent / "eval-as-the-demo-left-it"
+    shutil.copytree(out / "eval", left)
+    compared = run_dwb("evaluate", "compare", "phase2/ba2", "phase2/ba4", "--out", str(out / "eval"))
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    return SimpleNamespace(out=out, run=r, report=json.loads((out / "demo.json").read_text()), left=left,
+                           compared=compared)
 
 
 @pytest.mark.slow
-def test_quick_demo_runs_every_stage(tmp_path):
-    out = tmp_path / "demo"
-    r = run_dwb("demo", "--quick", "--out", str(out))
-    assert r.returncode == 0, r.stderr[-2000:]
-    report = json.loads((out / "demo.json").read_text())
+def test_quick_demo_runs_every_stage(quick_demo):
+    out, r, report = quick_demo.out, quick_demo.run, quick_demo.report
     stages = [s["stage"].split(":")[0] for s in report["stages"]]
     assert stages == ["data", "prepare", "scorer", "precompute", "train", "train", "export", "grids", "evaluate",
                       "study"]
@@ -56,11 +71,17 @@ def test_quick_demo_runs_every_stage(tmp_path):
     assert re.fullmatch(rf"Last checkpoint vs middle \(B = phase2/ba4, A = phase2/ba2, paired over the same 8 prompts "
                         rf"and seeds\): ({claim.format('FID')}) {p}; ({claim.format(re.escape('every attribute right (all prompts)'))}) {p}\.",
                         closing), closing
-    compared = run_dwb("evaluate", "compare", "phase2/ba2", "phase2/ba4", "--out", str(out / "eval"))
-    assert compared.returncode == 0, compared.stderr[-2000:]
-    for answer in closing.split(": ", 1)[1].rstrip(".").split("; "):
+    compared = quick_demo.compared
+    for answer in closing.split(": ", 1)[1].rstrip(".").split("; "):  # each metric alone, as asked beforehand
         said, p_value = answer.rsplit(" (", 1)
-        assert f"  {said}, {p_value.rstrip(')')}" in compared.stdout, (answer, compared.stdout)
+        [line] = [line for line in compared.stdout.splitlines() if said in line]  # the line that metric's leads
+        assert f"its own {p_value.rstrip(')')}" in line or f"alone: {answer}" in line or line.endswith(f"({p_value}")
+    # ... and writes the comparison page `dwb evaluate compare` writes, which the report links
+    page = Path(report["compare_page"])
+    assert page == out / "eval" / "compare" / "phase2_ba2-vs-phase2_ba4.html" and page.is_file()
+    assert f"compare:     {page}" in r.stdout
+    assert f"../compare/{page.name}" in (quick_demo.left / "report" / "index.html").read_text()
+    assert "Comparisons (dwb evaluate compare)" in (quick_demo.left / "report" / "index.html").read_text()
     # ... and ends with a blind study of its first, middle and last checkpoints, from its own manifests
     study = report["study"]
     assert study["models"] == ["phase1/ba2", "phase2/ba2", "phase2/ba4"] and study["pairs"] > 0
@@ -75,3 +96,68 @@ def test_quick_demo_runs_every_stage(tmp_path):
         assert shown["prompt"]
         vote = c.post("/api/vote", json={"rater": rater, "pair": shown["pair"], "question": "quality", "answer": "A"})
         assert vote.json() == {"recorded": True}
+
+
+def _verdict_rows(page) -> dict[str, dict]:
+    """Per metric row of the page's verdict table: its class and each cell's text by the cell's class."""
+    return {tr.get_attribute("data-metric"): {"class": tr.get_attribute("class"),
+                                              **{td.get_attribute("class"): td.text_content()
+                                                 for td in tr.query_selector_all("td[class]")}}
+            for tr in page.query_selector_all("table.verdict tr[data-metric]")}
+
+
+def _bounds(text: str) -> tuple[float, float]:
+    lo, hi = re.search(r"\[([-+0-9.e]+), ([-+0-9.e]+)\]", text).groups()
+    return float(lo), float(hi)
+
+
+def _p_holds(text: str, p: float) -> bool:
+    """Whether a printed p ("p = 0.096", "p < 0.05", "p <= 0.02", "p < 0.001") is what ``p`` prints as."""
+    _, kind, value = text.split()
+    if kind == "=":
+        return f"{p:.2g}" == value or float(f"{p:.2g}") == float(value)
+    return p <= float(value) * (1 + 1e-9) if kind == "<=" else p < float(value)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_demos_compare_page_says_what_compare_prints_and_its_json_holds(quick_demo):
+    """The done-when check: the demo's comparison page, opened in Chromium, gives every metric the verdict,
+    interval and p that `dwb evaluate compare` prints and that its JSON holds; the rows' colours follow the
+    verdict after Holm's adjustment, and the family verdicts and what was scored are on it too."""
+    from playwright import sync_api
+
+    page_file = quick_demo.left / "compare" / "phase2_ba2-vs-phase2_ba4.html"
+    [saved] = [json.loads(p.read_text()) for p in (quick_demo.left / "compare").glob("*.json")]
+    printed = quick_demo.compared.stdout.splitlines()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto(page_file.as_uri())
+        rows = _verdict_rows(page)
+        families = [li.text_content() for li in page.query_selector_all("div.overall li.family")]
+        scored = page.query_selector("section.guidance p.scored").text_content()
+        browser.close()
+
+    assert set(rows) == {m["metric"] for m in saved["metrics"]} and len(rows) > 10
+    for m in saved["metrics"]:
+        row = rows[m["metric"]]
+        [line] = [line for line in printed if line == f"  {m['sentence']}"]  # the printed line, word for word
+        assert row["sentence"] == m["sentence"]
+        assert row["class"] == f"better-{m['better_holm'] or 'none'}"
+        assert row["verdict"] == ("cannot tell" if m["better_holm"] is None else f"{m['better_holm']} is better")
+        if m["lo"] is None:  # no interval: said why, and no p
+            assert row["p"] == row["own-p"] == "" and m["unmeasured"] in line
+            continue
+        assert row["p"] in line and row["own-p"] in line  # the same p texts as the printed line
+        assert _p_holds(row["p"], m["p_holm"]) and _p_holds(row["own-p"], m["p"])  # ... and the JSON's
+        lo, hi = _bounds(row["interval"])  # B - A, signed
+        assert lo <= m["lo"] and hi >= m["hi"]  # rounded outward from the JSON's interval
+        assert (lo > 0 or hi < 0) == (m["better"] is not None)  # the interval says what the metric's own p says
+        assert sorted(map(abs, (lo, hi))) == sorted(map(abs, _bounds(line)))  # the printed digits (a gain: -(B - A))
+    assert families == [f["sentence"] for f in saved["overall"]["families"]]
+    assert all(f"    {family}" in printed for family in families)
+    header = next(line for line in printed if line.startswith("A = phase2/ba2, B = phase2/ba4, "))
+    assert scored == f"Scored: {re.search(r'B = phase2/ba4, (.*), [0-9]+ images of', header).group(1)}."
+    made = quick_demo.report["generation"]  # what the demo generated with; its checkpoints hold EMA weights
+    assert scored == f"Scored: guidance {made['guidance']:g}, {made['sampler']}, {made['steps']} steps, EMA weights."

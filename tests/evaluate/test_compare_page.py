@@ -6,8 +6,10 @@ their guidance-5 images with a few votes, reported by `dwb human-eval report`, t
 --study`; the page is opened from a copy of the results folder."""
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
+from html.parser import HTMLParser
 from types import SimpleNamespace
 from urllib.parse import unquote, urlparse
 
@@ -103,7 +105,7 @@ def _pair_on_page(figure, copy: Path) -> dict:
 
 @needs_chromium
 def test_the_page_shows_verdicts_then_pairs_by_difference_with_their_votes(compared, tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
+    from playwright import sync_api
     copy = tmp_path / "elsewhere"  # the results folder copied: the page's links are relative
     shutil.copytree(compared.out, copy)
     page_file = copy / compared.page.relative_to(compared.out)
@@ -136,7 +138,7 @@ def test_the_page_shows_verdicts_then_pairs_by_difference_with_their_votes(compa
         lines = {side: {Path(r["samples"]) / m["path"]: m for m in _manifest(compared.out / r["samples"] / "manifest.jsonl")}
                  for side, r in (("a", row_a), ("b", row_b))}
         assert len(shown["pairs"]) == 4
-        differences = []
+        differences, voted = [], []
         for pair in shown["pairs"]:
             a, b = (lines[side][pair["files"][side]] for side in ("a", "b"))  # the files the <img> tags point to
             assert (a["prompt_index"], a["image_index"], a["seed"]) == pair["key"] == (
@@ -145,7 +147,11 @@ def test_the_page_shows_verdicts_then_pairs_by_difference_with_their_votes(compa
             differences.append(abs(b["clip_score"] - a["clip_score"]))
             expected = compared.votes.get(pair["key"][:2]) if guidance == 5.0 else None
             assert pair["votes"] == ({q: expected for q in ("quality", "alignment")} if expected else {})
-        assert differences == sorted(differences, reverse=True)  # the pairs that differ most first
+            voted.append(bool(pair["votes"]))
+        assert voted == sorted(voted, reverse=True)  # the pairs raters voted on first
+        for group in (True, False):  # then, within each, the pairs that differ most first
+            part = [d for d, v in zip(differences, voted) if v == group]
+            assert part == sorted(part, reverse=True)
     assert sum(bool(p["votes"]) for p in sections[5.0]["pairs"]) == len(VOTERS)
     assert (HOSTILE, 0) in prompts and all(children == 0 for _, children in prompts)  # markup shown as text
     report = (compared.out / "report" / "index.html").read_text()
@@ -155,13 +161,48 @@ def test_the_page_shows_verdicts_then_pairs_by_difference_with_their_votes(compa
 def test_the_page_caps_its_pairs_and_a_study_of_other_checkpoints_is_refused(compared, dwb, tmp_path):
     from evaluate.compare_page import write_compare_page
 
+    from evaluate.study_votes import read_study
+
     results = [json.loads(p.read_text()) for p in sorted((compared.out / "compare").glob("*.json"))]
     copy = tmp_path / "eval"
     shutil.copytree(compared.out, copy)
     text = write_compare_page(copy, str(compared.a), str(compared.b), results, max_pairs=2).read_text()
     assert text.count("<figure class='pair'") == 4 and text.count("(2 of 4 pairs)") == 2
+    # with a study, the pairs raters voted on come first: 3 of the 4 at guidance 5 have votes, and the one without
+    # differs more than two of them, so ordered by difference alone it took one of 3 places
+    text = write_compare_page(copy, str(compared.a), str(compared.b), results, [read_study(compared.study)],
+                              max_pairs=len(VOTERS)).read_text()
+    guidance_5 = text.split("data-guidance='5'")[1]
+    assert guidance_5.count("<figure class='pair'") == len(VOTERS) and "no votes on this pair" not in guidance_5
     written = compared.page.read_text()  # every pair: the prompt with markup is there, escaped
     assert HOSTILE not in written and "&lt;script&gt;window.pwned=1&lt;/script&gt;" in written
+    # the app serves this page: no server path on it (checkpoints by file name, the study by its folder's name)
+    assert str(compared.a.parent) not in written and str(compared.study.parent) not in written
+    assert compared.a.name in written and f"study folder {compared.study.name}" in written
+
+    # beside the metrics' verdict, what the raters preferred, in the human-eval report's own words and digits
+    from html import unescape
+
+    from human_eval.report import summary
+
+    said = summary(json.loads((compared.study / "report" / "results.json").read_text()))
+    shown = [unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li class='preference'[^>]*>(.*?)</li>",
+                                                                      written)]
+    assert len(shown) == 2  # quality and alignment, at guidance 5 (the study's)
+    share = r"share of \d+ decisive votes ([0-9.]+ \[[0-9.]+, [0-9.]+\]%) \(95%.*?\), (p [=<]+ [0-9.e-]+)"
+    for line in shown:
+        question = line.split(":")[0]
+        [report_line] = [r for r in said.splitlines() if r.strip().startswith(f"{question}  ") and "share of" in r]
+        assert re.search(share, line).groups() == re.search(share, report_line).groups()
+
+    broken = tmp_path / "broken-study"  # a report whose numbers are markup: one line, naming the file
+    shutil.copytree(compared.study, broken)
+    results = json.loads((broken / "report" / "results.json").read_text())
+    results["comparisons"][0]["rate_a"] = "<script>window.pwned=1</script>"
+    (broken / "report" / "results.json").write_text(json.dumps(results))
+    r = dwb("evaluate", "compare", str(compared.a), str(compared.b), "--out", str(copy), "--bootstrap", "40",
+            "--study", str(broken))
+    assert r.returncode != 0 and "results.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
     other = tmp_path / "other-study"
     shutil.copytree(compared.study, other)
@@ -178,13 +219,64 @@ def test_the_page_caps_its_pairs_and_a_study_of_other_checkpoints_is_refused(com
     assert r.returncode != 0 and "run `dwb human-eval report" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_the_verdict_table_takes_readable_names_and_an_overall_verdict_where_the_comparison_has_them():
-    from evaluate.compare_page import verdict_table
+class VerdictRows(HTMLParser):
+    """A verdict table as a browser's parser reads it: per metric, its row's class and each cell's text by class;
+    and the text of each family's line."""
 
-    metric = {"metric": "clip_score", "a": 20.0, "b": 21.5, "difference": 1.5, "lo": 0.5, "hi": 2.5, "p": 0.01,
-              "better": "B", "sentence": "B is better on CLIP score by 1.5 [0.5, 2.5], p = 0.01"}
-    plain = verdict_table({"metrics": [metric]})
-    assert "<td>clip_score</td>" in plain and plain.startswith("<table")  # no verdict line without a verdict
-    named = verdict_table({"metrics": [{**metric, "name": "CLIP <score>"}], "verdict": "B is better <overall>"})
-    assert "<td>CLIP &lt;score&gt;</td>" in named and "<p class='verdict'>B is better &lt;overall&gt;</p>" in named
-    assert "<tr class='better-B' data-metric='clip_score'>" in named and "+1.5 [+0.5, +2.5]" in named
+    def __init__(self, text: str):
+        super().__init__()
+        self.rows, self.families, self.row, self.cell, self.family = {}, [], None, None, None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tr" and "data-metric" in attrs:
+            self.row = self.rows[attrs["data-metric"]] = {"class": attrs["class"]}
+        elif tag == "td" and self.row is not None:
+            self.cell = attrs.get("class")
+            self.row[self.cell] = ""
+        elif tag == "li" and attrs.get("class") == "family":
+            self.families.append("")
+            self.family = True
+
+    def handle_endtag(self, tag):
+        self.cell = None if tag == "td" else self.cell
+        self.row = None if tag == "tr" else self.row
+        self.family = None if tag == "li" else self.family
+
+    def handle_data(self, data):
+        if self.row is not None and self.cell is not None:
+            self.row[self.cell] += data
+        if self.family:
+            self.families[-1] += data
+
+
+def test_the_verdict_table_reads_as_the_printed_lines_after_holms_adjustment():
+    """FID with p = 0.048 beside a KID that differs in nothing: Holm's adjustment over the two makes it 0.096, and
+    `compare` prints "cannot tell" first; the row was still green, its p column the unadjusted "0.048", and the
+    family verdicts the text prints were not on the page. A lone CLIP score with p = 0.0496 printed "0.05" (`:.2g`)
+    beside a green row."""
+    from evaluate.compare_page import verdict_table
+    from evaluate.verdict import overall, with_verdicts
+
+    def measured(key, diff, lo, hi, p):
+        return {"metric": key, "a": 1.0, "b": 1.0 + diff, "difference": diff, "lo": lo, "hi": hi, "p": p,
+                "replicates": 200, "defined": 200}
+
+    metrics = with_verdicts([measured("fid", -2.0, -3.9, -0.1, 0.048), measured("kid_mean", 0.0, -0.01, 0.01, 0.6),
+                             measured("clip_score", 1.5, 0.002, 3.0, 0.0496)])
+    fid = next(m for m in metrics if m["metric"] == "fid")
+    page = VerdictRows(verdict_table({"metrics": metrics, "overall": overall(metrics)}))
+    rows = page.rows
+    assert rows["fid"]["class"] == "better-none" and fid["better"] == "B"  # alone, B would be better
+    assert rows["fid"]["p"] == "p = 0.096" and rows["fid"]["own-p"] == "p = 0.048"
+    assert rows["fid"]["verdict"] == "cannot tell" and rows["fid"]["sentence"].startswith("cannot tell on FID after Holm")
+    assert rows["clip_score"]["class"] == "better-B" and rows["clip_score"]["p"] == "p < 0.05"
+    for m in metrics:  # each row's sentence is the printed line, and its p cells are the p values that line prints
+        row = rows[m["metric"]]
+        assert row["sentence"] == m["sentence"] and row["p"] in m["sentence"] and row["own-p"] in m["sentence"]
+    assert page.families == [f["sentence"] for f in overall(metrics)["families"]]
+    assert page.families[0].startswith("image quality: cannot tell")
+    assert page.families[1].startswith("text alignment: B is better")
+    named = verdict_table({"metrics": [{**metrics[2], "name": "CLIP <score>"}]})
+    assert "<td class='name'>CLIP &lt;score&gt;</td>" in named and "<div class='overall'>" not in named

@@ -109,19 +109,23 @@ def test_a_results_row_whose_numbers_are_markup_is_skipped_and_said(tmp_path, dw
 
 def test_every_value_on_the_compare_page_is_escaped_for_its_place(tmp_path):
     """The page's writer, given markup in every field a file could carry (the readers refuse most of it first)."""
-    from evaluate.compare_page import ImagePair, _header, pair_figure, section_heading, verdict_table
+    from evaluate.compare_page import ImagePair, _header, pair_figure, raters_part, section_heading, verdict_table
 
     line = {"prompt": "<script>window.pwned=3</script>", "prompt_index": HOSTILE_SEED, "image_index": HOSTILE_SEED,
             "seed": HOSTILE_SEED, "category": HOSTILE_COUNT, "path": "x'onerror='window.pwned=4.png",
             "width": HOSTILE_COUNT, "height": 16, "clip_score": HOSTILE_COUNT, "prompt_set": "s"}
     page = tmp_path / "compare" / "a-vs-b.html"
     row = {"model": HOSTILE_COUNT, "checkpoint": HOSTILE_SEED, "checkpoint_hash": HOSTILE_COUNT}
-    result = {"guidance": 5.0, "sampler_a": HOSTILE_COUNT, "n_images": HOSTILE_COUNT, "n_prompts": HOSTILE_SEED,
-              "bootstrap": 40, "replicates": {}, "verdict": HOSTILE_COUNT,
-              "metrics": [{"metric": HOSTILE_SEED, "name": HOSTILE_COUNT, "better": HOSTILE_SEED, "a": HOSTILE_COUNT,
-                           "b": 1.0, "difference": HOSTILE_COUNT, "lo": 0.5, "hi": HOSTILE_SEED, "p": HOSTILE_COUNT,
-                           "sentence": HOSTILE_COUNT}]}
-    html = "".join([_header(row, row, []), section_heading(result), verdict_table(result),
+    # the page's numbers are computed by `compare` (never read from a file); every text may come from one
+    result = {"guidance": 5.0, "sampler_a": HOSTILE_COUNT, "sampler_b": HOSTILE_SEED, "weights_a": HOSTILE_COUNT,
+              "n_images": HOSTILE_COUNT, "n_prompts": HOSTILE_SEED, "bootstrap": 40, "replicates": {},
+              "overall": {"heading": HOSTILE_COUNT, "families": [{"family": HOSTILE_SEED, "sentence": HOSTILE_COUNT}]},
+              "metrics": [{"metric": HOSTILE_SEED, "name": HOSTILE_COUNT, "better": HOSTILE_SEED,
+                           "better_holm": HOSTILE_SEED, "a": HOSTILE_COUNT, "b": 1.0, "difference": 0.7, "lo": 0.5,
+                           "hi": 0.9, "p": 0.01, "p_holm": 0.02, "replicates": 40, "sentence": HOSTILE_COUNT}]}
+    preference = {"study": HOSTILE_SEED, "question": HOSTILE_COUNT, "votes": 3, "decisive": 2, "rate_a": 0.75,
+                  "lo": 0.2, "hi": 0.95, "p": 0.4, "model_a": "A"}
+    html = "".join([_header(row, row, []), section_heading(result), raters_part([preference]), verdict_table(result),
                     pair_figure(ImagePair(line, dict(line), tmp_path, tmp_path), page, None, ())])
     markup = Elements(html)
     assert markup.handlers() == []
@@ -177,9 +181,12 @@ def test_a_comparison_file_nested_deep_or_of_markup_is_left_out_of_the_report(tm
     saved = next(p for p in (tmp_path / "compare").glob("*.json") if p.name != "deep.json")
     hostile = {**json.loads(saved.read_text()), "a": HOSTILE_COUNT, "n_images": HOSTILE_COUNT, "guidance": "x"}
     (tmp_path / "compare" / "markup.json").write_text(json.dumps(hostile))
+    settings = {**json.loads(saved.read_text()), "weights_a": [HOSTILE_COUNT]}  # what was scored, of the wrong kind
+    (tmp_path / "compare" / "settings.json").write_text(json.dumps(settings))
     r = dwb("evaluate", "report", "--out", str(tmp_path))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "deep.json: JSON nested deeper than" in caplog.text and "markup.json: 'guidance'" in caplog.text
+    assert "settings.json: 'weights_a' must be text" in caplog.text
     report = (tmp_path / "report" / "index.html").read_text()
     assert Elements(report).handlers() == [] and "A = a, B = b" in report
 

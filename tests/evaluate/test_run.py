@@ -342,7 +342,8 @@ def test_compare_two_checkpoints_with_paired_intervals(tiny_run, shapes_data, in
     for m in result["metrics"]:
         assert m["difference"] == pytest.approx(m["b"] - m["a"]) and m["lo"] <= m["difference"] <= m["hi"]
         assert 0 < m["p"] <= 1 and m["sentence"] in printed
-        assert m["sentence"].startswith("cannot tell") == (m["better"] is None) == (m["p"] >= 0.05)
+        assert m["sentence"].startswith("cannot tell") == (m["better_holm"] is None) == (m["p_holm"] >= 0.05)
+    assert "guidance 5, DPM++ 2M, 2 steps, EMA weights" in printed  # what was scored
     assert result["overall"]["heading"] in printed and result["overall"]["n_metrics"] == 5
     assert [f["family"] for f in result["overall"]["families"]] == ["image quality", "text alignment"]
     assert "Comparisons" in (out / "report" / "index.html").read_text()
@@ -350,10 +351,10 @@ def test_compare_two_checkpoints_with_paired_intervals(tiny_run, shapes_data, in
     from evaluate.compare import compare_store
 
     [same] = compare_store(out, str(a), str(a), replicates=50)  # a checkpoint against itself: no difference at all
-    alike = "B - A = +0 [+0, +0], p = 1"
+    alike = "B - A = +0 [+0, +0]"
     assert {m["metric"]: m["sentence"].split(": ", 1)[1] for m in same["metrics"]} == {
-        **{k: f"{alike} (Holm-adjusted over the 4 image quality metrics: p = 1, cannot tell)"
-           for k in ("fid", "kid_mean", "cmmd", "fd_dinov2")}, "clip_score": alike}
+        **{k: f"{alike} (Holm-adjusted over the 4 image quality metrics: p = 1; its own p = 1)"
+           for k in ("fid", "kid_mean", "cmmd", "fd_dinov2")}, "clip_score": f"{alike} (p = 1)"}
     assert same["replicates"] == {"image quality": 400, "text alignment": 50}  # 80 per metric of a family of 4
 
     assert main(["evaluate", "compare", str(a), str(tiny_run / "ep9-ba9-rank0.pt"), "--out", str(out)]) != 0

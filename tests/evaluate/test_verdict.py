@@ -55,7 +55,7 @@ def write_row(out, model: str, features: np.ndarray, clip: np.ndarray, reference
     row = {"model": model, "checkpoint": model, "status": "ok", "step": 0, "guidance": 5.0, "sampler": None,
            "n_images": len(clip), "prompts": "test", "size": 16, "extractor": "test", "n_reference": 200,
            "dinov2": None, "samples": f"samples/{model}/cfg5", "fid": _frechet_to(stats, features.astype(np.float32)),
-           "kid_mean": 0.0, "clip_score": float(np.mean(clip))}
+           "kid_mean": 0.0, "clip_score": float(np.nanmean(clip))}
     ResultsStore(out).append(row)
     return row
 
@@ -151,7 +151,9 @@ def test_holm_within_a_family_takes_back_a_barely_significant_metric(checkpoints
     kid, clip = (next(m for m in result["metrics"] if m["metric"] == k) for k in ("kid_mean", "clip_score"))
     assert kid["p"] > 0.5 and fid["better"] == "B" and fid["better_holm"] is None  # KID: the same in both rows
     assert fid["p_holm"] == pytest.approx(2 * fid["p"])
-    assert "Holm-adjusted over the 2 image quality metrics" in fid["sentence"] and fid["sentence"].endswith("cannot tell)")
+    assert fid["sentence"].startswith("cannot tell on FID after Holm's adjustment over the 2 image quality metrics (")
+    assert "; alone: B is better on FID by " in fid["sentence"]  # the adjusted verdict first, the metric's own second
+    assert fid["sentence"].endswith(f"({p_text(fid['p'], fid['defined'])})")
     assert clip["p_holm"] == clip["p"] and "Holm" not in clip["sentence"]
     families = {f["family"]: f for f in result["overall"]["families"]}
     assert families["image quality"]["verdict"] is None and families["image quality"]["metrics"] == ["fid", "kid_mean"]
@@ -248,3 +250,77 @@ def test_each_family_is_compared_on_its_own_count_of_replicates(checkpoints):
     assert by_key["fid"]["p"] == pytest.approx(p_floor(200)) and by_key["clip_score"]["p"] == pytest.approx(p_floor(40))
     assert by_key["fid"]["better_holm"] == "B"  # 2 x 2 / 201 < 0.05: the raised count lets Holm find it
     assert replicates_text(result) == "40 paired bootstrap replicates (200 for image quality)"
+
+
+def _shown_interval_excludes_zero(sentence: str) -> bool | None:
+    """Whether the interval a sentence prints lies clear of 0 (None where it prints none)."""
+    found = re.search(r"\[([-+0-9.e]+), ([-+0-9.e]+)\]", sentence)
+    if not found:
+        return None
+    lo, hi = (float(x) for x in found.groups())
+    return lo > 0 or hi < 0 or (lo < 0 and hi < 0)
+
+
+def test_replicates_that_drew_no_defined_image_count_against_the_minimum(checkpoints):
+    """CLIP scores defined on 2 of 40 prompts (the others NaN: an image the metric does not judge) and 40
+    replicates asked for: about 5 of the 40 draw neither prompt, leaving fewer than the 40 a 95% interval needs.
+    The interval of the rest cleared 0 beside "cannot tell" (its p floor is over 0.05); the metric must say
+    that too few replicates were defined, and print no interval that contradicts it."""
+    out, a, new_b, _ = checkpoints
+    rng = np.random.default_rng(5)
+    features = rng.standard_normal((PROMPTS, DIM))
+    reference = (str(out / "cache" / "ref-test.pt"), FeatureStats.from_state_dict(
+        torch.load(out / "cache" / "ref-test.pt", weights_only=True), kid_max=200))
+    clip = np.full(PROMPTS, np.nan)
+    clip[[3, 17]] = [30.0, 26.0]
+    sparse_a = write_row(out, "sparse-a", features, clip, reference)
+    sparse_b = write_row(out, "sparse-b", features, clip + np.where(np.arange(PROMPTS) == 3, 5.0, 4.0), reference)
+    result = compare_rows(out, sparse_a, sparse_b, replicates=40)
+    m = next(m for m in result["metrics"] if m["metric"] == "clip_score")
+    defined = m["defined"]
+    assert defined < 40 and m["replicates"] == 40
+    assert m["better"] is None and m["better_holm"] is None and m["lo"] is None and m["p"] is None
+    assert f"{defined} of 40 replicates" in m["sentence"] and m["sentence"].startswith("cannot tell on CLIP score")
+    assert _shown_interval_excludes_zero(m["sentence"]) is None
+    assert "text alignment: cannot tell" in [f["sentence"].split(" (")[0] for f in result["overall"]["families"]]
+
+
+def test_a_non_finite_point_estimate_reads_cannot_tell_in_one_line(checkpoints):
+    """A store row whose FID is infinite (a degenerate feature covariance) or NaN: B - A is not a number, and
+    the comparison said TypeError instead of a verdict."""
+    out, a, new_b, _ = checkpoints
+    for i, bad in enumerate((float("inf"), float("nan"))):
+        b = {**new_b(f"bad{i}", 1.0), "fid": bad}
+        result = compare_rows(out, a, b, replicates=40)
+        fid = next(m for m in result["metrics"] if m["metric"] == "fid")
+        assert fid["better"] is None and fid["better_holm"] is None and fid["p"] is None
+        assert fid["sentence"].startswith("cannot tell on FID (not finite)") and "\n" not in fid["sentence"]
+        json.dumps(result)  # the comparison is still written
+
+
+def test_a_tie_at_the_exact_boundary_reads_the_same_in_the_interval_and_p():
+    """Replicates and estimates placed so that the 95% interval's lower bound is 0 in exact arithmetic: in
+    floating point the bound landed a few ulps above 0 beside p = 0.05 ("cannot tell" with an interval clear
+    of 0), or p a few ulps under 0.05 beside a bound at or below 0. At a tie, both must say the same."""
+    from evaluate.bootstrap import interval as _interval, p_value as _p_value
+    from evaluate.verdict import with_verdicts
+
+    rng = np.random.default_rng(0)
+    parted = []
+    for trial in range(600):
+        n = int(rng.integers(40, 400))
+        reps = rng.normal(0, 1, n)
+        if trial % 3 == 0:
+            reps = np.round(reps, 1)  # replicates tied with each other as well
+        s = np.sort(reps) - np.sort(reps).mean()
+        h = (n - 1) * 0.025
+        k = int(np.floor(h + 1e-9))
+        point = -float(s[k] + (h - k) * (s[k + 1] - s[k]))  # minus the 2.5% quantile of the deviations
+        lo, hi = _interval(point, reps)
+        [m] = with_verdicts([{"metric": "clip_score", "a": 0.0, "b": point, "difference": point, "lo": lo, "hi": hi,
+                              "p": _p_value(point, reps), "replicates": n}])
+        clear = m["lo"] > 0 or m["hi"] < 0
+        if clear != (m["p"] < 0.05) or clear != (m["better"] is not None) or \
+                _shown_interval_excludes_zero(m["sentence"]) != clear:
+            parted.append((n, point, m["lo"], m["p"], m["sentence"]))
+    assert not parted, parted[:3]

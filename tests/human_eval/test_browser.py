@@ -26,7 +26,7 @@ def markup_study(tmp_path_factory) -> Path:
 
 
 def test_rater_rates_with_mouse_and_keyboard(markup_study):
-    sync_api = pytest.importorskip("playwright.sync_api")
+    from playwright import sync_api
     study = load_study(markup_study)
     prompts = {p.text for p in study.prompts}
     done: list[tuple[str, str, str, str]] = []  # (pair shown, question, answer, model on the chosen side)
