@@ -189,10 +189,11 @@ class Service:
         except Exception as e:  # noqa: BLE001 - anything else a foreign file can make a loader raise
             reason = first_line(e).replace(str(ckpt.path), ckpt.label)
             raise WorkbenchError(self.for_client(f"cannot load {ckpt.label}: {type(e).__name__}: {reason}")) from None
-        if self.runtime.device.startswith("cuda"):
+        if self.runtime.device.startswith("cuda") and getattr(pipe, "unet", None) is not None:
             from diffusers.models.attention_processor import AttnProcessor2_0
 
-            pipe.unet.set_attn_processor(AttnProcessor2_0())  # PyTorch SDPA (flash / memory-efficient kernels)
+            # PyTorch SDPA (flash / memory-efficient kernels); the transformers' own processors use it already
+            pipe.unet.set_attn_processor(AttnProcessor2_0())
             pipe.vae.set_attn_processor(AttnProcessor2_0())
         log.info("loaded %s (%s) in %.1f s", ckpt.label, "EMA" if ema else "raw", time.perf_counter() - t0)
         return pipe

@@ -78,9 +78,10 @@ def file_size_limit(nbytes: int):
         signal.signal(signal.SIGXFSZ, handler)
 
 
-def run_dwb(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """The console script, started the way users start it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run_dwb(*args: str, cwd: Path | None = None, timeout: int = 600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The console script, started the way users start it (``env``: variables set on top of this process's)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([str(DWB), *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -160,6 +161,14 @@ def tiny_clip(components, tmp_path_factory) -> Path:
                               tokenizer=tokenizer)
     processor.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def family_folders(tmp_path_factory) -> dict[str, Path]:
+    """Tiny SDXL, SD3 and Flux.1 (dev, schnell) diffusers folders written by diffusers (tests/family_fixtures.py)."""
+    from .family_fixtures import write_family_folders
+
+    return write_family_folders(tmp_path_factory.mktemp("families"))
 
 
 @pytest.fixture(scope="session")

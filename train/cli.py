@@ -155,7 +155,7 @@ def cmd_export(args) -> None:
               f"config='{config}'))")
     else:
         print(f"exported {weights} of {args.checkpoint} to {out} with its model card {out / 'README.md'} "
-              f"(diffusers.StableDiffusionPipeline.from_pretrained('{out}'))")
+              f"(diffusers.DiffusionPipeline.from_pretrained('{out}'))")
 
 
 def _latent_scale(text: str) -> float:

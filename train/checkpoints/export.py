@@ -27,6 +27,7 @@ import yaml
 
 from ..common import disk_full_error, is_disk_full
 from ..errors import WorkbenchError
+from ..families import family_named
 from .find import Checkpoint, find_checkpoint
 from .original_layout import Entry, original_config, original_entries
 from .single_file import SPEC_KEY
@@ -63,8 +64,12 @@ def spec_and_weights(ckpt: Checkpoint, ema: bool, settings: dict | None) -> tupl
     from .open import describe, load_pipeline
     from .spec import make_spec
 
-    pipe = load_pipeline(ckpt, ema=ema, settings=settings)
     info = describe(ckpt)
+    family = family_named(info.family) if info.family else None
+    if family is not None and not family.writes_single_file:
+        raise WorkbenchError(f"{ckpt.label} is a {family.label} checkpoint: `dwb export` writes it as a diffusers "
+                             "folder (an OUT without .safetensors); its single-file layout is not written yet")
+    pipe = load_pipeline(ckpt, ema=ema, settings=settings)
     model = SimpleNamespace(unet=pipe.unet, vae=pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
                             prediction_type=pipe.scheduler.config.get("prediction_type", "epsilon"))
     spec = make_spec(model, info.architecture or ckpt.kind, info.resolution)

@@ -174,8 +174,8 @@ def model_card_text(spec: dict, *, label: str, checkpoint_hash: str, weights: st
     lines = [f"---\n{front_matter_text(_front_matter(spec))}---", "", f"# {shown(label)}", "",
              f"A text-to-image latent diffusion model exported by diffusion-workbench (`dwb export`) from checkpoint "
              f"{shown(label)} (content hash `{shown(checkpoint_hash)}`, {shown(weights)} weights).", "",
-             "```python", "from diffusers import StableDiffusionPipeline",
-             'pipe = StableDiffusionPipeline.from_pretrained("path/to/this/folder")', "```", "",
+             "```python", "from diffusers import DiffusionPipeline",  # the folder's own pipeline class, any family
+             'pipe = DiffusionPipeline.from_pretrained("path/to/this/folder")', "```", "",
              "## Model", "",
              f"- **architecture**: {shown(spec.get('architecture'))}",
              f"- **prediction type**: {shown(spec.get('prediction_type'))}",

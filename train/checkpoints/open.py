@@ -7,6 +7,8 @@ single files go through ``single_file`` (weights-only for ``.ckpt``).
 """
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,9 +16,11 @@ import torch
 
 from ..errors import CheckpointError, WorkbenchError, first_line
 from ..common import load_outside, whole_folder
+from ..families import family_of_folder
 from ..generation import DEFAULT_WEIGHTS, native_size, weights_to_use
 from .composer import has_ema, model_weights, read_checkpoint, read_summary
 from .find import Checkpoint, find_checkpoint
+from .memory import MemoryPlan, part_sizes, plan_memory
 from .tokenizer_files import check_pipeline_folder, tokenizer_from_files
 
 
@@ -29,6 +33,10 @@ class CheckpointInfo:
     has_ema: bool | None  # None where the file holds one set of weights (diffusers, single file, hub)
     architecture: str | None = None
     prediction_type: str | None = None
+    family: str | None = None  # train.families' name, where it is known without loading the weights
+
+
+FULL_SIZE_VAE_SCALE = 8  # every family's full-size VAE halves the side three times
 
 
 def describe(ckpt: Checkpoint) -> CheckpointInfo:
@@ -42,16 +50,20 @@ def describe(ckpt: Checkpoint) -> CheckpointInfo:
 
         d = describe_single_file(ckpt.path)
         return CheckpointInfo(ckpt.kind, d.get("resolution"), None, d.get("architecture"), d.get("prediction_type"))
+    family = family_of_folder(ckpt.path, ckpt.label)
     try:
-        unet, vae, scheduler = (load_outside(ckpt.path / name, name) for name in
-                                ("unet/config.json", "vae/config.json", "scheduler/scheduler_config.json"))
-        resolution = int(unet["sample_size"]) * 2 ** (len(vae["block_out_channels"]) - 1)
-        prediction_type = scheduler.get("prediction_type", "epsilon")
+        denoiser, vae, scheduler = (load_outside(ckpt.path / name, name) for name in (
+            f"{family.denoiser}/config.json", "vae/config.json", "scheduler/scheduler_config.json"))
+        vae_scale = 2 ** (len(vae["block_out_channels"]) - 1)
+        # Flux.1's transformer records no sample size: its pipeline draws at the family's native latent side
+        resolution = int(denoiser.get("sample_size") or family.native_size // FULL_SIZE_VAE_SCALE) * vae_scale
+        prediction_type = "flow" if family.schedule == "flow" else scheduler.get("prediction_type", "epsilon")
     except WorkbenchError as e:
         raise CheckpointError(f"{ckpt.label}: {e}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{ckpt.label}: unreadable unet/vae/scheduler config ({type(e).__name__}: {e})") from None
-    return CheckpointInfo(ckpt.kind, resolution, None, None, prediction_type)
+        raise CheckpointError(f"{ckpt.label}: unreadable {family.denoiser}/vae/scheduler config "
+                              f"({type(e).__name__}: {e})") from None
+    return CheckpointInfo(ckpt.kind, resolution, None, None, prediction_type, family.name)
 
 
 def weights_of(ckpt: Checkpoint, choice: str = DEFAULT_WEIGHTS) -> str:
@@ -113,19 +125,21 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
     return build_pipeline(unet, vae, text_encoder, tokenizer, spec["prediction_type"])
 
 
-def pipeline_from_folder(path: Path, where: str):
-    """A diffusers pipeline folder (a hub snapshot too); ``fp16`` variant files when they are all it has."""
-    from diffusers import StableDiffusionPipeline
+def pipeline_from_folder(path: Path, where: str, dtype: torch.dtype = torch.float32):
+    """A diffusers pipeline folder (a hub snapshot too) of any family, through the family's own diffusers
+    pipeline; ``fp16`` variant files when they are all it has."""
+    import diffusers
 
     check_pipeline_folder(path, where)
+    family = family_of_folder(path, where)
     variant = None
-    unet_files = {p.name for p in (path / "unet").glob("diffusion_pytorch_model*")}
-    if unet_files and all(".fp16." in name for name in unet_files):
+    denoiser_files = {p.name for p in (path / family.denoiser).glob("diffusion_pytorch_model*")}
+    if denoiser_files and all(".fp16." in name for name in denoiser_files):
         variant = "fp16"
     try:
-        pipe = StableDiffusionPipeline.from_pretrained(path, safety_checker=None, requires_safety_checker=False,
-                                                       variant=variant, torch_dtype=torch.float32,
-                                                       local_files_only=True)
+        pipe = getattr(diffusers, family.pipeline).from_pretrained(path, variant=variant, torch_dtype=dtype,
+                                                                   local_files_only=True,
+                                                                   **family.pipeline_options)
     except Exception as e:  # noqa: BLE001 - missing parts, unreadable weights
         first = first_line(e)
         raise CheckpointError(f"cannot load the pipeline in {where}: {first}") from None
@@ -133,13 +147,40 @@ def pipeline_from_folder(path: Path, where: str):
     return pipe
 
 
+def _memory_plan(ckpt: Checkpoint, device, dtype: torch.dtype) -> MemoryPlan:
+    """What a folder's family needs at ``dtype``, planned before any weight is read (``memory.plan_memory``)."""
+    family = family_of_folder(ckpt.path, ckpt.label)
+    parts = (family.denoiser, *family.text_encoders, "vae")
+    return plan_memory(part_sizes(ckpt.path, parts, dtype), torch.device(device), dtype,
+                       f"{ckpt.label} ({family.label})")
+
+
+def _offloaded(pipe, plan: MemoryPlan, device, dtype):
+    """The pipeline in the machine's memory, its parts (or layers) moved to the GPU as they run."""
+    if dtype is not None:
+        pipe.to(dtype=dtype)
+    gpu = torch.device(device)
+    if plan.how == "model offload":
+        pipe.enable_model_cpu_offload(gpu_id=gpu.index or 0)
+    else:
+        pipe.enable_sequential_cpu_offload(gpu_id=gpu.index or 0)
+    return pipe
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def load_pipeline(ref: str | Path | Checkpoint, *, ema: bool = False, device: str | torch.device = "cpu",
                   dtype: torch.dtype | None = None, roots: list[Path] | None = None,
-                  allow_download: bool | None = None, settings: dict | None = None):
-    """A ready ``StableDiffusionPipeline`` from any checkpoint reference (see ``find_checkpoint``).
+                  allow_download: bool | None = None, settings: dict | None = None,
+                  say: Callable[[str], None] = _to_stderr):
+    """A ready diffusers pipeline of the checkpoint's family from any checkpoint reference (see ``find_checkpoint``).
 
     ``ema`` picks a Composer checkpoint's EMA weights (the other kinds hold one set of weights);
     ``settings`` give a Composer checkpoint's ``prediction_type`` and ``latent_scale`` where the file cannot.
+    A folder too large for ``device`` at ``dtype`` is offloaded, with ``say`` telling so, or refused in one line
+    before a weight is read (``memory.plan_memory``).
     """
     ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref, roots=roots, allow_download=allow_download)
     if settings and ckpt.kind not in ("composer", "mosaicml"):
@@ -148,7 +189,11 @@ def load_pipeline(ref: str | Path | Checkpoint, *, ema: bool = False, device: st
     if ckpt.kind in ("composer", "mosaicml"):
         pipe = pipeline_from_composer(ckpt.path, ema=ema, settings=settings)
     elif ckpt.kind in ("diffusers", "hub"):
-        pipe = pipeline_from_folder(ckpt.path, ckpt.label)
+        plan = _memory_plan(ckpt, device, dtype or torch.float32)
+        pipe = pipeline_from_folder(ckpt.path, ckpt.label, dtype or torch.float32)  # read at its precision
+        if plan.how != "whole":
+            say(plan.note)
+            return _offloaded(pipe, plan, device, dtype)
     elif ckpt.kind == "single-file":
         from .single_file import load_single_file
 
@@ -169,8 +214,9 @@ def export_pipeline(ref: str | Path | Checkpoint, out: str | Path, ema: bool = F
         raise WorkbenchError(f"export folder {out} is not empty")
     pipe = load_pipeline(ref, ema=ema, settings=settings)
     if half:  # part by part: a whole float16 pipeline on the CPU makes diffusers warn that it cannot run
-        for part in (pipe.unet, pipe.vae, pipe.text_encoder):
-            part.to(torch.float16)
+        for part in pipe.components.values():
+            if isinstance(part, torch.nn.Module):
+                part.to(torch.float16)
     out.parent.mkdir(parents=True, exist_ok=True)
     with whole_folder(out) as partial:  # a full disk leaves no half export behind
         pipe.save_pretrained(partial, safe_serialization=True, variant="fp16" if half else None)

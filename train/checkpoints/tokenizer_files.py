@@ -79,10 +79,9 @@ def check_pipeline_folder(folder: Path, where: str) -> None:
         if len(value) != 2 or (value[0] is not None and value[0] not in LIBRARIES):
             raise CheckpointError(f"{where}: model_index.json names {value!r} for '{part}'; only diffusers and "
                                   "transformers parts are opened")
-    config = folder / "tokenizer" / "tokenizer_config.json"
-    if config.is_file():
-        try:
-            data = load_outside(config, "tokenizer/tokenizer_config.json")
+    for config in sorted(folder.glob("tokenizer*/tokenizer_config.json")):  # SDXL's, SD3's and Flux.1's second
+        try:                                                                # and third tokenizers too
+            data = load_outside(config, f"{config.parent.name}/tokenizer_config.json")
         except WorkbenchError as e:
             raise CheckpointError(f"{where}: {e}") from None
         _check_config(data if isinstance(data, dict) else {}, where)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import WorkbenchError
+from ..families import family_of_pipeline
 from .defaults import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_SIZE, DEFAULT_STEPS
 from .samplers import make_sampler
 
@@ -42,7 +44,10 @@ class Stopped(Exception):
 
 
 def native_size(pipe) -> int:
-    return pipe.unet.config.sample_size * pipe.vae_scale_factor
+    """The side a pipeline draws at when none is given: its default latent size (a UNet's or transformer's sample
+    size; Flux.1's fixed 128) in pixels."""
+    latent = getattr(pipe, "default_sample_size", None) or pipe.unet.config.sample_size
+    return latent * pipe.vae_scale_factor
 
 
 def sampler_of(settings: Settings) -> str:
@@ -60,8 +65,16 @@ def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settin
     """
     if len(prompts) != len(seeds):
         raise ValueError("one seed per prompt")
+    family = family_of_pipeline(pipe)
+    family.check_sampler(sampler_of(settings))
+    variant = family.variant_of(getattr(pipe, family.denoiser).config)
+    conditioning = family.pipeline_arguments(variant, settings.guidance, settings.negative_prompt, len(prompts))
+    width, height = settings.width or native_size(pipe), settings.height or native_size(pipe)
+    multiple = family.size_multiple(pipe)
+    if width % multiple or height % multiple:
+        raise WorkbenchError(f"{family.label} draws sides that are multiples of {multiple}; {width}x{height} is not")
     scheduler = make_sampler(sampler_of(settings), pipe.scheduler.config)
-    run = type(pipe)(**{**pipe.components, "scheduler": scheduler}, requires_safety_checker=False)
+    run = type(pipe)(**{**pipe.components, "scheduler": scheduler, **family.pipeline_options})
     run.set_progress_bar_config(disable=True)
 
     def step_end(p, i: int, t, tensors: dict) -> dict:
@@ -71,10 +84,8 @@ def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settin
             on_step(i + 1, p.num_timesteps)
         return {}
 
-    negative = [settings.negative_prompt] * len(prompts) if settings.negative_prompt else None
-    images = run(list(prompts), negative_prompt=negative, num_inference_steps=settings.steps,
-                 guidance_scale=settings.guidance, width=settings.width or native_size(pipe),
-                 height=settings.height or native_size(pipe),
+    images = run(list(prompts), num_inference_steps=settings.steps, **conditioning,
+                 width=width, height=height,
                  generator=[torch.Generator("cpu").manual_seed(int(s)) for s in seeds], output_type="np",
                  callback_on_step_end=step_end).images
     return (images * 255).round().astype(np.uint8)

@@ -1,0 +1,36 @@
+"""`dwb app` with SDXL, SD3 and Flux.1 folders among its checkpoints: each generates through Gradio's API, its
+PNG parameters naming it; a sampler the family cannot use is one line to the client."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from PIL import Image
+
+from ..app.conftest import AppServer
+
+
+@pytest.mark.slow
+def test_the_app_generates_from_each_family(family_folders, tmp_path):
+    from gradio_client import Client
+
+    root = tmp_path / "models"
+    for name in ("sdxl", "sd3", "flux-schnell"):
+        shutil.copytree(family_folders[name], root / name)
+    app = AppServer([root], log=tmp_path / "app.log")
+    app.launch()
+    try:
+        app.wait_ready()
+        client = Client(app.url, verbose=False, download_files=str(tmp_path))
+        for name in ("sdxl", "sd3", "flux-schnell"):
+            gallery, _ = client.predict(checkpoint=name, weights="auto", prompt="a red circle", negative_prompt="",
+                                        sampler="Euler", steps=2, guidance_scale=3.0, width=32, height=32, seed=1,
+                                        batch_size=1, api_name="/generate")
+            with Image.open(gallery[0]["image"]) as image:
+                assert image.size == (32, 32) and f"Model: {name}" in image.text["parameters"]
+        with pytest.raises(Exception, match="Flux.1 cannot be sampled with 'LMS'; choose one of: Euler"):
+            client.predict(checkpoint="flux-schnell", weights="auto", prompt="a red circle", negative_prompt="",
+                           sampler="LMS", steps=2, guidance_scale=3.0, width=32, height=32, seed=1, batch_size=1,
+                           api_name="/generate")
+    finally:
+        app.stop()

@@ -1,0 +1,97 @@
+"""What a model family is. One entry per family says everything a command needs to ask of it: its parts and
+their full-size configs, how it is recognised (a diffusers folder's pipeline class, a single file's keys), how it
+conditions (text encoders, guidance, negative prompts), how it noises (a diffusion or a flow schedule) and
+which samplers, sizes and settings fit it. Callers ask the entry; none of them names a family.
+
+Light to import (no torch): command lines list the families and their samplers in their help.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import WorkbenchError
+
+# How a family's guidance works: classifier-free guidance with a negative prompt ("cfg"), a guidance scale the
+# model was distilled to take as an input ("distilled", Flux.1-dev), or none at all ("none", Flux.1-schnell).
+GUIDANCE_KINDS = ("cfg", "distilled", "none")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part at full size: the library and class diffusers' ``model_index.json`` names, and its config."""
+
+    library: str
+    cls: str
+    config: dict
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One published model of a family (SDXL base, Flux.1-dev): its full-size parts, the parameter count its
+    authors published for them, and the settings it is meant to be sampled at."""
+
+    name: str
+    parts: dict[str, Part]
+    published_parameters: float  # as the authors state it, of the parts in ``published_parts``
+    published_parts: tuple[str, ...] = ()  # () for all of ``parts``
+    published_tolerance: float = 0.01  # how far the count of those parts may be from the figure
+    guidance: str = "cfg"
+    guidance_scale: float = 7.5
+    steps: int = 25
+    hub_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # as commands print it and configs name it: "sdxl"
+    label: str  # "Stable Diffusion XL"
+    pipeline: str  # the diffusers pipeline class that generates with it
+    denoiser: str  # the part that denoises: "unet" or "transformer"
+    text_encoders: tuple[str, ...]  # its text encoders' part names, each with its tokenizer
+    schedule: str  # "diffusion" (discrete betas, epsilon or v) or "flow" (rectified flow)
+    samplers: tuple[str, ...]  # the names in train.generation.SAMPLERS that sample it
+    native_size: int  # pixels at full size
+    size_range: tuple[int, int]  # the sides it was trained across, at full size
+    latent_channels: int
+    folder_classes: frozenset[str]  # model_index.json's _class_name values that hold it
+    single_file_marks: tuple[str, ...]  # key prefixes that only its single files hold
+    variants: tuple[Variant, ...]
+    writes_single_file: bool = False  # whether `dwb export` writes its original single-file layout
+    pipeline_options: dict = field(default_factory=dict)  # what its pipeline class is built and loaded with
+    latent_packing: int = 1  # latents packed into patches of this side before the denoiser (Flux.1: 2)
+    pick_variant: object = field(repr=False, default=None)  # denoiser config -> variant name
+
+    @property
+    def negative_prompt(self) -> bool:
+        """Whether a negative prompt does anything: only where guidance is classifier-free."""
+        return all(v.guidance == "cfg" for v in self.variants)
+
+    def size_multiple(self, pipe) -> int:
+        """What an image's sides must be multiples of: the VAE's scale times the denoiser's patch or packing."""
+        return pipe.vae_scale_factor * max(getattr(pipe, "patch_size", 1) or 1, self.latent_packing)
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise WorkbenchError(f"{self.label} has no variant {name!r}; it has: {', '.join(v.name for v in self.variants)}")
+
+    def variant_of(self, denoiser_config: dict) -> Variant:
+        """The variant a checkpoint is, from its denoiser's config (the first where a family has one)."""
+        return self.variant(self.pick_variant(denoiser_config)) if self.pick_variant else self.variants[0]
+
+    def check_sampler(self, sampler: str) -> None:
+        if sampler not in self.samplers:
+            raise WorkbenchError(f"{self.label} cannot be sampled with {sampler!r}; choose one of: "
+                                 f"{', '.join(self.samplers)}")
+
+    def pipeline_arguments(self, variant: Variant, guidance: float, negative_prompt: str, n: int) -> dict:
+        """The conditioning arguments of one pipeline call of ``n`` prompts: a guidance scale where the variant
+        takes one, negative prompts only where they do something (a one-line error where they would not)."""
+        if negative_prompt and variant.guidance != "cfg":
+            raise WorkbenchError(f"{self.label} ({variant.name}) has no negative prompt: its guidance is "
+                                 f"{'distilled into the model' if variant.guidance == 'distilled' else 'none'}")
+        args = {} if variant.guidance == "none" else {"guidance_scale": guidance}
+        if negative_prompt:
+            args["negative_prompt"] = [negative_prompt] * n
+        return args

@@ -1,0 +1,35 @@
+"""Flux.1: a rectified-flow transformer of 19 double-stream and 38 single-stream blocks over 16-channel latents
+packed into 2x2 patches, conditioned on T5-XXL's states and CLIP-L's pooled output. Flux.1-dev takes its
+guidance scale as an input (distilled from classifier-free guidance: no negative prompt); Flux.1-schnell is
+distilled to a few steps and takes none."""
+from __future__ import annotations
+
+from .family import Family, Part, Variant
+from .parts import CLIP_L, clip_text, t5_encoder, vae
+
+FLUX_SAMPLERS = ("Euler", "DPM++ 2M", "UniPC")  # the pipeline sets its own sigmas: Heun's scheduler cannot take them
+
+
+def transformer(guidance_embeds: bool) -> Part:
+    return Part("diffusers", "FluxTransformer2DModel", dict(
+        patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+        num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=guidance_embeds,
+        axes_dims_rope=(16, 56, 56)))
+
+
+def _parts(guidance_embeds: bool) -> dict[str, Part]:
+    return {"transformer": transformer(guidance_embeds), "text_encoder": clip_text(CLIP_L),
+            "text_encoder_2": t5_encoder(), "vae": vae(16, 0.3611, shift_factor=0.1159, sample_size=1024)}
+
+
+# Published: "a 12 billion parameter rectified flow transformer" (both models' cards).
+FLUX = Family(
+    name="flux", label="Flux.1", pipeline="FluxPipeline", denoiser="transformer",
+    text_encoders=("text_encoder", "text_encoder_2"), schedule="flow", samplers=FLUX_SAMPLERS,
+    native_size=1024, size_range=(256, 2048), latent_channels=16, latent_packing=2,
+    folder_classes=frozenset({"FluxPipeline"}), single_file_marks=("double_blocks.",),
+    variants=(Variant("dev", _parts(True), published_parameters=12e9, published_parts=("transformer",),
+                      guidance="distilled", guidance_scale=3.5, steps=28, hub_id="black-forest-labs/FLUX.1-dev"),
+              Variant("schnell", _parts(False), published_parameters=12e9, published_parts=("transformer",),
+                      guidance="none", guidance_scale=0.0, steps=4, hub_id="black-forest-labs/FLUX.1-schnell")),
+    pick_variant=lambda config: "dev" if config.get("guidance_embeds", True) else "schnell")
