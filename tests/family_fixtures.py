@@ -33,10 +33,10 @@ def _t5_tokenizer(folder: Path):
     return T5TokenizerFast.from_pretrained(folder)
 
 
-def _clip(projection: bool = False):
+def _clip(projection: bool = False, width: int = 32):
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    config = CLIPTextConfig(bos_token_id=0, eos_token_id=2, pad_token_id=1, vocab_size=49408, hidden_size=32,
+    config = CLIPTextConfig(bos_token_id=0, eos_token_id=2, pad_token_id=1, vocab_size=49408, hidden_size=width,
                             intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, hidden_act="gelu",
                             projection_dim=32)
     return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
@@ -67,10 +67,13 @@ def write_sdxl(out: Path, tokenizers: Path) -> Path:
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
         attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
         addition_time_embed_dim=8, transformer_layers_per_block=(1, 2), projection_class_embeddings_input_dim=80,
-        cross_attention_dim=64, norm_num_groups=32)
+        cross_attention_dim=32 + 48, norm_num_groups=32)  # both towers' states side by side
     scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
                                        steps_offset=1, timestep_spacing="leading")
-    StableDiffusionXLPipeline(vae=_vae(4, 0.13025), text_encoder=_clip(), text_encoder_2=_clip(projection=True),
+    # the second tower wider than the first, as bigG (1280) is than ViT-L (768): diffusers' single-file loader
+    # tells the two apart by their widths
+    StableDiffusionXLPipeline(vae=_vae(4, 0.13025), text_encoder=_clip(),
+                              text_encoder_2=_clip(projection=True, width=48),
                               tokenizer=_clip_tokenizer(tokenizers / "clip"),
                               tokenizer_2=_clip_tokenizer(tokenizers / "clip"), unet=unet,
                               scheduler=scheduler).save_pretrained(out)

@@ -39,6 +39,8 @@ def unet_prefixes(config) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]
     other = [("time_embedding.linear_1.", "time_embed.0."), ("time_embedding.linear_2.", "time_embed.2."),
              ("conv_in.", "input_blocks.0.0."), ("conv_norm_out.", "out.0."), ("conv_out.", "out.2."),
              ("mid_block.attentions.0.", "middle_block.1.")]
+    if getattr(config, "addition_embed_type", None) == "text_time":  # SDXL: pooled text and sizes, sgm's label_emb
+        other += [("add_embedding.linear_1.", "label_emb.0.0."), ("add_embedding.linear_2.", "label_emb.0.2.")]
     for i in range(n):
         for j in range(per):
             k = 1 + i * (per + 1) + j
@@ -174,3 +176,34 @@ def write_single_file(pipe, path: Path, family: str, *, prediction_type: str | N
     if prediction_type is not None:
         path.with_suffix(".yaml").write_text(yaml.safe_dump(original_config(pipe, family, prediction_type)))
     return path
+
+
+def openclip_bigg_to_original(text_encoder, prefix: str) -> dict[str, torch.Tensor]:
+    """SDXL's second tower: OpenCLIP's names for every block (SDXL uses all of them and picks the penultimate
+    states itself), the projection as OpenCLIP stores it (width x projection)."""
+    sd = {k.removeprefix("text_model."): v for k, v in text_encoder.state_dict().items()}
+    out = {prefix + "token_embedding.weight": sd["embeddings.token_embedding.weight"],
+           prefix + "positional_embedding": sd["embeddings.position_embedding.weight"],
+           prefix + "ln_final.weight": sd["final_layer_norm.weight"], prefix + "ln_final.bias": sd["final_layer_norm.bias"],
+           prefix + "text_projection": sd["text_projection.weight"].T.contiguous(), prefix + "logit_scale": torch.tensor(4.6052)}
+    for i in range(text_encoder.config.num_hidden_layers):
+        block, src = f"{prefix}transformer.resblocks.{i}.", f"encoder.layers.{i}."
+        for kind in ("weight", "bias"):
+            out[block + f"attn.in_proj_{kind}"] = torch.cat([sd[src + f"self_attn.{q}_proj.{kind}"] for q in "qkv"])
+            for new, old in OPENCLIP_BLOCK.items():
+                out[block + f"{old}.{kind}"] = sd[src + f"{new}.{kind}"]
+    return out
+
+
+def write_sdxl_single_file(pipe, path: Path) -> Path:
+    """An SDXL pipeline in the layout Stability's sgm code saves (and A1111, ComfyUI and Forge load): the UNet
+    under ``model.diffusion_model.``, the VAE under ``first_stage_model.``, CLIP ViT-L under
+    ``conditioner.embedders.0.transformer.`` and OpenCLIP bigG under ``conditioner.embedders.1.model.``."""
+    from safetensors.torch import save_file
+
+    clip_l = {"conditioner.embedders.0.transformer." + k: v for k, v in pipe.text_encoder.state_dict().items()
+              if not k.endswith("position_ids")}
+    weights = {**unet_to_original(pipe.unet), **vae_to_original(pipe.vae), **clip_l,
+               **openclip_bigg_to_original(pipe.text_encoder_2, "conditioner.embedders.1.model.")}
+    save_file({k: v.detach().contiguous() for k, v in weights.items()}, str(path))
+    return Path(path)

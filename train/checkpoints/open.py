@@ -49,7 +49,8 @@ def describe(ckpt: Checkpoint) -> CheckpointInfo:
         from .single_file import describe_single_file
 
         d = describe_single_file(ckpt.path)
-        return CheckpointInfo(ckpt.kind, d.get("resolution"), None, d.get("architecture"), d.get("prediction_type"))
+        return CheckpointInfo(ckpt.kind, d.get("resolution"), None, d.get("architecture"), d.get("prediction_type"),
+                              d.get("family"))
     family = family_of_folder(ckpt.path, ckpt.label)
     try:
         denoiser, vae, scheduler = (load_outside(ckpt.path / name, name) for name in (

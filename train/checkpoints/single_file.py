@@ -236,9 +236,22 @@ def _inspect(path: Path) -> tuple[dict, str, dict | None, dict]:
     return shapes, family, config, _about(family, config, source)
 
 
+def newer_family(path: Path):
+    """The family of a file whose weights show one this room's key maps do not read (SDXL, SD3, Flux.1), or None."""
+    from ..families import family_of_keys
+
+    family = family_of_keys(read_shapes(path)) if Path(path).is_file() else None
+    return family if family is not None and not family.writes_single_file else None
+
+
 def describe_single_file(path: Path) -> dict:
     """``architecture`` (sd1, sd2-base, sd2-v, or an exported spec's), ``resolution``, ``prediction_type`` and the
     ``original_config`` it was read with, from the keys and the config alone (no model is built)."""
+    family = newer_family(Path(path))
+    if family is not None:
+        from .family_single_file import describe_family_file
+
+        return describe_family_file(Path(path), family)
     return {k: v for k, v in _inspect(Path(path))[3].items() if k != "spec"}
 
 
@@ -357,6 +370,11 @@ def load_single_file(path: Path) -> StableDiffusionPipeline:
     from .schedules import inference_scheduler  # diffusers' schedulers: imported when a file is opened, not listed
 
     path = Path(path)
+    newer = newer_family(path)
+    if newer is not None:
+        from .family_single_file import load_family_file
+
+        return load_family_file(path, newer)
     shapes, family, config, about = _inspect(path)
     config_name = Path(about["original_config"]).name
     scheduler = inference_scheduler(about["prediction_type"])

@@ -1,0 +1,120 @@
+"""Single files of the newer families (SDXL now), read by diffusers' own single-file loader.
+
+SD 1.x and 2.x files are read and written by this room's key maps (``single_file``, ``original_layout``); the
+other families' files go to the family's diffusers pipeline ``from_single_file`` with a config folder:
+
+- ``NAME.config/`` beside the file where there is one (a diffusers folder of the same model, as `dwb export`
+  writes beside a single file): its configs and tokenizers, and the weights of any part the file lacks;
+- otherwise one written in a private temporary folder from the family's full-size configs, with the CLIP
+  tokenizers built from the vocabulary shipped in the package: nothing is downloaded. A family whose tokenizers
+  cannot be built offline (T5's for SD3 and Flux.1) needs the sidecar folder, and says so in one line.
+
+The file itself is read as safetensors only (``.ckpt`` files of these families are refused: a pickle).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..common import load_outside
+from ..errors import CheckpointError, WorkbenchError, first_line
+from ..families import Family
+from .clip_bpe import END, write_clip_tokenizer
+from .tokenizer_files import check_pipeline_folder
+
+# What pads a prompt for each CLIP tokenizer of SDXL: OpenAI CLIP pads with its end token, OpenCLIP with "!".
+SDXL_PADS = {"tokenizer": END, "tokenizer_2": "!"}
+# SDXL's own sampling schedule (the base model's scheduler config): our samplers are built from it.
+SDXL_SCHEDULER = {"_class_name": "EulerDiscreteScheduler", "beta_start": 0.00085, "beta_end": 0.012,
+                  "beta_schedule": "scaled_linear", "num_train_timesteps": 1000, "steps_offset": 1,
+                  "timestep_spacing": "leading", "prediction_type": "epsilon"}
+
+
+def sidecar_folder(path: Path) -> Path:
+    return path.with_name(path.stem + ".config")
+
+
+def _sidecar_resolution(folder: Path, family: Family) -> int | None:
+    """The native side the sidecar's denoiser and VAE configs give, or None where they do not say."""
+    try:
+        denoiser = load_outside(folder / family.denoiser / "config.json", f"{family.denoiser}/config.json")
+        vae = load_outside(folder / "vae" / "config.json", "vae/config.json")
+        return int(denoiser["sample_size"]) * 2 ** (len(vae["block_out_channels"]) - 1)
+    except (WorkbenchError, KeyError, TypeError, ValueError):
+        return None
+
+
+def describe_family_file(path: Path, family: Family) -> dict:
+    """What the file is, without building a model: the family's first variant, at the size its sidecar's configs
+    give (else the family's native size)."""
+    variant, sidecar = family.variants[0], sidecar_folder(path)
+    resolution = _sidecar_resolution(sidecar, family) if sidecar.is_dir() else None
+    return {"architecture": f"{family.name}-{variant.name}", "resolution": resolution or family.native_size,
+            "prediction_type": "flow" if family.schedule == "flow" else "epsilon", "family": family.name,
+            "original_config": sidecar.name if sidecar.is_dir() else f"{family.label} {variant.name}'s published configs"}
+
+
+def _write_json(path: Path, value: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=2))
+
+
+def write_family_config_folder(folder: Path, family: Family) -> Path:
+    """A diffusers folder without weights from the family's first variant's full-size configs: what
+    ``from_single_file(config=...)`` reads offline. Only where every tokenizer is a CLIP one (SDXL)."""
+    from transformers import CLIPTextConfig
+
+    variant = family.variants[0]
+    if set(SDXL_PADS) != {f"tokenizer{name[len('text_encoder'):]}" for name in family.text_encoders}:
+        raise CheckpointError(f"a {family.label} single file needs its configs and tokenizers beside it: a diffusers "
+                              f"folder of the same model as NAME.config/ (the T5 tokenizer cannot be built offline)")
+    index = {"_class_name": family.pipeline, "scheduler": ["diffusers", SDXL_SCHEDULER["_class_name"]]}
+    for name, part in variant.parts.items():
+        index[name] = [part.library, part.cls]
+        if part.library == "transformers":
+            config = CLIPTextConfig(**part.config)
+            config.architectures = [part.cls]
+            config.save_pretrained(folder / name)
+        else:
+            _write_json(folder / name / "config.json", {"_class_name": part.cls, **part.config})
+    for tokenizer, pad in SDXL_PADS.items():
+        write_clip_tokenizer(folder / tokenizer, pad_token=pad)
+        index[tokenizer] = ["transformers", "CLIPTokenizer"]
+    _write_json(folder / "scheduler" / "scheduler_config.json", SDXL_SCHEDULER)
+    _write_json(folder / "model_index.json", index)
+    return folder
+
+
+def load_family_file(path: Path, family: Family):
+    """The family's pipeline (float32, CPU) from a single ``.safetensors`` file and its config folder."""
+    import diffusers
+
+    from .single_file import _quiet_diffusers
+
+    if path.suffix != ".safetensors":
+        raise CheckpointError(f"{path}: a {family.label} checkpoint is opened from .safetensors only")
+    sidecar = sidecar_folder(path)
+    try:
+        with tempfile.TemporaryDirectory(prefix="dwb-single-file-") as tmp, _quiet_diffusers():
+            if sidecar.is_dir():
+                check_pipeline_folder(sidecar, str(sidecar))
+                folder = sidecar
+            else:
+                folder = write_family_config_folder(Path(tmp), family)
+            pipe = getattr(diffusers, family.pipeline).from_single_file(
+                str(path), config=str(folder), local_files_only=True, torch_dtype=torch.float32,
+                **family.pipeline_options)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a foreign file's weights
+        raise CheckpointError(f"cannot load {path} as a single-file {family.label} checkpoint: {first_line(e)}") from None
+    missing = [name for name, part in pipe.components.items()
+               if isinstance(part, torch.nn.Module) and any(p.is_meta for p in part.parameters())]
+    if missing:
+        raise CheckpointError(f"{path}: the {', '.join(missing)} weights are missing or incomplete for "
+                              f"{family.label}")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
