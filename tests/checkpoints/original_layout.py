@@ -207,3 +207,54 @@ def write_sdxl_single_file(pipe, path: Path) -> Path:
                **openclip_bigg_to_original(pipe.text_encoder_2, "conditioner.embedders.1.model.")}
     save_file({k: v.detach().contiguous() for k, v in weights.items()}, str(path))
     return Path(path)
+
+
+def _fused(sd: dict, names: list[str]) -> torch.Tensor:
+    return torch.cat([sd[n] for n in names])
+
+
+def flux_to_original(transformer) -> dict[str, torch.Tensor]:
+    """A Flux.1 transformer in Black Forest Labs' own names (their reference ``flux/model.py``, the file they
+    publish and ComfyUI and Forge load): fused q/k/v (and, in single blocks, the MLP's input), RMS norms'
+    ``scale``, and the final modulation as (shift, scale) where diffusers keeps (scale, shift)."""
+    sd, out = transformer.state_dict(), {}
+    pairs = {"x_embedder": "img_in", "context_embedder": "txt_in",
+             "time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
+             "time_text_embed.timestep_embedder.linear_2": "time_in.out_layer",
+             "time_text_embed.text_embedder.linear_1": "vector_in.in_layer",
+             "time_text_embed.text_embedder.linear_2": "vector_in.out_layer",
+             "time_text_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+             "time_text_embed.guidance_embedder.linear_2": "guidance_in.out_layer", "proj_out": "final_layer.linear"}
+    for ours, theirs in pairs.items():
+        for kind in ("weight", "bias"):
+            if f"{ours}.{kind}" in sd:
+                out[f"{theirs}.{kind}"] = sd[f"{ours}.{kind}"]
+    for kind in ("weight", "bias"):
+        scale, shift = sd[f"norm_out.linear.{kind}"].chunk(2)
+        out[f"final_layer.adaLN_modulation.1.{kind}"] = torch.cat([shift, scale])
+    for i in range(len(transformer.transformer_blocks)):
+        b, o = f"transformer_blocks.{i}.", f"double_blocks.{i}."
+        for kind in ("weight", "bias"):
+            out[o + f"img_mod.lin.{kind}"] = sd[b + f"norm1.linear.{kind}"]
+            out[o + f"txt_mod.lin.{kind}"] = sd[b + f"norm1_context.linear.{kind}"]
+            out[o + f"img_attn.qkv.{kind}"] = _fused(sd, [b + f"attn.to_{q}.{kind}" for q in "qkv"])
+            out[o + f"txt_attn.qkv.{kind}"] = _fused(sd, [b + f"attn.add_{q}_proj.{kind}" for q in "qkv"])
+            out[o + f"img_attn.proj.{kind}"] = sd[b + f"attn.to_out.0.{kind}"]
+            out[o + f"txt_attn.proj.{kind}"] = sd[b + f"attn.to_add_out.{kind}"]
+            for side, ff in (("img", "ff"), ("txt", "ff_context")):
+                out[o + f"{side}_mlp.0.{kind}"] = sd[b + f"{ff}.net.0.proj.{kind}"]
+                out[o + f"{side}_mlp.2.{kind}"] = sd[b + f"{ff}.net.2.{kind}"]
+        for side, q, k in (("img", "norm_q", "norm_k"), ("txt", "norm_added_q", "norm_added_k")):
+            out[o + f"{side}_attn.norm.query_norm.scale"] = sd[b + f"attn.{q}.weight"]
+            out[o + f"{side}_attn.norm.key_norm.scale"] = sd[b + f"attn.{k}.weight"]
+    for i in range(len(transformer.single_transformer_blocks)):
+        b, o = f"single_transformer_blocks.{i}.", f"single_blocks.{i}."
+        for kind in ("weight", "bias"):
+            out[o + f"linear1.{kind}"] = _fused(sd, [b + f"attn.to_{q}.{kind}" for q in "qkv"] + [b + f"proj_mlp.{kind}"])
+            out[o + f"linear2.{kind}"] = sd[b + f"proj_out.{kind}"]
+            out[o + f"modulation.lin.{kind}"] = sd[b + f"norm.linear.{kind}"]
+        out[o + "norm.query_norm.scale"] = sd[b + "attn.norm_q.weight"]
+        out[o + "norm.key_norm.scale"] = sd[b + "attn.norm_k.weight"]
+    # every weight is written once: nothing of the model is left without an original name
+    assert sum(v.numel() for v in out.values()) == sum(v.numel() for v in sd.values()), "a Flux weight has no name"
+    return out

@@ -68,7 +68,7 @@ def write_family_config_folder(folder: Path, family: Family) -> Path:
     from transformers import CLIPTextConfig
 
     variant = family.variants[0]
-    if set(SDXL_PADS) != {f"tokenizer{name[len('text_encoder'):]}" for name in family.text_encoders}:
+    if not all(variant.parts[name].cls.startswith("CLIPText") for name in family.text_encoders):
         raise CheckpointError(f"a {family.label} single file needs its configs and tokenizers beside it: a diffusers "
                               f"folder of the same model as NAME.config/ (the T5 tokenizer cannot be built offline)")
     index = {"_class_name": family.pipeline, "scheduler": ["diffusers", SDXL_SCHEDULER["_class_name"]]}
@@ -88,10 +88,29 @@ def write_family_config_folder(folder: Path, family: Family) -> Path:
     return folder
 
 
-def load_family_file(path: Path, family: Family):
-    """The family's pipeline (float32, CPU) from a single ``.safetensors`` file and its config folder."""
+def _denoiser_only(path: Path, family: Family) -> bool:
+    """Whether the file holds the denoiser alone (Flux.1's published files): none of its text encoders' weights."""
+    from .single_file import read_shapes
+
+    return not any(k.startswith(mark) for k in read_shapes(path) for mark in family.single_file_text_marks)
+
+
+def _from_file(path: Path, folder: Path, family: Family):
+    """The pipeline from the file and the config folder: the whole pipeline from the file, or the denoiser from it
+    and every other part from the folder."""
     import diffusers
 
+    options = dict(local_files_only=True, torch_dtype=torch.float32)
+    pipeline = getattr(diffusers, family.pipeline)
+    if not _denoiser_only(path, family):
+        return pipeline.from_single_file(str(path), config=str(folder), **options, **family.pipeline_options)
+    cls = getattr(diffusers, family.variants[0].parts[family.denoiser].cls)
+    denoiser = cls.from_single_file(str(path), config=str(folder), subfolder=family.denoiser, **options)
+    return pipeline.from_pretrained(folder, **{family.denoiser: denoiser}, **options, **family.pipeline_options)
+
+
+def load_family_file(path: Path, family: Family):
+    """The family's pipeline (float32, CPU) from a single ``.safetensors`` file and its config folder."""
     from .single_file import _quiet_diffusers
 
     if path.suffix != ".safetensors":
@@ -104,9 +123,7 @@ def load_family_file(path: Path, family: Family):
                 folder = sidecar
             else:
                 folder = write_family_config_folder(Path(tmp), family)
-            pipe = getattr(diffusers, family.pipeline).from_single_file(
-                str(path), config=str(folder), local_files_only=True, torch_dtype=torch.float32,
-                **family.pipeline_options)
+            pipe = _from_file(path, folder, family)
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
     except Exception as e:  # noqa: BLE001 - a foreign file's weights

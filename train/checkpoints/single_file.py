@@ -191,14 +191,18 @@ def _about(family: str, config: dict, source: Path) -> dict:
 
 
 def is_single_file(path: Path) -> bool:
-    """A ``.safetensors``/``.ckpt`` file whose weights are in the original SD layout (reads only the keys)."""
+    """A ``.safetensors``/``.ckpt`` file whose weights are in the original SD layout, or a family's own (a Flux.1
+    transformer alone, without the ``model.diffusion_model.`` prefix): reads only the keys."""
+    from ..families import family_of_keys
+
     path = Path(path)
     if path.suffix not in SUFFIXES or not path.is_file():
         return False
     try:
-        return any(k.startswith(UNET) for k in read_shapes(path))
+        shapes = read_shapes(path)
     except CheckpointError:
         return False
+    return any(k.startswith(UNET) for k in shapes) or family_of_keys(shapes) is not None
 
 
 def embedded_spec(path: Path) -> dict | None:

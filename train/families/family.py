@@ -55,6 +55,7 @@ class Family:
     latent_channels: int
     folder_classes: frozenset[str]  # model_index.json's _class_name values that hold it
     single_file_marks: tuple[str, ...]  # key prefixes that only its single files hold
+    single_file_text_marks: tuple[str, ...]  # key prefixes of its text encoders in a single file
     variants: tuple[Variant, ...]
     writes_single_file: bool = False  # whether `dwb export` writes its original single-file layout
     pipeline_options: dict = field(default_factory=dict)  # what its pipeline class is built and loaded with

@@ -29,6 +29,7 @@ SD3 = Family(
     text_encoders=("text_encoder", "text_encoder_2", "text_encoder_3"), schedule="flow", samplers=FLOW_SAMPLERS,
     native_size=1024, size_range=(512, 1536), latent_channels=16,
     folder_classes=frozenset({"StableDiffusion3Pipeline"}), single_file_marks=("joint_blocks.",),
+    single_file_text_marks=("text_encoders.",),
     variants=(Variant("3.5-large", _parts(mmdit(38, 2432, 192)), published_parameters=8.1e9,
                       published_parts=("transformer",), guidance_scale=3.5, steps=28,
                       hub_id="stabilityai/stable-diffusion-3.5-large"),

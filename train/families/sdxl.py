@@ -21,6 +21,7 @@ SDXL = Family(
     text_encoders=("text_encoder", "text_encoder_2"), schedule="diffusion", samplers=DIFFUSION_SAMPLERS,
     native_size=1024, size_range=(512, 2048), latent_channels=4,
     folder_classes=frozenset({"StableDiffusionXLPipeline"}), single_file_marks=("conditioner.embedders.",),
+    single_file_text_marks=("conditioner.embedders.",),
     variants=(Variant("base", {"unet": UNET, "text_encoder": clip_text(CLIP_L),
                                "text_encoder_2": clip_text(OPENCLIP_BIGG, projection=True),
                                "vae": vae(4, 0.13025, sample_size=1024)},
