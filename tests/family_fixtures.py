@@ -42,10 +42,10 @@ def _clip(projection: bool = False, width: int = 32):
     return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
 
 
-def _t5():
+def _t5(width: int = 32):
     from transformers import T5Config, T5EncoderModel
 
-    return T5EncoderModel(T5Config(vocab_size=len(WORDS), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+    return T5EncoderModel(T5Config(vocab_size=len(WORDS), d_model=width, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
                                    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
 
 
@@ -83,13 +83,16 @@ def write_sdxl(out: Path, tokenizers: Path) -> Path:
 def write_sd3(out: Path, tokenizers: Path) -> Path:
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
-    transformer = SD3Transformer2DModel(sample_size=32, patch_size=1, in_channels=16, out_channels=16, num_layers=1,
+    # two blocks, the last attending without a context output (as every MMDiT's last), q/k RMS-normed as SD3.5's
+    transformer = SD3Transformer2DModel(sample_size=32, patch_size=1, in_channels=16, out_channels=16, num_layers=2,
                                         attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
-                                        joint_attention_dim=32, pooled_projection_dim=64)
+                                        joint_attention_dim=96, pooled_projection_dim=64, qk_norm="rms_norm")
     StableDiffusion3Pipeline(
         transformer=transformer, vae=_vae(16, 1.5305, 0.0609), text_encoder=_clip(projection=True),
-        tokenizer=_clip_tokenizer(tokenizers / "clip"), text_encoder_2=_clip(projection=True),
-        tokenizer_2=_clip_tokenizer(tokenizers / "clip"), text_encoder_3=_t5(),
+        # CLIP-G wider than CLIP-L (as 1280 is than 768: diffusers' single-file loader tells them apart by width),
+        # and T5 wider than both side by side (the pipeline pads the CLIP states to T5's width)
+        tokenizer=_clip_tokenizer(tokenizers / "clip"), text_encoder_2=_clip(projection=True, width=48),
+        tokenizer_2=_clip_tokenizer(tokenizers / "clip"), text_encoder_3=_t5(width=96),
         tokenizer_3=_t5_tokenizer(tokenizers / "t5"),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0)).save_pretrained(out)
     return out

@@ -258,3 +258,66 @@ def flux_to_original(transformer) -> dict[str, torch.Tensor]:
     # every weight is written once: nothing of the model is left without an original name
     assert sum(v.numel() for v in out.values()) == sum(v.numel() for v in sd.values()), "a Flux weight has no name"
     return out
+
+
+def mmdit_to_original(transformer) -> dict[str, torch.Tensor]:
+    """An SD3/3.5 MMDiT in Stability's own names (their reference ``mmditx.py``, in the files they publish):
+    ``joint_blocks.N.x_block`` / ``context_block`` with fused q/k/v, ``ln_q``/``ln_k``, and every final modulation
+    as (shift, scale) where diffusers keeps (scale, shift): the model's and the last block's context one."""
+    sd, out = transformer.state_dict(), {}
+
+    def shift_scale(weight):
+        scale, shift = weight.chunk(2)
+        return torch.cat([shift, scale])
+
+    pairs = {"pos_embed.proj": "x_embedder.proj", "time_text_embed.timestep_embedder.linear_1": "t_embedder.mlp.0",
+             "time_text_embed.timestep_embedder.linear_2": "t_embedder.mlp.2",
+             "time_text_embed.text_embedder.linear_1": "y_embedder.mlp.0",
+             "time_text_embed.text_embedder.linear_2": "y_embedder.mlp.2", "context_embedder": "context_embedder",
+             "proj_out": "final_layer.linear"}
+    for ours, theirs in pairs.items():
+        for kind in ("weight", "bias"):
+            out[f"{theirs}.{kind}"] = sd[f"{ours}.{kind}"]
+    out["pos_embed"] = sd["pos_embed.pos_embed"]
+    for kind in ("weight", "bias"):
+        out[f"final_layer.adaLN_modulation.1.{kind}"] = shift_scale(sd[f"norm_out.linear.{kind}"])
+    last = len(transformer.transformer_blocks) - 1
+    for i in range(last + 1):
+        b, o = f"transformer_blocks.{i}.", f"joint_blocks.{i}."
+        for kind in ("weight", "bias"):
+            out[o + f"x_block.adaLN_modulation.1.{kind}"] = sd[b + f"norm1.linear.{kind}"]
+            context = sd[b + f"norm1_context.linear.{kind}"]
+            out[o + f"context_block.adaLN_modulation.1.{kind}"] = shift_scale(context) if i == last else context
+            out[o + f"x_block.attn.qkv.{kind}"] = _fused(sd, [b + f"attn.to_{q}.{kind}" for q in "qkv"])
+            out[o + f"context_block.attn.qkv.{kind}"] = _fused(sd, [b + f"attn.add_{q}_proj.{kind}" for q in "qkv"])
+            out[o + f"x_block.attn.proj.{kind}"] = sd[b + f"attn.to_out.0.{kind}"]
+            out[o + f"x_block.mlp.fc1.{kind}"] = sd[b + f"ff.net.0.proj.{kind}"]
+            out[o + f"x_block.mlp.fc2.{kind}"] = sd[b + f"ff.net.2.{kind}"]
+            if i < last:  # the last block's context stream ends at its attention
+                out[o + f"context_block.attn.proj.{kind}"] = sd[b + f"attn.to_add_out.{kind}"]
+                out[o + f"context_block.mlp.fc1.{kind}"] = sd[b + f"ff_context.net.0.proj.{kind}"]
+                out[o + f"context_block.mlp.fc2.{kind}"] = sd[b + f"ff_context.net.2.{kind}"]
+        for stream, q, k in (("x_block", "norm_q", "norm_k"), ("context_block", "norm_added_q", "norm_added_k")):
+            if b + f"attn.{q}.weight" in sd:
+                out[o + f"{stream}.attn.ln_q.weight"] = sd[b + f"attn.{q}.weight"]
+                out[o + f"{stream}.attn.ln_k.weight"] = sd[b + f"attn.{k}.weight"]
+    assert sum(v.numel() for v in out.values()) == sum(v.numel() for v in sd.values()), "an MMDiT weight has no name"
+    return out
+
+
+def write_sd3_single_file(pipe, path: Path, text_encoders: bool = True) -> Path:
+    """SD3.5 as Stability publishes it: the MMDiT under ``model.diffusion_model.``, the VAE under
+    ``first_stage_model.`` and, with ``text_encoders``, CLIP-L, CLIP-G and T5 under ``text_encoders.clip_l``,
+    ``clip_g`` and ``t5xxl`` (``.transformer.`` then transformers' own names)."""
+    from safetensors.torch import save_file
+
+    weights = {"model.diffusion_model." + k: v for k, v in mmdit_to_original(pipe.transformer).items()}
+    weights.update(vae_to_original(pipe.vae))
+    if text_encoders:  # CLIP-L's projection is not in the published files (it is the identity there)
+        for name, encoder in (("clip_l", pipe.text_encoder), ("clip_g", pipe.text_encoder_2),
+                              ("t5xxl", pipe.text_encoder_3)):
+            weights.update({f"text_encoders.{name}.transformer.{k}": v for k, v in encoder.state_dict().items()
+                            if not k.endswith("position_ids") and not (name == "clip_l" and k.startswith("text_proj"))
+                            and k != "encoder.embed_tokens.weight"})  # T5 keeps its tied embedding as "shared"
+    save_file({k: v.detach().contiguous() for k, v in weights.items()}, str(path))
+    return Path(path)

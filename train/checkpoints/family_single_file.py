@@ -135,3 +135,19 @@ def load_family_file(path: Path, family: Family):
                               f"{family.label}")
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def describe_file(path: Path) -> dict:
+    """Any single file, described without building a model: a newer family's here, SD 1.x/2.x's by ``single_file``."""
+    from .single_file import describe_single_file, newer_family
+
+    family = newer_family(Path(path))
+    return describe_family_file(Path(path), family) if family is not None else describe_single_file(path)
+
+
+def load_file(path: Path):
+    """Any single file's pipeline: a newer family's through diffusers' loader, SD 1.x/2.x's by ``single_file``."""
+    from .single_file import load_single_file, newer_family
+
+    family = newer_family(Path(path))
+    return load_family_file(Path(path), family) if family is not None else load_single_file(path)

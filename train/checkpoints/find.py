@@ -159,9 +159,9 @@ def _local(raw: str, path: Path, label: str | None = None) -> Checkpoint:
 def raise_reason(path: Path) -> None:
     """Why a file is no checkpoint, in one line: as a single file (by its suffix), else as a Composer file."""
     if path.suffix in (".safetensors", ".ckpt"):
-        from .single_file import describe_single_file
+        from .family_single_file import describe_file
 
-        describe_single_file(path)
+        describe_file(path)
     read_checkpoint(path)
 
 

@@ -46,9 +46,9 @@ def describe(ckpt: Checkpoint) -> CheckpointInfo:
         return CheckpointInfo(ckpt.kind, spec.get("resolution"), has_ema(data), spec.get("architecture"),
                               spec.get("prediction_type"))
     if ckpt.kind == "single-file":
-        from .single_file import describe_single_file
+        from .family_single_file import describe_file
 
-        d = describe_single_file(ckpt.path)
+        d = describe_file(ckpt.path)
         return CheckpointInfo(ckpt.kind, d.get("resolution"), None, d.get("architecture"), d.get("prediction_type"),
                               d.get("family"))
     family = family_of_folder(ckpt.path, ckpt.label)
@@ -196,9 +196,9 @@ def load_pipeline(ref: str | Path | Checkpoint, *, ema: bool = False, device: st
             say(plan.note)
             return _offloaded(pipe, plan, device, dtype)
     elif ckpt.kind == "single-file":
-        from .single_file import load_single_file
+        from .family_single_file import load_file
 
-        pipe = load_single_file(ckpt.path)
+        pipe = load_file(ckpt.path)
     else:
         raise CheckpointError(f"{ckpt.label}: not a checkpoint of any kind this workbench opens")
     return pipe.to(device=device, dtype=dtype) if dtype is not None else pipe.to(device)

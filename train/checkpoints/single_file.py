@@ -251,11 +251,6 @@ def newer_family(path: Path):
 def describe_single_file(path: Path) -> dict:
     """``architecture`` (sd1, sd2-base, sd2-v, or an exported spec's), ``resolution``, ``prediction_type`` and the
     ``original_config`` it was read with, from the keys and the config alone (no model is built)."""
-    family = newer_family(Path(path))
-    if family is not None:
-        from .family_single_file import describe_family_file
-
-        return describe_family_file(Path(path), family)
     return {k: v for k, v in _inspect(Path(path))[3].items() if k != "spec"}
 
 
@@ -374,11 +369,6 @@ def load_single_file(path: Path) -> StableDiffusionPipeline:
     from .schedules import inference_scheduler  # diffusers' schedulers: imported when a file is opened, not listed
 
     path = Path(path)
-    newer = newer_family(path)
-    if newer is not None:
-        from .family_single_file import load_family_file
-
-        return load_family_file(path, newer)
     shapes, family, config, about = _inspect(path)
     config_name = Path(about["original_config"]).name
     scheduler = inference_scheduler(about["prediction_type"])
