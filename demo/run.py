@@ -121,6 +121,8 @@ def write_grids(out: Path, phase_dirs: dict, resolutions: dict, steps: int) -> l
 def curves_and_cost(out: Path, phase_dirs: dict, final) -> dict:
     """Both phases' curves in one figure, and the cost table: what the demo's schedule costs at the throughput
     phase 2 measured, and what its last checkpoint recorded."""
+    import torch
+
     from train.callbacks import checkpoint_cost, measured_from_run, plan_rows, plot_runs, schedule_samples, table
     from train.config import load_config
 
@@ -129,8 +131,9 @@ def curves_and_cost(out: Path, phase_dirs: dict, final) -> dict:
     gpus, rate = measured_from_run(runs[-1])
     samples = schedule_samples([load_config(CONFIGS / f"tiny-{phase}.yaml") for phase in phase_dirs])
     cost = checkpoint_cost(final.path)
-    text = table(plan_rows({gpus: rate}, samples, [gpus], 0.95, None), 0.95)
-    return {"curves": str(figure), "cost_table": text, "final_checkpoint_cost": cost}
+    rows = plan_rows({gpus: rate}, samples, [gpus], 0.95, None)
+    return {"curves": str(figure), "cost_table": table(rows, 0.95), "final_checkpoint_cost": cost,
+            "trained_on": "gpu" if torch.cuda.is_available() else "cpu", "schedule_process_hours": rows[0].gpu_hours}
 
 
 def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
@@ -179,10 +182,7 @@ def print_summary(out: Path, report: dict, scorer: dict) -> None:
     print(f"  {report['total_seconds']:7.1f} s  total ({report['startup_seconds']:.1f} s before the first stage: "
           "start-up, imports, old output removed)")
     print_scores(report["scores"])
-    cost = report["final_checkpoint_cost"]
-    print(f"\ncost of the configs' schedule (phase 1 + phase 2 samples) at phase 2's measured throughput, "
-          f"one process:\n{report['cost_table']}\nthe last checkpoint took {cost.get('gpu_hours_total', 0):.3f} "
-          f"process-hours to reach (both phases)\ncurves:      {report['curves']}")
+    print(f"\n{cost_text(report)}\ncurves:      {report['curves']}")
     held = scorer.get("held_out") or {}
     if held:
         print("  scorer's accuracy on held-out real images: " + ", ".join(f"{k} {v:.3f}" for k, v in held.items()))
@@ -195,6 +195,20 @@ def print_summary(out: Path, report: dict, scorer: dict) -> None:
     print(f"\nstudy:       {study['folder']}  ({study['pairs']} pairs of {', '.join(study['models'])})\n"
           f"  rate:      dwb human-eval serve {study['folder']}\n  results:   dwb human-eval report {study['folder']}")
     print(f"\n{closing_answer(report['comparison'])}")
+
+
+def cost_text(report: dict) -> str:
+    """The schedule's cost table and what the last checkpoint took; on a CPU, a line under the table saying what its
+    GPUs and GPU-hours count there, and why its cost reads "-"."""
+    cost = report["final_checkpoint_cost"]
+    lines = ["cost of the configs' schedule (phase 1 + phase 2 samples) at phase 2's measured throughput, one "
+             "process:", report["cost_table"]]
+    if report.get("trained_on") == "cpu":
+        lines.append(f"no GPU: the demo trained on the CPU, so the table's GPUs are CPU processes and its GPU-hours "
+                     f"CPU process-hours ({report['schedule_process_hours']:.3g} for the schedule); no price per hour "
+                     f"is set, so its cost is \"-\"")
+    lines.append(f"the last checkpoint took {cost.get('gpu_hours_total', 0):.3f} process-hours to reach (both phases)")
+    return "\n".join(lines)
 
 
 SCORE_KEYS = ("fid", *HEADLINE_COLUMNS)

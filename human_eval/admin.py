@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from train.common import p_value_text
 
-from .report import interval_only, results_csv, stopping_lines, summary, votes_csv, votes_json
+from .report import interval_only, results_csv, stopping_lines, study_name, summary, votes_csv, votes_json
 from .resampling import REPORT_BOOTSTRAP
 
 COOKIE = "dwb_admin"
@@ -49,7 +49,26 @@ def _interval(iv) -> str:
 def _table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class='table'><table><tr>{head}</tr>{body}</table></div>"
+
+
+def _preference_table(comparisons: list[dict]) -> str:
+    """Each comparison's votes and the interval the verdicts use."""
+    return _table(["question", "model a", "model b", "votes", "a wins", "b wins", "ties", "rate a",
+                   "95% Wilson on effective votes", "design effect", "p"],
+                  [[c["question"], c["model_a"], c["model_b"], c["votes"], c["wins_a"], c["wins_b"], c["ties"],
+                    _fmt(c["rate_a"]), _interval(c["clustered_wilson"]), _fmt(c["design_effect"], pct=False),
+                    p_value_text(c["score_test_p"])] for c in comparisons])
+
+
+def _other_intervals_table(comparisons: list[dict]) -> str:
+    """The intervals and tests beside the verdict's, in a table of their own: with the first one's columns they
+    made a table 2,500 px wide that a laptop screen showed a third of."""
+    return _table(["question", "model a", "model b", "Wilson", "bootstrap by prompt", "by rater",
+                   "by prompt and rater", "tie rate", "sign test p"],
+                  [[c["question"], c["model_a"], c["model_b"], _interval(c["wilson"]), _interval(c["bootstrap_prompt"]),
+                    _interval(c["bootstrap_rater"]), _interval(c["two_way"]), _fmt(c["tie_rate"]),
+                    _fmt(c["sign_test_p"], pct=False)] for c in comparisons])
 
 
 def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
@@ -57,8 +76,9 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
     toggle = "/admin" if exclude else "/admin?exclude=1"
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='30'>",
-        "<title>human-eval admin</title><link rel='stylesheet' href='/static/rate.css'></head><body class='admin'>",
-        "<h1>Human evaluation</h1>",
+        f"<title>{escape(study_name(results))}: human-eval admin</title>",
+        "<link rel='stylesheet' href='/static/rate.css'></head><body class='admin'>",
+        f"<h1>Human evaluation: {escape(study_name(results))}</h1>",
         f"<p>{counts['raters']} raters, {counts['impressions']} pairs shown, {counts['votes']} votes; "
         f"results below computed {escape(results['generated'])} from {results['counts']['votes']} votes. "
         f"Failing raters {'excluded' if exclude else 'included'} (<a href='{toggle}'>toggle</a>). "
@@ -67,15 +87,8 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
         "<a href='/admin/results.json'>results.json</a></p>",
         f"<p id='stopping'>{escape(' '.join(stopping_lines(results)))}</p>",
         f"<img class='chart' alt='preference chart' src='/admin/chart.png{'?exclude=1' if exclude else ''}'>",
-        "<h2>Preference (share of decisive votes for model a)</h2>",
-        _table(["question", "model a", "model b", "votes", "a wins", "b wins", "ties", "rate a",
-                "95% Wilson on effective votes", "design effect", "p", "Wilson", "bootstrap by prompt", "by rater",
-                "by prompt and rater", "tie rate", "sign test p"],
-               [[c["question"], c["model_a"], c["model_b"], c["votes"], c["wins_a"], c["wins_b"], c["ties"],
-                 _fmt(c["rate_a"]), _interval(c["clustered_wilson"]), _fmt(c["design_effect"], pct=False),
-                 p_value_text(c["score_test_p"]), _interval(c["wilson"]), _interval(c["bootstrap_prompt"]),
-                 _interval(c["bootstrap_rater"]), _interval(c["two_way"]), _fmt(c["tie_rate"]),
-                 _fmt(c["sign_test_p"], pct=False)] for c in results["comparisons"]]),
+        "<h2>Preference (share of decisive votes for model a)</h2>", _preference_table(results["comparisons"]),
+        "<h2>Other intervals and tests</h2>", _other_intervals_table(results["comparisons"]),
         "<h2>By category</h2>",
         _table(["question", "model a", "model b", "category", "votes", "rate a", "Wilson 95%", "tie rate"],
                [[c["question"], c["model_a"], c["model_b"], cat["category"], cat["votes"], _fmt(cat["rate_a"]),

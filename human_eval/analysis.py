@@ -213,7 +213,8 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
     controlled = {q: style_control([v for v in main if v["question"] == q], study, covariates)
                   for q in study.question_ids} if covariates else {}
     return json_ready({
-        "study": study.id, "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "models": study.models,
+        "study": study.id, "study_name": study.folder.resolve().name,  # the name people know it by
+        "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "models": study.models,
         "model_info": {m: {k: study.model_info.get(m, {}).get(k, "") for k in ("checkpoint", "checkpoint_hash")}
                        for m in study.models},
         "questions": {q.id: q.text for q in study.questions},

@@ -225,7 +225,8 @@ def humans_beside_metrics(study: Study, votes: list[dict], scores: ScoreRows, *,
     rows, notes = join_scores(study, scores)
     per_question = {q: [v for v in main if v["question"] == q] for q in study.question_ids}
     return json_ready({
-        "study": study.id, "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "results": scores.sources,
+        "study": study.id, "study_name": study.folder.resolve().name,  # the name people know it by
+        "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "results": scores.sources,
         "questions": {q.id: q.text for q in study.questions}, "models": study.models,
         "settings": {"bootstrap": n_boot, "seed": seed, "excluded_raters": sorted(excluded)},
         "counts": {"main_votes": len(main), "decisive": sum(v["choice"] != "none" for v in main)},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from train.common import p_value_text
 
-from .report import csv_text, share_text
+from .report import csv_text, share_text, study_name
 from .scores import LABELS, METRICS
 
 FILES = ("joined.html", "joined.json", "joined_models.csv", "joined_agreement.csv", "joined_categories.csv")
@@ -88,7 +88,7 @@ def _category_section(joined: dict, q: str) -> str:
 
 def page(joined: dict) -> str:
     """The joined report as one self-contained HTML page."""
-    parts = [f"<h1>Humans beside metrics: study {escape(joined['study'])}</h1>",
+    parts = [f"<h1>Humans beside metrics: study {escape(study_name(joined))}</h1>",
              f"<p>{joined['counts']['main_votes']} main votes ({joined['counts']['decisive']} decisive); metrics from "
              f"{escape(', '.join(joined['results']))}; intervals are 95%, bootstrap by prompt "
              f"({joined['settings']['bootstrap']} resamples) unless said.</p>"]

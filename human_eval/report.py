@@ -124,9 +124,16 @@ def preference_line(c: dict, interval: str = DEFAULT_INTERVAL) -> str:
             f"ties {_pct(c['tie_rate']).strip()}%; sign test, votes as independent, {p_value_text(c['sign_test_p'])}")
 
 
+def study_name(results: dict) -> str:
+    """The study as people know it: its folder's own name (the random id names nothing a person chose; results
+    written before the name was kept have only the id)."""
+    return results.get("study_name") or results["study"]
+
+
 def summary(results: dict, interval: str = DEFAULT_INTERVAL) -> str:
-    """The headline numbers as text: one line per question and model pair, then BT, agreement and checks."""
-    lines = [f"{results['counts']['votes']} votes from {results['counts']['raters']} raters "
+    """The headline numbers as text: the study and its counts, one line per question and model pair, then BT,
+    agreement and checks."""
+    lines = [f"study {study_name(results)}: {results['counts']['votes']} votes from {results['counts']['raters']} raters "
              f"({results['counts']['main_votes']} on main pairs"
              + (f"; excluded: {', '.join(results['counts']['excluded_raters'])}" if results['counts']['excluded_raters'] else "")
              + ")"]

@@ -161,3 +161,65 @@ def write_pickscore(folder: Path, tokenizer_folder: Path) -> Path:
     CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
                   tokenizer=tokenizer).save_pretrained(folder)
     return folder
+
+
+# open_clip's name for a vision tower tensor -> transformers' CLIPModel name (per block: the ``{i}`` layer)
+OPEN_CLIP_VISION = {"class_embedding": "embeddings.class_embedding",
+                    "positional_embedding": "embeddings.position_embedding.weight",
+                    "conv1.weight": "embeddings.patch_embedding.weight", "ln_pre": "pre_layrnorm",
+                    "ln_post": "post_layernorm"}
+OPEN_CLIP_BLOCK = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "attn.out_proj": "self_attn.out_proj",
+                   "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+
+
+def open_clip_vision_as_transformers(state: dict) -> dict:
+    """An open_clip CLIP's image tower and projection (``visual.*``) under transformers' CLIPModel names: the
+    same tensors, the fused attention input projection split into q, k and v, the projection transposed."""
+    out = {"visual_projection.weight": state["visual.proj"].T.contiguous()}
+    for key, value in state.items():
+        if not key.startswith("visual.") or key == "visual.proj":
+            continue
+        name = key.removeprefix("visual.")
+        if name.startswith("transformer.resblocks."):
+            i, rest = name.removeprefix("transformer.resblocks.").split(".", 1)
+            prefix = f"vision_model.encoder.layers.{i}."
+            if rest.startswith("attn.in_proj_"):
+                kind = rest.removeprefix("attn.in_proj_")
+                for part, chunk in zip("qkv", value.chunk(3)):
+                    out[f"{prefix}self_attn.{part}_proj.{kind}"] = chunk.clone()
+                continue
+            stem, _, leaf = rest.rpartition(".")
+            out[prefix + f"{OPEN_CLIP_BLOCK[stem]}.{leaf}"] = value
+        elif name in OPEN_CLIP_VISION:
+            out[f"vision_model.{OPEN_CLIP_VISION[name]}"] = value
+        else:  # ln_pre.weight and the like
+            stem, _, leaf = name.rpartition(".")
+            out[f"vision_model.{OPEN_CLIP_VISION[stem]}.{leaf}"] = value
+    return out
+
+
+def write_open_clip_as_transformers(model, name: str, folder: Path, tokenizer_dir: Path) -> Path:
+    """``model`` (open_clip's, built from its config ``name`` with QuickGELU, OpenAI's activation) saved as a
+    transformers CLIP folder holding the same image-tower weights; the text tower, which no image score uses,
+    is a small random one. The image processor is transformers' CLIP default (224 px, bicubic, OpenAI's mean
+    and std), as OpenAI's ViT-L/14 folder ships it."""
+    import open_clip
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+
+    cfg = open_clip.get_model_config(name)
+    vision = cfg["vision_cfg"]
+    tokenizer = CLIPTokenizer.from_pretrained(tokenizer_dir)
+    config = CLIPConfig(
+        text_config=dict(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id),
+        vision_config=dict(hidden_size=vision["width"], intermediate_size=4 * vision["width"],
+                           num_hidden_layers=vision["layers"], num_attention_heads=vision["width"] // 64,
+                           image_size=vision["image_size"], patch_size=vision["patch_size"], hidden_act="quick_gelu"),
+        projection_dim=cfg["embed_dim"])
+    ours = CLIPModel(config)
+    missing, unexpected = ours.load_state_dict(open_clip_vision_as_transformers(model.state_dict()), strict=False)
+    assert not unexpected and all(k.startswith(("text_", "logit_scale")) for k in missing), (missing, unexpected)
+    ours.save_pretrained(folder)
+    CLIPProcessor(image_processor=CLIPImageProcessor(), tokenizer=tokenizer).save_pretrained(folder)
+    return folder

@@ -8,9 +8,12 @@ published sizes would take minutes on a CPU (each fixture says which). The refer
   unchanged, building the fixture's sizes.
 - PickScore: the transformers snippet of its model card (yuvalkirstain/PickScore_v1, "Example usage").
 - The aesthetic predictor: its published ``simple_inference.py`` (christophschuhmann/improved-aesthetic-
-  predictor): its five-layer ``MLP`` on the unit-norm CLIP image embedding.
+  predictor): its five-layer ``MLP`` on the unit-norm image embedding of open_clip's own model, preprocessed by
+  open_clip's own transform; our scorer reads the same weights converted into a transformers CLIP folder.
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +23,8 @@ from evaluate.prompts import shapes_prompts
 from evaluate.preference import to_pil
 from train.errors import WorkbenchError
 
-from .preference_fixtures import hpsv2_package, test_images, write_hps, write_image_reward, write_pickscore
+from .preference_fixtures import (hpsv2_package, test_images, write_hps, write_image_reward,
+                                  write_open_clip_as_transformers, write_pickscore)
 
 test_images.__test__ = False
 TOLERANCE = 1e-5
@@ -139,35 +143,71 @@ class PublishedMLP(torch.nn.Module):
         return self.layers(x)
 
 
-@pytest.fixture(scope="module")
-def aesthetic_head(tiny_clip, tmp_path_factory):
-    """``sac+logos+ava1-l14-linearMSE.pth``'s layout for the tiny CLIP's 16-d embeddings (published: 768-d),
-    initialised as trained heads are scaled (std 1 / sqrt(fan-in)), seeded."""
+def write_aesthetic_head(folder, dim: int):
+    """``sac+logos+ava1-l14-linearMSE.pth``'s layout for ``dim``-d embeddings (published: 768-d), initialised as
+    trained heads are scaled (std 1 / sqrt(fan-in)), seeded."""
     torch.manual_seed(3)
-    head = PublishedMLP(16)
+    head = PublishedMLP(dim)
     with torch.no_grad():
         for layer in head.layers:
             if isinstance(layer, torch.nn.Linear):
                 layer.weight.normal_(0, layer.in_features ** -0.5)
-    path = tmp_path_factory.mktemp("aesthetic") / "sac+logos+ava1-l14-linearMSE.pth"
+    path = folder / "sac+logos+ava1-l14-linearMSE.pth"
     torch.save(head.state_dict(), path)
     return path
 
 
-def test_aesthetic_equals_the_published_predictor(tiny_clip, aesthetic_head, images, captions):
-    from evaluate.aesthetic import AestheticScorer
-    from evaluate.clip import load_clip
+@pytest.fixture(scope="module")
+def aesthetic_head(tiny_clip, tmp_path_factory):
+    """The head for the tiny CLIP's 16-d embeddings, for the runs that score with the run's own CLIP."""
+    return write_aesthetic_head(tmp_path_factory.mktemp("aesthetic"), 16)
 
-    mlp = PublishedMLP(16)
-    mlp.load_state_dict(torch.load(aesthetic_head))
+
+# open_clip's ViT-S-32 is OpenAI's CLIP ViT with ViT-L/14's 224 px preprocessing at 384 wide and 32 px patches:
+# open_clip's ViT-L-14 took 14 s to build and run on the four images on a 2-core CPU, and again as much for ours
+OPEN_CLIP_CONFIG = "ViT-S-32"
+
+
+@pytest.fixture(scope="module")
+def open_clip_aesthetic(components, tmp_path_factory) -> SimpleNamespace:
+    """open_clip's own model (random weights, seeded, QuickGELU as OpenAI's ViT-L/14) and preprocessing, the same
+    weights as a transformers CLIP folder for our scorer, and a head for its embedding width."""
+    import open_clip
+
+    torch.manual_seed(4)
+    model, _, preprocess = open_clip.create_model_and_transforms(OPEN_CLIP_CONFIG, pretrained=None,
+                                                                 force_quick_gelu=True)
+    folder = tmp_path_factory.mktemp("open-clip")
+    clip = write_open_clip_as_transformers(model.eval(), OPEN_CLIP_CONFIG, folder / "clip", components / "tokenizer")
+    dim = open_clip.get_model_config(OPEN_CLIP_CONFIG)["embed_dim"]
+    return SimpleNamespace(model=model, preprocess=preprocess, clip=clip, head=write_aesthetic_head(folder, dim),
+                           dim=dim)
+
+
+def normalized(a, axis=-1, order=2):
+    """simple_inference.py's ``normalized``, unchanged."""
+    l2 = np.atleast_1d(np.linalg.norm(a, order, axis))
+    l2[l2 == 0] = 1
+    return a / np.expand_dims(l2, axis)
+
+
+def test_aesthetic_equals_the_published_predictor(open_clip_aesthetic, images, captions):
+    """simple_inference.py's path with open_clip in place of OpenAI's ``clip`` package (its ``clip.load``
+    returns the same model and preprocessing): each PIL image through open_clip's own transform and
+    ``encode_image``, ``normalized``, then the published MLP."""
+    from evaluate.aesthetic import AestheticScorer
+
+    ref = open_clip_aesthetic
+    mlp = PublishedMLP(ref.dim)
+    mlp.load_state_dict(torch.load(ref.head))
     mlp.eval()
-    clip, processor = load_clip(tiny_clip)
-    with torch.no_grad():
-        features = clip.get_image_features(**processor(images=to_pil(images), return_tensors="pt")).numpy()
-        l2 = np.atleast_1d(np.linalg.norm(features, 2, -1))
-        l2[l2 == 0] = 1
-        theirs = mlp(torch.from_numpy(features / np.expand_dims(l2, -1)).float()).squeeze(-1).numpy()  # normalized()
-    scorer = AestheticScorer(aesthetic_head, clip=str(tiny_clip))
+    theirs = []
+    for pil_image in to_pil(images):
+        with torch.no_grad():
+            image_features = ref.model.encode_image(ref.preprocess(pil_image).unsqueeze(0))
+        im_emb_arr = normalized(image_features.cpu().detach().numpy())
+        theirs.append(mlp(torch.from_numpy(im_emb_arr).type(torch.FloatTensor)).item())
+    scorer = AestheticScorer(ref.head, clip=str(ref.clip))
     ours = scorer(images, captions).numpy()
     np.testing.assert_allclose(ours, theirs, atol=TOLERANCE, rtol=0)
     assert np.ptp(ours) > 1000 * TOLERANCE
