@@ -5,12 +5,14 @@ entry instead of assuming a UNet.
 - ``family``: what an entry holds (``Family``, its ``Variant`` models and their full-size ``Part`` configs);
 - ``stable_diffusion``, ``sdxl``, ``sd3``, ``flux``: the entries; ``parts``: the text encoders and VAEs they share;
 - ``registry``: every family, and finding one from a folder, a pipeline or a single file's weight names;
-- ``full_size``: the parts at full size on the meta device, their parameter counts.
+- ``full_size``: the parts at full size on the meta device, their parameter counts;
+- ``flow``: rectified flow, how SD3 and Flux.1 noise and step (the objective a transformer family trains with).
 """
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
     "family": "GUIDANCE_KINDS Family Part Variant",
+    "flow": "RectifiedFlow patches_shift pixels_shift shifted",
     "full_size": "BYTES_PER_PARAMETER build_on_meta full_size_summary parameter_counts published_count",
     "registry": "FAMILIES family_named family_of_folder family_of_keys family_of_pipeline",
 })
