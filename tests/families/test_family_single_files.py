@@ -43,15 +43,6 @@ def test_an_sdxl_single_file_draws_what_its_folder_draws(sdxl_file, family_folde
     np.testing.assert_array_equal(from_file, from_folder)
 
 
-def test_dwb_sample_of_an_sdxl_single_file(sdxl_file, tmp_path):
-    out = tmp_path / "grid.png"
-    run = run_dwb("sample", str(sdxl_file), str(out), "--prompt", "a red circle", "--steps", "2", "--size", "64",
-                  "--seeds", "1", "--sampler", "Euler")
-    assert run.returncode == 0, run.stderr[-2000:]
-    with Image.open(out) as image:
-        assert "Model: tiny" in image.text["parameters"]
-
-
 def test_without_its_configs_an_sdxl_file_is_read_with_the_published_ones(sdxl_file, tmp_path):
     """No NAME.config/: the configs are SDXL base's own, written offline (the tiny file does not fit them: one
     line); those configs build the published model, and its CLIP tokenizers pad as SDXL's do."""
