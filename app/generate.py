@@ -219,7 +219,8 @@ def generate(pipe, params: GenerationParams, *, on_step: StepHook | None = None,
     return [Image.fromarray(image) for image in images]
 
 
-def record_of(params: GenerationParams, index: int, checkpoint: str, checkpoint_hash: str, weights: str) -> ImageRecord:
-    """How image ``index`` of a request was made."""
+def record_of(params: GenerationParams, index: int, checkpoint: str, checkpoint_hash: str, weights: str,
+              guidance_kind: str = "cfg") -> ImageRecord:
+    """How image ``index`` of a request was made (``guidance_kind``: how its model took the guidance scale)."""
     return ImageRecord.of(settings_of(params), params.prompt, params.seed + index, (params.width, params.height),
-                          params.sampler, checkpoint, checkpoint_hash, weights)
+                          params.sampler, checkpoint, checkpoint_hash, weights, guidance_kind)

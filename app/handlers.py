@@ -15,10 +15,11 @@ from collections.abc import Callable
 import gradio as gr
 import pandas as pd
 
-from train.checkpoints import content_hash
+from train.checkpoints import content_hash, recommended_settings
 from train.common import interval_text
 from train.errors import WorkbenchError, first_line
-from train.generation import PROMPT_SETS, read_prompt_table
+from train.families import family_or_ours
+from train.generation import DEFAULT_SAMPLER, PROMPT_SETS, read_prompt_table, recommended_line
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
 from .png_info import read_png, settings_from
@@ -145,10 +146,49 @@ class Handlers:
             parts.append(f"trained at {info.resolution} px")
         if info.has_ema is not None:
             parts.append("EMA and raw weights" if info.has_ema else "raw weights only (no EMA)")
-        note = ", ".join(parts) + self.scores_note(content_hash(ckpt))
-        size = info.resolution if info.resolution and self.limits.min_size <= info.resolution <= self.limits.max_size \
-            else None
+        recommended, line = self.recommended_of(ckpt)
+        note = ", ".join(parts) + (f"\n\n{as_markdown(line)}" if line else "") + self.scores_note(content_hash(ckpt))
+        size = recommended.get("size") or info.resolution
+        size = size if size and self.limits.min_size <= size <= self.limits.max_size else None
         return note, *(gr.update(value=size) if size else gr.update() for _ in range(2))  # one per output
+
+    def family_controls(self, text: str | None, sampler: str | None) -> tuple:
+        """The Generate tab's sampler and negative prompt for a chosen checkpoint's family: only the samplers that
+        fit it (the chosen one kept where it fits), and no negative prompt where the family's guidance has none."""
+        try:
+            family = family_or_ours(self.service.info(text)[1].family) if text else None
+        except WorkbenchError:
+            family = None  # the checkpoint note says why it cannot be used
+        if family is None:
+            return gr.update(), gr.update()
+        fits = sampler if sampler in family.samplers else \
+            (DEFAULT_SAMPLER if DEFAULT_SAMPLER in family.samplers else family.samplers[0])
+        negative = gr.update(interactive=True, placeholder=None) if family.negative_prompt else \
+            gr.update(value="", interactive=False, placeholder=f"{family.label} has no negative prompt")
+        return gr.update(choices=list(family.samplers), value=fits), negative
+
+    def recommended_of(self, ckpt) -> tuple[dict, str]:
+        """The checkpoint's recommended settings within the app's limits, and the line saying they are its
+        (``train.generation.recommended_line``), or why they are not used."""
+        try:
+            recommended = recommended_settings(ckpt)
+        except WorkbenchError as e:
+            return {}, self.service.for_client(f"its recommended settings are not used: {e}")
+        limits = {"guidance": self.limits.max_guidance, "steps": self.limits.max_steps,
+                  "size": self.limits.max_size}
+        fit = {k: v for k, v in recommended.items() if k not in limits or v <= limits[k]}
+        if "size" in fit and fit["size"] < self.limits.min_size:
+            del fit["size"]
+        return fit, recommended_line(fit)
+
+    def recommended_controls(self, text: str | None) -> tuple:
+        """The Generate tab's sampler, steps and guidance set to a chosen checkpoint's recommended ones (each left
+        as it is where the checkpoint recommends none)."""
+        try:
+            fit = self.recommended_of(self.service.open(text))[0] if text else {}
+        except WorkbenchError:
+            fit = {}  # the checkpoint note says why it cannot be used
+        return tuple(gr.update(value=fit[k]) if k in fit else gr.update() for k in ("sampler", "steps", "guidance"))
 
     def scores_note(self, digest: str) -> str:
         """Markdown lines: each results row of the checkpoint, and its human win rates."""

@@ -1,4 +1,5 @@
-"""PNG Info: the generation parameters a PNG carries (ours or AUTOMATIC1111's), as values for the controls.
+"""PNG Info: the generation parameters a PNG carries (ours or AUTOMATIC1111's), as values for the controls; a
+JPEG's or WebP's too, from its EXIF UserComment (as A1111 writes them; read from the header, before any pixel).
 
 The ``parameters`` text chunk is read from the file's chunks before its pixels, so a PNG whose pixels would
 take gigabytes to decode costs nothing to read; text written after the pixels is looked for only in images
@@ -16,7 +17,7 @@ from pathlib import Path
 from PIL import Image
 
 from train.errors import WorkbenchError
-from train.generation import SAMPLERS, ImageRecord, parse_parameters
+from train.generation import SAMPLERS, ImageRecord, parameters_from_exif, parse_parameters
 
 MAX_PIXELS = 4096 * 4096
 # Our text is two prompts of at most 2,000 characters and a settings line of a few hundred; AUTOMATIC1111's with
@@ -42,7 +43,10 @@ def read_png(path: str | Path) -> tuple[str, ImageRecord | None, str | None]:
     """``read_png_info``, and why the PNG's ``dwb`` chunk was not read where it has one that is unreadable (too
     long, too deep, not JSON, not a whole record): one line, for PNG Info's notes."""
     try:
-        with Image.open(path, formats=["PNG"]) as image:
+        with Image.open(path, formats=["PNG", "JPEG", "WEBP"]) as image:
+            if image.format != "PNG":  # EXIF is read from its header segment, before any pixel
+                text, chunk = parameters_from_exif(image.info.get("exif") or b""), None
+                return _checked(text, None, image.format)
             info = image.info
             if "parameters" not in info and image.width * image.height <= MAX_PIXELS:
                 image.load()  # some writers put text chunks after the pixels
@@ -51,11 +55,17 @@ def read_png(path: str | Path) -> tuple[str, ImageRecord | None, str | None]:
     except Image.DecompressionBombError:
         text, chunk = None, None
     except (OSError, SyntaxError, ValueError) as e:
-        raise WorkbenchError(f"not a readable PNG image ({type(e).__name__})") from None
+        raise WorkbenchError(f"not a readable PNG image, nor a JPEG or WebP ({type(e).__name__})") from None
+    return _checked(text, chunk, "PNG")
+
+
+def _checked(text, chunk, fmt: str) -> tuple[str, ImageRecord | None, str | None]:
+    """``read_png``'s answer from an image's parameters text and ``dwb`` chunk (a PNG's only)."""
     if not isinstance(text, str) or not text.strip():
-        raise WorkbenchError("this PNG carries no generation parameters (no 'parameters' text chunk)")
+        where = "no 'parameters' text chunk" if fmt == "PNG" else "no EXIF UserComment"
+        raise WorkbenchError(f"this {fmt} carries no generation parameters ({where})")
     if len(text) > MAX_PARAMETERS_CHARS:
-        raise WorkbenchError(f"this PNG's parameters text is {len(text):,} characters long; at most "
+        raise WorkbenchError(f"this {fmt}'s parameters text is {len(text):,} characters long; at most "
                              f"{MAX_PARAMETERS_CHARS:,} are read")
     if chunk is None:
         return text, None, None
@@ -90,6 +100,13 @@ def fields_of(record: ImageRecord) -> dict:
             "Weights": {"ema": "EMA"}.get(record.weights, record.weights)}
 
 
+def _guidance(parsed: dict) -> float | None:
+    """The guidance scale: Forge's "Distilled CFG Scale" where a model takes it as an input (Flux.1-dev: its "CFG
+    scale" is then 1, no second pass), else "CFG scale"."""
+    distilled = _number(parsed, "Distilled CFG Scale", float)
+    return distilled if distilled is not None else _number(parsed, "CFG scale", float)
+
+
 def settings_from(text: str, label_of_hash: Callable[[str], str | None],
                   record: ImageRecord | None = None) -> tuple[dict, list[str]]:
     """Control values from a PNG's exact record where it has one, else from its ``parameters`` text (None where
@@ -99,7 +116,7 @@ def settings_from(text: str, label_of_hash: Callable[[str], str | None],
     size = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", parsed.get("Size", ""))
     values = {"prompt": parsed.get("prompt", ""), "negative_prompt": parsed.get("negative_prompt", ""),
               "sampler": _sampler(parsed), "steps": _number(parsed, "Steps", int),
-              "guidance": _number(parsed, "CFG scale", float), "width": int(size.group(1)) if size else None,
+              "guidance": _guidance(parsed), "width": int(size.group(1)) if size else None,
               "height": int(size.group(2)) if size else None, "seed": _number(parsed, "Seed", int),
               "checkpoint": None, "weights": WEIGHTS.get(parsed.get("Weights", ""))}
     notes = []

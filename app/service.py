@@ -29,7 +29,7 @@ from train.errors import WorkbenchError, first_line
 
 from train.checkpoints import (Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint,
                                weights_of)
-from train.generation import WEIGHT_CHOICES, ImageRecord, generate_images, save_png, with_metadata
+from train.generation import WEIGHT_CHOICES, ImageRecord, generate_images, guidance_kind_of, save_png, with_metadata
 
 from .cache import PipelineCache
 from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, checkpoint_name, generate,
@@ -325,7 +325,8 @@ class Service:
             pipe = self.pipeline(ckpt, weights)
             out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total), should_stop=stop.is_set)
             for i, image in enumerate(out):
-                record = record_of(params, i, ckpt.label, content_hash(ckpt), self.weights_of(ckpt, weights))
+                record = record_of(params, i, ckpt.label, content_hash(ckpt), self.weights_of(ckpt, weights),
+                                   guidance_kind_of(pipe))
                 images.append(self._keep(image, record))
                 records.append(record)
         return Result(images, records, time.perf_counter() - t0)
@@ -345,7 +346,7 @@ class Service:
                                      settings_of(first.params), on_step=step, should_stop=stop.is_set)
             for cell, image in zip(call, pixels):
                 record = record_of(cell.params, 0, ckpt.label, content_hash(ckpt),
-                                   self.weights_of(ckpt, cell.weights))
+                                   self.weights_of(ckpt, cell.weights), guidance_kind_of(pipe))
                 by_cell[cell.position] = (self._keep(Image.fromarray(image), record), record)
             done += len(call)
         on_progress(1.0, n, n)

@@ -199,7 +199,8 @@ class UI:
         with gr.Tab("PNG Info", id="png-info-tab"):
             with gr.Row():
                 with gr.Column():
-                    self.png = gr.File(label="Drop a PNG", file_types=[".png"], type="filepath", elem_id="png-file")
+                    self.png = gr.File(label="Drop a PNG, JPEG or WebP", file_types=[".png", ".jpg", ".jpeg", ".webp"],
+                                       type="filepath", elem_id="png-file")
                     self.send = gr.Button("Send to Generate", variant="primary", elem_id="png-send")
                 with gr.Column():
                     self.png_text = gr.Textbox(label="Parameters", lines=6, interactive=False, elem_id="png-parameters")
@@ -250,6 +251,12 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     h, private = ui.h, dict(queue=False, api_visibility="private")
     carry_settings(ui, ui.checkpoint.change(h.checkpoint_note, ui.checkpoint, [ui.note, ui.g.width, ui.g.height],
                                             **private))
+    # what the chosen checkpoint's family can take: its samplers, a negative prompt only where it does something
+    ui.checkpoint.change(h.family_controls, [ui.checkpoint, ui.g.sampler], [ui.g.sampler, ui.g.negative], **private)
+    # a checkpoint the user chooses (not one Send to Generate sets with an image's own settings) starts Generate
+    # from its recommended sampler, steps and guidance
+    recommended = [ui.g.sampler, ui.g.steps, ui.g.guidance]
+    carry_settings(ui, ui.checkpoint.input(h.recommended_controls, ui.checkpoint, recommended, **private))
     dropdowns = [ui.checkpoint, ui.c_checkpoints, ui.x_checkpoint]
     for button in (ui.refresh, ui.c_refresh, ui.x_refresh):
         button.click(h.refresh, None, dropdowns, **private)
@@ -268,9 +275,11 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
         chooser.input(h.scores_table, [ui.metric, ui.s_x], scores, **private)
     ui.s_table.select(h.select_row, ui.metric, [ui.s_digest, ui.s_selected, ui.s_open, ui.s_pages], **private)
     carry_settings(ui, ui.s_open.click(h.open_in_generate, ui.s_digest,
-                                       [ui.checkpoint, ui.note, ui.g.width, ui.g.height, tabs], **private))
+                                       [ui.checkpoint, ui.note, ui.g.width, ui.g.height, tabs], **private)
+                   .then(h.recommended_controls, ui.checkpoint, recommended, **private))
     carry_settings(ui, demo.load(h.on_load, ui.checkpoint, [ui.checkpoint, ui.c_checkpoints, ui.x_checkpoint, ui.note,
-                                                            ui.g.width, ui.g.height], **private))
+                                                            ui.g.width, ui.g.height], **private)
+                   .then(h.recommended_controls, ui.checkpoint, recommended, **private))
     demo.load(h.scores_view, [ui.metric, ui.s_x], [ui.metric, *scores], **private)
 
 

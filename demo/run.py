@@ -137,7 +137,7 @@ def curves_and_cost(out: Path, phase_dirs: dict, final) -> dict:
 
 
 def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
-    from train.checkpoints import export_pipeline
+    from train.checkpoints import export_pipeline, recommended_settings, write_recommended
 
     p = QUICK if quick else FULL
     if out.exists():
@@ -153,6 +153,7 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
     run_in_sight = curves_and_cost(out, phase_dirs, final)
     with measured("export: last checkpoint -> diffusers folder (EMA)", stages):
         export_pipeline(final.path, out / "export", ema=True)
+        write_recommended(out / "export", recommended_settings(final))  # guidance 3, 20 steps, as `dwb export` writes
     with measured("grids: one per checkpoint", stages):
         grids = write_grids(out, phase_dirs, resolutions, p["steps"])
     with measured(f"evaluate: every checkpoint (domain FID, attribute accuracy at guidance {GUIDANCE:g}), the last "

@@ -6,7 +6,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from train.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, SAMPLERS, WEIGHT_CHOICES
+from train.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, SAMPLERS, WEIGHT_CHOICES
 
 from .config import (GENERATION_DTYPES, INCEPTION_FEATURES, EvalConfig, guidance_scales, load_eval_config, positive,
                      replicates)
@@ -204,13 +204,16 @@ def _common(p, scoring: bool = True) -> None:
     p.add_argument("--n-reference", type=_positive, help=f"reference images for the statistics (default {DEFAULT['n_reference']})")
     p.add_argument("--guidance", type=_guidance,
                    help=f"guidance scales (default the sweep {','.join(f'{g:g}' for g in DEFAULT['guidance'])}, which "
-                        f"holds {DEFAULT_GUIDANCE:g}, what dwb sample and the app generate at)")
-    p.add_argument("--steps", type=_positive, help=f"sampler steps (default {DEFAULT['steps']})")
+                        f"holds {DEFAULT_GUIDANCE:g}, what dwb sample and the app generate at, and gains the "
+                        "checkpoint's recommended scale where it is not among them)")
+    p.add_argument("--steps", type=_positive,
+                   help=f"sampler steps (default: the checkpoint's recommended steps, else {DEFAULT_STEPS})")
     p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
-                   help=f"one of: {', '.join(SAMPLERS)} (default {DEFAULT_SAMPLER}); a sampler named here also names "
-                        "the samples' folder; the results' 'sampler' column records it")
-    p.add_argument("--size", type=_positive, help="image side (default: the checkpoint's native size, the resolution "
-                                                  "it was trained at where it records one)")
+                   help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's recommended sampler, else "
+                        f"{DEFAULT_SAMPLER}); a sampler named here also names the samples' folder; the results' "
+                        "'sampler' column records it")
+    p.add_argument("--size", type=_positive, help="image side (default: the checkpoint's recommended size, else its "
+                                                  "native size, the resolution it was trained at where it records one)")
     p.add_argument("--batch-size", type=_positive, help=f"generation and feature batch (default {DEFAULT['batch_size']})")
     p.add_argument("--seed", type=int, help=f"base of the per-image seeds (default {DEFAULT['seed']})")
     p.add_argument("--clip", help="CLIP model folder or hub id for CLIP score (default: no CLIP score)")

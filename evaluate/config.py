@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.errors import WorkbenchError
-from train.generation import DEFAULT_STEPS, DEFAULT_WEIGHTS, WEIGHT_CHOICES, check_sampler
+from train.generation import DEFAULT_WEIGHTS, WEIGHT_CHOICES, check_sampler
 from train.common import (NON_NEGATIVE, build_config, check_rules, checked, merge_config, one_of, parse_overrides,
                                 read_config_file)
 
@@ -50,9 +50,12 @@ class EvalConfig:
     n_per_prompt: int = checked(1, positive)
     n_reference: int = checked(1000, positive)
     guidance: tuple[float, ...] = checked(GUIDANCE_SWEEP, guidance_scales)
-    steps: int = checked(DEFAULT_STEPS, positive)
-    sampler: str | None = None  # a name in train.generation.SAMPLERS; None: DEFAULT_SAMPLER, and no folder of its own
-    size: int | None = checked(None, positive)  # default: the checkpoint's native size (its training resolution)
+    # None: the checkpoint's recommended steps (train.checkpoints.recommended_settings), else DEFAULT_STEPS
+    steps: int | None = checked(None, positive)
+    # a name in train.generation.SAMPLERS; None: the checkpoint's recommended sampler, else DEFAULT_SAMPLER, and no
+    # folder of its own
+    sampler: str | None = None
+    size: int | None = checked(None, positive)  # default: the checkpoint's recommended size, else its native size
     batch_size: int = checked(16, positive)  # generation and feature batches; fixed so features do not depend on it
     seed: int = checked(0, NON_NEGATIVE)  # the bootstrap's numpy generator takes no negative seed
     clip: str | None = None  # folder or hub id; None skips CLIP score

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 
-from train.checkpoints import Checkpoint, content_hash, find_checkpoint, load_pipeline, native_size_of, weights_of
+from train.checkpoints import (Checkpoint, content_hash, find_checkpoint, load_pipeline, native_size_of,
+                               recommended_settings, weights_of)
 from train.generation import pick_device, pipeline_dtype
 from train.errors import CheckpointError, WorkbenchError
-from train.generation import Settings, sampler_of
+from train.generation import DEFAULT_STEPS, Settings, sampler_of, starting_settings
 
-from .config import EvalConfig, check_eval_config, weights_choice
+from .config import GUIDANCE_SWEEP, EvalConfig, check_eval_config, weights_choice
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
 from .layout import samples_folder
 from .names import PREFERENCE_COLUMNS
@@ -72,6 +73,9 @@ class Opened:
     sampler: str
     size: int
     references: dict  # metric -> reference statistics at `size`
+    steps: int = DEFAULT_STEPS
+    sampler_given: str | None = None  # the sampler asked for (the flag or the checkpoint's recommended): names folders
+    guidance: tuple[float, ...] = ()  # the scales scored
 
 
 class Evaluator:
@@ -160,7 +164,7 @@ class Evaluator:
         dist = _dist()
         t0 = time.perf_counter()
         opened = self.open(checkpoint, model)
-        rows = [row for guidance in self.cfg.guidance if (row := self.score_guidance(opened, guidance)) is not None]
+        rows = [row for guidance in opened.guidance if (row := self.score_guidance(opened, guidance)) is not None]
         if dist.get_global_rank() == 0:
             for row in rows:
                 row["seconds_checkpoint"] = round(time.perf_counter() - t0, 3)
@@ -175,14 +179,33 @@ class Evaluator:
             getattr(checkpoint, "ref", checkpoint))
         weights = weights_of(found, weights_choice(cfg))
         source = Provenance(found.ref, model or found.label, content_hash(found), weights)
+        chosen, guidance, sampler_given = self.settings_of(found)
         pipe = load_pipeline(found, ema=weights == "ema", device=self.device, dtype=self.dtype)
-        size = cfg.size or native_size_of(found, pipe)
+        size = chosen["size"] or native_size_of(found, pipe)
         references = {"fid": self.reference(size)}
         if self.clip_images is not None:
             references["cmmd"] = self.reference(size, self.clip_images)
         if self.dinov2 is not None:
             references["fd_dinov2"] = self.reference(size, self.dinov2)
-        return Opened(found, source, pipe, sampler_of(Settings(sampler=cfg.sampler)), size, references)
+        return Opened(found, source, pipe, sampler_of(Settings(sampler=chosen["sampler"])), size, references,
+                      steps=chosen["steps"], sampler_given=sampler_given, guidance=guidance)
+
+    def settings_of(self, found: Checkpoint) -> tuple[dict, tuple[float, ...], str | None]:
+        """Steps, sampler and size (``train.generation.starting_settings``: the flags, then the checkpoint's
+        recommended ones, then the defaults), the guidance scales (the sweep gains the checkpoint's recommended
+        scale where the sweep was not chosen, so the images its users draw are among those scored) and the
+        sampler asked for, by a flag or the checkpoint (None: the default, which names no folder)."""
+        cfg = self.cfg
+        recommended = recommended_settings(found)
+        guidance = tuple(cfg.guidance)
+        swept = guidance == GUIDANCE_SWEEP  # the scales were not chosen
+        given = {"steps": cfg.steps, "sampler": cfg.sampler, "size": cfg.size, "guidance": None if swept else guidance}
+        chosen, line = starting_settings(given, recommended)
+        if swept and "guidance" in recommended and recommended["guidance"] not in guidance:
+            guidance = tuple(sorted((*guidance, recommended["guidance"])))
+        if line and _dist().get_global_rank() == 0:
+            print(f"{found.label}: {line}")
+        return chosen, guidance, cfg.sampler or recommended.get("sampler")
 
     def score_guidance(self, opened: Opened, guidance: float) -> dict | None:
         """Every rank generates and embeds its share of one guidance scale's images; rank 0 gets the row."""
@@ -192,10 +215,11 @@ class Evaluator:
         scorer = RowScorer(self.extractor, scorer=self.scorer, clip=self.clip, clip_images=self.clip_images,
                            dinov2=self.dinov2, preference=self.preference, kid_max=cfg.kid_subset_size * 10, seed=rank)
         jobs = iter(plan_batches(self.prompts, cfg.n_per_prompt, cfg.batch_size, rank, world))  # generate_samples' batches
-        samples = samples_folder(opened.source.model, guidance, cfg.sampler)
+        samples = samples_folder(opened.source.model, guidance, opened.sampler_given)
         records = generate_samples(opened.pipe, self.prompts, Path(cfg.out) / samples, source=opened.source,
-                                   n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=cfg.steps,
-                                   size=opened.size, sampler=cfg.sampler, batch_size=cfg.batch_size, seed=cfg.seed,
+                                   n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=opened.steps,
+                                   size=opened.size, sampler=opened.sampler_given, batch_size=cfg.batch_size,
+                                   seed=cfg.seed,
                                    rank=rank, world=world, progress=cfg.progress and rank == 0,
                                    on_batch=lambda images, _: scorer.on_batch(images, next(jobs)))
         mine = {"records": records, "features": scorer.part()}
@@ -225,7 +249,7 @@ class Evaluator:
                 "step": opened.found.step or 0, **checkpoint_cost_columns(opened.found.path),
                 "guidance": float(guidance), "n_images": n_images,
                 "n_reference": fid_reference.stats.n, "reference_skipped": fid_reference.skipped,
-                "prompts": cfg.prompts, "sampler": opened.sampler, "steps": cfg.steps, "size": opened.size,
+                "prompts": cfg.prompts, "sampler": opened.sampler, "steps": opened.steps, "size": opened.size,
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}",
                 "resize": resize_policy(opened.size),

@@ -25,8 +25,8 @@ from tqdm import tqdm
 
 from train.common import loads_outside, write_text_whole
 from train.errors import WorkbenchError
-from train.generation import (DEFAULT_GUIDANCE, DEFAULT_STEPS, ImageRecord, Settings, generate_images, native_size,
-                              sampler_of, save_png, with_sampler_key)
+from train.generation import (DEFAULT_GUIDANCE, DEFAULT_STEPS, ImageRecord, Settings, generate_images,
+                              guidance_kind_of, native_size, sampler_of, save_png, with_sampler_key)
 
 from .layout import grid_file
 from .names import PREFERENCE_COLUMNS
@@ -59,10 +59,12 @@ class SampleRecord:
     path: str  # relative to the manifest's folder
     checkpoint_hash: str = ""  # train.checkpoints.content_hash
     weights: str = "stored"  # "ema" or "raw" for a Composer checkpoint
+    guidance_kind: str = "cfg"  # how the model took the guidance scale (train.generation.guidance_kind_of)
 
     def image_record(self) -> ImageRecord:
         return ImageRecord(self.prompt, "", self.sampler, self.steps, self.guidance, self.width, self.height,
-                           self.seed, self.model, self.checkpoint_hash, self.weights)
+                           self.seed, self.model, self.checkpoint_hash, self.weights,
+                           guidance_kind=self.guidance_kind)
 
 
 def write_png(image: Image.Image, out: Path, record: SampleRecord) -> None:
@@ -108,7 +110,7 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Pr
     out = Path(out)
     size = size or native_size(pipe)
     settings = Settings(steps=steps, guidance=guidance, width=size, height=size, sampler=sampler)
-    sampler, model = sampler_of(settings), source.model
+    sampler, model, kind = sampler_of(settings), source.model, guidance_kind_of(pipe)
     batches = plan_batches(prompts, n_per_prompt, batch_size, rank, world)
     records: list[SampleRecord] = []
     bar = tqdm(total=sum(map(len, batches)), desc=f"samples {model} cfg {guidance:g}", unit="img", disable=not progress)
@@ -125,7 +127,7 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Pr
             for (p, i), s, image in zip(chunk, seeds, images):
                 rel = f"images/{p.index:05d}-{i:03d}.png"
                 rec = SampleRecord(p.text, p.index, p.category, i, s, source.checkpoint, model, float(guidance),
-                                   sampler, steps, size, size, rel, source.checkpoint_hash, source.weights)
+                                   sampler, steps, size, size, rel, source.checkpoint_hash, source.weights, kind)
                 pending.append(pool.submit(write_png, Image.fromarray(image), out, rec))
                 records.append(rec)
             if on_batch is not None:

@@ -1,6 +1,7 @@
 """One set of generation defaults (``train.generation.defaults``): `dwb sample`, the app and `dwb evaluate`'s sample
 sets make the same checkpoint's images with the same guidance, steps, sampler, size and weights when nobody
-chooses, as each output's PNG parameters say."""
+chooses (the checkpoint's recommended settings first, then the workbench's defaults: ``starting_settings``), as
+each output's PNG parameters say."""
 import contextlib
 import io
 import json
@@ -8,7 +9,7 @@ import json
 import pytest
 from PIL import Image
 
-from train.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS
+from train.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, starting_settings
 
 SETTINGS = ("guidance", "steps", "sampler", "width", "height", "weights")
 
@@ -42,12 +43,15 @@ def test_each_command_starts_from_the_defaults_or_says_in_its_help_where_it_diff
 
     parser = build_parser()
     sample = parser.parse_args(["sample", "ckpt", "out.png"])
-    sampled = {"guidance": sample.guidance, "steps": sample.steps, "sampler": sample.sampler, "weights": sample.weights,
-               "size": sample.size}
+    started = starting_settings({"guidance": sample.guidance, "steps": sample.steps, "sampler": sample.sampler,
+                                 "size": sample.size}, {})[0]  # a checkpoint that recommends nothing
+    sampled = {**started, "weights": sample.weights}
     cfg = config_from_args(parser.parse_args(["evaluate", "run", "ckpt", "--out", "o", "--reference", "r"]))
     assert DEFAULT_GUIDANCE in cfg.guidance and len(cfg.guidance) > 1  # a sweep that holds the default
-    evaluated = {"guidance": DEFAULT_GUIDANCE, "steps": cfg.steps, "sampler": sampler_of(Settings(sampler=cfg.sampler)),
-                 "weights": weights_choice(cfg), "size": cfg.size}
+    started = starting_settings({"steps": cfg.steps, "sampler": cfg.sampler, "size": cfg.size}, {})[0]
+    evaluated = {"guidance": DEFAULT_GUIDANCE, "steps": started["steps"],
+                 "sampler": sampler_of(Settings(sampler=started["sampler"])), "weights": weights_choice(cfg),
+                 "size": started["size"]}
     defaults = {"guidance": DEFAULT_GUIDANCE, "steps": DEFAULT_STEPS, "sampler": DEFAULT_SAMPLER,
                 "weights": DEFAULT_WEIGHTS, "size": None}
     assert sampled == evaluated == defaults
@@ -67,7 +71,8 @@ def test_each_command_starts_from_the_defaults_or_says_in_its_help_where_it_diff
     assert f"which holds {DEFAULT_GUIDANCE:g}, what dwb sample and the app generate at" in \
            help_of(parser, "evaluate", "run")
     shown = help_of(parser, "sample")
-    assert f"(default {DEFAULT_GUIDANCE:g})" in shown and f"(default {DEFAULT_SAMPLER})" in shown
+    assert f"(default: the checkpoint's recommended, else {DEFAULT_GUIDANCE:g})" in shown
+    assert f"(default: the checkpoint's recommended, else {DEFAULT_SAMPLER})" in shown
 
 
 @pytest.mark.slow
@@ -80,13 +85,17 @@ def test_sample_the_app_and_evaluate_generate_with_the_same_defaults(tiny_run, s
     from evaluate.run import EvalConfig, evaluate_checkpoints
     from evaluate.samples import read_manifest
 
+    from train.checkpoints import find_checkpoint, recommended_settings
+
     ckpt = tiny_run / "ep0-ba4-rank0.pt"  # EMA from the first batch, 16 px
+    recommended = recommended_settings(find_checkpoint(ckpt))  # its run's previews': guidance 3, 20 steps
+    assert recommended == {"guidance": 3.0, "steps": 20}
     # evaluate's sample set at the sweep's scale that the other commands use; every other setting its default
-    assert DEFAULT_GUIDANCE in GUIDANCE_SWEEP
+    assert recommended["guidance"] in GUIDANCE_SWEEP
     cfg = EvalConfig(out=str(tmp_path / "eval"), reference=str(shapes_data / "eval/32"),
                      inception_weights=str(inception_weights), inception_features=64, prompts="shapes", n_prompts=2,
-                     n_reference=16, guidance=(DEFAULT_GUIDANCE,), bootstrap=0, kid_subsets=2, kid_subset_size=2,
-                     device="cpu", progress=False)
+                     n_reference=16, guidance=(recommended["guidance"],), bootstrap=0, kid_subsets=2,
+                     kid_subset_size=2, device="cpu", progress=False)
     [row] = evaluate_checkpoints(cfg, [ckpt])
     first = read_manifest(tmp_path / "eval" / row["samples"] / "manifest.jsonl")[0]
     with Image.open(tmp_path / "eval" / row["samples"] / first["path"]) as im:
@@ -94,8 +103,10 @@ def test_sample_the_app_and_evaluate_generate_with_the_same_defaults(tiny_run, s
 
     service = Service([tiny_run], cache_size=1)
     size = Handlers(service).default_size([ckpt.name])  # where the app's width and height start
+    controls = Handlers(service).recommended_controls(ckpt.name)  # sampler, steps, guidance once it is chosen
+    started = {k: c["value"] for k, c in zip(("sampler", "steps", "guidance"), controls) if "value" in c}
     made = service.generate(ckpt.name, DEFAULT_WEIGHTS,
-                            GenerationParams(first["prompt"], seed=first["seed"], width=size, height=size))
+                            GenerationParams(first["prompt"], seed=first["seed"], width=size, height=size, **started))
     app = recorded(made.images[0])
 
     r = dwb("sample", str(ckpt), str(tmp_path / "grid.png"), "--prompt", first["prompt"], "--seeds", "1")
@@ -104,9 +115,9 @@ def test_sample_the_app_and_evaluate_generate_with_the_same_defaults(tiny_run, s
         sampled = recorded(im)
         assert json.loads(im.info["dwb"])["grid"] == {"prompts": [first["prompt"]], "seeds": [0]}
 
-    defaults = {"guidance": DEFAULT_GUIDANCE, "steps": DEFAULT_STEPS, "sampler": DEFAULT_SAMPLER, "width": 16,
-                "height": 16, "weights": "ema"}
+    defaults = {"guidance": 3.0, "steps": 20, "sampler": DEFAULT_SAMPLER, "width": 16, "height": 16, "weights": "ema"}
     assert sampled == app == evaluated == defaults
-    assert "ema weights, guidance 7.5, 25 steps, DPM++ 2M, 16 px" in r.stdout
+    assert "guidance 3, 20 steps: the checkpoint's recommended settings" in r.stdout
+    assert "ema weights, guidance 3, 20 steps, DPM++ 2M, 16 px" in r.stdout
     assert {k: row[k] for k in ("guidance", "steps", "sampler", "size", "weights")} == {
-        "guidance": 7.5, "steps": 25, "sampler": "DPM++ 2M", "size": 16, "weights": "ema"}
+        "guidance": 3.0, "steps": 20, "sampler": "DPM++ 2M", "size": 16, "weights": "ema"}

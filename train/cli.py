@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from .generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, MAX_GUIDANCE, MAX_SEED,
-                         MAX_SIZE, MAX_STEPS, MIN_SIZE, SAMPLERS, SIZE_STEP, WEIGHT_CHOICES)
+                         MAX_SIZE, MAX_STEPS, MIN_SIZE, RECOMMENDED_KEYS, SAMPLERS, SIZE_STEP, WEIGHT_CHOICES)
 
 
 def _positive(value: str) -> int:
@@ -140,12 +140,15 @@ def cmd_train(args) -> None:
 
 def cmd_export(args) -> None:
     from .checkpoints import config_folder, export_checkpoint, find_checkpoint, weights_of
+    from .generation import parse_recommended
 
     settings = {k: v for k, v in (("prediction_type", args.prediction_type), ("latent_scale", args.latent_scale))
                 if v is not None}
+    recommended = parse_recommended(args.settings) if args.settings else {}
     chosen = weights_of(find_checkpoint(args.checkpoint), "ema" if args.ema else args.weights)
     out, fmt = export_checkpoint(args.checkpoint, args.out, fmt=args.format, ema=chosen == "ema", half=args.half,
-                                 settings=settings, results=args.results or [], studies=args.study or [])
+                                 settings=settings, results=args.results or [], studies=args.study or [],
+                                 recommended=recommended)
     named = {"ema": "EMA", "raw": "raw", "stored": "the"}[chosen]
     weights = f"{named} weights ({'float16' if args.half else 'float32'})"
     if fmt == "single-file":
@@ -184,16 +187,22 @@ def first_seed(seed: int, n: int) -> int:
 def cmd_sample(args) -> None:
     from pathlib import Path
 
-    from .checkpoints import content_hash, find_checkpoint, load_pipeline, native_size_of, weights_of
-    from .generation import DEMO_PROMPTS, Settings, write_grid
+    from .checkpoints import (content_hash, find_checkpoint, load_pipeline, native_size_of, recommended_settings,
+                              weights_of)
+    from .generation import DEMO_PROMPTS, Settings, image_format, starting_settings, write_grid
 
     seed = first_seed(args.seed, args.seeds)
+    image_format(args.out)  # before the checkpoint is opened: an output that would carry no parameters
     ckpt = find_checkpoint(args.checkpoint)
     weights = weights_of(ckpt, "ema" if args.ema else args.weights)
+    given = {"guidance": args.guidance, "steps": args.steps, "sampler": args.sampler, "size": args.size}
+    chosen, recommended = starting_settings(given, recommended_settings(ckpt))
+    if recommended:
+        print(recommended)
     pipe = load_pipeline(ckpt, ema=weights == "ema")
-    size = args.size or native_size_of(ckpt, pipe)
-    settings = Settings(steps=args.steps, guidance=args.guidance, width=size, height=size, sampler=args.sampler,
-                        negative_prompt=args.negative_prompt)
+    size = chosen["size"] or native_size_of(ckpt, pipe)
+    settings = Settings(steps=chosen["steps"], guidance=chosen["guidance"], width=size, height=size,
+                        sampler=chosen["sampler"], negative_prompt=args.negative_prompt)
     out = Path(args.out)
     images_to = (out.with_suffix("") if out.suffix else out.with_name(f"{out.name}-images")) if args.per_image else None
     out = write_grid(pipe, out, args.prompt or DEMO_PROMPTS, seeds=range(seed, seed + args.seeds),
@@ -383,9 +392,14 @@ def register_model(sub) -> None:
                    help="an evaluate results store whose scores of this checkpoint go into the model card; repeatable")
     p.add_argument("--study", action="append", metavar="FOLDER",
                    help="a human-eval study whose win rates of this checkpoint go into the model card; repeatable")
+    p.add_argument("--settings", metavar="KEY=VALUE,...",
+                   help="the generation settings the export recommends, over the checkpoint's own: "
+                        f"{', '.join(RECOMMENDED_KEYS)} (e.g. guidance=3,steps=20,sampler=DPM++ 2M); dwb sample, "
+                        "the app and dwb evaluate start from them where no value is given")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("sample", help="a grid PNG of prompts x seeds from any checkpoint, with its parameters")
+    p = sub.add_parser("sample", help="a grid of prompts x seeds from any checkpoint, with its parameters (OUT.png, "
+                                      ".jpg or .webp)")
     p.add_argument("checkpoint")
     p.add_argument("out")
     p.add_argument("--prompt", action="append", help="repeatable; default: the demo prompts")
@@ -394,15 +408,16 @@ def register_model(sub) -> None:
                    help="the first column's seed; column j uses seed + j, as image j of a batch in the app (default 0; "
                         "-1: a random one, printed and recorded)")
     p.add_argument("--seeds", type=_positive, default=4, help="columns, seeds --seed to --seed + N - 1 (default 4)")
-    p.add_argument("--steps", type=_between(1, MAX_STEPS), default=DEFAULT_STEPS,
-                   help=f"sampler steps, 1 to {MAX_STEPS} (default {DEFAULT_STEPS})")
-    p.add_argument("--guidance", type=_between(0, MAX_GUIDANCE, float), default=DEFAULT_GUIDANCE,
-                   help=f"classifier-free guidance scale, 0 to {MAX_GUIDANCE:g} (default {DEFAULT_GUIDANCE:g})")
+    p.add_argument("--steps", type=_between(1, MAX_STEPS),
+                   help=f"sampler steps, 1 to {MAX_STEPS} (default: the checkpoint's recommended, else {DEFAULT_STEPS})")
+    p.add_argument("--guidance", type=_between(0, MAX_GUIDANCE, float),
+                   help=f"classifier-free guidance scale, 0 to {MAX_GUIDANCE:g} (default: the checkpoint's "
+                        f"recommended, else {DEFAULT_GUIDANCE:g})")
     p.add_argument("--size", type=_between(MIN_SIZE, MAX_SIZE, step=SIZE_STEP),
                    help=f"image side, {MIN_SIZE} to {MAX_SIZE}, a multiple of {SIZE_STEP} (default: the checkpoint's "
-                        "native size, the resolution it was trained at where it records one)")
-    p.add_argument("--sampler", choices=list(SAMPLERS), default=DEFAULT_SAMPLER, metavar="NAME",
-                   help=f"one of: {', '.join(SAMPLERS)} (default {DEFAULT_SAMPLER})")
+                        "recommended size, else its native size, the resolution it was trained at where it records one)")
+    p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
+                   help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's recommended, else {DEFAULT_SAMPLER})")
     p.add_argument("--per-image", action="store_true",
                    help="also each image as its own PNG, in a folder named after OUT (OUT.png: OUT/00000-SEED.png, "
                         "...), each with its parameters; the grid's are its first image's")

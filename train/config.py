@@ -38,6 +38,13 @@ def microbatch(size: Union[int, str]) -> Optional[str]:
         f"must be an integer in [1, {MAX_BATCH}] or 'auto', got {size!r}"
 
 
+def torch_device(name: str) -> Optional[str]:
+    """torch's device names, as `dwb evaluate`, `dwb app` and `dwb data precompute` take them."""
+    if name == "gpu":
+        return "must be auto, cpu or cuda (torch's device names), got 'gpu': write cuda"
+    return None if name in ("auto", "cpu", "cuda") else f"must be auto, cpu or cuda, got {name!r}"
+
+
 BATCH = Range(1, MAX_BATCH)
 COUNT = Range(1, MAX_SAMPLES)
 
@@ -155,7 +162,9 @@ class ValidationConfig:
 
 @dataclass
 class PreviewConfig:
-    # The grid drawn every `preview_interval`: these prompts x these seeds, as `dwb sample` draws them.
+    # The grid drawn every `preview_interval`: these prompts x these seeds, as `dwb sample` draws them. Its guidance,
+    # steps and sampler are also what every checkpoint of the run recommends it is sampled at (the spec's
+    # "recommended"), so they are held to what `dwb sample` and the app take: guidance to 30, steps to 150.
     prompts: list[str] = checked(rule=Each(non_empty_text, min_length=1), factory=lambda: [
         "a red circle", "two blue squares", "a white square above a purple triangle"])
     seeds: list[int] = checked(rule=Each(SEED, min_length=1), factory=lambda: [0, 1])
@@ -163,6 +172,11 @@ class PreviewConfig:
     guidance: float = checked(5.0, Range(0, 100))
     sampler: Optional[str] = None  # null: the checkpoint's own (as `dwb sample` without --sampler)
     ema: bool = False  # the EMA weights (`dwb sample --ema`) instead of the raw ones
+
+    def recommended(self) -> dict:
+        """What every checkpoint of the run recommends it is sampled at (``train.checkpoints.recommended_settings``):
+        the guidance, steps and sampler its previews draw with."""
+        return {"guidance": self.guidance, "steps": self.steps, **({"sampler": self.sampler} if self.sampler else {})}
 
 
 @dataclass
@@ -193,7 +207,7 @@ class TrainConfig:
     autoresume: bool = False
     load_path: Optional[str] = None  # phase 2: phase 1's final checkpoint; weights only, fresh optimizer
     load_weights_only: bool = True
-    device: str = checked("auto", one_of("auto", "cpu", "gpu"))
+    device: str = checked("auto", torch_device)
     # auto (amp_bf16 on GPU, fp32 on CPU) | fp32 | amp_bf16 | amp_fp16
     precision: str = checked("auto", one_of("auto", "fp32", "amp_bf16", "amp_fp16"))
     # The UNet sharded by FSDP through Composer's parallelism config, on GPUs or CPU ranks (docs/scale.md):
@@ -230,10 +244,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_rules(cfg)
     _check_data(cfg.data)
     _check_batch_split(cfg)
-    if cfg.previews.sampler is not None:
-        from .generation import check_sampler
+    from .generation import check_recommended
 
-        check_sampler(cfg.previews.sampler)
+    # what every checkpoint will recommend: values `dwb sample` and the app take (a sampler by name, steps <= 150)
+    check_recommended(cfg.previews.recommended(), "config section 'previews'")
     if cfg.save_num_checkpoints_to_keep == 0 and "://" not in cfg.save_folder:
         raise WorkbenchError(f"config key 'save_num_checkpoints_to_keep' is 0, which deletes every checkpoint from "
                              f"the local save_folder {cfg.resolved_save_folder()} as soon as it is written; 0 is for a remote "

@@ -29,7 +29,7 @@ def resolve_device(cfg: TrainConfig) -> str:
     from .generation import pick_device
 
     try:
-        chosen = pick_device({"gpu": "cuda"}.get(cfg.device, cfg.device))
+        chosen = pick_device(cfg.device)
     except WorkbenchError as e:
         raise WorkbenchError(f"config key 'device': {e}") from None
     return "gpu" if chosen.type == "cuda" else "cpu"
@@ -357,7 +357,7 @@ def build_trainer(cfg: TrainConfig):
     model = build_model(cfg)
     check_save_folder(save_folder, estimate_checkpoint_bytes(model, cfg.ema.enabled))
     attention = set_attention(model.unet, cfg.model.attention, device)
-    spec = make_spec(model, cfg.model.architecture, cfg.data.resolution, training_record(cfg))
+    spec = make_spec(model, cfg.model.architecture, cfg.data.resolution, training_record(cfg), cfg.previews.recommended())
     load_path = checked_load_path(cfg, spec)
     attach_latents(cfg, model)
     resume_from = resolve_resume(cfg, save_folder)

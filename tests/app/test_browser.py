@@ -77,6 +77,10 @@ def test_generate_see_the_image_and_read_its_parameters(page, tree, pipe):
     assert "EMA and raw weights" in page.inner_text("#checkpoint-note")
     for side in ("width", "height"):  # the checkpoint's training resolution
         assert page.input_value(f"#{side} input[type=number]") == "16"
+    # the guidance and steps its run's previews drew with, which it recommends (configs/tiny-phase1.yaml)
+    assert "guidance 3, 20 steps: the checkpoint's recommended settings" in page.inner_text("#checkpoint-note")
+    page.wait_for_function("document.querySelector('#guidance input[type=number]').value === '3'")
+    assert page.input_value("#steps input[type=number]") == "20"
     page.fill("#prompt textarea", "two blue squares")
     page.fill("#negative textarea", "red")
     set_number(page, "#steps input[type=number]", 6)
@@ -99,7 +103,7 @@ def test_generate_see_the_image_and_read_its_parameters(page, tree, pipe):
     # The same batch of two through load_pipeline gives the same pixels. (Alone, an image can differ by
     # float rounding in batched kernels: measured, one channel value of 768 by 1.)
     gens = [torch.Generator().manual_seed(7), torch.Generator().manual_seed(8)]
-    ref = pipe(["two blue squares"] * 2, negative_prompt=["red"] * 2, num_inference_steps=6, guidance_scale=7.5,
+    ref = pipe(["two blue squares"] * 2, negative_prompt=["red"] * 2, num_inference_steps=6, guidance_scale=3,
                width=16, height=16, generator=gens, output_type="pil").images[0]
     assert np.array_equal(np.asarray(image.convert("RGB")), np.asarray(ref))
 

@@ -91,7 +91,7 @@ def test_flags_and_key_value_win_over_the_file():
                    "inception_features, inception_weights, kid_subset_size, kid_subsets, n_per_prompt, n_prompts, "
                    "n_reference, out, pickscore, progress, prompts, reference, sampler, scorer, seed, size, steps, "
                    "weights)"),
-    ("steps=many", "error: config key 'steps' must be an integer, got 'many'"),
+    ("steps=many", "error: config key 'steps' must be int or NoneType, got 'many'"),
     ("steps=0", "error: config key 'steps' must be a positive integer, got 0"),
     ("guidance=7.5", "error: config key 'guidance' must be a list, got 7.5"),
     ("guidance=[3, -1]", "error: config key 'guidance' must be non-negative guidance scales, got [3.0, -1.0]"),

@@ -193,3 +193,22 @@ def test_a_flux_hub_id_in_the_local_cache_opens_with_downloads_off(family_folder
     assert (checkpoint.kind, describe(checkpoint).family) == ("hub", "flux")
     image = generate_images(load_pipeline(checkpoint), [PROMPT], [SEED], Settings(steps=2, width=SIDE, height=SIDE))
     assert image.shape == (1, SIDE, SIDE, 3)
+
+
+def test_flux_images_carry_their_guidance_the_way_forge_writes_it_and_png_info_reads_it_back(family_folders,
+                                                                                             tmp_path):
+    """Flux.1-dev takes its scale as an input: Forge writes "CFG scale: 1, Distilled CFG Scale: 3.5"; schnell
+    takes none ("CFG scale: 1"); SDXL keeps "CFG scale". PNG Info (ours) and an A1111-format reader read them."""
+    from app.png_info import read_png, settings_from
+    from train.generation import parse_parameters, write_grid
+
+    for name, expected in (("flux-dev", "CFG scale: 1, Distilled CFG Scale: 3.5"), ("flux-schnell", "CFG scale: 1,"),
+                           ("sdxl", "CFG scale: 3.5,")):
+        out = write_grid(load_pipeline(find_checkpoint(str(family_folders[name]))), tmp_path / f"{name}.png",
+                         [PROMPT], [0], settings=Settings(steps=1, guidance=3.5, width=SIDE, height=SIDE))
+        text, record, _ = read_png(out)
+        assert expected in text and ("Distilled" in text) == (name == "flux-dev")
+        assert record.guidance_kind == {"flux-dev": "distilled", "flux-schnell": "none", "sdxl": "cfg"}[name]
+        from_text = settings_from(text, lambda digest: None)[0]  # the parameters text alone, as from another tool
+        assert from_text["guidance"] == (1.0 if name == "flux-schnell" else 3.5)
+        assert parse_parameters(text)["Steps"] == "1"

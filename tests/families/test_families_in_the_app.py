@@ -34,3 +34,25 @@ def test_the_app_generates_from_each_family(family_folders, tmp_path):
                            api_name="/generate")
     finally:
         app.stop()
+
+
+def test_the_generate_tab_offers_what_the_chosen_family_takes(family_folders, tiny_run, tmp_path):
+    """Choosing a checkpoint sets the sampler list to its family's (keeping a choice that fits) and disables the
+    negative prompt where the family has none: the app never offers what the family cannot use."""
+    from app.handlers import Handlers
+    from app.service import Service
+    from train.families import family_named
+
+    root = tmp_path / "models"
+    for name in ("sd3", "flux-dev"):
+        shutil.copytree(family_folders[name], root / name)
+    handlers = Handlers(Service([root, tiny_run]))
+    sampler, negative = handlers.family_controls("flux-dev", "LMS")
+    assert list(sampler["choices"]) == list(family_named("flux").samplers)
+    assert sampler["value"] == "DPM++ 2M" and negative["interactive"] is False
+    assert "Flux.1 has no negative prompt" in negative["placeholder"]
+    sampler, negative = handlers.family_controls("sd3", "Heun")
+    assert sampler["value"] == "Heun" and "LMS" not in list(sampler["choices"]) and negative["interactive"] is True
+    ours = next(label for label in handlers.choices()[1] if label.endswith(".pt"))  # one of this workbench's own
+    sampler, _ = handlers.family_controls(ours, "LMS")
+    assert sampler["value"] == "LMS" and "DDIM" in list(sampler["choices"])

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 def _fit(shapes_data, components, tmp_path, *extra):
     over = tiny_overrides(shapes_data, components, tmp_path / "ckpt", max_duration="3ba", save_interval="3ba") + list(extra)
-    trainer = build_trainer(load_config(PHASE1, over + ["device=gpu"]))
+    trainer = build_trainer(load_config(PHASE1, over + ["device=cuda"]))
     trainer.fit()
     return trainer
 

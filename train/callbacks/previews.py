@@ -5,6 +5,11 @@ The pipeline is built around the training model's own modules with the same infe
 a checkpoint opens with, so a preview cell is what `dwb sample` of the checkpoint at that batch draws for the
 same prompt, seed, sampler, steps and size. Rank 0 draws. The training RNG is saved and restored around it.
 
+A preview's Model hash is the fingerprint of the UNet weights it drew with (``train.checkpoints.fingerprint``:
+names, shapes and bytes, raw or EMA as drawn), not a file's hash: the checkpoint of that batch is written after
+the preview, and only where ``save_interval`` falls on it. The same weights opened from that checkpoint
+(``load_pipeline``) give the same fingerprint, which is how a preview is matched to its checkpoint.
+
 Under FSDP no rank works alone inside a collective: every rank swaps the EMA weights in (a gather of the full
 weights), takes part in gathering the UNet's full state dict into a plain copy on rank 0, and swaps back; rank 0
 draws with the copy in between, and the other ranks wait at the swap back. Drawing through the sharded UNet on
@@ -69,7 +74,7 @@ class Previews(Callback):
             return grid.convert("RGB")
 
     def write_grid(self, model, unet, name: str, ema: bool) -> None:
-        from ..checkpoints import build_pipeline
+        from ..checkpoints import build_pipeline, fingerprint
         from ..generation import write_grid
 
         was_training = unet.training
@@ -79,7 +84,7 @@ class Previews(Callback):
                 pipe = build_pipeline(unet, model.vae, model.text_encoder, model.tokenizer, model.prediction_type)
                 write_grid(pipe, self.folder / f"{name}.png", self.prompts, self.seeds,
                            title=f"{name}{' EMA' if ema else ''}", settings=self.generation_settings(),
-                           weights="ema" if ema else "raw")
+                           checkpoint_hash=fingerprint(unet), weights="ema" if ema else "raw")
         finally:
             unet.train(was_training)
 

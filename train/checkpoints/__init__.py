@@ -30,6 +30,7 @@ __getattr__, __all__ = face(__name__, {
     "names": "KINDS Checkpoint",
     "open": "CheckpointInfo describe export_pipeline load_pipeline native_size_of weights_of",
     "original_layout": "original_config original_entries",
+    "recommended": "recommended_settings write_recommended",
     "remote": "fetch",
     "schedules": "NOISE_SCHEDULE ddpm_scheduler inference_scheduler",
     "spec": "SPEC_FORMAT ModelSpec make_spec",

@@ -30,6 +30,7 @@ from ..errors import WorkbenchError
 from ..families import family_named
 from .find import Checkpoint, find_checkpoint
 from .original_layout import Entry, original_config, original_entries
+from .recommended import recommended_settings, write_recommended
 from .single_file import SPEC_KEY
 
 FORMATS = ("diffusers", "single-file")
@@ -115,10 +116,11 @@ def config_folder(out: Path) -> Path:
 
 
 def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bool = False, half: bool = False,
-                       settings: dict | None = None) -> Path:
+                       settings: dict | None = None, recommended: dict | None = None) -> Path:
     """`dwb export CKPT OUT.safetensors`: the original layout, its spec in the metadata; beside it ``OUT.yaml``
     (the original config) and ``OUT.config/`` (what ``from_single_file(OUT, config=OUT.config)`` reads offline).
-    All three are written, or none: each under a temporary name, renamed into place at the end."""
+    All three are written, or none: each under a temporary name, renamed into place at the end. ``recommended``:
+    the generation settings the spec carries (``recommended``), over the checkpoint's own."""
     from .schedules import inference_scheduler
     from .single_file import write_spec_folder
 
@@ -127,6 +129,8 @@ def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bo
     refuse_taken(outputs)
     ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref)
     spec, weights = spec_and_weights(ckpt, ema, settings)
+    carried = {**recommended_settings(ckpt), **(recommended or {})}
+    spec = {**{k: v for k, v in spec.items() if k != "recommended"}, **({"recommended": carried} if carried else {})}
     entries = original_entries(weights, spec)
     metadata = {"format": "pt", SPEC_KEY: json.dumps(spec), "dwb.source": ckpt.label,
                 "dwb.weights": "ema" if ema else "raw", "dwb.dtype": "float16" if half else "float32"}
@@ -191,9 +195,11 @@ def card_spec(ckpt: Checkpoint, settings: dict | None) -> tuple[dict, dict | Non
 
 def export_checkpoint(ref: str | Path, out: str | Path, *, fmt: str | None = None, ema: bool = False,
                       half: bool = False, settings: dict | None = None, results: list[Path] = (),
-                      studies: list[Path] = ()) -> tuple[Path, str]:
+                      studies: list[Path] = (), recommended: dict | None = None) -> tuple[Path, str]:
     """`dwb export`: (what was written, its format). A folder gets a model card (``README.md``) with the scores
-    of ``results`` (evaluate results stores) and ``studies`` (human-eval study folders) for this checkpoint."""
+    of ``results`` (evaluate results stores) and ``studies`` (human-eval study folders) for this checkpoint.
+    Both carry the checkpoint's recommended generation settings, ``recommended`` over them (``recommended``): a
+    single file in its spec metadata, a folder in ``recommended_settings.json``."""
     from .hashing import content_hash
     from .model_card import model_card_text
     from .open import export_pipeline
@@ -203,9 +209,12 @@ def export_checkpoint(ref: str | Path, out: str | Path, *, fmt: str | None = Non
     if fmt == "single-file":
         if results or studies:
             raise WorkbenchError("--results and --study go into a folder export's model card; a single file has none")
-        return export_single_file(ckpt, out, ema=ema, half=half, settings=settings), fmt
+        return export_single_file(ckpt, out, ema=ema, half=half, settings=settings, recommended=recommended), fmt
+    carried = {**recommended_settings(ckpt), **(recommended or {})}  # checked before the export is written
     spec, timestamp = card_spec(ckpt, settings)
     readme = model_card_text(spec, label=ckpt.label, checkpoint_hash=content_hash(ckpt),
                              weights="EMA" if ema else "raw", timestamp=timestamp, results=list(results),
                              studies=list(studies))
-    return export_pipeline(ckpt, out, ema=ema, half=half, settings=settings, readme=readme), fmt
+    folder = export_pipeline(ckpt, out, ema=ema, half=half, settings=settings, readme=readme)
+    write_recommended(folder, carried)
+    return folder, fmt

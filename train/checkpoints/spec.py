@@ -20,8 +20,10 @@ def _plain(value):
     return json.loads(json.dumps(value, default=str))
 
 
-def make_spec(model, architecture: str, resolution: int, training: dict | None = None) -> dict:
-    """The spec of ``model``; ``training`` (`dwb train`'s data and schedule) is what a model card shows."""
+def make_spec(model, architecture: str, resolution: int, training: dict | None = None,
+              recommended: dict | None = None) -> dict:
+    """The spec of ``model``; ``training`` (`dwb train`'s data and schedule) is what a model card shows,
+    ``recommended`` the generation settings it is meant to be sampled at (``recommended``)."""
     tokenizer_files = {}
     if model.tokenizer is not None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -37,6 +39,7 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
         "text_encoder": _plain(model.text_encoder.config.to_dict()),
         "tokenizer": tokenizer_files,
         **({"training": _plain(training)} if training else {}),
+        **({"recommended": _plain(recommended)} if recommended else {}),
     }
 
 

@@ -25,6 +25,12 @@ def family_named(name: str) -> Family:
     raise WorkbenchError(f"unknown model family {name!r}; the families are: {', '.join(f.name for f in FAMILIES)}")
 
 
+def family_or_ours(name: str | None) -> Family:
+    """The family a description names, or, where it names none (this workbench's own Composer checkpoints,
+    built like SD 2: one CLIP tower, a UNet, the diffusion schedule), SD 2.x's."""
+    return family_named(name) if name else SD2
+
+
 def _by_pipeline_class(cls: str, unet_cross_attention: int | None, where: str) -> Family:
     if cls == "StableDiffusionPipeline":
         return SD1 if unet_cross_attention == SD1_CROSS_ATTENTION else SD2

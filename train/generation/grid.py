@@ -7,9 +7,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ..common import whole_file
-from .images import Settings, generate_images, sampler_of
-from .png import ImageRecord, save_png
+from .images import Settings, generate_images, guidance_kind_of, sampler_of
+from .png import ImageRecord, image_format, save_image, save_png
 
 DEMO_PROMPTS = [
     "a red circle",
@@ -62,25 +61,22 @@ def grid_image(images: np.ndarray, prompts: list[str], title: str = "") -> Image
 def write_grid(pipe, out: str | Path, prompts: list[str] = DEMO_PROMPTS, seeds=(0, 1, 2, 3), title: str = "",
                settings: Settings = Settings(), *, checkpoint: str = "", checkpoint_hash: str = "",
                weights: str = "stored", max_batch: int = 64, images_to: str | Path | None = None) -> Path:
-    """The grid as ``out`` (its suffix names the format). A PNG holds its first image's record, as AUTOMATIC1111
-    writes a grid's, and, in its ``dwb`` JSON, every prompt and seed. ``images_to``: each image also on its own
+    """The grid as ``out``: a PNG, JPEG or WebP as its suffix names (``png.image_format``), holding its first
+    image's record, as AUTOMATIC1111 writes a grid's (a PNG's ``dwb`` JSON also every prompt and seed). ``images_to``: each image also on its own
     there, with its own record (``write_images``)."""
     out = Path(out)
+    image_format(out)  # a format that would carry no parameters is refused before any image is made
     out.parent.mkdir(parents=True, exist_ok=True)
     seeds = list(seeds)
     images = generate(pipe, prompts, seeds, settings, max_batch=max_batch)
     height, width = images.shape[2:4]
+    kind = guidance_kind_of(pipe)
     records = [[ImageRecord.of(settings, prompt, seed, (width, height), sampler_of(settings), checkpoint,
-                               checkpoint_hash, weights) for seed in seeds] for prompt in prompts]
+                               checkpoint_hash, weights, kind) for seed in seeds] for prompt in prompts]
     if images_to is not None:
         write_images(images, records, images_to)
     grid = grid_image(images, prompts, title)
-    image_format = Image.registered_extensions().get(out.suffix.lower(), "PNG")  # as OUT names it
-    if image_format != "PNG":
-        with whole_file(out) as tmp:
-            grid.save(tmp, format=image_format)
-        return out
-    save_png(grid, out, records[0][0], extra={"grid": {"prompts": list(prompts), "seeds": seeds}})
+    save_image(grid, out, records[0][0], extra={"grid": {"prompts": list(prompts), "seeds": seeds}})
     return out
 
 

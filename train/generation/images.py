@@ -55,6 +55,12 @@ def sampler_of(settings: Settings) -> str:
     return settings.sampler or DEFAULT_SAMPLER
 
 
+def guidance_kind_of(pipe) -> str:
+    """How the pipeline's model takes its guidance scale (``train.families.GUIDANCE_KINDS``), for its records."""
+    family = family_of_pipeline(pipe)
+    return family.variant_of(getattr(pipe, family.denoiser).config).guidance
+
+
 @torch.no_grad()
 def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settings, *,
                     on_step: StepHook | None = None, should_stop: Callable[[], bool] | None = None) -> np.ndarray:

@@ -35,12 +35,23 @@ class ImageRecord:
     checkpoint_hash: str  # train.checkpoints.content_hash
     weights: str  # "ema" or "raw" (a Composer checkpoint), "stored" (the one set a file holds)
     software: str = field(default="diffusion-workbench")
+    # how the model took ``guidance`` (train.families.GUIDANCE_KINDS): classifier-free, distilled into the model
+    # (Flux.1-dev) or none (Flux.1-schnell)
+    guidance_kind: str = field(default="cfg")
 
     @classmethod
     def of(cls, settings: Settings, prompt: str, seed: int, size: tuple[int, int], sampler: str, checkpoint: str,
-           checkpoint_hash: str, weights: str) -> "ImageRecord":
+           checkpoint_hash: str, weights: str, guidance_kind: str = "cfg") -> "ImageRecord":
         return cls(prompt, settings.negative_prompt, sampler, settings.steps, float(settings.guidance), size[0],
-                   size[1], int(seed), checkpoint, checkpoint_hash, weights)
+                   size[1], int(seed), checkpoint, checkpoint_hash, weights, guidance_kind=guidance_kind)
+
+    def guidance_fields(self) -> list[tuple[str, str]]:
+        """The guidance as Forge writes it: "CFG scale" for classifier-free guidance; for a model that takes none,
+        "CFG scale: 1" (no second pass), and its distilled scale as "Distilled CFG Scale" where it takes one."""
+        if self.guidance_kind == "cfg":
+            return [("CFG scale", f"{self.guidance:g}")]
+        distilled = [("Distilled CFG Scale", f"{self.guidance:g}")] if self.guidance_kind == "distilled" else []
+        return [("CFG scale", "1"), *distilled]
 
     def parameters(self) -> str:
         """The text A1111 writes (and its PNG Info tab reads): prompt, negative prompt, settings line.
@@ -51,7 +62,7 @@ class ImageRecord:
         if self.negative_prompt:
             lines.append(f"Negative prompt: {as_one_line(self.negative_prompt)}")
         weights = {"ema": "EMA", "raw": "raw"}.get(self.weights, self.weights)
-        settings = [("Steps", self.steps), ("Sampler", self.sampler), ("CFG scale", f"{self.guidance:g}"),
+        settings = [("Steps", self.steps), ("Sampler", self.sampler), *self.guidance_fields(),
                     ("Seed", self.seed), ("Size", f"{self.width}x{self.height}"),
                     ("Model hash", self.checkpoint_hash), ("Model", _quote(self.checkpoint)),
                     ("Weights", weights), ("Version", self.software)]
@@ -126,6 +137,58 @@ def save_png(image: Image.Image, path, record: ImageRecord, extra: dict | None =
         info.add_text(key, value)
     with whole_file(path) as tmp:
         image.save(tmp, format="PNG", pnginfo=info)
+
+
+# Where an image's parameters go, by the format its name asks for: PNG text chunks, or EXIF UserComment in a JPEG
+# or WebP, as AUTOMATIC1111 writes them (``piexif.helper.UserComment``, UTF-16 "unicode"). Other formats carry no
+# text A1111 or we read back, so they are refused before any image is made.
+SUFFIX_FORMATS = {".png": "PNG", "": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}  # no suffix: a PNG
+JPEG_QUALITY = 95  # PIL's default of 75 blurs the tiny models' pixel-enlarged cells; A1111's default is 80
+
+
+def image_format(path) -> str:
+    """"PNG", "JPEG" or "WEBP" for an output's name; a one-line WorkbenchError for another suffix."""
+    from pathlib import Path
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in SUFFIX_FORMATS:
+        raise WorkbenchError(f"{Path(path).name}: images are written as .png, .jpg or .webp, which carry their "
+                             f"generation parameters; a {suffix} file would not")
+    return SUFFIX_FORMATS[suffix]
+
+
+def exif_parameters(text: str) -> bytes:
+    """EXIF holding ``text`` as its UserComment, as AUTOMATIC1111 writes a JPEG's or WebP's parameters."""
+    import piexif
+    import piexif.helper
+
+    return piexif.dump({"Exif": {piexif.ExifIFD.UserComment: piexif.helper.UserComment.dump(text, encoding="unicode")}})
+
+
+def parameters_from_exif(exif: bytes) -> str | None:
+    """The UserComment of an image's EXIF (a JPEG's or WebP's parameters, A1111's or ours); None where it has
+    none or the EXIF does not read."""
+    import piexif
+    import piexif.helper
+
+    try:
+        comment = piexif.load(exif).get("Exif", {}).get(piexif.ExifIFD.UserComment)
+        return piexif.helper.UserComment.load(comment) if comment else None
+    except Exception:  # noqa: BLE001 - EXIF from anywhere: piexif raises many kinds on damaged data
+        return None
+
+
+def save_image(image: Image.Image, path, record: ImageRecord, extra: dict | None = None) -> None:
+    """The image with its record, in the format its name asks for (``image_format``), written whole or not at
+    all: a PNG's text chunks (``save_png``), or a JPEG's or WebP's EXIF UserComment (the ``parameters`` text)."""
+    from ..common import whole_file
+
+    fmt = image_format(path)
+    if fmt == "PNG":
+        save_png(image, path, record, extra)
+        return
+    with whole_file(path) as tmp:
+        image.convert("RGB").save(tmp, format=fmt, quality=JPEG_QUALITY, exif=exif_parameters(record.parameters()))
 
 
 def parse_parameters(text: str) -> dict[str, str]:

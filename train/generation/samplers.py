@@ -63,7 +63,8 @@ def make_sampler(name: str, base_config: dict):
 
     if is_flow(base_config):
         if name not in FLOW_SAMPLERS:
-            raise WorkbenchError(f"{name!r} does not sample a rectified flow; choose one of: {', '.join(FLOW_SAMPLERS)}")
+            raise WorkbenchError(f"{name!r} does not sample a rectified flow; choose one of: "
+                                 f"{', '.join(FLOW_SAMPLERS)}")
         cls, settings = FLOW_SAMPLERS[name]
         if settings.get("use_flow_sigmas"):
             settings = {**settings, "flow_shift": base_config.get("shift", 1.0)}

@@ -1,0 +1,51 @@
+"""The generation settings a checkpoint recommends (guidance, steps, sampler, size): read from any kind, written
+into exports.
+
+Where they live: a Composer checkpoint's spec (``spec["recommended"]``, from `dwb train`'s ``previews`` section);
+a single file `dwb export` wrote, the spec in its metadata; a diffusers folder, ``recommended_settings.json`` in its
+root (``train.generation.RECOMMENDED_FILE``), a file diffusers' loaders never read. A checkpoint from elsewhere
+recommends nothing. Values are checked as a user's would be (``train.generation.check_recommended``): a checkpoint
+may come from anyone.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..common import load_outside, write_text_whole
+from ..errors import CheckpointError, WorkbenchError
+from ..generation import RECOMMENDED_FILE, check_recommended
+from .names import Checkpoint
+
+MAX_FILE_BYTES = 64 * 1024  # four short values; a file larger than this is not one we wrote
+
+
+def recommended_settings(ckpt: Checkpoint) -> dict:
+    """The checked recommended settings of a found checkpoint ({} where it records none); a one-line
+    CheckpointError naming the checkpoint for a value no command takes, or a file too large, too deep or not JSON."""
+    where = f"{ckpt.label}'s recommended settings"
+    if ckpt.kind in ("composer", "mosaicml"):
+        from .composer import read_summary
+
+        stored = read_summary(ckpt.path)["spec"].get("recommended")
+    elif ckpt.kind == "single-file":
+        from .single_file import embedded_spec
+
+        stored = (embedded_spec(Path(ckpt.path)) or {}).get("recommended")
+    elif Path(ckpt.path).is_dir() and (Path(ckpt.path) / RECOMMENDED_FILE).is_file():
+        try:
+            stored = load_outside(Path(ckpt.path) / RECOMMENDED_FILE, where, max_bytes=MAX_FILE_BYTES)
+        except WorkbenchError as e:
+            raise CheckpointError(str(e)) from None
+    else:
+        stored = None
+    try:
+        return {} if stored is None else check_recommended(stored, where)
+    except WorkbenchError as e:  # the checkpoint's own problem, as a damaged file's is
+        raise CheckpointError(str(e)) from None
+
+
+def write_recommended(folder: Path, settings: dict) -> None:
+    """``RECOMMENDED_FILE`` in an exported diffusers folder (nothing where there are no settings)."""
+    if settings:
+        write_text_whole(Path(folder) / RECOMMENDED_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
