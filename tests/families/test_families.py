@@ -212,3 +212,11 @@ def test_flux_images_carry_their_guidance_the_way_forge_writes_it_and_png_info_r
         from_text = settings_from(text, lambda digest: None)[0]  # the parameters text alone, as from another tool
         assert from_text["guidance"] == (1.0 if name == "flux-schnell" else 3.5)
         assert parse_parameters(text)["Steps"] == "1"
+
+
+def test_a_newer_familys_checkpoint_recommends_what_its_published_model_is_sampled_at(family_folders):
+    from train.checkpoints import recommended_settings
+
+    found = {name: recommended_settings(find_checkpoint(str(family_folders[name]))) for name in FAMILY_OF}
+    assert found == {"sdxl": {"guidance": 5.0, "steps": 30}, "sd3": {"guidance": 4.5, "steps": 40},
+                     "flux-dev": {"guidance": 3.5, "steps": 28}, "flux-schnell": {"guidance": 0.0, "steps": 4}}

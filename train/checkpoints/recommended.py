@@ -4,8 +4,8 @@ into exports.
 Where they live: a Composer checkpoint's spec (``spec["recommended"]``, from `dwb train`'s ``previews`` section);
 a single file `dwb export` wrote, the spec in its metadata; a diffusers folder, ``recommended_settings.json`` in its
 root (``train.generation.RECOMMENDED_FILE``), a file diffusers' loaders never read. A checkpoint from elsewhere
-recommends nothing. Values are checked as a user's would be (``train.generation.check_recommended``): a checkpoint
-may come from anyone.
+recommends what its family's published model is sampled at (SDXL, SD3.5, Flux.1), or nothing. Values are checked
+as a user's would be (``train.generation.check_recommended``): a checkpoint may come from anyone.
 """
 from __future__ import annotations
 
@@ -39,10 +39,31 @@ def recommended_settings(ckpt: Checkpoint) -> dict:
             raise CheckpointError(str(e)) from None
     else:
         stored = None
+    if stored is None:
+        stored = published_settings(ckpt) or None
     try:
         return {} if stored is None else check_recommended(stored, where)
     except WorkbenchError as e:  # the checkpoint's own problem, as a damaged file's is
         raise CheckpointError(str(e)) from None
+
+
+def published_settings(ckpt: Checkpoint) -> dict:
+    """What a checkpoint of a newer family (SDXL, SD3.5, Flux.1) that records nothing is published to be sampled
+    at: its variant's steps and guidance (``train.families``); {} for the others."""
+    from ..families import family_of_folder
+    from .single_file import newer_family
+
+    path = Path(ckpt.path)
+    if path.is_dir() and (path / "model_index.json").is_file():
+        family = family_of_folder(path, ckpt.label)
+        try:
+            config = load_outside(path / family.denoiser / "config.json", f"{family.denoiser}/config.json")
+            variant = family.variant_of(config if isinstance(config, dict) else {})
+        except WorkbenchError:
+            variant = family.variants[0]
+        return family.recommended(variant)
+    family = newer_family(path) if ckpt.kind == "single-file" else None
+    return family.recommended(family.variants[0]) if family is not None else {}
 
 
 def write_recommended(folder: Path, settings: dict) -> None:

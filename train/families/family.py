@@ -36,8 +36,9 @@ class Variant:
     published_parts: tuple[str, ...] = ()  # () for all of ``parts``
     published_tolerance: float = 0.01  # how far the count of those parts may be from the figure
     guidance: str = "cfg"
-    guidance_scale: float = 7.5
-    steps: int = 25
+    # the settings its authors publish it to be sampled at (None: the workbench's defaults, which are SD's)
+    guidance_scale: float | None = None
+    steps: int | None = None
     hub_id: str | None = None
 
 
@@ -70,6 +71,10 @@ class Family:
     def size_multiple(self, pipe) -> int:
         """What an image's sides must be multiples of: the VAE's scale times the denoiser's patch or packing."""
         return pipe.vae_scale_factor * max(getattr(pipe, "patch_size", 1) or 1, self.latent_packing)
+
+    def recommended(self, variant: Variant) -> dict:
+        """The variant's published sampling settings, as a checkpoint's recommended ones (``{}`` where none)."""
+        return {k: v for k, v in (("guidance", variant.guidance_scale), ("steps", variant.steps)) if v is not None}
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:
