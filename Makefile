@@ -27,6 +27,7 @@ bench: setup
 	.venv/bin/python bench/app_overhead.py
 	.venv/bin/python bench/evaluate_bench.py
 	.venv/bin/python bench/convert_throughput.py
+	.venv/bin/python bench/convert_aspect.py
 
 # Every benchmark for seconds on the tiny model (--smoke): it runs, and its own equality checks hold.
 bench-smoke: setup

@@ -82,6 +82,7 @@ def cmd_convert(args) -> None:
                       language_column=args.language_column, languages=args.languages.split(",") if args.languages else None,
                       max_punsafe=args.max_punsafe, max_watermark=args.max_watermark,
                       split=args.split, limit=args.limit, workers=args.workers, part=args.part,
+                      aspect_buckets=args.aspect_buckets, bucket_step=args.bucket_step, max_aspect=args.max_aspect,
                       **({"max_megapixels": args.max_megapixels} if args.max_megapixels else {}),
                       **({"max_row_group_bytes": args.max_row_group_mib * 2**20} if args.max_row_group_mib else {}))
     kept = f" ({summary.units_kept} units kept from an earlier run)" if summary.units_kept else ""
@@ -314,7 +315,14 @@ def register_data(sub) -> None:
                                             "-> MDS resolution buckets")
     p.add_argument("src", nargs="+", help="folders, files, s3:// prefixes or brace patterns (shards/{00000..00099}.tar)")
     p.add_argument("out")
-    p.add_argument("--buckets", type=_sizes, default=(256, 512), help="minimum-side buckets (default 256,512)")
+    p.add_argument("--buckets", type=_sizes, default=(256, 512),
+                   help="minimum-side buckets, or with --aspect-buckets pixel budgets (side x side) (default 256,512)")
+    p.add_argument("--aspect-buckets", action="store_true",
+                   help="store each image in the aspect-ratio bucket nearest its own (about side x side pixels), "
+                        "covered and centre-cropped, with its original size, crop and bucket")
+    p.add_argument("--bucket-step", type=_positive,
+                   help="aspect buckets' sides are multiples of this (a multiple of 8; default 64 from 512 up, 32 below)")
+    p.add_argument("--max-aspect", type=_positive_float, help="widest aspect bucket, as width:height (default 2)")
     p.add_argument("--image-format", choices=("jpeg", "png"), default="jpeg")
     p.add_argument("--image-column")
     p.add_argument("--caption-column")

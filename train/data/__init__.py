@@ -5,6 +5,8 @@ precomputed VAE latents and text hidden states.
   (`dwb data convert`, `dwb data join`); the layouts' readers: ``layouts`` (which layout, units of work),
   ``tar_shards`` (WebDataset, img2dataset's webdataset output), ``tables`` (Parquet, datasets),
   ``image_folders`` (image folders, img2dataset's files output), ``records``, ``storage`` (local, s3://);
+- ``buckets``: the aspect-ratio bucket sets of a pixel budget, each image's bucket and its cover-and-crop
+  (`dwb data convert --aspect-buckets`);
 - ``mds``: the MDS columns, writing, opening and checking datasets, one dataset of a mixture (``StreamConfig``);
 - ``loader``: the streaming datasets and dataloader of a training phase (crop, tokenize, caption dropout);
 - ``latents``: the precomputed-latents format and its compatibility checks;
@@ -13,9 +15,10 @@ precomputed VAE latents and text hidden states.
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
+    "buckets": "DEFAULT_MAX_ASPECT assign bucket_set cover default_step nearest_bucket",
     "convert": "ConvertSummary convert_to_mds join_parts",
     "latents": "META check_compatible decode_array read_meta",
     "loader": "build_dataloader check_remote_access image_to_tensor latent_meta",
-    "mds": "StreamConfig bucket_dirs count_samples open_local open_writer",
+    "mds": "ASPECT_COLUMNS StreamConfig bucket_dirs count_samples open_local open_writer",
     "precompute": "precompute_latents",
 })

@@ -30,17 +30,20 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from PIL import ExifTags, Image, ImageOps
 from tqdm import tqdm
 
 from ..common import load_outside, loads_outside, write_text_whole
 from ..errors import WorkbenchError
+from .buckets import DEFAULT_MAX_ASPECT, assign, bucket_name, bucket_set, check_bucket_options, cover, cover_scale
 from .image_folders import folder_records
 from .layouts import Columns, plan_units
 from .mds import checked_index, image_columns, open_writer
@@ -62,6 +65,7 @@ STATE = ".convert"  # OUT/.convert: plan.json, done/<unit>.json, summary.json
 PLAN_VERSION = 2  # 2: each unit's source state
 PLAN_BYTES = 2**30  # plan.json lists every unit, about 250 bytes each: a million shards' plan is 250 MB
 WORKER_IMPORTS = [__name__, "streaming.base.format.mds.writer"]  # imported once by the workers' fork server
+BUCKET_KEY = re.compile(r"^[0-9]{1,6}/[0-9]{1,6}x[0-9]{1,6}$")  # ConvertSummary.buckets: "512/640x384"
 
 
 @dataclass
@@ -81,6 +85,11 @@ class ConvertSummary:
     tars_stopped: int = 0  # tar shards stopped at a header over its limit or a gzip bomb (not samples)
     row_groups: int = 0  # Parquet row groups over max_row_group_bytes, never read (not samples)
     units_kept: int = field(default=0, compare=False)  # units an earlier, interrupted run had finished
+    # With aspect-ratio buckets: images per bucket ("512/640x384"), and the pixels of the resized images and of
+    # what their crops cut off, to report the share cropped.
+    buckets: dict[str, int] = field(default_factory=dict)
+    resized_pixels: int = 0
+    cropped_pixels: int = 0
 
     @property
     def converted(self) -> int:  # images written to at least one bucket
@@ -98,13 +107,33 @@ class ConvertSummary:
         return (f"converted {self.converted} of {self.seen} images: {buckets}; skipped {self.corrupt} corrupt, "
                 f"{self.no_caption} without caption, {self.empty_caption} empty caption, "
                 f"{self.too_small} too small, {self.too_large} too large, {self.filtered} filtered{extra}"
-                + (f"; {shards}" if shards else ""))
+                + (f"; {shards}" if shards else "") + self.bucket_report())
+
+    def bucket_report(self) -> str:
+        """Images per aspect-ratio bucket, by budget, and the share of the resized images' area cropped off."""
+        if not self.buckets:
+            return ""
+        by_side: dict[int, list[tuple[float, str]]] = {}
+        for key, n in self.buckets.items():
+            side, name = key.split("/")
+            w, h = map(int, name.split("x"))
+            by_side.setdefault(int(side), []).append((w / h, f"{name} {n}"))
+        sides = "; ".join(f"{side}px " + ", ".join(t for _, t in sorted(v)) for side, v in sorted(by_side.items()))
+        share = 100 * self.cropped_pixels / max(1, self.resized_pixels)
+        return f"; aspect buckets: {sides}; cropped {share:.1f}% of the resized images' area"
+
+    def count_bucket(self, side: int, bucket: tuple[int, int], resized: tuple[int, int]) -> None:
+        key = f"{side}/{bucket_name(bucket)}"
+        self.buckets[key] = self.buckets.get(key, 0) + 1
+        self.resized_pixels += resized[0] * resized[1]
+        self.cropped_pixels += resized[0] * resized[1] - bucket[0] * bucket[1]
 
     def add(self, other: "ConvertSummary") -> None:
         for f in fields(self):
-            if f.name == "written":
-                for side, n in other.written.items():
-                    self.written[side] = self.written.get(side, 0) + n
+            if f.name in ("written", "buckets"):
+                mine = getattr(self, f.name)
+                for key, n in getattr(other, f.name).items():
+                    mine[key] = mine.get(key, 0) + n
             elif f.name != "units_kept":
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
@@ -115,15 +144,18 @@ class ConvertSummary:
     def from_json(cls, text: str | bytes, what: str) -> "ConvertSummary":
         """A summary ``to_json`` wrote; a file of any other shape is a one-line error starting with ``what``."""
         data = loads_outside(text, what)
-        counts = {f.name for f in fields(cls)} - {"written", "units_kept"}
+        counts = {f.name for f in fields(cls)} - {"written", "units_kept", "buckets"}
         if not (isinstance(data, dict) and isinstance(data.get("written"), dict)
-                and set(data) <= counts | {"written", "units_kept"}):
+                and isinstance(data.get("buckets", {}), dict)
+                and set(data) <= counts | {"written", "units_kept", "buckets"}):
             raise WorkbenchError(f"{what}: not a unit's summary (a dict of counts with 'written')")
-        values = [v for k, v in data.items() if k in counts] + list(data["written"].values())
-        if not all(type(v) is int and v >= 0 for v in values) or not all(k.isdigit() for k in data["written"]):
+        buckets = data.get("buckets", {})
+        values = [v for k, v in data.items() if k in counts] + list(data["written"].values()) + list(buckets.values())
+        if not (all(type(v) is int and v >= 0 for v in values) and all(k.isdigit() for k in data["written"])
+                and all(BUCKET_KEY.match(k) for k in buckets)):
             raise WorkbenchError(f"{what}: not a unit's summary (counts must be whole numbers, buckets sides)")
         return cls(**{k: v for k, v in data.items() if k in counts},
-                   written={int(k): v for k, v in data["written"].items()})
+                   written={int(k): v for k, v in data["written"].items()}, buckets=dict(buckets))
 
 
 @dataclass(frozen=True)
@@ -135,6 +167,11 @@ class _Options:
     max_pixels: float
     limit: int | None
     max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES
+    aspect: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] | None = None  # (side, its buckets) per side
+
+    def plan(self) -> dict:
+        """As the plan records them; a square conversion's as before aspect-ratio buckets existed."""
+        return {k: v for k, v in asdict(self).items() if not (k == "aspect" and v is None)}
 
 
 def _open(value: Any) -> Image.Image:
@@ -160,12 +197,31 @@ class TooLarge(Exception):
     """An image with more pixels to decode than the limit: skipped and counted, never decoded."""
 
 
-def _load(value: Any, sides: Sequence[int], max_pixels: float) -> tuple[Image.Image | None, tuple[int, int]]:
+def _square_scale(sides: Sequence[int], size: tuple[int, int]) -> float | None:
+    """The scale the largest square bucket whose side fits the shorter side needs; None when none fits."""
+    fits = [s for s in sides if s <= min(size)]
+    return max(fits) / min(size) if fits else None
+
+
+def _aspect_scale(aspect: Sequence[tuple[int, Sequence[tuple[int, int]]]], size: tuple[int, int]) -> float | None:
+    """The largest scale an aspect-ratio bucket the image covers needs; None when it covers none. The bucket
+    sets are symmetric, so the scale is the same before and after an EXIF turn by 90 degrees."""
+    scales = [cover_scale(size, b) for _, buckets in aspect if (b := assign(size, buckets))]
+    return max(scales) if scales else None
+
+
+def _scale_needed(options: "_Options") -> Callable[[tuple[int, int]], float | None]:
+    return partial(_aspect_scale, options.aspect) if options.aspect else partial(_square_scale, options.sides)
+
+
+def _load(value: Any, scale_needed: Callable[[tuple[int, int]], float | None],
+          max_pixels: float) -> tuple[Image.Image | None, tuple[int, int]]:
     """Decode to upright RGB at no more resolution than the buckets need, and the original (w, h).
 
-    The image is None when it is smaller than every bucket (then nothing is decoded); raises TooLarge, before
-    decoding, when it has more than ``max_pixels`` to decode, and anything else on bad data. JPEG may skip
-    detail the largest fitting bucket does not need, via DCT scaling (draft), and is counted at that size.
+    The image is None when it fits no bucket (``scale_needed`` gives None; then nothing is decoded); raises
+    TooLarge, before decoding, when it has more than ``max_pixels`` to decode, and anything else on bad data.
+    JPEG may skip detail the largest fitting bucket does not need, via DCT scaling (draft), and is counted at
+    that size.
     """
     try:
         img = _open(value)  # the header only
@@ -173,10 +229,10 @@ def _load(value: Any, sides: Sequence[int], max_pixels: float) -> tuple[Image.Im
         raise TooLarge from None
     with img:
         size = img.size
-        fits = [s for s in sides if s <= min(size)]
-        if not fits:
+        needed = scale_needed(size)
+        if needed is None:
             return None, size
-        scale = 2 * max(fits) / min(img.size)  # 2x headroom, as Image.thumbnail, so Lanczos still antialiases
+        scale = 2 * needed  # 2x headroom, as Image.thumbnail, so Lanczos still antialiases
         img.draft(None, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
         if img.width * img.height > max_pixels:  # before getexif, which decodes a PNG to find its eXIf chunk
             raise TooLarge
@@ -228,7 +284,7 @@ def _convert_record(record: Record, writers: dict, options: _Options, summary: C
         setattr(summary, reason, getattr(summary, reason) + 1)
         return
     try:
-        img, original_size = _load(record.image, options.sides, options.max_pixels)
+        img, original_size = _load(record.image, _scale_needed(options), options.max_pixels)
     except TooLarge:
         summary.too_large += 1
         return
@@ -240,11 +296,31 @@ def _convert_record(record: Record, writers: dict, options: _Options, summary: C
         return
     caption = record.caption.strip()
     meta = {**record.fields, "source": record.source, "original_size": list(original_size)}
+    if options.aspect:
+        _write_aspect(img, original_size, {"caption": caption, "meta": meta}, writers, options, summary)
+        return
     # Largest bucket first, so each resize starts from the previous, smaller image.
     for side in reversed([s for s in options.sides if s <= min(original_size)]):
         img = _fit(img, side, original_size)
         writers[side].write({"image": img, "caption": caption, "meta": meta})
         summary.written[side] += 1
+
+
+def _write_aspect(img: Image.Image, original_size: tuple[int, int], sample: dict, writers: dict, options: _Options,
+                  summary: ConvertSummary) -> None:
+    """Into each budget's nearest aspect-ratio bucket the image covers: resized from the decoded image (not
+    from a larger budget's crop) to cover the bucket, then centre-cropped to it."""
+    for side, buckets in reversed(options.aspect):
+        bucket = assign(original_size, buckets)
+        if bucket is None:
+            continue
+        resized, (left, top) = cover(original_size, bucket)
+        scaled = img if img.size == resized else img.resize(resized, Image.Resampling.LANCZOS)
+        writers[side].write({**sample, "image": scaled.crop((left, top, left + bucket[0], top + bucket[1])),
+                             "original_width": original_size[0], "original_height": original_size[1],
+                             "crop_top": top, "crop_left": left, "bucket_width": bucket[0], "bucket_height": bucket[1]})
+        summary.written[side] += 1
+        summary.count_bucket(side, bucket, resized)
 
 
 def _done_file(out: Path, name: str) -> Path:
@@ -260,7 +336,7 @@ def _convert_unit(task: tuple[str, str, dict, _Options, int | None]) -> tuple[st
     writers = {}
     for side in options.sides:
         shutil.rmtree(out / str(side) / name, ignore_errors=True)  # what a killed run left of this unit
-        writers[side] = open_writer(out / str(side) / name, options.image_format)
+        writers[side] = open_writer(out / str(side) / name, options.image_format, aspect=options.aspect is not None)
     for record in _records(unit, counts, options):
         _convert_record(record, writers, options, summary)
         if budget is not None and summary.converted >= budget:
@@ -469,6 +545,17 @@ def _filters(min_aesthetic, aesthetic_column, languages, language_column, max_pu
     return tuple(filters)
 
 
+def _aspect_buckets(sides: Sequence[int], aspect_buckets: bool, bucket_step: int | None, max_aspect: float | None):
+    """Each side's bucket set, or None for square buckets; the bucket options without aspect_buckets are refused."""
+    if not aspect_buckets:
+        if bucket_step is not None or max_aspect is not None:
+            raise WorkbenchError("bucket_step and max_aspect apply to aspect-ratio buckets only (--aspect-buckets)")
+        return None
+    max_aspect = DEFAULT_MAX_ASPECT if max_aspect is None else float(max_aspect)
+    check_bucket_options(sides, bucket_step, max_aspect)
+    return tuple((side, bucket_set(side, bucket_step, max_aspect)) for side in sides)
+
+
 def _check_arguments(sides, limit, max_megapixels, workers, part, image_format, max_row_group_bytes) -> None:
     if not sides or sides[0] <= 0:
         raise WorkbenchError(f"buckets must be positive sides in pixels, got {list(sides)}")
@@ -494,7 +581,9 @@ def convert_to_mds(src: str | Path | Sequence[str | Path], out: str | Path, *, b
                    max_punsafe: float | None = None, max_watermark: float | None = None,
                    split: str = "train", limit: int | None = None, max_megapixels: float = DEFAULT_MAX_MEGAPIXELS,
                    workers: int | None = None, part: tuple[int, int] | None = None,
-                   max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES, progress: bool = True) -> ConvertSummary:
+                   max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES, aspect_buckets: bool = False,
+                   bucket_step: int | None = None, max_aspect: float | None = None,
+                   progress: bool = True) -> ConvertSummary:
     """Convert SRC (one source or several) into one MDS folder per bucket, ``OUT/<side>``.
 
     ``limit`` caps the images converted (then units run one after another, in order); images with more than
@@ -502,15 +591,21 @@ def convert_to_mds(src: str | Path | Sequence[str | Path], out: str | Path, *, b
     ``max_row_group_bytes`` uncompressed. ``workers``: processes (default: every core).
     ``part=(i, N)`` converts only the i-th of N parts and leaves the merge to ``join_parts``. Repeating a
     command whose run was killed finishes it; repeating a finished one returns its summary.
+
+    ``aspect_buckets``: each image goes, per side, into the aspect-ratio bucket nearest its own of about
+    side x side pixels (``buckets.bucket_set``: sides multiples of ``bucket_step``, default 64 from 512 up and
+    32 below; ratios up to ``max_aspect``:1, default 2), covered and centre-cropped, with its original size,
+    crop and bucket in columns of its own.
     """
     sides = sorted({int(b) for b in buckets})
     _check_arguments(sides, limit, max_megapixels, workers, part, image_format, max_row_group_bytes)
     filters = _filters(min_aesthetic, aesthetic_column, languages, language_column, max_punsafe, max_watermark)
-    options = _Options(tuple(sides), image_format, filters, max_megapixels * 1e6, limit, int(max_row_group_bytes))
+    options = _Options(tuple(sides), image_format, filters, max_megapixels * 1e6, limit, int(max_row_group_bytes),
+                       _aspect_buckets(sides, aspect_buckets, bucket_step, max_aspect))
     sources = [src] if isinstance(src, (str, Path)) else list(src)
     units = plan_units(sources, Columns(image_column, caption_column, filters), split)
     out = Path(out)
-    plan = json.loads(json.dumps({"version": PLAN_VERSION, "options": asdict(options), "units": units}))
+    plan = json.loads(json.dumps({"version": PLAN_VERSION, "options": options.plan(), "units": units}))
     _claim(out, plan)
     if part is None and (out / STATE / "summary.json").is_file():
         finished = out / STATE / "summary.json"

@@ -1,6 +1,8 @@
 """The image-caption MDS format every training dataset of the workbench is written in.
 
-Columns: ``image`` (encoded PNG or JPEG), ``caption`` (str), ``meta`` (json: source attributes).
+Columns: ``image`` (encoded PNG or JPEG), ``caption`` (str), ``meta`` (json: source attributes); a dataset
+converted into aspect-ratio buckets adds ``ASPECT_COLUMNS`` (int32): the source's size, the crop's top-left in
+the resized image (SDXL's crop conditioning) and the bucket's size.
 A dataset folder holds one subfolder per resolution bucket, named by its side in pixels
 (``OUT/256``, ``OUT/512``); the shapes domain adds a held-out split under ``OUT/eval/<side>``.
 """
@@ -27,13 +29,17 @@ class StreamConfig:
     choose: Optional[int] = checked(None, Range(0, 1 << 36))  # or: how many samples this stream gives per epoch
 
 
-def image_columns(image_format: str) -> dict[str, str]:
+ASPECT_COLUMNS = ("original_width", "original_height", "crop_top", "crop_left", "bucket_width", "bucket_height")
+
+
+def image_columns(image_format: str, aspect: bool = False) -> dict[str, str]:
     if image_format not in ("png", "jpeg"):
         raise WorkbenchError(f"image format must be png or jpeg, got {image_format!r}")
-    return {"image": image_format, "caption": "str", "meta": "json"}
+    return {"image": image_format, "caption": "str", "meta": "json",
+            **({name: "int32" for name in ASPECT_COLUMNS} if aspect else {})}
 
 
-def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "64mb"):
+def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "64mb", aspect: bool = False):
     """An MDSWriter for one bucket folder; refuses to mix into an existing dataset."""
     from streaming import MDSWriter  # Streaming imports transformers' auto classes (seconds); counting needs none
 
@@ -41,7 +47,7 @@ def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "6
     if (out / "index.json").exists():
         raise WorkbenchError(f"{out} already holds an MDS dataset; choose an empty folder")
     out.mkdir(parents=True, exist_ok=True)
-    return MDSWriter(out=str(out), columns=image_columns(image_format), size_limit=size_limit, compression=None)
+    return MDSWriter(out=str(out), columns=image_columns(image_format, aspect), size_limit=size_limit, compression=None)
 
 
 def bucket_dirs(root: str | Path) -> dict[int, Path]:
