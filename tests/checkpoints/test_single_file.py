@@ -161,7 +161,7 @@ def _write(path, shapes: dict) -> pathlib.Path:
 
 @pytest.mark.parametrize("keys, words", [
     ({"conditioner.embedders.0.transformer.text_model.embeddings.token_embedding.weight": (8, 4),
-      "model.diffusion_model.input_blocks.0.0.weight": (8, 4, 3, 3)}, "Stable Diffusion XL"),
+      "model.diffusion_model.input_blocks.0.0.weight": (8, 4, 3, 3)}, "SDXL"),
     ({"model.diffusion_model.input_blocks.0.0.weight": (8, 9, 3, 3), "first_stage_model.quant_conv.weight": (8, 8, 1, 1),
       "cond_stage_model.model.token_embedding.weight": (8, 4)}, "9 input channels"),
     ({"model.diffusion_model.input_blocks.0.0.weight": (8, 4, 3, 3), "first_stage_model.quant_conv.weight": (8, 8, 1, 1),
