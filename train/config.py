@@ -220,6 +220,9 @@ class TrainConfig:
     randomness: str = checked("per_rank", one_of("per_rank", "per_sample"))
     fsdp: bool = False
     fsdp_sharding_strategy: str = checked("SHARD_GRAD_OP", one_of("SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"))
+    # full: each checkpoint one file, the UNet's state gathered on rank 0; sharded: a folder of
+    # torch.distributed.checkpoint parts, each rank writing its own shard (no gather; docs/scale.md)
+    fsdp_state_dict_type: str = checked("full", one_of("full", "sharded"))
 
     low_precision_norms: bool = False  # Composer's LowPrecisionGroupNorm + LowPrecisionLayerNorm (GPU)
     # Batches whose loss is NaN or infinite are skipped (no update) and counted; this many in a row abort.
@@ -248,6 +251,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     # what every checkpoint will recommend: values `dwb sample` and the app take (a sampler by name, steps <= 150)
     check_recommended(cfg.previews.recommended(), "config section 'previews'")
+    if cfg.fsdp_state_dict_type == "sharded" and not cfg.fsdp:
+        raise WorkbenchError("config key 'fsdp_state_dict_type' is sharded, which needs fsdp=true (without FSDP "
+                             "the weights are whole on every rank and a checkpoint is one file)")
+    if cfg.fsdp_state_dict_type == "sharded" and "://" in cfg.save_folder:
+        raise WorkbenchError(f"config key 'fsdp_state_dict_type' is sharded, whose checkpoints are folders of parts "
+                             f"that autoresume and the readers find on a local or shared file system only; give a "
+                             f"local save_folder, not {cfg.save_folder}")
     if cfg.save_num_checkpoints_to_keep == 0 and "://" not in cfg.save_folder:
         raise WorkbenchError(f"config key 'save_num_checkpoints_to_keep' is 0, which deletes every checkpoint from "
                              f"the local save_folder {cfg.resolved_save_folder()} as soon as it is written; 0 is for a remote "

@@ -142,6 +142,12 @@ def checked_load_path(cfg: TrainConfig, spec: dict) -> str | None:
         other = read_checkpoint(local)["spec"]
     except WorkbenchError as e:
         raise WorkbenchError(f"config key 'load_path': {e}") from None
+    check_checkpoint_layout(cfg, Path(local), "config key 'load_path'")
+    if Path(local).is_dir():  # Composer unpickles a folder's index and values: every one is read as plain data first
+        from .checkpoints import resume_problem
+
+        if problem := resume_problem(local):
+            raise WorkbenchError(f"config key 'load_path': {problem}")
     if other["architecture"] != spec["architecture"] or public_config(other["unet"]) != public_config(spec["unet"]):
         raise WorkbenchError(f"config key 'load_path': {cfg.load_path} holds a '{other['architecture']}' model whose "
                              f"UNet differs from this run's '{spec['architecture']}' UNet")
@@ -194,20 +200,43 @@ def resolve_resume(cfg: TrainConfig, save_folder: str) -> str | None:
 
     if not cfg.autoresume:
         return None
-    found = None
+    found = problem = None
     if dist.get_global_rank() == 0:
-        found = _newest_remote(save_folder) if "://" in save_folder else _newest_local(save_folder)
-    box = [found]
+        try:
+            found = _newest_remote(save_folder) if "://" in save_folder else _newest_local(cfg, save_folder)
+        except WorkbenchError as e:
+            problem = str(e)  # said by every rank: the others wait in the broadcast
+    box = [found, problem]
     if dist.get_world_size() > 1:
         dist.broadcast_object_list(box, src=0)
+    if box[1]:
+        raise WorkbenchError(box[1])
     return box[0]
 
 
-def _newest_local(save_folder: str) -> str | None:
+def _newest_local(cfg: TrainConfig, save_folder: str) -> str | None:
     from .checkpoints import select_resume_checkpoint
 
     found = select_resume_checkpoint(save_folder)
+    if found:
+        check_checkpoint_layout(cfg, found, f"autoresume from {save_folder}")
     return str(found) if found else None
+
+
+def check_checkpoint_layout(cfg: TrainConfig, path: Path, where: str) -> None:
+    """Composer loads a sharded checkpoint's folder only with ``fsdp_state_dict_type: sharded``, and one file only
+    with ``full``: the other way round it fails deep inside its loader."""
+    from .checkpoints import is_sharded_folder
+
+    sharded = is_sharded_folder(path)
+    if sharded == (cfg.fsdp and cfg.fsdp_state_dict_type == "sharded"):
+        return
+    if sharded:
+        raise WorkbenchError(f"{where}: {path.name} is a sharded checkpoint folder, which only a run with fsdp=true "
+                             f"fsdp_state_dict_type=sharded loads (on any number of ranks)")
+    raise WorkbenchError(f"{where}: {path.name} is a full checkpoint file, which a run with "
+                         f"fsdp_state_dict_type=sharded does not load (Composer's sharded loader reads folders); "
+                         f"load it with fsdp_state_dict_type=full")
 
 
 def _newest_remote(save_folder: str) -> str | None:
@@ -413,9 +442,10 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
 
     if not cfg.fsdp:
         return None
-    # Checkpoints are full state dicts gathered on rank 0, one file every command reads (Composer's sharded
-    # ones, a part per rank, are not read by the door yet)
-    fsdp = {"sharding_strategy": cfg.fsdp_sharding_strategy, "state_dict_type": "full", "mixed_precision": "PURE"}
+    # full: one file gathered on rank 0; sharded: a folder ep{epoch}-ba{batch}/ of torch.distributed.checkpoint
+    # parts, one per saving rank, which the readers consolidate (train.checkpoints.composer.load_state)
+    fsdp = {"sharding_strategy": cfg.fsdp_sharding_strategy, "state_dict_type": cfg.fsdp_state_dict_type,
+            "mixed_precision": "PURE"}
     if cfg.fsdp_sharding_strategy == "HYBRID_SHARD":
         fsdp.update(data_parallel_replicate_degree=dist.get_world_size() // dist.get_local_world_size(),
                     data_parallel_shard_degree=dist.get_local_world_size())

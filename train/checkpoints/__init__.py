@@ -33,5 +33,6 @@ __getattr__, __all__ = face(__name__, {
     "recommended": "recommended_settings write_recommended",
     "remote": "fetch",
     "schedules": "NOISE_SCHEDULE ddpm_scheduler inference_scheduler",
+    "sharded": "is_sharded_folder load_sharded_state sharded_problem",
     "spec": "SPEC_FORMAT ModelSpec make_spec",
 })

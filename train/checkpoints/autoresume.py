@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import CheckpointError, first_line
 from .composer import load_state
 from .find import list_checkpoints
+from .sharded import is_sharded_folder, sharded_problem
 from .ziphead import check_inflation
 
 log = logging.getLogger("train.checkpoint")
@@ -39,7 +40,11 @@ def checkpoint_problem(path: str | Path) -> str | None:
 
 
 def resume_problem(path: str | Path) -> str | None:
-    """Why Composer must not resume from this file: torn, corrupt, or not loadable as plain data."""
+    """Why Composer must not resume from this file (or sharded folder): torn, corrupt, or not loadable as plain
+    data. Composer reads a sharded folder's index with ``pickle.load`` and its values with
+    ``weights_only=False``, so each is read here first as plain data (``sharded.sharded_problem``)."""
+    if is_sharded_folder(path):
+        return sharded_problem(path)
     problem = checkpoint_problem(path)
     if problem is None:
         try:
@@ -50,7 +55,8 @@ def resume_problem(path: str | Path) -> str | None:
 
 
 def set_aside(path: Path, problem: str) -> Path:
-    """Rename an unusable checkpoint to ``*.corrupt`` (never deleted) with a warning."""
+    """Rename an unusable checkpoint (a file, or a sharded checkpoint's folder) to ``*.corrupt`` (never deleted)
+    with a warning."""
     aside = path.with_name(path.name + ".corrupt")
     path.rename(aside)
     log.warning("warning: checkpoint %s is unreadable (%s); moved to %s and resuming from an earlier one",
@@ -63,6 +69,8 @@ def select_resume_checkpoint(folder: str | Path, latest_name: str = "latest-rank
 
     The newest is the one with the most batches (its timestamp, whatever its file name); unusable ones
     (a run killed while writing, a damaged disk, a file that would run code when unpickled) are set aside.
+    A sharded checkpoint is its folder (``ep0-ba4/``), which ``latest_name`` then points at, as Composer's
+    sharded loader expects; one whose index is missing (DCP writes it last) was never finished and is not listed.
     """
     folder = Path(folder)
     if not folder.is_dir():

@@ -12,7 +12,6 @@ them in for saving) and the raw training weights inside the EMA algorithm's stat
 from __future__ import annotations
 
 import collections
-import datetime
 import functools
 import io
 import logging
@@ -20,17 +19,13 @@ import pickle
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..errors import CheckpointError, first_line
+from .plain import SAFE_TYPES
 from .spec import SPEC_FORMAT
 from .ziphead import check_inflation, zip_head
 
-# Plain data types Composer's checkpoints hold besides tensors (RNG states, timestamps, versions).
-SAFE_TYPES = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, datetime.timedelta,
-              torch.torch_version.TorchVersion,
-              *(type(np.dtype(t)) for t in ("uint32", "int64", "float64", "float32", "bool"))]
 EMA_ALGORITHMS = ("EMA", "FusedEMA")
 # Keys transformers before 4.31 saved with CLIP's text model (``embeddings.position_ids``, 0..76): a constant
 # buffer, no longer part of the model's state, which a strict load would refuse.
@@ -39,8 +34,13 @@ log = logging.getLogger("checkpoints")
 
 
 def load_state(path: str | Path) -> dict:
-    """The ``state`` dict of a Composer checkpoint, memory-mapped (tensors are read when touched)."""
+    """The ``state`` dict of a Composer checkpoint, memory-mapped (tensors are read when touched); a sharded
+    one's folder (``fsdp_state_dict_type: sharded``) consolidated, its optimizer state left out."""
+    from .sharded import is_sharded_folder, load_sharded_state
+
     path = Path(path)
+    if is_sharded_folder(path):
+        return load_sharded_state(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     check_inflation(path)  # PyTorch's reader allocates what a member declares, before inflating it
@@ -146,9 +146,11 @@ def read_summary(path: str | Path) -> dict:
     """``{'kind', 'spec', 'model'  (names -> shape stubs), 'ema_state', 'timestamp'}`` as ``read_checkpoint``
     gives them, from the pickle alone: what listing, naming and describing a checkpoint need (read once per
     version of the file: finding a checkpoint and describing it both ask)."""
+    from .sharded import METADATA, is_sharded_folder
+
     path = Path(path)
     try:
-        st = path.stat()
+        st = (path / METADATA if is_sharded_folder(path) else path).stat()
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {first_line(e)}") from None
     return dict(_summary(str(path), st.st_size, st.st_mtime_ns))
@@ -156,6 +158,10 @@ def read_summary(path: str | Path) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def _summary(path: str, size: int, mtime_ns: int) -> dict:
+    from .sharded import is_sharded_folder, load_sharded_state
+
+    if is_sharded_folder(path):  # the index and the small values; each tensor as its shape
+        return _interpret(load_sharded_state(path, tensors=False), path)
     try:
         data = zip_head(path).pickle
         if data is None:

@@ -20,6 +20,7 @@ from ..errors import CheckpointError, WorkbenchError
 from .composer import read_checkpoint, read_summary, training_batches
 from .names import OTHER_RANKS, WEIGHT_SUFFIXES, Checkpoint, in_run_listing, run_label, step_in_name
 from .remote import fetch, list_remote, uri_label
+from .sharded import METADATA, is_sharded_folder
 
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
 log = logging.getLogger("checkpoints")
@@ -31,11 +32,13 @@ _kinds_lock = threading.Lock()
 
 def local_kind(path: Path) -> tuple[str, int | None]:
     """(kind, training batches) of a local file or folder, cached by (path, size, mtime)."""
-    if path.is_dir():
+    sharded = is_sharded_folder(path)
+    if path.is_dir() and not sharded:
         if (path / "model_index.json").is_file():
             return "diffusers", None
-        raise CheckpointError(f"{path} is a folder but not a diffusers pipeline (model_index.json missing)")
-    st = path.stat()
+        raise CheckpointError(f"{path} is a folder but neither a diffusers pipeline (model_index.json missing) nor "
+                              f"a sharded Composer checkpoint ({METADATA} missing)")
+    st = (path / METADATA if sharded else path).stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     with _kinds_lock:
         if key in _kinds:
@@ -70,7 +73,7 @@ def unreadable_reason(path: Path) -> str | None:
     """Why a file ``local_kind`` found unreadable is no checkpoint, the first time it is asked for this version of
     the file (None after, and for readable ones): a listing says it once, not at every page load."""
     try:
-        st = path.stat()
+        st = (path / METADATA if is_sharded_folder(path) else path).stat()
     except OSError:
         return None
     with _kinds_lock:
@@ -80,7 +83,8 @@ def unreadable_reason(path: Path) -> str | None:
 def list_checkpoints(folder: str | Path, kinds: tuple[str, ...] | None = None) -> list[Checkpoint]:
     """A run's checkpoints (``RUN`` or ``RUN/checkpoints``, local or ``s3://``) in training order.
 
-    Every ``.pt``/``.safetensors``/``.ckpt`` file counts, whatever its name; links, Composer's
+    Every ``.pt``/``.safetensors``/``.ckpt`` file counts, whatever its name, and every sharded checkpoint's
+    folder (its DCP index written); links, Composer's
     ``latest-rank0.pt`` (a copy of the newest, where a copy turned the link into a file) and other ranks'
     shards are left out. Files that read as no checkpoint are ``unreadable``, ordered by
     the batch count in their name, if any (so autoresume can set a torn newest file aside).
@@ -94,7 +98,8 @@ def list_checkpoints(folder: str | Path, kinds: tuple[str, ...] | None = None) -
         raise WorkbenchError(f"checkpoint folder not found: {folder}")
     found = []
     for path in folder.iterdir():
-        if path.is_symlink() or not path.is_file() or not in_run_listing(path.name):
+        sharded = is_sharded_folder(path) and not path.name.endswith(".corrupt")  # set aside by autoresume
+        if path.is_symlink() or not (sharded or path.is_file() and in_run_listing(path.name)):
             continue
         kind, step = local_kind(path)
         if kinds is None or kind in kinds:
@@ -257,6 +262,14 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
                 if any((here / "unet").glob("diffusion_pytorch_model*")):  # not a config folder without weights
                     found.setdefault(here, Checkpoint(str(here), "diffusers", label_under(here, roots), here))
                 dirnames[:] = []  # a pipeline's subfolders hold its parts, not more checkpoints
+                continue
+            if METADATA in filenames and here != root:  # a sharded Composer checkpoint: its parts are not more
+                dirnames[:] = []
+                kind, step = local_kind(here)
+                if kind != "unreadable":
+                    found.setdefault(here, Checkpoint(str(here), kind, label_under(here, roots), here, step))
+                elif reason := unreadable_reason(here):
+                    log.warning("not listed: %s", reason.replace(str(here), label_under(here, roots)))
                 continue
             dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS and depth < max_depth]
             for name in sorted(filenames):

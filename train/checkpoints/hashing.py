@@ -82,6 +82,9 @@ def folder_hash(folder: Path) -> str:
             h.update(f"{rel}:".encode() + path.read_bytes())
         elif path.suffix in (".safetensors", ".bin", ".pt", ".ckpt"):
             h.update(f"{rel}:{file_hash(path)}\n".encode())
+        elif path.suffix == ".distcp" or path.name == ".metadata":  # a sharded Composer checkpoint's parts
+            h.update(f"{rel}:".encode())
+            _sampled_digest(path, h)
     return h.hexdigest()
 
 
