@@ -41,7 +41,7 @@ from .xyz import Plan, parse_axis, plan
 log = logging.getLogger("app")
 WEIGHTS = WEIGHT_CHOICES  # "auto": EMA where the checkpoint holds EMA weights
 NOT_FOUND = "checkpoint not found: "  # train.checkpoints' words for a name that names nothing
-NOT_A_PIPELINE = "is a folder but not a diffusers pipeline"  # ... and for a folder that is no checkpoint
+NOT_A_PIPELINE = "is a folder but neither a diffusers pipeline"  # ... and for a folder that is no checkpoint
 SERVER_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/:'\"(),;]+/)*[^\s/:'\"(),;]+")  # an absolute POSIX path in a message
 KNOWN_SHOWN = 5  # labels a "checkpoint not found" message names
 _pools: dict[int, ThreadPoolExecutor] = {}
