@@ -20,7 +20,6 @@ whole), so every reader opens either kind.
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import re
 import zipfile
@@ -28,8 +27,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError, WorkbenchError, first_line
+from ..errors import CheckpointError, first_line
 from .plain import SAFE_TYPES
+from .ziphead import mib_limit
 
 METADATA = ".metadata"
 PART_NAME = re.compile(r"^__\d+_\d+\.distcp$")
@@ -58,14 +58,7 @@ def is_sharded_folder(path: str | Path) -> bool:
 
 def max_index_bytes() -> int:
     """Bytes a sharded checkpoint's index may have (``DWB_MAX_SHARDED_INDEX_MB``)."""
-    raw = os.environ.get(MAX_INDEX_ENV, str(DEFAULT_MAX_INDEX_MB))
-    try:
-        mib = int(raw)
-    except ValueError:
-        mib = 0
-    if mib < 1:
-        raise WorkbenchError(f"{MAX_INDEX_ENV}={raw!r}: expected a whole number of MiB, at least 1")
-    return mib << 20
+    return mib_limit(MAX_INDEX_ENV, DEFAULT_MAX_INDEX_MB)
 
 
 class _Shape:

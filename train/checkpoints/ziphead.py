@@ -55,16 +55,22 @@ class _Member:
     flags: int
 
 
-def max_inflated() -> int:
-    """Bytes the compressed members of one checkpoint may inflate to, in all (``DWB_MAX_INFLATED_MB``)."""
-    raw = os.environ.get(MAX_INFLATED_ENV, str(DEFAULT_MAX_INFLATED_MB))
+def mib_limit(env: str, default_mib: int) -> int:
+    """Bytes a limit set in MiB by the environment variable ``env`` allows (``default_mib`` where it is unset);
+    a one-line error for a value that is not a whole number of at least 1."""
+    raw = os.environ.get(env, str(default_mib))
     try:
         mib = int(raw)
     except ValueError:
         mib = 0
     if mib < 1:
-        raise WorkbenchError(f"{MAX_INFLATED_ENV}={raw!r}: expected a whole number of MiB, at least 1")
+        raise WorkbenchError(f"{env}={raw!r}: expected a whole number of MiB, at least 1")
     return mib << 20
+
+
+def max_inflated() -> int:
+    """Bytes the compressed members of one checkpoint may inflate to, in all (``DWB_MAX_INFLATED_MB``)."""
+    return mib_limit(MAX_INFLATED_ENV, DEFAULT_MAX_INFLATED_MB)
 
 
 def _is_pickle(name: str) -> bool:
