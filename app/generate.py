@@ -14,8 +14,8 @@ from PIL import Image
 
 from train.errors import WorkbenchError
 from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,  # noqa: F401 - app's names
-                              MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE, ImageRecord, Settings, StepHook,
-                              Stopped, check_sampler, generate_images)
+                              DEFAULT_REFINER_SWITCH, MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE,
+                              ImageRecord, Refiner, Settings, StepHook, Stopped, check_sampler, generate_images)
 
 
 # What a million pixel-steps cost, for the refusal's estimate, measured with SD2-base's UNet (classifier-free
@@ -137,6 +137,8 @@ class GenerationParams:
     height: int = 512
     seed: int = -1
     batch_size: int = 1
+    refiner: str = ""  # a refiner checkpoint's name (SDXL's), or "" for the base alone
+    refiner_switch: float = DEFAULT_REFINER_SWITCH
 
     def seeds(self) -> list[int]:
         """Image i of the batch uses ``seed + i`` (call after ``validate``, which fixes a random seed)."""
@@ -199,28 +201,44 @@ def validate(params: GenerationParams, limits: Limits, *, need_prompt: bool = Tr
         seed = random.randint(0, MAX_SEED - batch + 1)
     elif seed + batch - 1 > MAX_SEED:
         raise WorkbenchError(f"seed + batch size - 1 must be at most {MAX_SEED}, got {seed + batch - 1}")
+    refiner = checkpoint_name(params.refiner or "").strip()
     checked = GenerationParams(prompt, negative, params.sampler, steps, guidance, sizes["width"], sizes["height"],
-                               seed, batch)
+                               seed, batch, refiner, refiner_switch(params.refiner_switch) if refiner else
+                               DEFAULT_REFINER_SWITCH)
     check_pixel_steps(pixel_steps(checked), limits)
     return checked
 
 
-def settings_of(params: GenerationParams) -> Settings:
-    """The generation settings (``train.generation``) of validated request parameters."""
+def refiner_switch(value) -> float:
+    """The refiner switch a request sent: a number strictly between 0 and 1; one-line WorkbenchError otherwise."""
+    try:
+        switch = float(value)
+    except (TypeError, ValueError):
+        raise WorkbenchError(f"refiner switch must be a number, got {shown(value)}") from None
+    if not 0 < switch < 1:  # NaN too
+        raise WorkbenchError(f"refiner switch must be between 0 and 1 (the fraction of the steps the base takes), "
+                             f"got {switch:g}")
+    return switch
+
+
+def settings_of(params: GenerationParams, refiner: Refiner | None = None) -> Settings:
+    """The generation settings (``train.generation``) of validated request parameters, with the refiner their
+    ``refiner`` names, opened."""
     return Settings(steps=params.steps, guidance=params.guidance, width=params.width, height=params.height,
-                    sampler=params.sampler, negative_prompt=params.negative_prompt)
+                    sampler=params.sampler, negative_prompt=params.negative_prompt, refiner=refiner)
 
 
 def generate(pipe, params: GenerationParams, *, on_step: StepHook | None = None,
-             should_stop: Callable[[], bool] | None = None) -> list[Image.Image]:
+             should_stop: Callable[[], bool] | None = None, refiner: Refiner | None = None) -> list[Image.Image]:
     """``params.batch_size`` images from validated ``params``; image i from seed ``params.seed + i``."""
-    images = generate_images(pipe, [params.prompt] * params.batch_size, params.seeds(), settings_of(params),
+    images = generate_images(pipe, [params.prompt] * params.batch_size, params.seeds(), settings_of(params, refiner),
                              on_step=on_step, should_stop=should_stop)
     return [Image.fromarray(image) for image in images]
 
 
 def record_of(params: GenerationParams, index: int, checkpoint: str, checkpoint_hash: str, weights: str,
-              guidance_kind: str = "cfg") -> ImageRecord:
+              guidance_kind: str = "cfg", refiner: Refiner | None = None) -> ImageRecord:
     """How image ``index`` of a request was made (``guidance_kind``: how its model took the guidance scale)."""
-    return ImageRecord.of(settings_of(params), params.prompt, params.seed + index, (params.width, params.height),
-                          params.sampler, checkpoint, checkpoint_hash, weights, guidance_kind)
+    return ImageRecord.of(settings_of(params, refiner), params.prompt, params.seed + index,
+                          (params.width, params.height), params.sampler, checkpoint, checkpoint_hash, weights,
+                          guidance_kind)

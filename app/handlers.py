@@ -19,7 +19,7 @@ from train.checkpoints import content_hash, recommended_settings
 from train.common import interval_text
 from train.errors import WorkbenchError, first_line
 from train.families import family_or_ours
-from train.generation import DEFAULT_SAMPLER, PROMPT_SETS, read_prompt_table, recommended_line
+from train.generation import DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, PROMPT_SETS, read_prompt_table, recommended_line
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
 from .png_info import read_png, settings_from
@@ -95,9 +95,10 @@ def queue_validator(cost: Callable, admit: Callable) -> Callable:
 
 
 def params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed,
-              batch_size=1) -> GenerationParams:
+              batch_size=1, refiner=None, refiner_switch=None) -> GenerationParams:
     return GenerationParams(prompt, negative_prompt, sampler, steps, guidance_scale, width, height,
-                            -1 if seed is None else seed, batch_size)
+                            -1 if seed is None else seed, batch_size, refiner or "",
+                            DEFAULT_REFINER_SWITCH if refiner_switch is None else refiner_switch)
 
 
 def gallery_of(result: Result, captions: list[str]) -> tuple[list, str, list[str]]:
@@ -148,9 +149,20 @@ class Handlers:
             parts.append("EMA and raw weights" if info.has_ema else "raw weights only (no EMA)")
         recommended, line = self.recommended_of(ckpt)
         note = ", ".join(parts) + (f"\n\n{as_markdown(line)}" if line else "") + self.scores_note(content_hash(ckpt))
-        size = recommended.get("size") or info.resolution
-        size = size if size and self.limits.min_size <= size <= self.limits.max_size else None
-        return note, *(gr.update(value=size) if size else gr.update() for _ in range(2))  # one per output
+        return note, *(self.size_slider(info, recommended.get("size")) for _ in range(2))  # width, height
+
+    def size_slider(self, info, recommended_size: int | None):
+        """A size slider for the checkpoint's family: its sides (the family's range scaled to the model's trained
+        size) within the app's limits, in steps of what every model of the family draws sides in multiples of
+        (``Family.sides``: 8, or 16 for SD3 and Flux.1); set to the recommended or trained size, the nearest side
+        on the slider where it is not one."""
+        lo, hi, step = family_or_ours(info.family).sides(info.resolution)
+        lo = max(lo, -(-self.limits.min_size // step) * step)
+        hi = min(hi, self.limits.max_size // step * step)
+        if lo > hi:  # the family's sides and the app's limits do not meet: the limits, on the family's steps
+            lo, hi = -(-self.limits.min_size // step) * step, self.limits.max_size // step * step
+        size = recommended_size or info.resolution or lo
+        return gr.update(minimum=lo, maximum=hi, step=step, value=min(hi, max(lo, round(size / step) * step)))
 
     def family_controls(self, text: str | None, sampler: str | None) -> tuple:
         """The Generate tab's sampler and negative prompt for a chosen checkpoint's family: only the samplers that
@@ -244,14 +256,19 @@ class Handlers:
     # -- generation ------------------------------------------------------------------------------
 
     def generate(self, checkpoint: str, weights: str, prompt: str, negative_prompt: str, sampler: str, steps: int,
-                 guidance_scale: float, width: int, height: int, seed: int, batch_size: int,
-                 request: gr.Request, progress=gr.Progress()):
-        """Images from one checkpoint; image i of the batch uses seed + i. Returns (gallery, parameters)."""
-        params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed, batch_size)
+                 guidance_scale: float, width: int, height: int, seed: int, batch_size: int, parts: str | None = None,
+                 refiner: str | None = None, refiner_switch: float | None = None, request: gr.Request = None,
+                 progress=gr.Progress()):
+        """Images from one checkpoint (a single file's other parts from ``parts``, where given; finished by
+        ``refiner`` from ``refiner_switch`` of the steps, where given); image i of the batch uses seed + i. Returns
+        (gallery, parameters)."""
+        params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed, batch_size,
+                           refiner, refiner_switch)
         progress(0, desc="loading checkpoint")
         try:
             result = self.service.generate(checkpoint, weights, params, session=session_of(request),
-                                           client=client_of(request), on_step=steps_progress(progress))
+                                           client=client_of(request), on_step=steps_progress(progress),
+                                           parts=parts or "")
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the server keeps serving
             raise failed("generate", e, self.service.for_client) from None
         log.info("generated %d image(s) in %.1f s", len(result.images), result.seconds)
@@ -301,9 +318,9 @@ class Handlers:
     # here, and its handler says what is wrong when it runs.
 
     def generate_cost(self, checkpoint, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width,
-                      height, seed, batch_size) -> int:
+                      height, seed, batch_size, parts, refiner, refiner_switch) -> int:
         return self.service.generate_cost(params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width,
-                                                    height, seed, batch_size))
+                                                    height, seed, batch_size, refiner, refiner_switch))
 
     def compare_cost(self, checkpoints, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width,
                      height, seed) -> int:

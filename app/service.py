@@ -29,7 +29,8 @@ from train.errors import WorkbenchError, first_line
 
 from train.checkpoints import (Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint,
                                weights_of)
-from train.generation import WEIGHT_CHOICES, ImageRecord, generate_images, guidance_kind_of, save_png, with_metadata
+from train.generation import (WEIGHT_CHOICES, ImageRecord, Refiner, generate_images, guidance_kind_of, save_png,
+                              with_metadata)
 
 from .cache import PipelineCache
 from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, checkpoint_name, generate,
@@ -104,12 +105,13 @@ class Service:
     def checkpoints(self) -> list[Checkpoint]:
         return discover(self.roots)
 
-    def open(self, text: str) -> Checkpoint:
-        """A checkpoint under the roots (or a hub id from the cache); errors name it by label, never by the
-        server's absolute paths."""
+    def open(self, text: str, parts: str = "") -> Checkpoint:
+        """A checkpoint under the roots (or a hub id from the cache), with the folder ``parts`` names as a single
+        file's other parts (under the roots too); errors name them by label, never by the server's absolute paths."""
         checkpoint_name(text)  # before any filesystem work
+        checkpoint_name(parts)
         try:
-            return find_checkpoint(text, roots=self.roots, allow_download=self.allow_download)
+            return find_checkpoint(text, roots=self.roots, allow_download=self.allow_download, parts=parts or None)
         except WorkbenchError as e:
             if NOT_A_PIPELINE in str(e):  # a folder under the roots that holds no checkpoint of its own
                 e = WorkbenchError(f"{NOT_FOUND}{text.strip()} (a folder, not a checkpoint)")
@@ -175,15 +177,25 @@ class Service:
     def pipeline(self, ckpt: Checkpoint, weights: str):
         """The pipeline for a checkpoint's chosen weights, from the cache or loaded into it."""
         ema = self.weights_of(ckpt, weights) == "ema"
-        key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime)
+        key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime, ckpt.parts)
         return self.cache.get(key, lambda: self._load(ckpt, ema))
 
-    def _load(self, ckpt: Checkpoint, ema: bool):
+    def refiner(self, params: GenerationParams):
+        """The second stage validated ``params`` name (``train.generation.Refiner``: SDXL's refiner, opened once
+        into the cache), or None for the base alone."""
+        if not params.refiner:
+            return None
+        ckpt = self.open(params.refiner)
+        key = (str(ckpt.path), "refiner", content_hash(ckpt), self.runtime)
+        pipe = self.cache.get(key, lambda: self._load(ckpt, False, refiner=True))
+        return Refiner(pipe, ckpt.label, content_hash(ckpt), params.refiner_switch)
+
+    def _load(self, ckpt: Checkpoint, ema: bool, refiner: bool = False):
         from train.checkpoints import load_pipeline
 
         t0 = time.perf_counter()
         try:
-            pipe = load_pipeline(ckpt, ema=ema, device=self.runtime.device, dtype=self.runtime.dtype)
+            pipe = load_pipeline(ckpt, ema=ema, device=self.runtime.device, dtype=self.runtime.dtype, refiner=refiner)
         except WorkbenchError as e:
             raise WorkbenchError(self.redact(f"{ckpt.label}: {str(e).replace(str(ckpt.path), ckpt.label)}")) from None
         except Exception as e:  # noqa: BLE001 - anything else a foreign file can make a loader raise
@@ -234,10 +246,11 @@ class Service:
         return self._plan(checkpoint, weights, params, axes).pixel_steps()
 
     def generate(self, checkpoint: str, weights: str, params: GenerationParams, *, session: str = "",
-                 client: str = "", on_step: Callable[[int, int], None] | None = None) -> Result:
-        """``params.batch_size`` images from one checkpoint; every parameter validated first."""
+                 client: str = "", on_step: Callable[[int, int], None] | None = None, parts: str = "") -> Result:
+        """``params.batch_size`` images from one checkpoint (a single file's other parts from ``parts``, where
+        given); every parameter validated first."""
         params = validate(params, self.limits)
-        ckpt = self.open(checkpoint)
+        ckpt = self.open(checkpoint, parts)
 
         def step(k: int, done: int, total: int) -> None:
             if on_step is not None:
@@ -321,12 +334,14 @@ class Service:
                   on_step: Callable[[int, int, int], None], stop: threading.Event) -> Result:
         t0 = time.perf_counter()
         images, records = [], []
+        refiner = self.refiner(params)
         for k, ckpt in enumerate(ckpts):
             pipe = self.pipeline(ckpt, weights)
-            out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total), should_stop=stop.is_set)
+            out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total), should_stop=stop.is_set,
+                           refiner=refiner)
             for i, image in enumerate(out):
                 record = record_of(params, i, ckpt.label, content_hash(ckpt), self.weights_of(ckpt, weights),
-                                   guidance_kind_of(pipe))
+                                   guidance_kind_of(pipe), refiner)
                 images.append(self._keep(image, record))
                 records.append(record)
         return Result(images, records, time.perf_counter() - t0)

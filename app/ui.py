@@ -19,10 +19,10 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from train.common import calm_gradio_queue, queue_jobs, serialize_queue_joins, serve_gradio_with
-from train.generation import DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, SAMPLERS
+from train.generation import DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, SAMPLERS
 from train.common import allow_open_files, deadline_protocol
 
-from .generate import DEFAULT_GUIDANCE, MAX_SEED
+from .generate import DEFAULT_GUIDANCE, MAX_CHECKPOINT_CHARS, MAX_SEED
 from .handlers import OPEN_IN_GENERATE, Handlers, as_markdown, queue_validator
 from .results_files import ResultsFiles
 from .scores import STEP_AXIS
@@ -137,6 +137,18 @@ class UI:
     def generate_tab(self) -> None:
         with gr.Tab("Generate", id="generate-tab"):
             self.checkpoint, self.refresh, self.weights = checkpoint_row("", self.found, self.first)
+            # a single file's other parts (text encoders, tokenizers, VAE, configs), as `dwb sample --parts`
+            self.parts = gr.Textbox("", label="Parts (a single file's other parts: a diffusers folder under the "
+                                              "folders, or a hub id in the cache; empty: NAME.config/ beside it)",
+                                    lines=1, elem_id="parts", max_length=MAX_CHECKPOINT_CHARS)
+            # a second stage, as `dwb sample --refiner`: SDXL's refiner finishes the base's last steps
+            with gr.Row():
+                self.refiner = gr.Textbox("", label="Refiner (SDXL's: a folder under the folders or a hub id in the "
+                                                    "cache; empty: none)", lines=1, elem_id="refiner", scale=3,
+                                          max_length=MAX_CHECKPOINT_CHARS)
+                self.refiner_switch = gr.Slider(0.05, 0.95, value=DEFAULT_REFINER_SWITCH, step=0.05, scale=1,
+                                                label="Refiner switch at (the base's share of the steps)",
+                                                elem_id="refiner-switch")
             self.note = gr.Markdown(elem_id="checkpoint-note")
             with gr.Row():
                 with gr.Column(scale=1):
@@ -227,7 +239,7 @@ class UI:
 
 def wire_generation(ui: UI) -> None:
     h, common, admitted = ui.h, ui.common, ui.admitted
-    gen_inputs = [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch]
+    gen_inputs = [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.parts, ui.refiner, ui.refiner_switch]
     ui.events.append(ui.run.click(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],
                                   api_name="generate", **common, **admitted[h.generate]))
     ui.events.append(ui.g.prompt.submit(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],

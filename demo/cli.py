@@ -9,7 +9,7 @@ from train.generation import DEFAULT_GUIDANCE
 def cmd_demo(args) -> None:
     from .run import run_demo
 
-    run_demo(Path(args.out), quick=args.quick, seed=args.seed)
+    run_demo(Path(args.out), quick=args.quick, seed=args.seed, with_transformer=args.with_transformer)
 
 
 def register(sub) -> None:
@@ -24,4 +24,7 @@ def register(sub) -> None:
     p.add_argument("--out", default="demo-output")
     p.add_argument("--quick", action="store_true", help="the same stages in seconds (for tests)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--with-transformer", action="store_true",
+                   help="also train the tiny MMDiT with rectified flow for the UNet's training FLOPs (counted) and "
+                        "compare the two last checkpoints with paired intervals (a few minutes more)")
     p.set_defaults(func=cmd_demo)

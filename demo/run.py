@@ -76,28 +76,64 @@ def prepare_stages(out: Path, p: dict, seed: int, quick: bool, stages: list) -> 
     return scorer
 
 
-def train_phases(out: Path, p: dict, seed: int, quick: bool, stages: list) -> tuple[dict, dict]:
-    """Both phases, phase 2 from phase 1's last checkpoint; (checkpoint folder, resolution) by phase."""
+def phase_config(out: Path, p: dict, seed: int, quick: bool, recipe: str, phase: str, precomputed: bool):
+    """A phase's config of ``recipe`` (``configs/{recipe}-{phase}.yaml``) on the demo's data, parts and seed."""
     from train.config import load_config
-    from train.trainer import train
 
     common = [f"model.pretrained={out / 'components'}", f"seed={seed + 17}", f"progress_bar={not quick}", *p["train"]]
+    cfg = load_config(CONFIGS / f"{recipe}-{phase}.yaml",
+                      common + [f"save_folder={out / 'runs' / (recipe + '-' + phase) / 'checkpoints'}"])
+    res = cfg.data.resolution
+    if phase == "phase2" and precomputed:
+        cfg.data.path, cfg.data.precomputed = str(out / "latents" / str(res)), True
+    else:
+        cfg.data.path = str(out / "shapes" / str(res))
+    cfg.validation.path = str(out / "shapes" / "eval" / "32")  # the held-out split, read at the phase's size
+    cfg.loggers = ["file", "tensorboard"]
+    return cfg
+
+
+def train_phases(out: Path, p: dict, seed: int, quick: bool, stages: list, recipe: str = "tiny",
+                 phase2_batches: int | None = None) -> tuple[dict, dict]:
+    """Both phases of ``recipe``, phase 2 from phase 1's last checkpoint (``phase2_batches``: its length, else the
+    config's); (checkpoint folder, resolution) by phase. The UNet's phase 2 reads precomputed latents; the
+    transformer's reads images (its text conditioning needs the captions)."""
+    from train.trainer import train
+
     phase_dirs, resolutions = {}, {}
     for phase in ("phase1", "phase2"):
-        overrides = common + [f"save_folder={out / 'runs' / ('tiny-' + phase) / 'checkpoints'}"]
+        cfg = phase_config(out, p, seed, quick, recipe, phase, precomputed=recipe == "tiny")
         if phase == "phase2":
-            overrides.append(f"load_path={checkpoints(phase_dirs['phase1'])[-1].path}")
-        cfg = load_config(CONFIGS / f"tiny-{phase}.yaml", overrides)
+            cfg.load_path = str(checkpoints(phase_dirs["phase1"])[-1].path)
+            if phase2_batches is not None:
+                cfg.max_duration = cfg.save_interval = f"{phase2_batches}ba"
         res = resolutions[phase] = cfg.data.resolution
-        if phase == "phase2":
-            cfg.data.path, cfg.data.precomputed = str(out / "latents" / str(res)), True
-        else:
-            cfg.data.path = str(out / "shapes" / str(res))
-        cfg.validation.path = str(out / "shapes" / "eval" / "32")  # the held-out split, read at the phase's size
-        cfg.loggers = ["file", "tensorboard"]
-        with measured(f"train: {phase} at {res} px ({cfg.max_duration})", stages):
+        with measured(f"train: {recipe} {phase} at {res} px ({cfg.max_duration})", stages):
             phase_dirs[phase] = train(cfg)
     return phase_dirs, resolutions
+
+
+def training_flops(out: Path, p: dict, seed: int, quick: bool, recipe: str, batches: dict[str, int]) -> float:
+    """The FLOPs of ``recipe``'s phases at ``batches`` each, counted on one batch per phase (``train.flops``)."""
+    from train.flops import batch_flops
+
+    return sum(batch_flops(phase_config(out, p, seed, quick, recipe, phase, precomputed=False)) * n
+               for phase, n in batches.items())
+
+
+def equal_flops_phase2(out: Path, p: dict, seed: int, quick: bool) -> dict:
+    """The transformer's phase-2 length that makes its two phases' training FLOPs the UNet's (phase 1 as long as
+    the UNet's, as its config says), and both totals."""
+    from train.trainer import batch_count
+
+    phases = {phase: batch_count(phase_config(out, p, seed, quick, "tiny", phase, False).max_duration)
+              for phase in ("phase1", "phase2")}
+    unet = training_flops(out, p, seed, quick, "tiny", phases)
+    first = training_flops(out, p, seed, quick, "tiny-mmdit", {"phase1": phases["phase1"]})
+    per_batch = training_flops(out, p, seed, quick, "tiny-mmdit", {"phase2": 1})
+    phase2 = max(1, round((unet - first) / per_batch))
+    return {"unet_batches": phases, "unet_flops": unet, "transformer_batches": {**phases, "phase2": phase2},
+            "transformer_flops": first + phase2 * per_batch}
 
 
 def write_grids(out: Path, phase_dirs: dict, resolutions: dict, steps: int) -> list[Path]:
@@ -136,7 +172,24 @@ def curves_and_cost(out: Path, phase_dirs: dict, final) -> dict:
             "trained_on": "gpu" if torch.cuda.is_available() else "cpu", "schedule_process_hours": rows[0].gpu_hours}
 
 
-def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
+def transformer_at_equal_flops(out: Path, p: dict, seed: int, quick: bool, stages: list, unet_scores: list[dict]) -> dict:
+    """The tiny MMDiT trained with rectified flow on the same data, parts and seed as the UNet, for the same training
+    FLOPs (counted), scored on the same prompts and seeds, and compared with the UNet's last checkpoint (A) by
+    `dwb evaluate compare`'s paired intervals."""
+    with measured("count: training FLOPs of both recipes, one batch of each phase", stages):
+        budget = equal_flops_phase2(out, p, seed, quick)
+    dirs, resolutions = train_phases(out, p, seed, quick, stages, recipe="tiny-mmdit",
+                                     phase2_batches=budget["transformer_batches"]["phase2"])
+    with measured("evaluate: the transformer's last checkpoint, compared with the UNet's", stages):
+        scores = score_checkpoints(out, {"transformer-phase2": dirs["phase2"]},
+                                   {"transformer-phase2": resolutions["phase2"], "phase2": resolutions["phase2"]},
+                                   n_prompts=p["score_prompts"], steps=p["steps"], seed=seed, progress=not quick)
+        comparison, page = compare_models(out, unet_scores[-1]["model"], scores[-1]["model"], seed)
+    return {**budget, "scores": scores, "comparison": comparison, "compare_page": str(page),
+            "checkpoints": str(dirs["phase2"])}
+
+
+def run_demo(out: Path, quick: bool = False, seed: int = 0, with_transformer: bool = False) -> dict:
     from train.checkpoints import export_pipeline, recommended_settings, write_recommended
 
     p = QUICK if quick else FULL
@@ -163,13 +216,14 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0) -> dict:
         comparison, compare_page = compare_last_with_middle(out, scores, seed)
     with measured("study: blind A/B pairs of the first, middle and last checkpoints", stages):
         study = write_study(out, scores)
+    transformer = transformer_at_equal_flops(out, p, seed, quick, stages, scores) if with_transformer else None
     report = {"quick": quick, "seed": seed, "startup_seconds": startup,
               "total_seconds": round(time.perf_counter() - t_start, 1), "stages": stages,
               "final_checkpoint": str(final.path), "export": str(out / "export"), "grids": [str(g) for g in grids],
               "generation": generation(quick), "scorer": str(out / "scorer.pt"), "scores": scores,
               "comparison": comparison, "compare_page": str(compare_page),
               "evaluation": str(out / "eval" / "report" / "index.html"), "study": study,
-              **run_in_sight}
+              **({"transformer": transformer} if transformer else {}), **run_in_sight}
     (out / "demo.json").write_text(json.dumps(report, indent=2))
     print_summary(out, report, scorer)
     return report
@@ -182,7 +236,7 @@ def print_summary(out: Path, report: dict, scorer: dict) -> None:
         print(f"  {s['seconds']:7.1f} s  {s['peak_rss_mib']:6d} MiB  {s['stage']}")
     print(f"  {report['total_seconds']:7.1f} s  total ({report['startup_seconds']:.1f} s before the first stage: "
           "start-up, imports, old output removed)")
-    print_scores(report["scores"])
+    print_scores(report["scores"] + (report["transformer"]["scores"] if "transformer" in report else []))
     print(f"\n{cost_text(report)}\ncurves:      {report['curves']}")
     held = scorer.get("held_out") or {}
     if held:
@@ -196,6 +250,11 @@ def print_summary(out: Path, report: dict, scorer: dict) -> None:
     print(f"\nstudy:       {study['folder']}  ({study['pairs']} pairs of {', '.join(study['models'])})\n"
           f"  rate:      dwb human-eval serve {study['folder']}\n  results:   dwb human-eval report {study['folder']}")
     print(f"\n{closing_answer(report['comparison'])}")
+    if "transformer" in report:
+        t = report["transformer"]
+        print(f"{closing_answer(t['comparison'], 'Transformer vs UNet at equal training FLOPs')} Training FLOPs "
+              f"(counted): UNet {t['unet_flops'] / 1e9:,.0f} GFLOP, transformer {t['transformer_flops'] / 1e9:,.0f} "
+              f"GFLOP; page: {t['compare_page']}")
 
 
 def cost_text(report: dict) -> str:
@@ -241,14 +300,18 @@ def score_checkpoints(out: Path, phase_dirs: dict, resolutions: dict, *, n_promp
 def compare_last_with_middle(out: Path, scores: list[dict], seed: int) -> tuple[dict, Path]:
     """`dwb evaluate compare`'s paired comparison of the last scored checkpoint (B) with the middle one (A), written
     where `dwb evaluate compare` writes it: the JSON, the comparison page, and the report again (it lists both)."""
+    return compare_models(out, scores[len(scores) // 2]["model"], scores[-1]["model"], seed)
+
+
+def compare_models(out: Path, a: str, b: str, seed: int) -> tuple[dict, Path]:
+    """B against A as `dwb evaluate compare` compares two scored models: the JSON, the page, the report again."""
     from evaluate.compare import compare_store, write_comparison
     from evaluate.compare_page import write_compare_page
     from evaluate.report import write_report
 
-    middle, last = scores[len(scores) // 2]["model"], scores[-1]["model"]
-    results = compare_store(out / "eval", middle, last, seed=seed)  # one guidance scale, one sampler
+    results = compare_store(out / "eval", a, b, seed=seed)  # one guidance scale, one sampler
     write_comparison(out / "eval", results[0])
-    page = write_compare_page(out / "eval", middle, last, results)
+    page = write_compare_page(out / "eval", a, b, results)
     write_report(out / "eval")
     return results[0], page
 
@@ -258,14 +321,14 @@ def compare_last_with_middle(out: Path, scores: list[dict], seed: int) -> tuple[
 ANSWER_METRICS = ("fid", HEADLINE_COLUMNS[-1])
 
 
-def closing_answer(comparison: dict) -> str:
-    """One sentence: is the last checkpoint (B) better than the middle one (A), by how much and how sure, in the
+def closing_answer(comparison: dict, question: str = "Last checkpoint vs middle") -> str:
+    """One sentence: is B better than A (the last checkpoint than the middle one), by how much and how sure, in the
     words, intervals and p-values of `dwb evaluate compare` (``evaluate.verdict``)."""
     from evaluate.verdict import brief
 
     found = {m["metric"]: m for m in comparison["metrics"]}
     answers = "; ".join(brief(found[key]) for key in ANSWER_METRICS if key in found)
-    return (f"Last checkpoint vs middle (B = {comparison['b']}, A = {comparison['a']}, paired over the same "
+    return (f"{question} (B = {comparison['b']}, A = {comparison['a']}, paired over the same "
             f"{comparison['n_prompts']} prompts and seeds): {answers}.")
 
 

@@ -214,6 +214,9 @@ def _common(p, scoring: bool = True) -> None:
                         "'sampler' column records it")
     p.add_argument("--size", type=_positive, help="image side (default: the checkpoint's recommended size, else its "
                                                   "native size, the resolution it was trained at where it records one)")
+    p.add_argument("--parts", metavar="FOLDER_OR_HUB_ID",
+                   help="where the single files' other parts come from, as in dwb sample: a diffusers folder of the "
+                        "same model or a hub id in the local cache (default: NAME.config/ beside NAME.safetensors)")
     p.add_argument("--batch-size", type=_positive, help=f"generation and feature batch (default {DEFAULT['batch_size']})")
     p.add_argument("--seed", type=int, help=f"base of the per-image seeds (default {DEFAULT['seed']})")
     p.add_argument("--clip", help="CLIP model folder or hub id for CLIP score (default: no CLIP score)")

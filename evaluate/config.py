@@ -55,6 +55,7 @@ class EvalConfig:
     # a name in train.generation.SAMPLERS; None: the checkpoint's recommended sampler, else DEFAULT_SAMPLER, and no
     # folder of its own
     sampler: str | None = None
+    parts: str | None = None  # folder or cached hub id: the other parts of the single files scored (as dwb sample's)
     size: int | None = checked(None, positive)  # default: the checkpoint's recommended size, else its native size
     batch_size: int = checked(16, positive)  # generation and feature batches; fixed so features do not depend on it
     seed: int = checked(0, NON_NEGATIVE)  # the bootstrap's numpy generator takes no negative seed

@@ -177,6 +177,8 @@ class Evaluator:
         cfg = self.cfg
         found = checkpoint if isinstance(checkpoint, Checkpoint) and checkpoint.path else find_checkpoint(
             getattr(checkpoint, "ref", checkpoint))
+        if cfg.parts and found.kind == "single-file":  # --parts: where the single files' other parts come from
+            found = find_checkpoint(found.path, parts=cfg.parts)
         weights = weights_of(found, weights_choice(cfg))
         source = Provenance(found.ref, model or found.label, content_hash(found), weights)
         chosen, guidance, sampler_given = self.settings_of(found)

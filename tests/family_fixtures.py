@@ -80,6 +80,27 @@ def write_sdxl(out: Path, tokenizers: Path) -> Path:
     return out
 
 
+def write_sdxl_refiner(out: Path, tokenizers: Path) -> Path:
+    """SDXL's refiner as diffusers' own refiner tests build it: an image-to-image pipeline without the first text
+    encoder, its UNet attending to the second tower alone and taking the aesthetic score among five time ids
+    (72 = 32 pooled + 5 x 8)."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline, UNet2DConditionModel
+
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=2, sample_size=32, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
+        addition_time_embed_dim=8, transformer_layers_per_block=(1, 2), projection_class_embeddings_input_dim=72,
+        cross_attention_dim=32, norm_num_groups=32)
+    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                       steps_offset=1, timestep_spacing="leading")
+    StableDiffusionXLImg2ImgPipeline(vae=_vae(4, 0.13025), text_encoder=None, tokenizer=None,
+                                     text_encoder_2=_clip(projection=True),
+                                     tokenizer_2=_clip_tokenizer(tokenizers / "clip"), unet=unet, scheduler=scheduler,
+                                     requires_aesthetics_score=True).save_pretrained(out)
+    return out
+
+
 def write_sd3(out: Path, tokenizers: Path) -> Path:
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from .generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, MAX_GUIDANCE, MAX_SEED,
-                         MAX_SIZE, MAX_STEPS, MIN_SIZE, RECOMMENDED_KEYS, SAMPLERS, SIZE_STEP, WEIGHT_CHOICES)
+from .generation import (DEFAULT_GUIDANCE, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,
+                         MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE, RECOMMENDED_KEYS, SAMPLERS, SIZE_STEP,
+                         WEIGHT_CHOICES)
 
 
 def _positive(value: str) -> int:
@@ -52,6 +53,17 @@ def _between(lo, hi, kind=int, step: int | None = None):
             raise argparse.ArgumentTypeError(f"{value} is not a multiple of {step}")
         return x
     return parse
+
+
+def _fraction(value: str) -> float:
+    """An argparse type: a number strictly between 0 and 1 (the refiner's switch)."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not 0 < x < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 1 (the fraction of the steps the base takes)")
+    return x
 
 
 def _sizes(value: str) -> tuple[int, ...]:
@@ -140,7 +152,7 @@ def cmd_train(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from .checkpoints import config_folder, export_checkpoint, find_checkpoint, weights_of
+    from .checkpoints import absent_parts, config_folder, export_checkpoint, find_checkpoint, weights_of
     from .generation import parse_recommended
 
     settings = {k: v for k, v in (("prediction_type", args.prediction_type), ("latent_scale", args.latent_scale))
@@ -153,13 +165,15 @@ def cmd_export(args) -> None:
     named = {"ema": "EMA", "raw": "raw", "stored": "the"}[chosen]
     weights = f"{named} weights ({'float16' if args.half else 'float32'})"
     if fmt == "single-file":
-        config = config_folder(out)
-        print(f"exported {weights} of {args.checkpoint} to {out} and its original config {out.with_suffix('.yaml')} "
-              f"(AUTOMATIC1111, ComfyUI, Forge; diffusers.StableDiffusionPipeline.from_single_file('{out}', "
-              f"config='{config}'))")
+        config, original = config_folder(out), out.with_suffix(".yaml")
+        beside = f" and its original config {original}" if original.exists() else ""  # SD 1/2's alone
+        reader = f"from_single_file('{out}'" + (f", config='{config}'" if config.exists() else "") + ")"
+        print(f"exported {weights} of {args.checkpoint} to {out}{beside} (AUTOMATIC1111, ComfyUI, Forge; "
+              f"diffusers' {reader})")
     else:
+        absent = "".join(f", {name}=None" for name in absent_parts(out) if name.startswith(("text_encoder", "tokenizer")))
         print(f"exported {weights} of {args.checkpoint} to {out} with its model card {out / 'README.md'} "
-              f"(diffusers.DiffusionPipeline.from_pretrained('{out}'))")
+              f"(diffusers.DiffusionPipeline.from_pretrained('{out}'{absent}); the card says how to call it)")
 
 
 def _latent_scale(text: str) -> float:
@@ -190,20 +204,24 @@ def cmd_sample(args) -> None:
 
     from .checkpoints import (content_hash, find_checkpoint, load_pipeline, native_size_of, recommended_settings,
                               weights_of)
-    from .generation import DEMO_PROMPTS, Settings, image_format, starting_settings, write_grid
+    from .generation import DEMO_PROMPTS, Refiner, Settings, image_format, starting_settings, write_grid
 
     seed = first_seed(args.seed, args.seeds)
     image_format(args.out)  # before the checkpoint is opened: an output that would carry no parameters
-    ckpt = find_checkpoint(args.checkpoint)
+    ckpt = find_checkpoint(args.checkpoint, parts=args.parts)
     weights = weights_of(ckpt, "ema" if args.ema else args.weights)
     given = {"guidance": args.guidance, "steps": args.steps, "sampler": args.sampler, "size": args.size}
     chosen, recommended = starting_settings(given, recommended_settings(ckpt))
     if recommended:
         print(recommended)
     pipe = load_pipeline(ckpt, ema=weights == "ema")
+    refiner = None
+    if args.refiner:
+        ref = find_checkpoint(args.refiner)
+        refiner = Refiner(load_pipeline(ref, refiner=True), ref.label, content_hash(ref), args.refiner_switch)
     size = chosen["size"] or native_size_of(ckpt, pipe)
     settings = Settings(steps=chosen["steps"], guidance=chosen["guidance"], width=size, height=size,
-                        sampler=chosen["sampler"], negative_prompt=args.negative_prompt)
+                        sampler=chosen["sampler"], negative_prompt=args.negative_prompt, refiner=refiner)
     out = Path(args.out)
     images_to = (out.with_suffix("") if out.suffix else out.with_name(f"{out.name}-images")) if args.per_image else None
     out = write_grid(pipe, out, args.prompt or DEMO_PROMPTS, seeds=range(seed, seed + args.seeds),
@@ -211,6 +229,7 @@ def cmd_sample(args) -> None:
                      checkpoint=ckpt.label, checkpoint_hash=content_hash(ckpt), weights=weights, images_to=images_to)
     print(f"wrote {out}: {weights} weights, guidance {settings.guidance:g}, {settings.steps} steps, "
           f"{settings.sampler}, {size} px, seeds {seed} to {seed + args.seeds - 1}"
+          + (f"; refined by {refiner.name} from {refiner.switch:g} of the steps" if refiner else "")
           + (f"; each image in {images_to}" if images_to else ""))
 
 
@@ -410,6 +429,10 @@ def register_model(sub) -> None:
                                       ".jpg or .webp)")
     p.add_argument("checkpoint")
     p.add_argument("out")
+    p.add_argument("--parts", metavar="FOLDER_OR_HUB_ID",
+                   help="where a single file's other parts (text encoders, tokenizers, VAE, scheduler, configs) come "
+                        "from: a diffusers folder of the same model or a hub id in the local cache (default: "
+                        "NAME.config/ beside NAME.safetensors)")
     p.add_argument("--prompt", action="append", help="repeatable; default: the demo prompts")
     p.add_argument("--negative-prompt", default="", help="what to steer away from (default: none)")
     p.add_argument("--seed", type=_between(-1, MAX_SEED), default=0,
@@ -426,6 +449,11 @@ def register_model(sub) -> None:
                         "recommended size, else its native size, the resolution it was trained at where it records one)")
     p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
                    help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's recommended, else {DEFAULT_SAMPLER})")
+    p.add_argument("--refiner", metavar="REF",
+                   help="a second stage that finishes the image: SDXL's refiner (a diffusers folder or hub id) after an "
+                        "SDXL base, which stops at --refiner-switch and hands it its latents")
+    p.add_argument("--refiner-switch", type=_fraction, default=DEFAULT_REFINER_SWITCH, metavar="F",
+                   help=f"the fraction of the steps the base takes before the refiner (default {DEFAULT_REFINER_SWITCH:g})")
     p.add_argument("--per-image", action="store_true",
                    help="also each image as its own PNG, in a folder named after OUT (OUT.png: OUT/00000-SEED.png, "
                         "...), each with its parameters; the grid's are its first image's")

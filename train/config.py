@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .checkpoints import ARCHITECTURES
+from .families import WEIGHTINGS
 from .data import StreamConfig
 from .errors import WorkbenchError
 from .common import (PROBABILITY, SEED, Duration, Each, Range,
@@ -71,6 +72,14 @@ class ModelConfig:
     attention: str = checked("auto", one_of("auto", "sdpa", "xformers"))
     gradient_checkpointing: bool = False
     unet: dict = field(default_factory=dict)  # overrides of the architecture's UNet config
+    transformer: dict = field(default_factory=dict)  # overrides of a transformer architecture's config
+    # Rectified flow (transformer architectures): t = shifted(sigmoid(logit_mean + logit_std n), flow_shift), n
+    # standard normal (SD3's logit-normal draws; 0 and 1 were its best). flow_shift null: 1 at the architecture's
+    # base side and sqrt(pixels / its pixels) above it (SD3's resolution shift); samplers use the same shift.
+    logit_mean: float = checked(0.0, Range(-10, 10))
+    logit_std: float = checked(1.0, Range(0, 10, low_open=True))
+    flow_shift: Optional[float] = checked(None, Range(0.01, 100, note="null follows the resolution"))
+    loss_weighting: str = checked("none", one_of(*WEIGHTINGS))
 
 
 @dataclass

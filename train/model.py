@@ -1,8 +1,12 @@
-"""The Composer model: latent diffusion around a trainable UNet, a frozen VAE and a frozen text encoder.
+"""The Composer models: latent diffusion around a trainable denoiser, a frozen VAE and a frozen text encoder.
 
-Training objective (Ho et al. 2020; v-prediction from Salimans & Ho 2022; min-SNR-gamma weighting
-from Hang et al. 2023): x0 = VAE latents * scaling_factor, t ~ U{0..999}, x_t = sqrt(a_t) x0 +
-sqrt(1 - a_t) eps, and the UNet predicts eps or v = sqrt(a_t) eps - sqrt(1 - a_t) x0.
+- ``LatentDiffusion``: a UNet trained on the diffusion schedule (Ho et al. 2020; v-prediction from Salimans & Ho
+  2022; min-SNR-gamma weighting from Hang et al. 2023): x0 = VAE latents * scaling_factor, t ~ U{0..999},
+  x_t = sqrt(a_t) x0 + sqrt(1 - a_t) eps, and the UNet predicts eps or v = sqrt(a_t) eps - sqrt(1 - a_t) x0.
+- ``RectifiedFlowTransformer``: an MMDiT (diffusers' ``SD3Transformer2DModel``) trained with rectified flow
+  (``train.families.RectifiedFlow``): x0 = (latents - shift) * scale, x_t = (1 - t) x0 + t eps with t drawn
+  logit-normal and shifted, and the transformer predicts the velocity eps - x0, conditioned as SD3's pipeline
+  conditions it (CLIP penultimate states and pooled outputs).
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import torch.nn.functional as F
 from composer.models import ComposerModel
 
 from .checkpoints import ddpm_scheduler
+from .families import TRAIN_TIMESTEPS
 
 
 class Draws:
@@ -52,20 +57,26 @@ class LatentDiffusion(ComposerModel):
                  caption_dropout: float = 0.1, min_snr_gamma: float | None = None, other_phrasing: float = 0.0,
                  per_sample_seed: int | None = None):
         super().__init__()
+        self.unet = unet
+        self.take_parts(vae, text_encoder, tokenizer, caption_dropout, other_phrasing, per_sample_seed)
+        self.prediction_type = prediction_type
+        self.min_snr_gamma = min_snr_gamma
+        self.noise_scheduler = ddpm_scheduler(prediction_type)
+        self.register_buffer("alphas_cumprod", self.noise_scheduler.alphas_cumprod.clone(), persistent=False)
+
+    def take_parts(self, vae, text_encoder, tokenizer, caption_dropout: float, other_phrasing: float,
+                   per_sample_seed: int | None) -> None:
+        """The frozen parts and what every denoiser's training shares: caption dropout, other phrasings, draws."""
         self.per_sample_seed = per_sample_seed  # set: each sample's draws from its own generator (``Draws``)
-        self.unet, self.vae, self.text_encoder = unet, vae, text_encoder
+        self.vae, self.text_encoder = vae, text_encoder
         self.tokenizer = tokenizer
         self.vae.requires_grad_(False)
         self.text_encoder.requires_grad_(False)
-        # Under FSDP only the UNet is sharded: the frozen parts are called by their methods (``vae.encode``),
+        # Under FSDP only the denoiser is sharded: the frozen parts are called by their methods (``vae.encode``),
         # which an FSDP wrapper's flat parameters cannot serve, and hold no gradients or optimizer state to share
         self.vae._fsdp_wrap = self.text_encoder._fsdp_wrap = False
-        self.prediction_type = prediction_type
         self.caption_dropout = caption_dropout
-        self.min_snr_gamma = min_snr_gamma
         self.other_phrasing = other_phrasing
-        self.noise_scheduler = ddpm_scheduler(prediction_type)
-        self.register_buffer("alphas_cumprod", self.noise_scheduler.alphas_cumprod.clone(), persistent=False)
         if tokenizer is not None:  # dropped captions become the empty caption (classifier-free guidance)
             empty = tokenizer("", padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
                               return_tensors="pt").input_ids
@@ -84,17 +95,36 @@ class LatentDiffusion(ComposerModel):
         return self
 
     @property
+    def denoiser(self) -> torch.nn.Module:
+        """The trained part (what the optimizer, EMA, FSDP and previews act on)."""
+        return self.unet
+
+    def pipeline_with(self, denoiser):
+        """A diffusers pipeline drawing with ``denoiser`` (this model's, or a full copy of it) and the frozen parts."""
+        from .checkpoints import build_pipeline
+
+        return build_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.prediction_type)
+
+    @property
     def scaling_factor(self) -> float:
         return float(self.vae.config.scaling_factor)
+
+    @property
+    def shift_factor(self) -> float:
+        """Subtracted from the VAE's latents before scaling (SD3's and Flux.1's VAEs; 0 for SD's)."""
+        return float(getattr(self.vae.config, "shift_factor", None) or 0.0)
+
+    def scaled(self, latents: torch.Tensor) -> torch.Tensor:
+        return (latents - self.shift_factor) * self.scaling_factor
 
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
         """(B, 3, H, W) in [-1, 1] -> (B, C, H/f, W/f) scaled latents, sampled from the posterior."""
         posterior = self.vae.encode(images).latent_dist
         if draws is None or draws.generators is None:
-            return posterior.sample() * self.scaling_factor
+            return self.scaled(posterior.sample())
         eps = draws.normal(posterior.mean.shape, posterior.mean.device, posterior.mean.dtype)
-        return (posterior.mean + posterior.std * eps) * self.scaling_factor
+        return self.scaled(posterior.mean + posterior.std * eps)
 
     @torch.no_grad()
     def encode_text(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -152,8 +182,10 @@ class LatentDiffusion(ComposerModel):
         # Drawn in logical order whatever the latents' memory layout (the VAE may return channels-last
         # latents, and randn_like follows the layout), so stored and on-the-fly latents get the same noise.
         noise = draws.normal(latents.shape, latents.device, latents.dtype)
-        t = draws.timesteps(len(self.alphas_cumprod), latents.shape[0], latents.device)
-        return self.denoise(latents, text, noise, t)
+        return self.denoise(latents, text, noise, self.draw_timesteps(draws, latents.shape[0], latents.device))
+
+    def draw_timesteps(self, draws: Draws, n: int, device) -> torch.Tensor:
+        return draws.timesteps(len(self.alphas_cumprod), n, device)
 
     def denoise(self, latents: torch.Tensor, text: torch.Tensor, noise: torch.Tensor, t: torch.Tensor):
         """(prediction, target, t): the UNet's output on the latents noised to timesteps ``t``."""
@@ -181,3 +213,65 @@ class LatentDiffusion(ComposerModel):
 
     def get_metrics(self, is_train: bool = False) -> dict:
         return {}
+
+
+class RectifiedFlowTransformer(LatentDiffusion):
+    """An MMDiT trained with rectified flow, conditioned as SD3's pipeline conditions it: the text encoder's
+    penultimate states and its pooled, projected output, once per CLIP slot of the family (this model's one tower
+    fills each), and no T5 tokens (its pipeline is called with ``max_sequence_length=0``). Timesteps are diffusers'
+    ``1000 t`` for t in [0, 1]: integers at validation's fixed timesteps, any real number in training."""
+
+    def __init__(self, transformer, vae, text_encoder, tokenizer, *, flow, clip_slots: int = 2,
+                 caption_dropout: float = 0.1, other_phrasing: float = 0.0, per_sample_seed: int | None = None):
+        ComposerModel.__init__(self)
+        self.transformer = transformer
+        self.take_parts(vae, text_encoder, tokenizer, caption_dropout, other_phrasing, per_sample_seed)
+        self.prediction_type = "flow"
+        self.min_snr_gamma = None
+        self.flow = flow
+        self.clip_slots = clip_slots
+
+    @property
+    def denoiser(self) -> torch.nn.Module:
+        return self.transformer
+
+    def pipeline_with(self, denoiser):
+        from .checkpoints import build_flow_pipeline
+
+        return build_flow_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.flow.shift)
+
+    def fsdp_wrap_fn(self, module: torch.nn.Module) -> bool:
+        """Each joint transformer block is its own FSDP unit (the transformer itself is the outer one)."""
+        return any(module is block for block in self.transformer.transformer_blocks)
+
+    @torch.no_grad()
+    def encode_text(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) token ids -> the penultimate states (B, L, slots x D) and pooled outputs (B, slots x P), as
+        ``StableDiffusion3Pipeline.encode_prompt`` builds them from the same tower in each CLIP slot."""
+        out = self.text_encoder(input_ids, output_hidden_states=True)
+        states, pooled = out.hidden_states[-2], out.text_embeds
+        return torch.cat([states] * self.clip_slots, dim=-1), torch.cat([pooled] * self.clip_slots, dim=-1)
+
+    def latents_and_text(self, batch: dict, draws: Draws = Draws()):
+        if "latent_mean" in batch:
+            raise RuntimeError("a transformer trains from images and token ids (precomputed text holds no pooled "
+                               "output)")
+        return super().latents_and_text(batch, draws)
+
+    def draw_timesteps(self, draws: Draws, n: int, device) -> torch.Tensor:
+        return self.flow.draw_t(draws.normal((n,), device, torch.float32)) * TRAIN_TIMESTEPS
+
+    def denoise(self, latents: torch.Tensor, text, noise: torch.Tensor, t: torch.Tensor):
+        """(velocity predicted, velocity, t in [0, 1]) for the latents noised to ``t / 1000``."""
+        states, pooled = text
+        sigma = t.float() / TRAIN_TIMESTEPS
+        noisy = self.flow.noised(latents, noise, sigma)
+        pred = self.transformer(hidden_states=noisy, timestep=t.float(), encoder_hidden_states=states,
+                                pooled_projections=pooled).sample
+        return pred, self.flow.velocity(latents, noise), sigma
+
+    def per_sample_loss(self, outputs) -> torch.Tensor:
+        """The MSE to the velocity, weighted by the flow's weighting at each sample's t."""
+        pred, target, sigma = outputs
+        per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+        return per_sample * self.flow.weights(sigma).to(per_sample.device)

@@ -18,7 +18,7 @@ from composer.core import Callback
 from .config import TrainConfig, config_to_dict
 from .errors import WorkbenchError
 from .common import disk_full_error, is_disk_full
-from .model import LatentDiffusion
+from .model import LatentDiffusion, RectifiedFlowTransformer
 from .checkpoints import ModelSpec, make_spec
 
 log = logging.getLogger(__name__)
@@ -57,13 +57,21 @@ def check_gpu_features(cfg: TrainConfig, device: str) -> None:
         raise WorkbenchError("config key 'model.attention' is 'xformers', which needs a CUDA GPU; use sdpa or auto")
 
 
-def set_attention(unet, backend: str, device: str) -> str:
-    """'auto' picks xformers on a GPU when it is installed, else PyTorch SDPA (diffusers' default)."""
+def set_attention(denoiser, backend: str, device: str) -> str:
+    """'auto' picks xformers for a UNet on a GPU when it is installed, else PyTorch SDPA (diffusers' default). A
+    transformer keeps its own SDPA processors (SD3's joint attention has no processor for the UNet's backends)."""
+    from diffusers import UNet2DConditionModel
+
+    if not isinstance(denoiser, UNet2DConditionModel):
+        if backend == "xformers":
+            raise WorkbenchError(f"config key 'model.attention': xformers is for UNets; a "
+                                 f"{type(denoiser).__name__} attends through PyTorch SDPA (use sdpa or auto)")
+        return "sdpa"
     if backend in ("auto", "xformers") and device == "gpu":
         try:
             import xformers  # noqa: F401
 
-            unet.enable_xformers_memory_efficient_attention()
+            denoiser.enable_xformers_memory_efficient_attention()
             return "xformers"
         except ImportError:
             if backend == "xformers":
@@ -71,20 +79,35 @@ def set_attention(unet, backend: str, device: str) -> str:
                                      "(pip install 'diffusion-workbench[gpu]')") from None
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    unet.set_attn_processor(AttnProcessor2_0())
+    denoiser.set_attn_processor(AttnProcessor2_0())
     return "sdpa"
 
 
-def build_model(cfg: TrainConfig) -> LatentDiffusion:
-    from .checkpoints import build_unet, load_frozen_parts, random_text_encoder, random_vae
+def frozen_parts(cfg: TrainConfig):
+    """The VAE, text encoder and tokenizer: from ``model.pretrained``, or random (``pretrained: null``)."""
+    from .checkpoints import load_frozen_parts, random_text_encoder, random_vae
 
     m = cfg.model
-    if m.pretrained is None:
-        if m.architecture == "tiny":
-            raise WorkbenchError("config key 'model.pretrained' is required for tiny (run `dwb prepare` and point it there)")
-        vae, text_encoder, tokenizer = random_vae(m.architecture), random_text_encoder(m.architecture), None
-    else:
-        vae, text_encoder, tokenizer = load_frozen_parts(m.pretrained)
+    if m.pretrained is not None:
+        return load_frozen_parts(m.pretrained)
+    if m.architecture.startswith("tiny"):
+        raise WorkbenchError(f"config key 'model.pretrained' is required for {m.architecture} (run `dwb prepare` "
+                             "and point it there)")
+    return random_vae(m.architecture), random_text_encoder(m.architecture), None
+
+
+def build_model(cfg: TrainConfig) -> LatentDiffusion:
+    """The architecture's Composer model: a UNet on the diffusion schedule, or a transformer on rectified flow."""
+    from .checkpoints import ARCHITECTURES
+
+    build = build_transformer_model if ARCHITECTURES[cfg.model.architecture].get("transformer") else build_unet_model
+    return build(cfg, *frozen_parts(cfg))
+
+
+def build_unet_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> LatentDiffusion:
+    from .checkpoints import build_unet
+
+    m = cfg.model
     try:
         unet = build_unet(m.architecture, m.unet)
     except TypeError as e:
@@ -101,6 +124,46 @@ def build_model(cfg: TrainConfig) -> LatentDiffusion:
                            caption_dropout=m.caption_dropout, min_snr_gamma=m.min_snr_gamma,
                            other_phrasing=m.other_phrasing,
                            per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
+
+
+def flow_of(cfg: TrainConfig):
+    """The run's rectified flow: the configured draws, and the shift its resolution takes (SD3's sqrt rule)."""
+    from .checkpoints import ARCHITECTURES
+    from .families import RectifiedFlow, pixels_shift
+
+    m = cfg.model
+    base = ARCHITECTURES[m.architecture]["flow_base_resolution"]
+    shift = m.flow_shift if m.flow_shift is not None else pixels_shift(cfg.data.resolution ** 2, base ** 2)
+    return RectifiedFlow(logit_mean=m.logit_mean, logit_std=m.logit_std, shift=shift, weighting=m.loss_weighting)
+
+
+def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> RectifiedFlowTransformer:
+    from .checkpoints import build_transformer, with_projection
+
+    m = cfg.model
+    if cfg.data.precomputed:
+        raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} trains from images and captions "
+                             "(precomputed text holds no pooled output)")
+    try:
+        transformer = build_transformer(m.architecture, m.transformer)
+    except TypeError as e:
+        raise WorkbenchError(f"config key 'model.transformer': {e}") from None
+    slots = 2  # SD3's pipeline fills two CLIP slots; this model's one tower fills both
+    width = slots * text_encoder.config.hidden_size
+    if transformer.config.joint_attention_dim != width or transformer.config.pooled_projection_dim != width:
+        raise WorkbenchError(f"the transformer's joint_attention_dim and pooled_projection_dim must be {width} (the "
+                             f"text encoder's width {text_encoder.config.hidden_size} in {slots} CLIP slots)")
+    if transformer.config.in_channels != vae.config.latent_channels:
+        raise WorkbenchError(f"the transformer takes {transformer.config.in_channels} channels but the VAE from "
+                             f"'{m.pretrained}' makes {vae.config.latent_channels}")
+    if getattr(vae.config, "shift_factor", None) is None:
+        vae.register_to_config(shift_factor=0.0)  # SD's VAEs shift nothing; SD3's pipeline reads the key
+    if m.gradient_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    return RectifiedFlowTransformer(transformer, vae, with_projection(text_encoder), tokenizer, flow=flow_of(cfg),
+                                    clip_slots=slots, caption_dropout=m.caption_dropout,
+                                    other_phrasing=m.other_phrasing,
+                                    per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
 
 
 def public_config(config: dict) -> dict:
@@ -148,9 +211,11 @@ def checked_load_path(cfg: TrainConfig, spec: dict) -> str | None:
 
         if problem := resume_problem(local):
             raise WorkbenchError(f"config key 'load_path': {problem}")
-    if other["architecture"] != spec["architecture"] or public_config(other["unet"]) != public_config(spec["unet"]):
+    denoiser = "transformer" if "transformer" in spec else "unet"
+    if other["architecture"] != spec["architecture"] or \
+            public_config(other.get(denoiser) or {}) != public_config(spec[denoiser]):
         raise WorkbenchError(f"config key 'load_path': {cfg.load_path} holds a '{other['architecture']}' model whose "
-                             f"UNet differs from this run's '{spec['architecture']}' UNet")
+                             f"{denoiser} differs from this run's '{spec['architecture']}' {denoiser}")
     return local
 
 
@@ -385,7 +450,7 @@ def build_trainer(cfg: TrainConfig):
     reproducibility.seed_all(cfg.seed)  # the UNet's initial weights follow the run's seed
     model = build_model(cfg)
     check_save_folder(save_folder, estimate_checkpoint_bytes(model, cfg.ema.enabled))
-    attention = set_attention(model.unet, cfg.model.attention, device)
+    attention = set_attention(model.denoiser, cfg.model.attention, device)
     spec = make_spec(model, cfg.model.architecture, cfg.data.resolution, training_record(cfg), cfg.previews.recommended())
     load_path = checked_load_path(cfg, spec)
     attach_latents(cfg, model)
@@ -399,7 +464,7 @@ def build_trainer(cfg: TrainConfig):
                                           cfg.seed, other_phrasings=cfg.model.other_phrasing > 0,
                                           with_ids=cfg.randomness == "per_sample"),
         max_duration=cfg.max_duration,
-        optimizers=torch.optim.AdamW(model.unet.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas),
+        optimizers=torch.optim.AdamW(model.denoiser.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas),
                                      eps=cfg.optimizer.eps, weight_decay=cfg.optimizer.weight_decay),
         schedulers=make_scheduler(cfg), step_schedulers_every_batch=True,
         algorithms=make_algorithms(cfg),
@@ -453,16 +518,17 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
 
 
 def say_fsdp_share(cfg: TrainConfig, model: LatentDiffusion) -> None:
-    """One line per node: the share of the UNet's weights its ranks hold (1/4 on 4 ranks with FULL_SHARD, 1/2
+    """One line per node: the share of the denoiser's weights its ranks hold (1/4 on 4 ranks with FULL_SHARD, 1/2
     on 2 nodes x 2 with HYBRID_SHARD, which replicates across nodes)."""
     from composer.utils import dist
 
     from .common import fsdp_weight_share
 
     if cfg.fsdp and dist.get_local_rank() == 0:
-        held, total = fsdp_weight_share(model.unet)
+        held, total = fsdp_weight_share(model.denoiser)
         print(f"FSDP {cfg.fsdp_sharding_strategy}: node {dist.get_node_rank()}'s rank {dist.get_global_rank()} holds "
-              f"{held:,} of the UNet's {total:,} weights (1/{round(total / max(held, 1))})", flush=True)
+              f"{held:,} of the {type(getattr(model.denoiser, 'module', model.denoiser)).__name__}'s {total:,} weights (1/{round(total / max(held, 1))})",
+              flush=True)
 
 
 def write_run_config(cfg: TrainConfig, run_dir: Path) -> None:

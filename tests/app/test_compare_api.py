@@ -192,7 +192,7 @@ def test_uploads_are_capped_and_never_kept(net):
 def inputs(**kw) -> list:
     """/generate's inputs in order, as plain HTTP sends them."""
     args = dict(checkpoint=BA4, weights="ema", prompt="two blue squares", negative_prompt="", sampler="DDIM", steps=2,
-                guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1)
+                guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1, parts="", refiner="", refiner_switch=0.8)
     return list({**args, **kw}.values())
 
 

@@ -102,15 +102,16 @@ def two_ranks_sharded(shapes_data, components, tmp_path_factory) -> Run:
     return Run(folder, overrides, on_ranks(overrides, 2))
 
 
-def weights_of(path: Path, ema: bool) -> dict[str, torch.Tensor]:
+def weights_of(path: Path, ema: bool, denoiser: str = "unet") -> dict[str, torch.Tensor]:
     from train.checkpoints import model_weights, read_checkpoint
 
-    return {k: v for k, v in model_weights(read_checkpoint(path), ema=ema).items() if k.startswith("unet.")}
+    return {k: v for k, v in model_weights(read_checkpoint(path), ema=ema).items() if k.startswith(denoiser + ".")}
 
 
-def assert_same_weights(a: Path, b: Path) -> None:
+def assert_same_weights(a: Path, b: Path, denoiser: str = "unet") -> None:
     for ema in (False, True):
-        wa, wb = weights_of(a, ema), weights_of(b, ema)
+        wa, wb = weights_of(a, ema, denoiser), weights_of(b, ema, denoiser)
+        assert wa, f"no {denoiser} weights in {a}"
         assert wa.keys() == wb.keys()
         worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)
         assert worst <= WEIGHTS_ATOL, f"{'EMA' if ema else 'raw'} weights differ by {worst:.3g}"
@@ -255,3 +256,21 @@ def test_sharded_checkpoints_resume_on_four_ranks_where_one_process_ends(one_pro
     assert_same_weights(folder / "ep0-ba4", one_process.folder / "ep0-ba4-rank0.pt")
     assert_same_figures(folder / "ep0-ba4", one_process.folder / "ep0-ba4-rank0.pt")
     assert_same_preview(folder / "ep0-ba4", one_process.folder / "ep0-ba4-rank0.pt", "ba4.png")
+
+
+@pytest.mark.slow
+def test_the_transformer_under_fsdp_on_two_ranks_equals_one_process(shapes_data, components, tmp_path):
+    """The tiny MMDiT with rectified flow, one FSDP unit per joint block (FULL_SHARD), on 2 ranks: the weights (raw
+    and EMA) and the validation figures of one process, as the UNet's."""
+    from train.config import load_config
+    from train.trainer import train
+
+    mmdit = REPO / "configs" / "tiny-mmdit-phase1.yaml"
+    one, two = tmp_path / "one" / "checkpoints", tmp_path / "two" / "checkpoints"
+    train(load_config(mmdit, run_overrides(shapes_data, components, one, max_duration="2ba", preview_interval="null")))
+    out = dwb_train_on_ranks(mmdit, run_overrides(shapes_data, components, two, max_duration="2ba", fsdp="true",
+                                                  fsdp_sharding_strategy="FULL_SHARD", preview_interval="null"), nproc=2)
+    assert out.returncode == 0 and not out.hung, out.explain()
+    assert "SD3Transformer2DModel's" in out.stdout and "1/2)" in out.stdout
+    assert_same_weights(two / "ep0-ba2-rank0.pt", one / "ep0-ba2-rank0.pt", denoiser="transformer")
+    assert_same_figures(two / "ep0-ba2-rank0.pt", one / "ep0-ba2-rank0.pt")

@@ -27,7 +27,7 @@ import torch
 from composer.core import Callback, Event, State
 from composer.loggers import Logger
 
-from .validation import due, ema_of, full_unet, sharded, unwrap
+from .validation import due, ema_of, full_denoiser, sharded, unwrap
 
 
 class Previews(Callback):
@@ -59,7 +59,7 @@ class Previews(Callback):
         if ema is not None:
             ema.ema_model.swap_params(model=state.model)
         try:
-            unet = full_unet(model.unet)
+            unet = full_denoiser(model.denoiser)
             if dist.get_global_rank() == 0:
                 self.write_grid(model, unet, name, ema is not None)
         finally:
@@ -81,7 +81,7 @@ class Previews(Callback):
         unet.eval()
         try:
             with torch.random.fork_rng(devices=[]):
-                pipe = build_pipeline(unet, model.vae, model.text_encoder, model.tokenizer, model.prediction_type)
+                pipe = model.pipeline_with(unet)
                 write_grid(pipe, self.folder / f"{name}.png", self.prompts, self.seeds,
                            title=f"{name}{' EMA' if ema else ''}", settings=self.generation_settings(),
                            checkpoint_hash=fingerprint(unet), weights="ema" if ema else "raw")

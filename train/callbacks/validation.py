@@ -37,19 +37,19 @@ def band_of(t: int) -> str:
 
 def unwrap(model):
     """The LatentDiffusion inside Composer's DDP wrapper (or the model itself: Composer's FSDP wraps its parts)."""
-    return model.module if hasattr(model, "module") and not hasattr(model, "unet") else model
+    return model.module if hasattr(model, "module") and not hasattr(model, "denoiser") else model
 
 
 def sharded(model) -> bool:
-    """Whether the training model's UNet is sharded by FSDP (its every call a collective of all ranks)."""
+    """Whether the training model's denoiser is sharded by FSDP (its every call a collective of all ranks)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    return isinstance(unwrap(model).unet, FullyShardedDataParallel)
+    return isinstance(unwrap(model).denoiser, FullyShardedDataParallel)
 
 
-def full_unet(unet):
-    """The UNet to draw with on rank 0: itself, or under FSDP a plain copy holding its full weights, gathered
-    by every rank (the other ranks get None)."""
+def full_denoiser(unet):
+    """The denoiser (a UNet or a transformer) to draw with on rank 0: itself, or under FSDP a plain copy holding
+    its full weights, gathered by every rank (the other ranks get None)."""
     from composer.utils import dist
     from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
@@ -98,13 +98,13 @@ def read_held_out(path: str, resolution: int, max_samples: int, rank: int, world
 @torch.no_grad()
 def loss_sums(model, held: HeldOut, timesteps: list[int], seed: int, batch_size: int) -> torch.Tensor:
     """(len(timesteps), 2) float64: the sum of per-sample losses and the sample count, per timestep."""
-    device = next(model.unet.parameters()).device
+    device = next(model.denoiser.parameters()).device
     sums = torch.zeros(len(timesteps), 2, dtype=torch.float64)
     for start in range(0, len(held.indices), batch_size):
         idx = held.indices[start:start + batch_size]
         counted = held.counted[start:start + batch_size]
         images = held.images[start:start + batch_size].to(device)
-        latents = model.vae.encode(images).latent_dist.mean * model.scaling_factor
+        latents = model.scaled(model.vae.encode(images).latent_dist.mean)
         ids = model.tokenizer(held.captions[start:start + batch_size], padding="max_length", truncation=True,
                               max_length=model.tokenizer.model_max_length, return_tensors="pt").input_ids
         text = model.encode_text(ids.to(device))

@@ -18,9 +18,10 @@ checkpoint carries (``spec``).
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "architectures": "ARCHITECTURES TINY unet_config",
+    "architectures": "ARCHITECTURES TINY denoiser_config unet_config",
     "autoresume": "checkpoint_problem resume_problem select_resume_checkpoint",
-    "components": "build_pipeline build_unet load_frozen_parts load_part random_text_encoder random_vae",
+    "components": "build_flow_pipeline build_pipeline build_transformer build_unet flow_scheduler load_frozen_parts "
+                  "load_part random_text_encoder random_vae with_projection",
     "composer": "has_ema model_weights read_checkpoint read_summary",
     "export": "config_folder export_checkpoint export_format export_single_file",
     "find": "discover find_checkpoint label_under list_checkpoints raise_reason resolve_roots",
@@ -28,11 +29,11 @@ __getattr__, __all__ = face(__name__, {
     "hub": "hub_cache is_hub_id",
     "model_card": "model_card_text",
     "names": "KINDS Checkpoint",
-    "open": "CheckpointInfo describe export_pipeline load_pipeline native_size_of weights_of",
+    "open": "absent_parts CheckpointInfo describe export_pipeline load_pipeline native_size_of weights_of",
     "original_layout": "original_config original_entries",
     "recommended": "recommended_settings write_recommended",
     "remote": "fetch",
     "schedules": "NOISE_SCHEDULE ddpm_scheduler inference_scheduler",
     "sharded": "is_sharded_folder load_sharded_state sharded_problem",
-    "spec": "SPEC_FORMAT ModelSpec make_spec",
+    "spec": "SPEC_FORMAT SPEC_FORMATS ModelSpec make_spec",
 })

@@ -1,6 +1,8 @@
-"""The two architectures, by name: the real SD2-base sizes and a tiny one that trains on 2 CPU cores.
+"""The architectures `dwb train` builds, by name: the real SD2-base sizes and a tiny UNet that trains on 2 CPU
+cores, and a tiny MMDiT (SD3's transformer layout, trained with rectified flow) beside it.
 
-Each entry gives diffusers/transformers configs. ``sd2-base``'s UNet built from its config has
+Each entry gives diffusers/transformers configs; an entry with a ``family`` is built as that family's denoiser
+(``train.families``), one without is SD 2's UNet. ``sd2-base``'s UNet built from its config has
 865.9M parameters; its VAE and OpenCLIP ViT-H text tower (23 of 24 layers: SD2 conditions on
 the penultimate layer) normally load pretrained, but can be built with random weights too.
 """
@@ -52,7 +54,32 @@ TINY = {
     "embedding_std": 1.0,
 }
 
-ARCHITECTURES = {"sd2-base": SD2_BASE, "tiny": TINY}
+# The tiny transformer: diffusers' SD3Transformer2DModel over the tiny VAE's 4-channel latents, conditioned on the
+# tiny text tower's penultimate states and pooled output in both of SD3's CLIP slots (2 x 64 wide) and no T5
+# tokens. At 16 px the latents are 4x4: 1x1 patches give 16 image tokens, 2x2 patches only 4.
+TINY_MMDIT = {
+    "family": "sd3",
+    "transformer": dict(
+        sample_size=8, patch_size=1, in_channels=4, out_channels=4, num_layers=4, attention_head_dim=16,
+        num_attention_heads=4, joint_attention_dim=128, caption_projection_dim=64, pooled_projection_dim=128,
+        pos_embed_max_size=16,
+    ),
+    "vae": TINY["vae"],
+    "text_encoder": TINY["text_encoder"],
+    "embedding_std": 1.0,
+    # rectified flow's resolution shift is 1 at this side and sqrt(pixels / its pixels) above it (SD3 eq. 23)
+    "flow_base_resolution": 16,
+}
+
+ARCHITECTURES = {"sd2-base": SD2_BASE, "tiny": TINY, "tiny-mmdit": TINY_MMDIT}
+
+
+def denoiser_config(architecture: str, overrides: dict | None = None) -> dict:
+    """The architecture's denoiser config (its UNet's or transformer's) with ``overrides``."""
+    arch = ARCHITECTURES[architecture]
+    cfg = dict(arch.get("transformer") or arch["unet"])
+    cfg.update(overrides or {})
+    return cfg
 
 
 def unet_config(architecture: str, overrides: dict | None = None) -> dict:

@@ -12,7 +12,7 @@ import torch
 from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-from .architectures import ARCHITECTURES, unet_config
+from .architectures import ARCHITECTURES, denoiser_config, unet_config
 from ..errors import WorkbenchError, first_line
 from .schedules import inference_scheduler
 
@@ -102,5 +102,48 @@ def build_pipeline(unet, vae, text_encoder, tokenizer, prediction_type: str) -> 
         scheduler=inference_scheduler(prediction_type), safety_checker=None, feature_extractor=None,
         requires_safety_checker=False,
     )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_transformer(architecture: str, overrides: dict | None = None):
+    """The architecture's MMDiT (diffusers' ``SD3Transformer2DModel``) with random weights."""
+    from diffusers import SD3Transformer2DModel
+
+    return SD3Transformer2DModel(**denoiser_config(architecture, overrides))
+
+
+def with_projection(text_encoder: CLIPTextModel):
+    """The text tower as SD3's pipeline takes it (``CLIPTextModelWithProjection``: its pooled output projected):
+    the same weights, and a square identity projection, so the pooled output is the tower's own."""
+    from transformers import CLIPTextModelWithProjection
+
+    config = CLIPTextConfig.from_dict({**text_encoder.config.to_dict(), "projection_dim": text_encoder.config.hidden_size})
+    tower = CLIPTextModelWithProjection(config)
+    tower.text_model.load_state_dict(text_encoder.text_model.state_dict())
+    with torch.no_grad():
+        tower.text_projection.weight.copy_(torch.eye(config.hidden_size))
+    return tower.eval()
+
+
+def flow_scheduler(shift: float):
+    """The flow sampler SD3's pipeline starts from, at the shift the transformer was trained with."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    # built from a config naming its class, as a folder's is: the samplers tell a flow by it (``make_sampler``)
+    return FlowMatchEulerDiscreteScheduler.from_config({"_class_name": FlowMatchEulerDiscreteScheduler.__name__,
+                                                       "num_train_timesteps": 1000, "shift": shift})
+
+
+def build_flow_pipeline(transformer, vae, text_encoder, tokenizer, shift: float):
+    """A plain diffusers ``StableDiffusion3Pipeline`` around a transformer trained here: its one text tower (with
+    projection) in both CLIP slots, no T5 (sampled with ``max_sequence_length=0``, as it was trained)."""
+    from diffusers import StableDiffusion3Pipeline
+
+    if getattr(vae.config, "shift_factor", None) is None:  # SD3's pipeline subtracts it; SD's VAEs have none
+        vae.register_to_config(shift_factor=0.0)
+    pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=flow_scheduler(shift), vae=vae,
+                                    text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder,
+                                    tokenizer_2=tokenizer, text_encoder_3=None, tokenizer_3=None)
     pipe.set_progress_bar_config(disable=True)
     return pipe

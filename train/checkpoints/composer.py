@@ -23,7 +23,7 @@ import torch
 
 from ..errors import CheckpointError, first_line
 from .plain import SAFE_TYPES
-from .spec import SPEC_FORMAT
+from .spec import SPEC_FORMATS
 from .ziphead import check_inflation, zip_head
 
 EMA_ALGORITHMS = ("EMA", "FusedEMA")
@@ -86,7 +86,7 @@ def _interpret(state: dict, path, settings: dict | None = None) -> dict:
     dropped = sorted(k for k in model if k.endswith(DROPPED_SUFFIXES))
     if dropped:
         model = {k: v for k, v in model.items() if k not in dropped}
-    if not spec or spec.get("format") != SPEC_FORMAT:
+    if not spec or spec.get("format") not in SPEC_FORMATS:
         if not is_mosaicml_state(state):
             raise CheckpointError(f"{path} is neither a diffusion-workbench checkpoint (no model spec inside) nor "
                                   "a mosaicml/diffusion one (no unet., vae. and text_encoder. weights)")

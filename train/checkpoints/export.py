@@ -11,6 +11,9 @@ fitted tokenizer.
 Written one tensor at a time (the safetensors layout: 8 bytes of header length, the JSON header, then
 each tensor's bytes in order), so the export holds the checkpoint's memory-mapped weights and one
 converted tensor, never a second copy of the model. Never a pickle: a ``.ckpt`` name is refused.
+
+SDXL, SD3/3.5 and Flux.1 go to their own published layouts (``family_export``), with ``NAME.config/`` where the
+file needs one and no ``NAME.yaml``, written by the same writer, all or nothing.
 """
 from __future__ import annotations
 
@@ -66,12 +69,8 @@ def spec_and_weights(ckpt: Checkpoint, ema: bool, settings: dict | None) -> tupl
     from .spec import make_spec
 
     info = describe(ckpt)
-    family = family_named(info.family) if info.family else None
-    if family is not None and not family.writes_single_file:
-        raise WorkbenchError(f"{ckpt.label} is a {family.label} checkpoint: `dwb export` writes it as a diffusers "
-                             "folder (an OUT without .safetensors); its single-file layout is not written yet")
     pipe = load_pipeline(ckpt, ema=ema, settings=settings)
-    model = SimpleNamespace(unet=pipe.unet, vae=pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
+    model = SimpleNamespace(unet=pipe.unet, denoiser=pipe.unet, vae=pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
                             prediction_type=pipe.scheduler.config.get("prediction_type", "epsilon"))
     spec = make_spec(model, info.architecture or ckpt.kind, info.resolution)
     weights = {f"{part}.{k}": v for part in ("unet", "vae", "text_encoder")
@@ -126,10 +125,13 @@ def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bo
 
     out = Path(out)
     outputs = [out, out.with_suffix(".yaml"), config_folder(out)]
-    refuse_taken(outputs)
+    refuse_taken(outputs)  # NAME.yaml too for every family: AUTOMATIC1111 would read the file with it
     ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref)
-    spec, weights = spec_and_weights(ckpt, ema, settings)
     carried = {**recommended_settings(ckpt), **(recommended or {})}
+    family = family_of_checkpoint(ckpt)
+    if family is not None and not family.original_sd_layout:
+        return export_family_file(ckpt, family, out, ema=ema, half=half, settings=settings, recommended=carried)
+    spec, weights = spec_and_weights(ckpt, ema, settings)
     spec = {**{k: v for k, v in spec.items() if k != "recommended"}, **({"recommended": carried} if carried else {})}
     entries = original_entries(weights, spec)
     metadata = {"format": "pt", SPEC_KEY: json.dumps(spec), "dwb.source": ckpt.label,
@@ -139,6 +141,42 @@ def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bo
         write_safetensors(weights_file, entries, half, metadata)
         yaml_file.write_text(yaml.safe_dump(original_config(spec), sort_keys=False))
         write_spec_folder(folder, spec, inference_scheduler(spec["prediction_type"]))
+    return out
+
+
+def family_of_checkpoint(ckpt: Checkpoint):
+    """The checkpoint's family (``train.families``), or None where it names none (this workbench's own SD 2-like
+    Composer checkpoints, mosaicml/diffusion's): read without loading any weights."""
+    if ckpt.kind in ("composer", "mosaicml"):
+        from .composer import read_summary
+
+        name = read_summary(ckpt.path)["spec"].get("family")
+    else:
+        from .open import describe
+
+        name = describe(ckpt).family
+    return family_named(name) if name else None
+
+
+def export_family_file(ckpt: Checkpoint, family, out: Path, *, ema: bool, half: bool, settings: dict | None,
+                       recommended: dict) -> Path:
+    """A newer family's published single file (``family_export``) and, where it needs one, ``NAME.config/`` beside
+    it; both or neither. Every tensor's name is found before anything is written."""
+    from .family_export import family_entries, layout_of, needs_config_folder, write_config_folder
+    from .open import load_pipeline
+
+    layout_of(family)  # a family whose layout is not written is refused before its weights are read
+    pipe = load_pipeline(ckpt, ema=ema, settings=settings)
+    entries = family_entries(pipe, family)
+    metadata = {"format": "pt", "dwb.source": ckpt.label, "dwb.family": family.name,
+                "dwb.weights": "ema" if ema else "raw", "dwb.dtype": "float16" if half else "float32",
+                **({"dwb.recommended": json.dumps(recommended, sort_keys=True)} if recommended else {})}
+    outputs = [out, config_folder(out)] if needs_config_folder(pipe, family) else [out]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with all_or_nothing(outputs) as written:
+        write_safetensors(written[0], entries, half, metadata)
+        if len(written) > 1:
+            write_config_folder(written[1], pipe, family, half)
     return out
 
 

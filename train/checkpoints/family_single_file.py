@@ -1,13 +1,17 @@
-"""Single files of the newer families (SDXL now), read by diffusers' own single-file loader.
+"""Single files of the newer families (SDXL, SD3/3.5, Flux.1), read by diffusers' own single-file loader.
 
 SD 1.x and 2.x files are read and written by this room's key maps (``single_file``, ``original_layout``); the
 other families' files go to the family's diffusers pipeline ``from_single_file`` with a config folder:
 
-- ``NAME.config/`` beside the file where there is one (a diffusers folder of the same model, as `dwb export`
-  writes beside a single file): its configs and tokenizers, and the weights of any part the file lacks;
+- the parts named with the checkpoint (``--parts FOLDER_OR_HUB_ID``, the app's Parts field: a diffusers folder
+  of the same model or a hub id in the local cache, found by ``find_checkpoint`` like any checkpoint);
+- else ``NAME.config/`` beside the file where there is one (a diffusers folder of the same model, as `dwb export`
+  writes beside a single file);
+- either gives its configs and tokenizers, and the weights of any part the file lacks, and is checked like any
+  folder and refused in one line where it is another family's;
 - otherwise one written in a private temporary folder from the family's full-size configs, with the CLIP
   tokenizers built from the vocabulary shipped in the package: nothing is downloaded. A family whose tokenizers
-  cannot be built offline (T5's for SD3 and Flux.1) needs the sidecar folder, and says so in one line.
+  cannot be built offline (T5's for SD3 and Flux.1) needs its parts named or beside it, and says so in one line.
 
 The file itself is read as safetensors only (``.ckpt`` files of these families are refused: a pickle).
 """
@@ -19,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from ..common import load_outside
+from ..common import flux_single_file_widths, load_outside
 from ..errors import CheckpointError, WorkbenchError, first_line
-from ..families import Family
+from ..families import Family, family_of_folder
 from .clip_bpe import END, write_clip_tokenizer
 from .tokenizer_files import check_pipeline_folder
 
@@ -37,24 +41,61 @@ def sidecar_folder(path: Path) -> Path:
     return path.with_name(path.stem + ".config")
 
 
-def _sidecar_resolution(folder: Path, family: Family) -> int | None:
-    """The native side the sidecar's denoiser and VAE configs give, or None where they do not say."""
+def parts_folder(path: Path, parts: Path | None = None) -> Path | None:
+    """Where a family file's other parts come from: the folder named with it, else ``NAME.config/`` beside it,
+    else None (the family's published configs, where they can be written offline)."""
+    if parts is not None:
+        return parts
+    sidecar = sidecar_folder(path)
+    return sidecar if sidecar.is_dir() else None
+
+
+def check_parts_folder(folder: Path, family: Family, where: str) -> None:
+    """A parts folder is checked like any folder (``check_pipeline_folder``) and must be of the file's family."""
+    check_pipeline_folder(folder, where)
+    theirs = family_of_folder(folder, where)
+    if theirs.name != family.name:
+        raise CheckpointError(f"{where} holds {theirs.label} parts, not {family.label} ones: give a diffusers folder "
+                              f"of the same model as the file")
+
+
+def check_parts(path: Path, label: str, parts: Path, where: str) -> None:
+    """Whether ``parts`` (called ``where``) can give the other parts of the single file ``path`` (called
+    ``label``), one line where not: the file is a newer family's (SD 1.x/2.x files hold every part), the folder
+    a pipeline of that family."""
+    from .single_file import newer_family
+
+    family = newer_family(Path(path))
+    if family is None:
+        raise CheckpointError(f"{label} holds every part it needs: parts are named for SDXL, SD3/3.5 and Flux.1 "
+                              f"single files only")
+    check_parts_folder(parts, family, where)
+
+
+# The side a full-size VAE draws a latent side at: a Flux.1 transformer records no sample size, and its pipeline
+# draws at the family's native latent side (as a Flux.1 folder is described).
+FULL_SIZE_VAE_SCALE = 8
+
+
+def _folder_resolution(folder: Path, family: Family) -> int | None:
+    """The native side the parts folder's denoiser and VAE configs give, or None where they do not say."""
     try:
         denoiser = load_outside(folder / family.denoiser / "config.json", f"{family.denoiser}/config.json")
         vae = load_outside(folder / "vae" / "config.json", "vae/config.json")
-        return int(denoiser["sample_size"]) * 2 ** (len(vae["block_out_channels"]) - 1)
-    except (WorkbenchError, KeyError, TypeError, ValueError):
+        latent = denoiser.get("sample_size") or family.native_size // FULL_SIZE_VAE_SCALE
+        return int(latent) * 2 ** (len(vae["block_out_channels"]) - 1)
+    except (WorkbenchError, AttributeError, KeyError, TypeError, ValueError):
         return None
 
 
-def describe_family_file(path: Path, family: Family) -> dict:
-    """What the file is, without building a model: the family's first variant, at the size its sidecar's configs
-    give (else the family's native size)."""
-    variant, sidecar = family.variants[0], sidecar_folder(path)
-    resolution = _sidecar_resolution(sidecar, family) if sidecar.is_dir() else None
+def describe_family_file(path: Path, family: Family, parts: Path | None = None) -> dict:
+    """What the file is, without building a model: the family's first variant, at the size its parts folder's
+    configs give (else the family's native size)."""
+    variant, folder = family.variants[0], parts_folder(path, parts)
+    resolution = _folder_resolution(folder, family) if folder is not None else None
     return {"architecture": f"{family.name}-{variant.name}", "resolution": resolution or family.native_size,
             "prediction_type": "flow" if family.schedule == "flow" else "epsilon", "family": family.name,
-            "original_config": sidecar.name if sidecar.is_dir() else f"{family.label} {variant.name}'s published configs"}
+            "original_config": folder.name if folder is not None else f"{family.label} {variant.name}'s published configs"}
 
 
 def _write_json(path: Path, value: dict) -> None:
@@ -70,7 +111,8 @@ def write_family_config_folder(folder: Path, family: Family) -> Path:
     variant = family.variants[0]
     if not all(variant.parts[name].cls.startswith("CLIPText") for name in family.text_encoders):
         raise CheckpointError(f"a {family.label} single file needs its configs and tokenizers beside it: a diffusers "
-                              f"folder of the same model as NAME.config/ (the T5 tokenizer cannot be built offline)")
+                              f"folder of the same model as NAME.config/, or named by --parts (the T5 tokenizer "
+                              f"cannot be built offline)")
     index = {"_class_name": family.pipeline, "scheduler": ["diffusers", SDXL_SCHEDULER["_class_name"]]}
     for name, part in variant.parts.items():
         index[name] = [part.library, part.cls]
@@ -109,20 +151,19 @@ def _from_file(path: Path, folder: Path, family: Family):
     return pipeline.from_pretrained(folder, **{family.denoiser: denoiser}, **options, **family.pipeline_options)
 
 
-def load_family_file(path: Path, family: Family):
-    """The family's pipeline (float32, CPU) from a single ``.safetensors`` file and its config folder."""
+def load_family_file(path: Path, family: Family, parts: Path | None = None):
+    """The family's pipeline (float32, CPU) from a single ``.safetensors`` file and its parts folder."""
     from .single_file import _quiet_diffusers
 
     if path.suffix != ".safetensors":
         raise CheckpointError(f"{path}: a {family.label} checkpoint is opened from .safetensors only")
-    sidecar = sidecar_folder(path)
+    given = parts_folder(path, parts)
+    flux_single_file_widths()  # diffusers' Flux.1 converter reads the widths from the file (train.common.compat)
     try:
         with tempfile.TemporaryDirectory(prefix="dwb-single-file-") as tmp, _quiet_diffusers():
-            if sidecar.is_dir():
-                check_pipeline_folder(sidecar, str(sidecar))
-                folder = sidecar
-            else:
-                folder = write_family_config_folder(Path(tmp), family)
+            if given is not None:
+                check_parts_folder(given, family, str(given))
+            folder = given or write_family_config_folder(Path(tmp), family)
             pipe = _from_file(path, folder, family)
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
@@ -139,17 +180,19 @@ def load_family_file(path: Path, family: Family):
     return pipe
 
 
-def describe_file(path: Path) -> dict:
-    """Any single file, described without building a model: a newer family's here, SD 1.x/2.x's by ``single_file``."""
+def describe_file(path: Path, parts: Path | None = None) -> dict:
+    """Any single file, described without building a model: a newer family's here (with the parts folder named
+    with it, if any), SD 1.x/2.x's by ``single_file``."""
     from .single_file import describe_single_file, newer_family
 
     family = newer_family(Path(path))
-    return describe_family_file(Path(path), family) if family is not None else describe_single_file(path)
+    return describe_family_file(Path(path), family, parts) if family is not None else describe_single_file(path)
 
 
-def load_file(path: Path):
-    """Any single file's pipeline: a newer family's through diffusers' loader, SD 1.x/2.x's by ``single_file``."""
+def load_file(path: Path, parts: Path | None = None):
+    """Any single file's pipeline: a newer family's through diffusers' loader (its other parts from ``parts``, else
+    beside it), SD 1.x/2.x's by ``single_file``."""
     from .single_file import load_single_file, newer_family
 
     family = newer_family(Path(path))
-    return load_family_file(Path(path), family) if family is not None else load_single_file(path)
+    return load_family_file(Path(path), family, parts) if family is not None else load_single_file(path)

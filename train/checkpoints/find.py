@@ -107,8 +107,41 @@ def list_checkpoints(folder: str | Path, kinds: tuple[str, ...] | None = None) -
     return sorted(found, key=lambda c: (c.step if c.step is not None else -1, c.path.stat().st_mtime_ns))
 
 
-def find_checkpoint(ref: str | Path, *, roots: list[Path] | None = None, allow_download: bool | None = None) -> Checkpoint:
-    """What ``ref`` points at; with ``roots``, only local paths under them (and hub ids from the cache)."""
+def find_checkpoint(ref: str | Path, *, roots: list[Path] | None = None, allow_download: bool | None = None,
+                    parts: str | Path | None = None) -> Checkpoint:
+    """What ``ref`` points at; with ``roots``, only local paths under them (and hub ids from the cache).
+
+    ``parts`` names where a single file's other parts come from (``--parts``): a diffusers folder or a hub id, found
+    as a checkpoint is (under ``roots`` too), checked, and recorded on the checkpoint."""
+    found = _find(ref, roots=roots, allow_download=allow_download)
+    if parts is None or not str(parts).strip():
+        return found
+    return replace(found, parts=_parts_of(found, str(parts).strip(), roots, allow_download))
+
+
+def _parts_of(ckpt: Checkpoint, raw: str, roots: list[Path] | None, allow_download: bool | None) -> Path:
+    """The folder ``raw`` names as ``ckpt``'s other parts, checked against the file (one line where it cannot be)."""
+    from .family_single_file import check_parts
+
+    if ckpt.kind != "single-file":
+        raise CheckpointError(f"{ckpt.label} is a {ckpt.kind} checkpoint, which holds every part: parts are named for "
+                              f"single files only")
+    try:
+        found = _find(raw, roots=roots, allow_download=allow_download)
+    except WorkbenchError as e:
+        reason = str(e).removeprefix("checkpoint not found: ")
+        if reason != str(e):
+            raise CheckpointError(f"parts not found: {reason}") from None
+        if "is a folder but neither" in reason:  # local_kind's words for a folder without model_index.json
+            raise CheckpointError(f"parts {raw}: a folder without model_index.json, not a diffusers pipeline") from None
+        raise CheckpointError(f"parts: {e}") from None
+    if found.kind not in ("diffusers", "hub"):
+        raise CheckpointError(f"parts {raw}: a {found.kind} checkpoint, not a diffusers folder or hub id")
+    check_parts(ckpt.path, ckpt.label, found.path, raw)
+    return found.path
+
+
+def _find(ref: str | Path, *, roots: list[Path] | None, allow_download: bool | None) -> Checkpoint:
     raw = str(ref).strip()
     if not raw or "\x00" in raw:
         raise WorkbenchError("no checkpoint given" if not raw else f"not a valid checkpoint reference: {raw!r}")

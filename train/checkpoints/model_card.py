@@ -165,6 +165,34 @@ def _win_rate_rows(wins: list[dict]) -> list[str]:
     return lines
 
 
+def _absent_and_call(spec: dict) -> tuple[list[str], dict]:
+    """The parts a model trained here leaves empty in its family's pipeline (the T5 slots: it conditions on CLIP
+    states alone), and what its pipeline is called with beyond prompts (``Family.call_options``)."""
+    from ..families import family_or_ours
+
+    family = family_or_ours(spec.get("family") if isinstance(spec.get("family"), str) else None)
+    variant = family.variants[0]
+    absent = [name for name in family.text_encoders if not variant.parts[name].cls.startswith("CLIPText")]
+    absent += [name.replace("text_encoder", "tokenizer") for name in absent]
+    denoiser = spec.get(family.denoiser) if isinstance(spec.get(family.denoiser), dict) else {}
+    return absent, family.call_options(denoiser, all_text_encoders=not absent)
+
+
+def loading_code(spec: dict, folder: str) -> str:
+    """How diffusers loads the exported folder: ``DiffusionPipeline.from_pretrained``, told which parts are absent."""
+    absent, _ = _absent_and_call(spec)
+    return f"DiffusionPipeline.from_pretrained({json.dumps(folder)}{''.join(f', {n}=None' for n in absent)})"
+
+
+def _call_lines(spec: dict) -> list[str]:
+    _, options = _absent_and_call(spec)
+    if not options:
+        return []
+    args = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    return ["# trained on its CLIP states alone: called with no T5 tokens, as it was trained",
+            f'image = pipe("a red circle", {args}).images[0]']
+
+
 def model_card_text(spec: dict, *, label: str, checkpoint_hash: str, weights: str, timestamp=None,
                results: list[Path] = (), studies: list[Path] = ()) -> str:
     """The card's text: YAML header, description, training, and the scores found for ``checkpoint_hash``."""
@@ -175,7 +203,7 @@ def model_card_text(spec: dict, *, label: str, checkpoint_hash: str, weights: st
              f"A text-to-image latent diffusion model exported by diffusion-workbench (`dwb export`) from checkpoint "
              f"{shown(label)} (content hash `{shown(checkpoint_hash)}`, {shown(weights)} weights).", "",
              "```python", "from diffusers import DiffusionPipeline",  # the folder's own pipeline class, any family
-             'pipe = DiffusionPipeline.from_pretrained("path/to/this/folder")', "```", "",
+             f'pipe = {loading_code(spec, "path/to/this/folder")}', *_call_lines(spec), "```", "",
              "## Model", "",
              f"- **architecture**: {shown(spec.get('architecture'))}",
              f"- **prediction type**: {shown(spec.get('prediction_type'))}",

@@ -23,6 +23,7 @@ class Checkpoint:
     label: str  # how people call it: ``<run>/<file stem>``, a folder's name, the hub id, a path under the roots
     path: Path | None  # the local file or folder (a hub id's snapshot, an s3 object's cached copy)
     step: int | None = None  # training batches (Composer checkpoints)
+    parts: Path | None = None  # a single file's other parts: a diffusers folder named with it (``--parts``)
 
 
 def in_run_listing(name: str) -> bool:

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import CheckpointError, WorkbenchError, first_line
 from ..common import load_outside, whole_folder
-from ..families import family_of_folder
+from ..families import family_of_folder, family_or_ours
 from ..generation import DEFAULT_WEIGHTS, native_size, weights_to_use
 from .composer import has_ema, model_weights, read_checkpoint, read_summary
 from .find import Checkpoint, find_checkpoint
@@ -48,7 +48,7 @@ def describe(ckpt: Checkpoint) -> CheckpointInfo:
     if ckpt.kind == "single-file":
         from .family_single_file import describe_file
 
-        d = describe_file(ckpt.path)
+        d = describe_file(ckpt.path, ckpt.parts)
         return CheckpointInfo(ckpt.kind, d.get("resolution"), None, d.get("architecture"), d.get("prediction_type"),
                               d.get("family"))
     family = family_of_folder(ckpt.path, ckpt.label)
@@ -102,45 +102,97 @@ def state_dict_problem(e: RuntimeError, limit: int = 300) -> str:
 def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict | None = None):
     """A Composer checkpoint (this project's, or mosaicml/diffusion's) rebuilt from its spec and weights;
     ``settings`` (``prediction_type``, ``latent_scale``) say what a mosaicml/diffusion file does not."""
+    ckpt = read_checkpoint(path, settings)
+    spec = ckpt["spec"]
+    family = family_or_ours(spec.get("family"))
+    build, assemble = SPEC_BUILDERS.get(family.pipeline, (None, None))
+    if build is None:
+        raise CheckpointError(f"{path}: a {family.label} model spec; the workbench trains SD 2's UNet and SD3's MMDiT")
+    try:  # parameters without storage: a random initialisation the weights replace cost most of the open
+        parts = build(spec)
+    except Exception as e:  # noqa: BLE001 - a foreign spec's configs
+        raise CheckpointError(f"{path}: its model spec does not build ({type(e).__name__}: {e})") from None
+    weights = model_weights(ckpt, ema=ema)
+    for name, module in parts.items():
+        _load_module(module, weights, name + ".", path)
+        module.eval()
+    tokenizer = tokenizer_from_files(spec["tokenizer"], where=str(path))
+    return assemble(spec, parts, tokenizer)
+
+
+def _unet_parts(spec: dict) -> dict:
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
+    with init_empty_weights(include_buffers=False):
+        return {"unet": UNet2DConditionModel.from_config(spec["unet"]), "vae": AutoencoderKL.from_config(spec["vae"]),
+                "text_encoder": CLIPTextModel(CLIPTextConfig.from_dict(spec["text_encoder"]))}
+
+
+def _transformer_parts(spec: dict) -> dict:
+    from accelerate import init_empty_weights
+    from diffusers import AutoencoderKL, SD3Transformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    with init_empty_weights(include_buffers=False):
+        return {"transformer": SD3Transformer2DModel.from_config(spec["transformer"]),
+                "vae": AutoencoderKL.from_config(spec["vae"]),
+                "text_encoder": CLIPTextModelWithProjection(CLIPTextConfig.from_dict(spec["text_encoder"]))}
+
+
+def _unet_pipeline(spec: dict, parts: dict, tokenizer):
     from .components import build_pipeline
 
-    ckpt = read_checkpoint(path, settings)
-    spec = ckpt["spec"]
-    weights = model_weights(ckpt, ema=ema)
-    try:  # parameters without storage: a random initialisation the weights replace cost most of the open
-        with init_empty_weights(include_buffers=False):
-            unet = UNet2DConditionModel.from_config(spec["unet"])
-            vae = AutoencoderKL.from_config(spec["vae"])
-            text_encoder = CLIPTextModel(CLIPTextConfig.from_dict(spec["text_encoder"]))
-    except Exception as e:  # noqa: BLE001 - a foreign spec's configs
-        raise CheckpointError(f"{path}: its model spec does not build ({type(e).__name__}: {e})") from None
-    for module, prefix in ((unet, "unet."), (vae, "vae."), (text_encoder, "text_encoder.")):
-        _load_module(module, weights, prefix, path)
-    for module in (unet, vae, text_encoder):
-        module.eval()
-    tokenizer = tokenizer_from_files(spec["tokenizer"], where=str(path))
-    return build_pipeline(unet, vae, text_encoder, tokenizer, spec["prediction_type"])
+    return build_pipeline(parts["unet"], parts["vae"], parts["text_encoder"], tokenizer, spec["prediction_type"])
 
 
-def pipeline_from_folder(path: Path, where: str, dtype: torch.dtype = torch.float32):
+def _transformer_pipeline(spec: dict, parts: dict, tokenizer):
+    from .components import build_flow_pipeline
+
+    return build_flow_pipeline(parts["transformer"], parts["vae"], parts["text_encoder"], tokenizer,
+                               float(spec["flow"]["shift"]))
+
+
+# How a spec becomes its family's pipeline, by the pipeline class: its parts (empty weights), then the pipeline
+SPEC_BUILDERS = {"StableDiffusionPipeline": (_unet_parts, _unet_pipeline),
+                 "StableDiffusion3Pipeline": (_transformer_parts, _transformer_pipeline)}
+
+
+def _folder_variant(path: Path, family, where: str):
+    """The family's variant a folder holds, from its denoiser's config."""
+    try:
+        config = load_outside(path / family.denoiser / "config.json", f"{family.denoiser}/config.json")
+    except WorkbenchError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    return family.variant_of(config if isinstance(config, dict) else {})
+
+
+def absent_parts(folder: Path) -> dict:
+    """The parts a folder's ``model_index.json`` lists as absent (``[null, null]``: an SD3 without T5), passed as
+    None: diffusers' loader refuses a folder that leaves out a part it is not told is absent."""
+    index = load_outside(folder / "model_index.json", "model_index.json")
+    return {name: None for name, value in index.items()
+            if not name.startswith("_") and isinstance(value, list) and value == [None, None]}
+
+
+def pipeline_from_folder(path: Path, where: str, dtype: torch.dtype = torch.float32, refiner: bool = False):
     """A diffusers pipeline folder (a hub snapshot too) of any family, through the family's own diffusers
-    pipeline; ``fp16`` variant files when they are all it has."""
+    pipeline (its refiner pipeline where ``refiner``: a one-line refusal where the folder is the other kind of
+    model); ``fp16`` variant files when they are all it has."""
     import diffusers
 
     check_pipeline_folder(path, where)
     family = family_of_folder(path, where)
+    pipeline = family.pipeline_for(_folder_variant(path, family, where), where, refiner)
     variant = None
     denoiser_files = {p.name for p in (path / family.denoiser).glob("diffusion_pytorch_model*")}
     if denoiser_files and all(".fp16." in name for name in denoiser_files):
         variant = "fp16"
     try:
-        pipe = getattr(diffusers, family.pipeline).from_pretrained(path, variant=variant, torch_dtype=dtype,
-                                                                   local_files_only=True,
-                                                                   **family.pipeline_options)
+        pipe = getattr(diffusers, pipeline).from_pretrained(path, variant=variant, torch_dtype=dtype,
+                                                            local_files_only=True,
+                                                            **{**absent_parts(path), **family.pipeline_options})
     except Exception as e:  # noqa: BLE001 - missing parts, unreadable weights
         first = first_line(e)
         raise CheckpointError(f"cannot load the pipeline in {where}: {first}") from None
@@ -175,15 +227,19 @@ def _to_stderr(line: str) -> None:
 def load_pipeline(ref: str | Path | Checkpoint, *, ema: bool = False, device: str | torch.device = "cpu",
                   dtype: torch.dtype | None = None, roots: list[Path] | None = None,
                   allow_download: bool | None = None, settings: dict | None = None,
-                  say: Callable[[str], None] = _to_stderr):
+                  say: Callable[[str], None] = _to_stderr, refiner: bool = False):
     """A ready diffusers pipeline of the checkpoint's family from any checkpoint reference (see ``find_checkpoint``).
 
     ``ema`` picks a Composer checkpoint's EMA weights (the other kinds hold one set of weights);
     ``settings`` give a Composer checkpoint's ``prediction_type`` and ``latent_scale`` where the file cannot.
     A folder too large for ``device`` at ``dtype`` is offloaded, with ``say`` telling so, or refused in one line
-    before a weight is read (``memory.plan_memory``).
+    before a weight is read (``memory.plan_memory``). ``refiner`` opens a second stage (SDXL's refiner, from a
+    folder or hub id), which only a base's latents go into; without it a refiner is refused in one line.
     """
     ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref, roots=roots, allow_download=allow_download)
+    if refiner and ckpt.kind not in ("diffusers", "hub"):
+        raise WorkbenchError(f"{ckpt.label}: a refiner opens from a diffusers folder or hub id (SDXL's refiner); "
+                             f"this is a {ckpt.kind} checkpoint")
     if settings and ckpt.kind not in ("composer", "mosaicml"):
         raise WorkbenchError(f"{ckpt.label}: --prediction-type and --latent-scale are for Composer checkpoints, "
                              f"which may not record them; a {ckpt.kind} checkpoint's config says them")
@@ -191,14 +247,14 @@ def load_pipeline(ref: str | Path | Checkpoint, *, ema: bool = False, device: st
         pipe = pipeline_from_composer(ckpt.path, ema=ema, settings=settings)
     elif ckpt.kind in ("diffusers", "hub"):
         plan = _memory_plan(ckpt, device, dtype or torch.float32)
-        pipe = pipeline_from_folder(ckpt.path, ckpt.label, dtype or torch.float32)  # read at its precision
+        pipe = pipeline_from_folder(ckpt.path, ckpt.label, dtype or torch.float32, refiner)  # at its precision
         if plan.how != "whole":
             say(plan.note)
             return _offloaded(pipe, plan, device, dtype)
     elif ckpt.kind == "single-file":
         from .family_single_file import load_file
 
-        pipe = load_file(ckpt.path)
+        pipe = load_file(ckpt.path, ckpt.parts)
     else:
         raise CheckpointError(f"{ckpt.label}: not a checkpoint of any kind this workbench opens")
     return pipe.to(device=device, dtype=dtype) if dtype is not None else pipe.to(device)

@@ -245,7 +245,7 @@ def newer_family(path: Path):
     from ..families import family_of_keys
 
     family = family_of_keys(read_shapes(path)) if Path(path).is_file() else None
-    return family if family is not None and not family.writes_single_file else None
+    return family if family is not None and not family.original_sd_layout else None
 
 
 def describe_single_file(path: Path) -> dict:

@@ -6,13 +6,18 @@ configs and the tokenizer's files. Plain dicts, lists and strings only, so check
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
 
 from composer.core import Callback
 
-SPEC_FORMAT = "diffusion-workbench/1"
+SPEC_FORMAT = "diffusion-workbench/1"  # SD 2's layout: a UNet, one CLIP tower, the diffusion schedule
+# A model of a family (``train.families``): its denoiser under the family's name for it ("transformer"), and how it
+# noises ("flow": rectified flow's shift, logit-normal draws and weighting). Readers take both formats.
+SPEC_FORMAT_FAMILY = "diffusion-workbench/2"
+SPEC_FORMATS = (SPEC_FORMAT, SPEC_FORMAT_FAMILY)
 
 
 def _plain(value):
@@ -24,17 +29,23 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
               recommended: dict | None = None) -> dict:
     """The spec of ``model``; ``training`` (`dwb train`'s data and schedule) is what a model card shows,
     ``recommended`` the generation settings it is meant to be sampled at (``recommended``)."""
+    from .architectures import ARCHITECTURES
+
     tokenizer_files = {}
     if model.tokenizer is not None:
         with tempfile.TemporaryDirectory() as tmp:
             model.tokenizer.save_pretrained(tmp)
             tokenizer_files = {p.name: p.read_text() for p in Path(tmp).iterdir() if p.is_file()}
+    family = ARCHITECTURES.get(architecture, {}).get("family")
+    flow = getattr(model, "flow", None)
     return {
-        "format": SPEC_FORMAT,
+        "format": SPEC_FORMAT_FAMILY if family else SPEC_FORMAT,
         "architecture": architecture,
+        **({"family": family} if family else {}),
         "prediction_type": model.prediction_type,
         "resolution": resolution,
-        "unet": _plain(dict(model.unet.config)),
+        ("transformer" if family else "unet"): _plain(dict(model.denoiser.config)),
+        **({"flow": _plain(dataclasses.asdict(flow))} if flow is not None else {}),
         "vae": _plain(dict(model.vae.config)),
         "text_encoder": _plain(model.text_encoder.config.to_dict()),
         "tokenizer": tokenizer_files,

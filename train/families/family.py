@@ -7,6 +7,7 @@ Light to import (no torch): command lines list the families and their samplers i
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..errors import WorkbenchError
@@ -40,6 +41,9 @@ class Variant:
     guidance_scale: float | None = None
     steps: int | None = None
     hub_id: str | None = None
+    # a second stage (SDXL's refiner): it finishes another variant's latents over the last part of the schedule and
+    # draws nothing from text alone
+    refiner: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,16 @@ class Family:
     single_file_text_marks: tuple[str, ...]  # key prefixes of its text encoders in a single file
     variants: tuple[Variant, ...]
     writes_single_file: bool = False  # whether `dwb export` writes its original single-file layout
+    # whether its single files are the original Stable Diffusion layout, which the checkpoints room's own key maps
+    # read and write (SD 1/2); the other families' files are read by diffusers' single-file loader
+    original_sd_layout: bool = False
     pipeline_options: dict = field(default_factory=dict)  # what its pipeline class is built and loaded with
     latent_packing: int = 1  # latents packed into patches of this side before the denoiser (Flux.1: 2)
     pick_variant: object = field(repr=False, default=None)  # denoiser config -> variant name
+    refiner_pipeline: str | None = None  # the diffusers pipeline a refiner variant finishes a base's latents with
+    # (denoiser config, whether every text encoder is there) -> what its pipeline is called with beyond prompts and
+    # guidance (an MMDiT trained on its CLIP states alone takes no T5 tokens); None: nothing
+    text_options: object = field(repr=False, default=None)
 
     @property
     def negative_prompt(self) -> bool:
@@ -71,6 +82,24 @@ class Family:
     def size_multiple(self, pipe) -> int:
         """What an image's sides must be multiples of: the VAE's scale times the denoiser's patch or packing."""
         return pipe.vae_scale_factor * max(getattr(pipe, "patch_size", 1) or 1, self.latent_packing)
+
+    def size_step(self) -> int:
+        """What every model of the family can draw its sides in multiples of, known without loading one: the
+        full-size VAE's scale times the denoiser's patch or packing (SD 1/2 and SDXL 8, SD3 and Flux.1 16). A
+        smaller model's VAE halves the side no more often and its patch is no larger, so its own multiple
+        (``size_multiple``) divides this one."""
+        parts = self.variants[0].parts
+        vae_scale = 2 ** (len(parts["vae"].config["block_out_channels"]) - 1)
+        return vae_scale * max(parts[self.denoiser].config.get("patch_size") or 1, self.latent_packing)
+
+    def sides(self, resolution: int | None) -> tuple[int, int, int]:
+        """(smallest, largest, step) of an image side for a model of the family trained at ``resolution`` px: the
+        family's size range scaled by ``resolution`` / its native size (a tiny model's range shrinks with it), on
+        multiples of ``size_step``."""
+        step = self.size_step()
+        scale = (resolution or self.native_size) / self.native_size
+        smallest = max(step, math.ceil(self.size_range[0] * scale / step) * step)
+        return smallest, max(smallest, math.floor(self.size_range[1] * scale / step) * step), step
 
     def recommended(self, variant: Variant) -> dict:
         """The variant's published sampling settings, as a checkpoint's recommended ones (``{}`` where none)."""
@@ -85,6 +114,26 @@ class Family:
     def variant_of(self, denoiser_config: dict) -> Variant:
         """The variant a checkpoint is, from its denoiser's config (the first where a family has one)."""
         return self.variant(self.pick_variant(denoiser_config)) if self.pick_variant else self.variants[0]
+
+    def call_options(self, denoiser_config: dict, all_text_encoders: bool) -> dict:
+        """What a pipeline call of this denoiser takes beyond prompts and guidance (``{}`` for most), given whether
+        the pipeline holds every one of the family's text encoders."""
+        return dict(self.text_options(denoiser_config, all_text_encoders)) if self.text_options else {}
+
+    def has_all_text_encoders(self, pipe) -> bool:
+        return all(getattr(pipe, name, None) is not None for name in self.text_encoders)
+
+    def pipeline_for(self, variant: Variant, where: str, refiner: bool = False) -> str:
+        """The diffusers pipeline class that opens a checkpoint of ``variant`` as a base (text to image) or as a
+        refiner; a one-line error naming the fix where the checkpoint is the other kind."""
+        if variant.refiner and not refiner:
+            raise WorkbenchError(f"{where} is a {self.label} refiner: it finishes a base model's image and draws none "
+                                 f"from text alone; give it as the refiner of a {self.label} base "
+                                 f"(dwb sample BASE OUT --refiner {where}, or the app's Refiner field)")
+        if refiner and not variant.refiner:
+            raise WorkbenchError(f"{where} is a {self.label} ({variant.name}) model, not a refiner: give it as the "
+                                 "checkpoint, and a refiner (Stable Diffusion XL's) as --refiner")
+        return self.refiner_pipeline if refiner else self.pipeline
 
     def check_sampler(self, sampler: str) -> None:
         if sampler not in self.samplers:

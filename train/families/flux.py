@@ -28,7 +28,7 @@ FLUX = Family(
     text_encoders=("text_encoder", "text_encoder_2"), schedule="flow", samplers=FLUX_SAMPLERS,
     native_size=1024, size_range=(256, 2048), latent_channels=16, latent_packing=2,
     folder_classes=frozenset({"FluxPipeline"}), single_file_marks=("double_blocks.",),
-    single_file_text_marks=("text_encoders.",),
+    single_file_text_marks=("text_encoders.",), writes_single_file=True,
     variants=(Variant("dev", _parts(True), published_parameters=12e9, published_parts=("transformer",),
                       guidance="distilled", guidance_scale=3.5, steps=28, hub_id="black-forest-labs/FLUX.1-dev"),
               Variant("schnell", _parts(False), published_parameters=12e9, published_parts=("transformer",),

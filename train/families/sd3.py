@@ -7,6 +7,15 @@ from .family import Family, Part, Variant
 from .parts import CLIP_L, OPENCLIP_BIGG, clip_text, t5_encoder, vae
 
 FLOW_SAMPLERS = ("Euler", "Heun", "DPM++ 2M", "UniPC")
+T5_WIDTH = 4096  # T5-XXL's states, which every published SD3 attends to beside its CLIP states
+
+
+def clip_only_options(config: dict, all_text_encoders: bool) -> dict:
+    """An MMDiT without its T5 whose joint attention is narrower than T5-XXL's states was trained on its CLIP states
+    alone (as `dwb train` trains one): its pipeline is called with no T5 tokens, not with 256 zero tokens it never
+    saw. A published SD3 without its T5 (4,096 wide) was trained with T5's states dropped to zeros: it keeps them."""
+    narrow = config.get("joint_attention_dim", T5_WIDTH) < T5_WIDTH
+    return {"max_sequence_length": 0} if narrow and not all_text_encoders else {}
 
 
 def mmdit(layers: int, caption_projection_dim: int, pos_embed_max_size: int, dual_attention_layers=()) -> Part:
@@ -29,7 +38,7 @@ SD3 = Family(
     text_encoders=("text_encoder", "text_encoder_2", "text_encoder_3"), schedule="flow", samplers=FLOW_SAMPLERS,
     native_size=1024, size_range=(512, 1536), latent_channels=16,
     folder_classes=frozenset({"StableDiffusion3Pipeline"}), single_file_marks=("joint_blocks.",),
-    single_file_text_marks=("text_encoders.",),
+    single_file_text_marks=("text_encoders.",), writes_single_file=True,
     variants=(Variant("3.5-large", _parts(mmdit(38, 2432, 192)), published_parameters=8.1e9,
                       published_parts=("transformer",), guidance_scale=3.5, steps=28,
                       hub_id="stabilityai/stable-diffusion-3.5-large"),
@@ -38,4 +47,5 @@ SD3 = Family(
               Variant("3.5-medium", _parts(mmdit(24, 1536, 384, range(13))), published_parameters=2.5e9,
                       published_parts=("transformer",), published_tolerance=0.11, guidance_scale=4.5, steps=40,
                       hub_id="stabilityai/stable-diffusion-3.5-medium")),
-    pick_variant=lambda config: "3.5-large" if config.get("num_layers", 0) > 24 else "3.5-medium")
+    pick_variant=lambda config: "3.5-large" if config.get("num_layers", 0) > 24 else "3.5-medium",
+    text_options=clip_only_options)

@@ -15,15 +15,49 @@ UNET = Part("diffusers", "UNet2DConditionModel", dict(
     cross_attention_dim=2048, use_linear_projection=True, addition_embed_type="text_time",
     addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816, norm_num_groups=32))
 
-# Published: "a 3.5B parameter base model" (SDXL 1.0's release): the UNet, both text encoders and the VAE.
+# The refiner (stabilityai/stable-diffusion-xl-refiner-1.0's unet/config.json; sgm's sd_xl_refiner.yaml: 384
+# channels x (1, 2, 4, 4), four transformer layers at the middle two levels, 64-wide heads): it attends to bigG's
+# states alone (1280 wide) and takes five time ids, the aesthetic score in place of the target size (2 + 2 + 1).
+REFINER_UNET = Part("diffusers", "UNet2DConditionModel", dict(
+    sample_size=128, in_channels=4, out_channels=4, flip_sin_to_cos=True, freq_shift=0,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    block_out_channels=(384, 768, 1536, 1536), layers_per_block=2, attention_head_dim=(6, 12, 24, 24),
+    transformer_layers_per_block=4, cross_attention_dim=1280, use_linear_projection=True,
+    addition_embed_type="text_time", addition_time_embed_dim=256, projection_class_embeddings_input_dim=2560,
+    norm_num_groups=32))
+REFINER_TIME_IDS = 5  # original size (2), crop (2), aesthetic score (1); the base's: original and target size, crop
+
+
+def variant_of_unet(config: dict) -> str:
+    """"refiner" for a UNet whose added conditioning is its cross-attention states' pooled width plus five time
+    embeddings (the refiner attends to bigG alone, whose states and pooled output are both 1280 wide: 1280 + 5 x 256
+    = 2560); "base" otherwise (2816 = 1280 pooled + 6 x 256, beside 2048-wide states)."""
+    cross, added, time = (config.get(k) for k in ("cross_attention_dim", "projection_class_embeddings_input_dim",
+                                                   "addition_time_embed_dim"))
+    if all(isinstance(v, int) for v in (cross, added, time)) and added == cross + REFINER_TIME_IDS * time:
+        return "refiner"
+    return "base"
+
+
+# Published: "a 3.5B parameter base model" (SDXL 1.0's release): the UNet, both text encoders and the VAE. The
+# refiner's UNet: 2.3B (ours: 2.260B); with bigG and the VAE it is 3.04B, and base and refiner together the
+# release's "6.6B parameter model ensemble pipeline" (ours: 6.51B).
 SDXL = Family(
     name="sdxl", label="Stable Diffusion XL", pipeline="StableDiffusionXLPipeline", denoiser="unet",
     text_encoders=("text_encoder", "text_encoder_2"), schedule="diffusion", samplers=DIFFUSION_SAMPLERS,
     native_size=1024, size_range=(512, 2048), latent_channels=4,
-    folder_classes=frozenset({"StableDiffusionXLPipeline"}), single_file_marks=("conditioner.embedders.",),
-    single_file_text_marks=("conditioner.embedders.",),
+    # the refiner is saved as an image-to-image pipeline without the first text encoder
+    folder_classes=frozenset({"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"}),
+    single_file_marks=("conditioner.embedders.",),
+    single_file_text_marks=("conditioner.embedders.",), writes_single_file=True,
     variants=(Variant("base", {"unet": UNET, "text_encoder": clip_text(CLIP_L),
                                "text_encoder_2": clip_text(OPENCLIP_BIGG, projection=True),
                                "vae": vae(4, 0.13025, sample_size=1024)},
                       published_parameters=3.5e9, guidance_scale=5.0, steps=30,
-                      hub_id="stabilityai/stable-diffusion-xl-base-1.0"),))
+                      hub_id="stabilityai/stable-diffusion-xl-base-1.0"),
+              Variant("refiner", {"unet": REFINER_UNET, "text_encoder_2": clip_text(OPENCLIP_BIGG, projection=True),
+                                  "vae": vae(4, 0.13025, sample_size=1024)},
+                      published_parameters=2.3e9, published_parts=("unet",), published_tolerance=0.02,
+                      hub_id="stabilityai/stable-diffusion-xl-refiner-1.0", refiner=True)),
+    pick_variant=variant_of_unet, refiner_pipeline="StableDiffusionXLImg2ImgPipeline")

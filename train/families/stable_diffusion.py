@@ -23,7 +23,7 @@ def _sd_family(name: str, label: str, variant: Variant, marks: tuple[str, ...], 
                   text_encoders=("text_encoder",), schedule="diffusion", samplers=DIFFUSION_SAMPLERS, native_size=size,
                   size_range=(256, 1024), latent_channels=4, folder_classes=frozenset({"StableDiffusionPipeline"}),
                   single_file_marks=marks, single_file_text_marks=("cond_stage_model.",), variants=(variant,),
-                  writes_single_file=True,
+                  writes_single_file=True, original_sd_layout=True,
                   # no safety checker: the pipelines warn unless told it is not required
                   pipeline_options={"safety_checker": None, "requires_safety_checker": False})
 

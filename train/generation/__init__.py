@@ -11,14 +11,15 @@ choice, and the PNG parameters that record how each image was made.
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "defaults": "DEFAULT_GUIDANCE DEFAULT_SAMPLER DEFAULT_SIZE DEFAULT_STEPS DEFAULT_WEIGHTS MAX_GUIDANCE MAX_SEED "
-                "MAX_SIZE MAX_STEPS MIN_SIZE RECOMMENDED_FILE RECOMMENDED_KEYS SIZE_STEP WEIGHT_CHOICES check_recommended "
+    "defaults": "DEFAULT_GUIDANCE DEFAULT_REFINER_SWITCH DEFAULT_SAMPLER DEFAULT_SIZE DEFAULT_STEPS DEFAULT_WEIGHTS "
+                "MAX_GUIDANCE MAX_SEED MAX_SIZE MAX_STEPS MIN_SIZE RECOMMENDED_FILE RECOMMENDED_KEYS SIZE_STEP WEIGHT_CHOICES check_recommended "
                 "parse_recommended recommended_line starting_settings weights_to_use",
     "device": "pick_device pipeline_dtype",
     "grid": "DEMO_PROMPTS grid_image write_grid",
-    "images": "Settings StepHook Stopped generate_images guidance_kind_of native_size sampler_of",
+    "images": "Refiner Settings StepHook Stopped check_refiner generate_images guidance_kind_of native_size "
+              "sampler_of",
     "png": "SUFFIX_FORMATS ImageRecord as_one_line exif_parameters image_format parameters_from_exif "
-           "parse_parameters save_image save_png settings_line with_metadata",
+           "parse_parameters refiner_of save_image save_png settings_line with_metadata",
     "prompts": "PROMPT_SETS Prompt prompt_set_path read_prompt_table",
     "samplers": "SAMPLERS check_sampler make_sampler sampler_name with_sampler_key",
 })

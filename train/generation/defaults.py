@@ -17,6 +17,9 @@ DEFAULT_STEPS = 25
 # built from the checkpoint's own noise schedule (train.generation.samplers).
 DEFAULT_SAMPLER = "DPM++ 2M"
 DEFAULT_SIZE = None  # the checkpoint's native size (train.generation.native_size)
+# Where a refiner takes over, as a fraction of the schedule: SDXL's published two-stage use (diffusers' "ensemble
+# of expert denoisers", high_noise_frac) and A1111's and Forge's "Refiner switch at" default
+DEFAULT_REFINER_SWITCH = 0.8
 
 # What one image may ask for, in `dwb sample` and in the app (whose flags may change them; its server also limits
 # the work per request and per client, app.generate.Limits).

@@ -14,17 +14,36 @@ How an image was made is written into its PNG by ``train.generation.png``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..errors import WorkbenchError
-from ..families import family_of_pipeline
-from .defaults import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_SIZE, DEFAULT_STEPS
+from ..families import FAMILIES, family_of_pipeline
+from .defaults import DEFAULT_GUIDANCE, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_SIZE, DEFAULT_STEPS
 from .samplers import make_sampler
 
 StepHook = Callable[[int, int], None]  # (steps done, steps in all) after each denoising step
+
+
+@dataclass(frozen=True)
+class Refiner:
+    """A second stage (SDXL's refiner): the base denoises the schedule up to ``switch`` and hands its latents to
+    ``pipe`` (the refiner's own pipeline, from ``train.checkpoints.load_pipeline(ref, refiner=True)``), which
+    denoises the rest with the same prompts, seeds' generators, sampler, steps and guidance."""
+
+    pipe: object = field(repr=False, compare=False)
+    name: str  # the refiner checkpoint's label, for the images' records
+    hash: str  # its content hash
+    switch: float = DEFAULT_REFINER_SWITCH
+
+    def __post_init__(self):
+        switch = self.switch
+        if isinstance(switch, bool) or not isinstance(switch, (int, float)) or not 0 < switch < 1:
+            raise WorkbenchError(f"the refiner switch is the fraction of the steps the base takes, between 0 and 1 "
+                                 f"(not either); got {switch!r}")
+        object.__setattr__(self, "switch", float(switch))
 
 
 @dataclass(frozen=True)
@@ -37,6 +56,7 @@ class Settings:
     height: int | None = DEFAULT_SIZE
     sampler: str | None = DEFAULT_SAMPLER  # a name in train.generation.SAMPLERS; None: DEFAULT_SAMPLER
     negative_prompt: str = ""
+    refiner: Refiner | None = None  # a second stage that finishes the base's schedule; None: the base alone
 
 
 class Stopped(Exception):
@@ -73,25 +93,78 @@ def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settin
         raise ValueError("one seed per prompt")
     family = family_of_pipeline(pipe)
     family.check_sampler(sampler_of(settings))
-    variant = family.variant_of(getattr(pipe, family.denoiser).config)
-    conditioning = family.pipeline_arguments(variant, settings.guidance, settings.negative_prompt, len(prompts))
+    denoiser_config = getattr(pipe, family.denoiser).config
+    variant = family.variant_of(denoiser_config)
+    conditioning = {**family.pipeline_arguments(variant, settings.guidance, settings.negative_prompt, len(prompts)),
+                    **family.call_options(denoiser_config, family.has_all_text_encoders(pipe))}
     width, height = settings.width or native_size(pipe), settings.height or native_size(pipe)
     multiple = family.size_multiple(pipe)
     if width % multiple or height % multiple:
         raise WorkbenchError(f"{family.label} draws sides that are multiples of {multiple}; {width}x{height} is not")
-    scheduler = make_sampler(sampler_of(settings), pipe.scheduler.config)
-    run = type(pipe)(**{**pipe.components, "scheduler": scheduler, **family.pipeline_options})
+    if settings.refiner is not None:
+        check_refiner(family, variant, settings.refiner)
+    run = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options)
+    generators = [torch.Generator("cpu").manual_seed(int(s)) for s in seeds]
+    call = dict(num_inference_steps=settings.steps, **conditioning, generator=generators)
+    if settings.refiner is None:
+        images = run(list(prompts), width=width, height=height, output_type="np",
+                     callback_on_step_end=_step_end(on_step, should_stop), **call).images
+        return (images * 255).round().astype(np.uint8)
+    # The published two-stage use: the base stops at the switch and returns its latents, the refiner starts there
+    # (no noise added) with the same generators, so each image's noise still comes from its seed alone.
+    switch, done = settings.refiner.switch, [0]
+    latents = run(list(prompts), width=width, height=height, denoising_end=switch, output_type="latent",
+                  callback_on_step_end=_step_end(on_step, should_stop, done, base=True), **call).images
+    refine = _sampling_copy(settings.refiner.pipe, sampler_of(settings), family.pipeline_options)
+    images = refine(list(prompts), image=latents, denoising_start=switch, output_type="np",
+                    callback_on_step_end=_step_end(on_step, should_stop, done), **call).images
+    return (images * 255).round().astype(np.uint8)
+
+
+def _sampling_copy(pipe, sampler: str, options: dict):
+    """A lightweight pipeline sharing ``pipe``'s modules and settings with a fresh scheduler of ``sampler``.
+    ``components`` holds the modules only: the settings its folder saved (the refiner's
+    ``requires_aesthetics_score``, without which its UNet is given six time ids for five) are copied from its
+    config."""
+    _, optional = pipe._get_signature_keys(pipe)
+    saved = {k: v for k, v in pipe.config.items() if k in optional and isinstance(v, (bool, int, float, str))}
+    run = type(pipe)(**{**pipe.components, **saved, "scheduler": make_sampler(sampler, pipe.scheduler.config),
+                        **options})
     run.set_progress_bar_config(disable=True)
+    return run
+
+
+def _step_end(on_step: StepHook | None, should_stop: Callable[[], bool] | None, done: list[int] | None = None,
+              base: bool = False):
+    """The step callback of one pipeline call; ``done`` counts the steps of a refined call's two stages: the
+    ``base`` stage reports against its whole schedule (its scheduler holds it; the pipeline stops at the switch),
+    the refiner's against what the base did plus its own."""
+    done = [0] if done is None else done
+    before = done[0]
 
     def step_end(p, i: int, t, tensors: dict) -> dict:
+        total = len(p.scheduler.timesteps) if base else before + p.num_timesteps
         if should_stop is not None and should_stop():
-            raise Stopped(f"stopped after {i + 1} of {p.num_timesteps} steps")
+            raise Stopped(f"stopped after {before + i + 1} of {total} steps")
+        done[0] = before + i + 1
         if on_step is not None:
-            on_step(i + 1, p.num_timesteps)
+            on_step(done[0], total)
         return {}
 
-    images = run(list(prompts), num_inference_steps=settings.steps, **conditioning,
-                 width=width, height=height,
-                 generator=[torch.Generator("cpu").manual_seed(int(s)) for s in seeds], output_type="np",
-                 callback_on_step_end=step_end).images
-    return (images * 255).round().astype(np.uint8)
+    return step_end
+
+
+def check_refiner(family, base, refiner: Refiner) -> None:
+    """A one-line error unless ``refiner`` can finish what a ``base`` variant of ``family`` starts: a refiner of
+    the same family, after a base that is not itself one."""
+    if family.refiner_pipeline is None:
+        having = ", ".join(f.label for f in FAMILIES if f.refiner_pipeline)
+        raise WorkbenchError(f"{family.label} has no refiner stage: a refiner finishes the latents of a base of its "
+                             f"own family ({having})")
+    if base.refiner:
+        raise WorkbenchError(f"the base is a {family.label} refiner, which draws nothing from text alone")
+    refiner_family = family_of_pipeline(refiner.pipe)
+    refiner_variant = refiner_family.variant_of(getattr(refiner.pipe, refiner_family.denoiser).config)
+    if refiner_family is not family or not refiner_variant.refiner:
+        raise WorkbenchError(f"{refiner.name} is a {refiner_family.label} ({refiner_variant.name}) model, not a "
+                             f"refiner of {family.label}")

@@ -38,12 +38,27 @@ class ImageRecord:
     # how the model took ``guidance`` (train.families.GUIDANCE_KINDS): classifier-free, distilled into the model
     # (Flux.1-dev) or none (Flux.1-schnell)
     guidance_kind: str = field(default="cfg")
+    # the second stage that finished the image (``Settings.refiner``): its label and hash, and the fraction of the
+    # steps the base took; "" where the base drew it alone
+    refiner: str = field(default="")
+    refiner_hash: str = field(default="")
+    refiner_switch: float = field(default=0.0)
 
     @classmethod
     def of(cls, settings: Settings, prompt: str, seed: int, size: tuple[int, int], sampler: str, checkpoint: str,
            checkpoint_hash: str, weights: str, guidance_kind: str = "cfg") -> "ImageRecord":
+        refiner = settings.refiner
+        stage = {} if refiner is None else dict(refiner=refiner.name, refiner_hash=refiner.hash,
+                                                refiner_switch=refiner.switch)
         return cls(prompt, settings.negative_prompt, sampler, settings.steps, float(settings.guidance), size[0],
-                   size[1], int(seed), checkpoint, checkpoint_hash, weights, guidance_kind=guidance_kind)
+                   size[1], int(seed), checkpoint, checkpoint_hash, weights, guidance_kind=guidance_kind, **stage)
+
+    def refiner_fields(self) -> list[tuple[str, str]]:
+        """The refiner as A1111 and Forge write it: "Refiner: NAME [HASH], Refiner switch at: 0.8"; none without."""
+        if not self.refiner:
+            return []
+        return [("Refiner", _quote(f"{self.refiner} [{self.refiner_hash}]")),
+                ("Refiner switch at", f"{self.refiner_switch:g}")]
 
     def guidance_fields(self) -> list[tuple[str, str]]:
         """The guidance as Forge writes it: "CFG scale" for classifier-free guidance; for a model that takes none,
@@ -65,7 +80,7 @@ class ImageRecord:
         settings = [("Steps", self.steps), ("Sampler", self.sampler), *self.guidance_fields(),
                     ("Seed", self.seed), ("Size", f"{self.width}x{self.height}"),
                     ("Model hash", self.checkpoint_hash), ("Model", _quote(self.checkpoint)),
-                    ("Weights", weights), ("Version", self.software)]
+                    ("Weights", weights), *self.refiner_fields(), ("Version", self.software)]
         lines.append(", ".join(f"{k}: {v}" for k, v in settings))
         return "\n".join(lines)
 
@@ -189,6 +204,25 @@ def save_image(image: Image.Image, path, record: ImageRecord, extra: dict | None
         return
     with whole_file(path) as tmp:
         image.convert("RGB").save(tmp, format=fmt, quality=JPEG_QUALITY, exif=exif_parameters(record.parameters()))
+
+
+REFINER_VALUE = re.compile(r"(.*\S)\s*\[([^\[\]]*)\]\s*")  # "NAME [HASH]"
+
+
+def refiner_of(parsed: dict) -> tuple[str, str, float | None] | None:
+    """(name, hash, switch) of the refiner a ``parse_parameters`` dict names (A1111's, Forge's or ours: "Refiner:
+    NAME [HASH], Refiner switch at: 0.8"); the switch None where it is missing or not a fraction in (0, 1); None
+    where there was no refiner."""
+    value = parsed.get("Refiner", "")
+    if not isinstance(value, str) or not value.strip():
+        return None
+    match = REFINER_VALUE.fullmatch(value)
+    name, digest = (match.group(1), match.group(2).strip()) if match else (value.strip(), "")
+    try:
+        switch = float(parsed.get("Refiner switch at", ""))
+    except (TypeError, ValueError):
+        switch = None
+    return name, digest, switch if switch is not None and 0 < switch < 1 else None
 
 
 def parse_parameters(text: str) -> dict[str, str]:

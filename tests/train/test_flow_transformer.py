@@ -1,0 +1,182 @@
+"""`dwb train` of the tiny MMDiT with rectified flow: what it conditions on and how it noises equal what diffusers'
+``StableDiffusion3Pipeline`` and ``FlowMatchEulerDiscreteScheduler`` do at sampling; validation is bit-identical
+straight or through a SIGKILL and resume; previews are what `dwb sample` draws; the exported folder draws the same
+image in plain diffusers; phase 2 takes SD3's resolution shift.
+
+Two short real runs shared by the module: phase 1 straight (4 batches) and the same phase 1 SIGKILLed after its
+batch-2 checkpoint and resumed; a 2-batch phase 2 from the straight run."""
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from train.checkpoints import load_pipeline, read_checkpoint
+from train.config import load_config
+from train.errors import WorkbenchError
+from train.generation import Settings, generate_images
+from train.trainer import build_model, train
+
+from ..conftest import REPO, tiny_overrides
+
+PHASE1, PHASE2 = REPO / "configs/tiny-mmdit-phase1.yaml", REPO / "configs/tiny-mmdit-phase2.yaml"
+PROMPTS = ["a red circle above a blue square", "two green triangles"]
+BIN = Path(sys.executable).parent
+
+
+def _over(shapes_data, components, folder, **extra) -> list[str]:
+    keys = dict(max_duration="4ba", save_interval="2ba", autoresume="true", eval_interval="2ba", preview_interval="4ba",
+                **{"validation.path": shapes_data / "eval" / "32", "validation.max_samples": 4,
+                   "validation.timesteps": "[125,375,625,875]", "previews.prompts": json.dumps(PROMPTS),
+                   "previews.steps": 3, "ema.enabled": "true"})
+    return tiny_overrides(shapes_data, components, folder, **{**keys, **extra})
+
+
+def _kill_after(proc: subprocess.Popen, path: Path) -> None:
+    from train.checkpoints import checkpoint_problem
+
+    deadline = time.time() + 300
+    while not (path.exists() and checkpoint_problem(path) is None):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def runs(shapes_data, components, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("mmdit")
+    straight = root / "straight" / "checkpoints"
+    train(load_config(PHASE1, _over(shapes_data, components, straight)))
+
+    killed = root / "killed" / "checkpoints"
+    over = _over(shapes_data, components, killed, preview_interval="null")
+    proc = subprocess.Popen([str(BIN / "dwb"), "train", str(PHASE1), *over], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _kill_after(proc, killed / "ep0-ba2-rank0.pt")
+    train(load_config(PHASE1, over))
+
+    phase2 = root / "phase2" / "checkpoints"
+    train(load_config(PHASE2, _over(shapes_data, components, phase2, max_duration="2ba", eval_interval="null",
+                                    preview_interval="null", load_path=straight / "ep0-ba4-rank0.pt",
+                                    **{"data.path": shapes_data / "32", "data.resolution": 32})))
+    return {"straight": straight, "killed": killed, "phase2": phase2}
+
+
+@pytest.fixture(scope="module")
+def model(shapes_data, components):
+    """The training model as phase 1 builds it (fresh weights), in eval mode."""
+    return build_model(load_config(PHASE1, tiny_overrides(shapes_data, components, Path("unused")))).eval()
+
+
+def test_the_text_states_are_what_sd3s_pipeline_feeds_the_transformer(model):
+    pipe = model.pipeline_with(model.transformer)
+    ids = model.tokenizer(PROMPTS, padding="max_length", max_length=model.tokenizer.model_max_length,
+                          truncation=True, return_tensors="pt").input_ids
+    states, pooled = model.encode_text(ids)
+    want, _, want_pooled, _ = pipe.encode_prompt(PROMPTS, None, None, do_classifier_free_guidance=False,
+                                                 max_sequence_length=0)
+    assert states.shape == want.shape and states.shape[-1] == model.transformer.config.joint_attention_dim
+    assert torch.equal(states, want) and torch.equal(pooled, want_pooled)
+
+
+def test_the_noised_input_and_timestep_are_the_schedulers(model):
+    """The transformer sees, in training, what it sees at sampling at the same t: FlowMatchEulerDiscreteScheduler's
+    ``scale_noise`` of the latents, and the timestep 1000 t."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    seen = {}
+    hook = model.transformer.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
+    try:
+        latents, noise = torch.randn(2, 4, 4, 4), torch.randn(2, 4, 4, 4)
+        ids = model.tokenizer(PROMPTS, padding="max_length", max_length=model.tokenizer.model_max_length,
+                              return_tensors="pt").input_ids
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=model.flow.shift)
+        t = scheduler.timesteps[[100, 700]]
+        pred, target, sigma = model.denoise(latents, model.encode_text(ids), noise, t)
+    finally:
+        hook.remove()
+    want = torch.cat([scheduler.scale_noise(latents[i:i + 1], t[i:i + 1], noise[i:i + 1]) for i in range(2)])
+    assert torch.allclose(seen["hidden_states"], want, atol=1e-6)
+    assert torch.equal(seen["timestep"], t.float()) and torch.equal(target, noise - latents)
+    assert pred.shape == latents.shape and torch.allclose(sigma, t / 1000)
+
+
+def test_the_spec_says_family_denoiser_and_flow(runs):
+    spec = read_checkpoint(runs["straight"] / "ep0-ba4-rank0.pt")["spec"]
+    assert spec["format"] == "diffusion-workbench/2" and spec["family"] == "sd3"
+    assert spec["prediction_type"] == "flow" and "unet" not in spec
+    assert spec["transformer"]["num_layers"] == 4 and spec["flow"]["shift"] == 1.0
+    assert spec["vae"]["shift_factor"] == 0.0
+
+
+@pytest.mark.slow
+def test_validation_loss_is_bit_identical_straight_or_through_a_kill_and_resume(runs):
+    for name in ("ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"):
+        straight = read_checkpoint(runs["straight"] / name)["callbacks"]["ValidationLoss"]["last"]
+        resumed = read_checkpoint(runs["killed"] / name)["callbacks"]["ValidationLoss"]["last"]
+        assert straight == resumed
+    assert straight["validation/loss"] != straight["validation_ema/loss"]
+    assert {"validation/loss_low", "validation/loss_mid", "validation/loss_high"} <= set(straight)
+
+
+def test_a_preview_is_what_dwb_sample_draws(runs, dwb, tmp_path):
+    preview = runs["straight"].parent / "previews" / "ba4.png"
+    params = json.loads(preview.with_suffix(".json").read_text())
+    out = tmp_path / "sample.png"
+    args = [a for p in PROMPTS for a in ("--prompt", p)]
+    r = dwb("sample", str(runs["straight"] / "ep0-ba4-rank0.pt"), str(out), *args, "--seeds", "2", "--steps", "3",
+            "--guidance", str(params["guidance"]), "--size", "16", "--weights", "ema" if params["ema"] else "raw")
+    assert r.returncode == 0, r.stderr
+    a, b = np.asarray(Image.open(preview)), np.asarray(Image.open(out))
+    cells = (slice(24, None), slice(300, None))  # below the title, right of the prompt labels
+    assert a.shape == b.shape and np.array_equal(a[cells], b[cells]) and a[cells].std() > 0
+
+
+def test_the_exported_folder_draws_our_image_in_plain_diffusers(runs, dwb, tmp_path):
+    from diffusers import StableDiffusion3Pipeline
+
+    ckpt = runs["phase2"] / "ep0-ba2-rank0.pt"
+    r = dwb("export", str(ckpt), str(tmp_path / "folder"))
+    assert r.returncode == 0, r.stderr
+    settings = Settings(steps=4, guidance=3.0, width=32, height=32, sampler="Euler")
+    ours = generate_images(load_pipeline(ckpt, ema=True), PROMPTS[:1], [7], settings)[0]
+
+    card = (tmp_path / "folder" / "README.md").read_text()  # how the card says to load and call it
+    assert "text_encoder_3=None, tokenizer_3=None" in card and "max_sequence_length=0" in card
+    plain = StableDiffusion3Pipeline.from_pretrained(tmp_path / "folder", text_encoder_3=None, tokenizer_3=None,
+                                                     local_files_only=True)
+    assert plain.scheduler.config.shift == 2.0  # SD3's resolution shift at 32 px over the 16 px base
+    image = plain(PROMPTS[0], num_inference_steps=4, guidance_scale=3.0, width=32, height=32, max_sequence_length=0,
+                  generator=torch.Generator("cpu").manual_seed(7), output_type="np").images[0]
+    assert np.array_equal(ours, (image * 255).round().astype(np.uint8)) and ours.std() > 0
+
+
+def test_phase_2_takes_the_resolution_shift_and_the_phase_1_weights(runs):
+    spec = read_checkpoint(runs["phase2"] / "ep0-ba2-rank0.pt")["spec"]
+    assert spec["flow"]["shift"] == pytest.approx(2.0) and spec["resolution"] == 32
+
+
+def test_a_unet_checkpoint_is_no_starting_point_for_the_transformer(tiny_run, shapes_data, components, tmp_path):
+    over = tiny_overrides(shapes_data, components, tmp_path / "ck", max_duration="1ba",
+                          load_path=tiny_run / "ep0-ba4-rank0.pt")
+    with pytest.raises(WorkbenchError, match="config key 'load_path'.*'tiny' model"):
+        train(load_config(PHASE1, over))
+
+
+@pytest.mark.parametrize("override, says", [
+    ("model.loss_weighting=uniform", "model.loss_weighting"),
+    ("model.logit_std=0", "model.logit_std"),
+    ("model.flow_shift=.inf", "model.flow_shift"),
+    ("data.precomputed=true", "data.precomputed"),
+])
+def test_bad_flow_keys_are_one_line(override, says, shapes_data, components, tmp_path):
+    with pytest.raises(WorkbenchError, match=says):
+        cfg = load_config(PHASE1, tiny_overrides(shapes_data, components, tmp_path, **dict([override.split("=")])))
+        build_model(cfg)

@@ -1,0 +1,32 @@
+"""Training FLOPs of a config's denoiser, counted: one batch at the config's batch size and resolution through
+the model's forward, loss and backward under PyTorch's ``FlopCounterMode`` (matrix products and convolutions,
+forward and backward), the frozen VAE and text encoder left out: they cost the same whatever the denoiser, and a
+run on precomputed latents does not pay them. So two recipes compare at equal training compute by counting, not
+by a rule of thumb such as 6 x parameters x tokens (which a UNet's convolutions do not follow)."""
+from __future__ import annotations
+
+import torch
+
+from .config import TrainConfig
+
+
+def batch_flops(cfg: TrainConfig, model=None) -> float:
+    """The FLOPs of one training batch of ``cfg``'s denoiser (``model``: the one it builds, where already built)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .model import Draws
+    from .trainer import build_model
+
+    model = (model or build_model(cfg)).train()
+    n, side = cfg.global_train_batch_size, cfg.data.resolution
+    generator = torch.Generator().manual_seed(0)
+    batch = {"image": torch.rand(n, 3, side, side, generator=generator) * 2 - 1,
+             "input_ids": torch.randint(0, len(model.tokenizer), (n, model.tokenizer.model_max_length),
+                                        generator=generator)}
+    latents, text = model.latents_and_text(batch)
+    with FlopCounterMode(display=False) as counter:
+        noise = torch.randn_like(latents)
+        t = model.draw_timesteps(Draws(), n, latents.device)
+        model.per_sample_loss(model.denoise(latents, text, noise, t)).mean().backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
