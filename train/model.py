@@ -53,6 +53,7 @@ class Draws:
 
 
 class LatentDiffusion(ComposerModel):
+    reads_captions = False  # precomputed data: its stored text states condition the UNet
     def __init__(self, unet, vae, text_encoder, tokenizer, *, prediction_type: str = "epsilon",
                  caption_dropout: float = 0.1, min_snr_gamma: float | None = None, other_phrasing: float = 0.0,
                  per_sample_seed: int | None = None):
@@ -252,11 +253,17 @@ class RectifiedFlowTransformer(LatentDiffusion):
         states, pooled = out.hidden_states[-2], out.text_embeds
         return torch.cat([states] * self.clip_slots, dim=-1), torch.cat([pooled] * self.clip_slots, dim=-1)
 
+    reads_captions = True  # precomputed latents come with their captions' ids: stored states hold no pooled output
+
     def latents_and_text(self, batch: dict, draws: Draws = Draws()):
-        if "latent_mean" in batch:
-            raise RuntimeError("a transformer trains from images and token ids (precomputed text holds no pooled "
-                               "output)")
-        return super().latents_and_text(batch, draws)
+        """Scaled latents (sampled from stored posteriors, which ``dwb data precompute`` scaled but did not shift)
+        and the text conditioning of the batch's token ids."""
+        if "latent_mean" not in batch:
+            return super().latents_and_text(batch, draws)
+        mean = batch["latent_mean"].float()
+        latents = mean + batch["latent_std"].float() * draws.normal(mean.shape, mean.device, mean.dtype)
+        ids = self.rephrase(batch["input_ids"], batch.get("input_ids_alt"), draws)
+        return latents - self.shift_factor * self.scaling_factor, self.encode_text(self.drop_captions(ids, draws))
 
     def draw_timesteps(self, draws: Draws, n: int, device) -> torch.Tensor:
         return self.flow.draw_t(draws.normal((n,), device, torch.float32)) * TRAIN_TIMESTEPS

@@ -141,9 +141,9 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
     from .checkpoints import build_transformer, with_projection
 
     m = cfg.model
-    if cfg.data.precomputed:
-        raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} trains from images and captions "
-                             "(precomputed text holds no pooled output)")
+    if cfg.data.precomputed and m.other_phrasing > 0:
+        raise WorkbenchError(f"config key 'model.other_phrasing': {m.architecture} on precomputed latents reads the "
+                             "stored captions, not their other phrasings; set it to 0 or train from images")
     try:
         transformer = build_transformer(m.architecture, m.transformer)
     except TypeError as e:
@@ -323,9 +323,10 @@ def attach_latents(cfg: TrainConfig, model: LatentDiffusion) -> dict | None:
     from .data import check_compatible, decode_array, latent_meta
 
     meta = latent_meta(cfg.data)
-    check_compatible(meta, vae=model.vae, text_encoder=model.text_encoder, resolution=cfg.data.resolution,
-                     where="config key 'data.precomputed'")
-    model.set_empty_text(torch.from_numpy(decode_array(meta["empty_text"])))
+    check_compatible(meta, vae=model.vae, text_encoder=None if model.reads_captions else model.text_encoder,
+                     resolution=cfg.data.resolution, where="config key 'data.precomputed'")
+    if not model.reads_captions:
+        model.set_empty_text(torch.from_numpy(decode_array(meta["empty_text"])))
     return meta
 
 
@@ -462,7 +463,7 @@ def build_trainer(cfg: TrainConfig):
         model=model,
         train_dataloader=build_dataloader(cfg.data, model.tokenizer, cfg.global_train_batch_size // dist.get_world_size(),
                                           cfg.seed, other_phrasings=cfg.model.other_phrasing > 0,
-                                          with_ids=cfg.randomness == "per_sample"),
+                                          with_ids=cfg.randomness == "per_sample", captions=model.reads_captions),
         max_duration=cfg.max_duration,
         optimizers=torch.optim.AdamW(model.denoiser.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas),
                                      eps=cfg.optimizer.eps, weight_decay=cfg.optimizer.weight_decay),

@@ -232,3 +232,32 @@ def test_cli_errors_are_one_line(shapes_data, components, tmp_path, dwb):
     assert r.returncode == 1 and "--resolution" in r.stderr
     r = dwb("data", "precompute", str(shapes_data), str(tmp_path / "o"), "--pretrained", str(tmp_path / "nothing"))
     assert r.returncode == 1 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_transformer_trains_on_stored_latents_with_its_captions_as_from_images(latents, shapes_data, components):
+    """The MMDiT conditions on states the stored ones do not hold (penultimate and pooled), so its batches carry the
+    stored latents with their captions' ids: same batch, same RNG state, the on-the-fly loss; the stored text
+    states need no matching text tower (its CLIP tower gains a projection)."""
+    from train.data import build_dataloader
+
+    cfg = load_config(REPO / "configs/tiny-mmdit-phase2.yaml", [
+        f"model.pretrained={components}", f"data.path={latents / 'float32' / '32'}", "data.precomputed=true",
+        "model.caption_dropout=0.5", "global_train_batch_size=8", "device_train_microbatch_size=8",
+        "data.shuffle=false", "load_path=null"])
+    model = build_model(cfg)
+    attach_latents(cfg, model)
+    model.train()
+    pre = next(iter(build_dataloader(cfg.data, model.tokenizer, 8, cfg.seed, captions=model.reads_captions)))
+    assert set(pre) == {"latent_mean", "latent_std", "input_ids"}
+    src = _source(shapes_data, 32, 8)
+    raw = {"image": to_model_range(np.stack([crop_to_array(s["image"], 32) for s in src])),
+           "input_ids": model.tokenizer([s["caption"] for s in src], padding="max_length", truncation=True,
+                                        max_length=model.tokenizer.model_max_length, return_tensors="pt").input_ids}
+    assert torch.equal(pre["input_ids"], raw["input_ids"])
+    losses = []
+    for batch in (raw, pre):
+        torch.manual_seed(123)
+        losses.append(model.loss(model(batch), batch).item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    torch.manual_seed(124)
+    assert model.loss(model(pre), pre).item() != pytest.approx(losses[1], rel=1e-6)

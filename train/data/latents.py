@@ -69,7 +69,8 @@ def read_meta(path: str | Path, remote: str | None = None) -> dict:
 
 
 def check_compatible(meta: dict, *, vae, text_encoder, resolution: int, where: str) -> None:
-    """Refuse latents made with another VAE, scaling factor, text encoder or resolution."""
+    """Refuse latents made with another VAE, scaling factor, text encoder or resolution (``text_encoder`` None: a
+    model that encodes the stored captions itself, whose text states are not read)."""
     sf = float(vae.config.scaling_factor)
     if abs(float(meta["scaling_factor"]) - sf) > 1e-9:
         raise WorkbenchError(f"{where}: latents were precomputed with VAE scaling factor {meta['scaling_factor']} but "
@@ -78,7 +79,7 @@ def check_compatible(meta: dict, *, vae, text_encoder, resolution: int, where: s
     if meta["vae"]["fingerprint"] != vae_fp:
         raise WorkbenchError(f"{where}: latents were precomputed with another VAE (weights {meta['vae']['fingerprint']}, "
                              f"this model's are {vae_fp}); precompute them again with this VAE")
-    te_fp = fingerprint(text_encoder)
+    te_fp = fingerprint(text_encoder) if text_encoder is not None else meta["text_encoder"]["fingerprint"]
     if meta["text_encoder"]["fingerprint"] != te_fp:
         raise WorkbenchError(f"{where}: text states were precomputed with another text encoder (weights "
                              f"{meta['text_encoder']['fingerprint']}, this model's are {te_fp})")

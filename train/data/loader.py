@@ -120,14 +120,19 @@ class ImageCaptionDataset(NamedStreamingDataset):
 class LatentDataset(NamedStreamingDataset):
     """A dataset from `dwb data precompute`: ``{'latent_mean', 'latent_std', 'text'}`` as stored (fp16 or fp32)."""
 
-    def __init__(self, *, with_ids: bool = False, **kwargs):
+    def __init__(self, *, with_ids: bool = False, captions: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.with_ids = with_ids
+        self.captions = captions  # the stored captions instead of their text states (a model that encodes its own)
 
     def __getitem__(self, index: int) -> dict:
         sample = super().__getitem__(index)
-        out = {"latent_mean": sample["latent_mean"], "latent_std": sample["latent_std"], "text": sample["text"]}
-        if "text_alt" in sample:  # latents precomputed before phrasings were stored have none
+        out = {"latent_mean": sample["latent_mean"], "latent_std": sample["latent_std"]}
+        if self.captions:
+            out["caption"] = sample["caption"]
+        else:
+            out["text"] = sample["text"]
+        if "text_alt" in sample and not self.captions:  # latents precomputed before phrasings were stored have none
             out["text_alt"] = sample["text_alt"]
         if self.with_ids:
             out["sample_id"] = int(index)
@@ -142,6 +147,22 @@ def collate_latents(samples: list[dict], other_phrasings: bool = True) -> dict:
     if "sample_id" in samples[0]:
         out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
     return out
+
+
+class LatentsAndCaptions:
+    """Batches stored latents with their captions tokenized in one call (``input_ids``): for a model whose text
+    conditioning the stored states do not hold (an MMDiT's penultimate states and pooled output)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, samples: list[dict]) -> dict:
+        out = {k: torch.from_numpy(np.stack([s[k] for s in samples])) for k in ("latent_mean", "latent_std")}
+        out["input_ids"] = self.tokenizer([s["caption"] for s in samples], padding="max_length", truncation=True,
+                                          max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids
+        if "sample_id" in samples[0]:
+            out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
+        return out
 
 
 class TokenizingCollate:
@@ -278,7 +299,7 @@ def check_node_shared_memory() -> None:
                              f"mount namespace with a tmpfs on {SHARED_MEMORY}: docs/scale.md)")
 
 
-def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -> StreamingDataset:
+def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False, captions: bool = False) -> StreamingDataset:
     """The Streaming dataset of a data config: one dataset or a mixture of streams, images or latents."""
     from streaming import Stream
 
@@ -303,7 +324,7 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -
     where = f"the training data ({', '.join(s.remote or s.path for s in streams)})"
     check_node_shared_memory()
     try:
-        dataset = open_streaming(lambda: LatentDataset(with_ids=with_ids, where=where, **common) if data_cfg.precomputed
+        dataset = open_streaming(lambda: LatentDataset(with_ids=with_ids, captions=captions, where=where, **common) if data_cfg.precomputed
                                  else ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
                                                           with_ids=with_ids, where=where, **common))
         check_safe_columns(dataset, "config key 'data.path'" if not data_cfg.streams else "config key 'data.streams'")
@@ -315,12 +336,16 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False) -
 
 
 def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last: bool = True,
-                     with_ids: bool = False, other_phrasings: bool = True) -> DataLoader:
-    """``other_phrasings``: batches carry each caption's other phrasing too (``model.other_phrasing`` > 0)."""
-    if not data_cfg.precomputed and tokenizer is None:
+                     with_ids: bool = False, other_phrasings: bool = True, captions: bool = False) -> DataLoader:
+    """``other_phrasings``: batches carry each caption's other phrasing too (``model.other_phrasing`` > 0);
+    ``captions``: precomputed latents come with their captions' token ids instead of stored text states."""
+    if (captions or not data_cfg.precomputed) and tokenizer is None:
         raise WorkbenchError("training on captions needs a tokenizer: set model.pretrained to a folder with tokenizer/")
-    dataset = make_dataset(data_cfg, batch_size, seed, with_ids=with_ids)
-    collate = (partial(collate_latents, other_phrasings=other_phrasings) if data_cfg.precomputed
-               else TokenizingCollate(fast_tokenizer(tokenizer), other_phrasings=other_phrasings))
+    dataset = make_dataset(data_cfg, batch_size, seed, with_ids=with_ids, captions=captions)
+    if data_cfg.precomputed:
+        collate = (LatentsAndCaptions(fast_tokenizer(tokenizer)) if captions
+                   else partial(collate_latents, other_phrasings=other_phrasings))
+    else:
+        collate = TokenizingCollate(fast_tokenizer(tokenizer), other_phrasings=other_phrasings)
     return DataLoader(dataset, batch_size=batch_size, num_workers=data_cfg.num_workers, drop_last=drop_last,
                       collate_fn=collate, persistent_workers=data_cfg.num_workers > 0)
