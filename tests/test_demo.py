@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_dwb
+from .conftest import CHROMIUM, CHROMIUM_ARGS, REPO, needs_chromium, run_dwb
+
+REPO_CONFIGS = REPO / "configs"
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +163,30 @@ def test_the_demos_compare_page_says_what_compare_prints_and_its_json_holds(quic
     assert scored == f"Scored: {re.search(r'B = phase2/ba4, (.*), [0-9]+ images of', header).group(1)}."
     made = quick_demo.report["generation"]  # what the demo generated with; its checkpoints hold EMA weights
     assert scored == f"Scored: guidance {made['guidance']:g}, {made['sampler']}, {made['steps']} steps, EMA weights."
+
+
+@pytest.mark.slow
+def test_the_transformer_trains_for_the_unets_flops_and_is_compared_with_it(quick_demo):
+    """`dwb demo --with-transformer`'s stage on the quick demo's data, parts and scores: the transformer's phase 2
+    is as long as makes its counted training FLOPs the UNet's (within one of its batches), and its last checkpoint
+    is compared with the UNet's last by `dwb evaluate compare`'s paired intervals (it runs last in the module: it adds
+    to the demo's folder)."""
+    from demo.run import transformer_at_equal_flops
+    from demo.settings import QUICK
+    from train.config import load_config
+    from train.flops import batch_flops
+
+    out = quick_demo.out
+    stages: list = []
+    result = transformer_at_equal_flops(out, QUICK, 0, True, stages, quick_demo.report["scores"])
+    per_batch = batch_flops(load_config(REPO_CONFIGS / "tiny-mmdit-phase2.yaml",
+                                        [f"model.pretrained={out / 'components'}", *QUICK["train"]]))
+    assert abs(result["transformer_flops"] - result["unet_flops"]) <= per_batch / 2
+    assert result["transformer_batches"]["phase1"] == result["unet_batches"]["phase1"] == 4
+    phase2 = result["transformer_batches"]["phase2"]
+    assert phase2 != result["unet_batches"]["phase2"]  # counted, not copied: the two step costs differ
+    assert [s["model"] for s in result["scores"]] == [f"transformer-phase2/ba{phase2}"]
+    comparison = result["comparison"]
+    assert (comparison["a"], comparison["b"]) == ("phase2/ba4", f"transformer-phase2/ba{phase2}")
+    assert Path(result["compare_page"]).is_file()
+    assert [s["stage"].split(":")[0] for s in stages] == ["count", "train", "train", "evaluate"]

@@ -114,6 +114,10 @@ def test_the_spec_says_family_denoiser_and_flow(runs):
     assert spec["prediction_type"] == "flow" and "unet" not in spec
     assert spec["transformer"]["num_layers"] == 4 and spec["flow"]["shift"] == 1.0
     assert spec["vae"]["shift_factor"] == 0.0
+    from train.checkpoints import describe, find_checkpoint
+
+    info = describe(find_checkpoint(str(runs["straight"] / "ep0-ba4-rank0.pt")))  # what the app and evaluate ask
+    assert info.family == "sd3" and info.prediction_type == "flow" and info.resolution == 16
 
 
 @pytest.mark.slow

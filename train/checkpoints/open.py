@@ -44,7 +44,7 @@ def describe(ckpt: Checkpoint) -> CheckpointInfo:
         data = read_summary(ckpt.path)  # the pickle alone: no weights are read
         spec = data["spec"]
         return CheckpointInfo(ckpt.kind, spec.get("resolution"), has_ema(data), spec.get("architecture"),
-                              spec.get("prediction_type"))
+                              spec.get("prediction_type"), spec.get("family"))
     if ckpt.kind == "single-file":
         from .family_single_file import describe_file
 
