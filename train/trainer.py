@@ -20,6 +20,7 @@ from .errors import WorkbenchError
 from .common import disk_full_error, is_disk_full
 from .model import LatentDiffusion, RectifiedFlowTransformer
 from .checkpoints import ModelSpec, make_spec
+from .families import family_or_ours
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,8 @@ def build_model(cfg: TrainConfig) -> LatentDiffusion:
     """The architecture's Composer model: a UNet on the diffusion schedule, or a transformer on rectified flow."""
     from .checkpoints import ARCHITECTURES
 
-    build = build_transformer_model if ARCHITECTURES[cfg.model.architecture].get("transformer") else build_unet_model
-    return build(cfg, *frozen_parts(cfg))
+    denoiser = family_or_ours(ARCHITECTURES[cfg.model.architecture].get("family")).denoiser
+    return MODEL_BUILDERS[denoiser](cfg, *frozen_parts(cfg))
 
 
 def build_unet_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> LatentDiffusion:
@@ -166,6 +167,11 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
                                     per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
 
 
+DENOISER_WORDS = {"unet": "UNet", "transformer": "transformer"}
+# The Composer model each kind of denoiser trains in
+MODEL_BUILDERS = {"unet": build_unet_model, "transformer": build_transformer_model}
+
+
 def public_config(config: dict) -> dict:
     """A diffusers config without its bookkeeping keys: ``_use_default_values`` is built from a set, so its
     order changes from one process to the next and must not make two equal UNets look different."""
@@ -211,11 +217,12 @@ def checked_load_path(cfg: TrainConfig, spec: dict) -> str | None:
 
         if problem := resume_problem(local):
             raise WorkbenchError(f"config key 'load_path': {problem}")
-    denoiser = "transformer" if "transformer" in spec else "unet"
+    denoiser = family_or_ours(spec.get("family")).denoiser
     if other["architecture"] != spec["architecture"] or \
             public_config(other.get(denoiser) or {}) != public_config(spec[denoiser]):
         raise WorkbenchError(f"config key 'load_path': {cfg.load_path} holds a '{other['architecture']}' model whose "
-                             f"{denoiser} differs from this run's '{spec['architecture']}' {denoiser}")
+                             f"{DENOISER_WORDS[denoiser]} differs from this run's '{spec['architecture']}' "
+                             f"{DENOISER_WORDS[denoiser]}")
     return local
 
 

@@ -174,13 +174,13 @@ def test_a_unet_checkpoint_is_no_starting_point_for_the_transformer(tiny_run, sh
         train(load_config(PHASE1, over))
 
 
-@pytest.mark.parametrize("override, says", [
-    ("model.loss_weighting=uniform", "model.loss_weighting"),
-    ("model.logit_std=0", "model.logit_std"),
-    ("model.flow_shift=.inf", "model.flow_shift"),
-    ("data.precomputed=true", "data.precomputed"),
+@pytest.mark.parametrize("overrides, says", [
+    ({"model.loss_weighting": "uniform"}, "model.loss_weighting"),
+    ({"model.logit_std": "0"}, "model.logit_std"),
+    ({"model.flow_shift": ".inf"}, "model.flow_shift"),
+    # stored latents come with their captions, not their other phrasings
+    ({"data.precomputed": "true", "model.other_phrasing": "0.5"}, "model.other_phrasing"),
 ])
-def test_bad_flow_keys_are_one_line(override, says, shapes_data, components, tmp_path):
+def test_bad_flow_keys_are_one_line(overrides, says, shapes_data, components, tmp_path):
     with pytest.raises(WorkbenchError, match=says):
-        cfg = load_config(PHASE1, tiny_overrides(shapes_data, components, tmp_path, **dict([override.split("=")])))
-        build_model(cfg)
+        build_model(load_config(PHASE1, tiny_overrides(shapes_data, components, tmp_path, **overrides)))

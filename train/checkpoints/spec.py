@@ -36,6 +36,8 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
         with tempfile.TemporaryDirectory() as tmp:
             model.tokenizer.save_pretrained(tmp)
             tokenizer_files = {p.name: p.read_text() for p in Path(tmp).iterdir() if p.is_file()}
+    from ..families import family_or_ours
+
     family = ARCHITECTURES.get(architecture, {}).get("family")
     flow = getattr(model, "flow", None)
     return {
@@ -44,7 +46,7 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
         **({"family": family} if family else {}),
         "prediction_type": model.prediction_type,
         "resolution": resolution,
-        ("transformer" if family else "unet"): _plain(dict(model.denoiser.config)),
+        family_or_ours(family).denoiser: _plain(dict(model.denoiser.config)),
         **({"flow": _plain(dataclasses.asdict(flow))} if flow is not None else {}),
         "vae": _plain(dict(model.vae.config)),
         "text_encoder": _plain(model.text_encoder.config.to_dict()),
