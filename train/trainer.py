@@ -97,6 +97,38 @@ def frozen_parts(cfg: TrainConfig):
     return random_vae(m.architecture), random_text_encoder(m.architecture), None
 
 
+def check_memory(cfg: TrainConfig, device: str) -> None:
+    """One line, before any weight is made, where this machine (or GPU) cannot hold the run's model: its parts
+    counted on the meta device (``train.checkpoints.check_training_memory``)."""
+    from composer.utils import dist
+
+    from .checkpoints import ARCHITECTURES, check_training_memory
+
+    m = cfg.model
+    denoiser = family_or_ours(ARCHITECTURES[m.architecture].get("family")).denoiser
+    try:
+        with torch.device("meta"):
+            trained = sum(p.numel() for p in DENOISERS[denoiser](m).parameters())
+            frozen = sum(p.numel() for part in frozen_parts_on_meta(cfg) for p in part.parameters())
+    except TypeError as e:
+        raise WorkbenchError(f"config key 'model.{denoiser}': {e}") from None
+    sharded = cfg.fsdp and cfg.fsdp_sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
+    check_training_memory(trained, frozen, ema=cfg.ema.enabled, shards=dist.get_world_size() if cfg.fsdp else 1,
+                          weights_sharded=sharded, processes=dist.get_local_world_size(),
+                          device=torch.device("cuda" if device == "gpu" else "cpu"),
+                          what=f"'{m.architecture}' ({cfg.run_name})")
+
+
+def frozen_parts_on_meta(cfg: TrainConfig) -> list:
+    """The VAE and text encoder, without weights, where the run builds them (``model.pretrained`` null); pretrained
+    ones are not counted (the plan is a floor)."""
+    from .checkpoints import random_text_encoder, random_vae
+
+    if cfg.model.pretrained is None:
+        return [random_vae(cfg.model.architecture), random_text_encoder(cfg.model.architecture)]
+    return []
+
+
 def build_model(cfg: TrainConfig) -> LatentDiffusion:
     """The architecture's Composer model: a UNet on the diffusion schedule, or a transformer on rectified flow."""
     from .checkpoints import ARCHITECTURES
@@ -168,6 +200,19 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
 
 
 DENOISER_WORDS = {"unet": "UNet", "transformer": "transformer"}
+def _unet_of(m):
+    from .checkpoints import build_unet
+
+    return build_unet(m.architecture, m.unet)
+
+
+def _transformer_of(m):
+    from .checkpoints import build_transformer
+
+    return build_transformer(m.architecture, m.transformer)
+
+
+DENOISERS = {"unet": _unet_of, "transformer": _transformer_of}  # each kind of denoiser, from the model config
 # The Composer model each kind of denoiser trains in
 MODEL_BUILDERS = {"unet": build_unet_model, "transformer": build_transformer_model}
 
@@ -456,6 +501,7 @@ def build_trainer(cfg: TrainConfig):
         if needed and url and "://" in url:
             check_remote_folder(url, key)
     reproducibility.seed_all(cfg.seed)  # the UNet's initial weights follow the run's seed
+    check_memory(cfg, device)
     model = build_model(cfg)
     check_save_folder(save_folder, estimate_checkpoint_bytes(model, cfg.ema.enabled))
     attention = set_attention(model.denoiser, cfg.model.attention, device)

@@ -184,3 +184,37 @@ def test_a_unet_checkpoint_is_no_starting_point_for_the_transformer(tiny_run, sh
 def test_bad_flow_keys_are_one_line(overrides, says, shapes_data, components, tmp_path):
     with pytest.raises(WorkbenchError, match=says):
         build_model(load_config(PHASE1, tiny_overrides(shapes_data, components, tmp_path, **overrides)))
+
+
+def test_the_full_size_mmdit_is_sd3_mediums_two_billion_weights():
+    """configs/mmdit-medium-phase{1,2}.yaml build SD3-medium's MMDiT (published: "2B parameters"; diffusers' own
+    SD3-medium transformer counts 2.028B) on SD 2's 4-channel latents and 1,024-wide text tower, offline."""
+    from train.checkpoints import build_transformer
+
+    with torch.device("meta"):
+        count = sum(p.numel() for p in build_transformer("mmdit-medium").parameters())
+    assert abs(count / 2.028e9 - 1) < 0.01, count
+    for phase in (1, 2):
+        cfg = load_config(REPO / f"configs/mmdit-medium-phase{phase}.yaml")
+        assert (cfg.model.architecture, cfg.data.resolution) == ("mmdit-medium", {1: 256, 2: 512}[phase])
+
+
+@pytest.mark.slow
+def test_a_full_size_run_the_machine_cannot_hold_is_one_line_before_any_weight():
+    """`dwb train` of the full-size MMDiT on a CPU with 4 GiB to spare: refused in one line naming what it needs
+    (2,025M trained weights x 16 bytes), before a weight is made, instead of being killed for memory."""
+    import os
+
+    from train.checkpoints import build_transformer, random_text_encoder, random_vae
+
+    with torch.device("meta"):
+        trained = sum(p.numel() for p in build_transformer("mmdit-medium").parameters())
+        frozen = sum(p.numel() for m in (random_vae("mmdit-medium"), random_text_encoder("mmdit-medium"))
+                     for p in m.parameters())
+    need = (trained * 16 + frozen * 4) / 2**30  # phase 1 has no EMA
+    r = subprocess.run([str(BIN / "dwb"), "train", str(REPO / "configs/mmdit-medium-phase1.yaml"),
+                        "model.pretrained=null", "low_precision_norms=false", "precision=fp32"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "DWB_MEMORY_MB": "4096"})
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    [line] = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert f"'mmdit-medium' (mmdit-medium-phase1) needs at least {need:.1f} GiB" in line and "4.0 GiB is free" in line

@@ -27,6 +27,7 @@ __getattr__, __all__ = face(__name__, {
     "find": "discover find_checkpoint label_under list_checkpoints raise_reason resolve_roots",
     "hashing": "content_hash fingerprint",
     "hub": "hub_cache is_hub_id",
+    "memory": "check_training_memory",
     "model_card": "model_card_text",
     "names": "KINDS Checkpoint",
     "open": "absent_parts CheckpointInfo describe export_pipeline load_pipeline native_size_of weights_of",

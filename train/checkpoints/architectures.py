@@ -71,7 +71,23 @@ TINY_MMDIT = {
     "flow_base_resolution": 16,
 }
 
-ARCHITECTURES = {"sd2-base": SD2_BASE, "tiny": TINY, "tiny-mmdit": TINY_MMDIT}
+# SD3-medium's MMDiT at full size (Esser et al. 2024: 24 joint blocks of 24 heads of 64, 2x2 patches; "2B
+# parameters"), trained here with rectified flow on SD 2's frozen parts: its 4-channel VAE, and its OpenCLIP ViT-H
+# tower (1,024 wide) in both of SD3's CLIP slots. A from-scratch recipe beside SD2-base's UNet, not SD3 itself.
+MMDIT_MEDIUM = {
+    "family": "sd3",
+    "transformer": dict(
+        sample_size=32, patch_size=2, in_channels=4, out_channels=4, num_layers=24, attention_head_dim=64,
+        num_attention_heads=24, joint_attention_dim=2048, caption_projection_dim=1536, pooled_projection_dim=2048,
+        pos_embed_max_size=192,
+    ),
+    "vae": SD2_BASE["vae"],
+    "text_encoder": SD2_BASE["text_encoder"],
+    # its pretrained VAE, text tower and tokenizer: model.pretrained names SD 2-base (no hub_id: it is no fine-tune)
+    "flow_base_resolution": 256,
+}
+
+ARCHITECTURES = {"sd2-base": SD2_BASE, "tiny": TINY, "tiny-mmdit": TINY_MMDIT, "mmdit-medium": MMDIT_MEDIUM}
 
 
 def denoiser_config(architecture: str, overrides: dict | None = None) -> dict:

@@ -87,3 +87,27 @@ def plan_memory(sizes: dict[str, int], device: torch.device, dtype: torch.dtype,
     precision = str(dtype).removeprefix("torch.")
     raise WorkbenchError(f"{what} needs {_size(need)} in {precision} and {where} has {_size(available)} "
                          f"free; use a machine with more memory" + ("" if device.type == "cuda" else " or a GPU"))
+
+
+# Bytes per trained weight: float32 weights, gradients and AdamW's two moments (EMA adds a copy)
+TRAINED_BYTES, EMA_BYTES, FROZEN_BYTES = 4 * 4, 4, 4
+
+
+def check_training_memory(trained: int, frozen: int, *, ema: bool, shards: int, weights_sharded: bool,
+                          processes: int, device: torch.device, what: str) -> int:
+    """A one-line refusal, before anything is built, where a run cannot hold its model on ``device``: ``trained``
+    weights with their gradients and AdamW state (and EMA copy), the state split over ``shards`` ranks by FSDP (the
+    weights too where ``weights_sharded``: FULL_SHARD), the ``frozen`` parts whole, for each of the ``processes`` on
+    this machine (one on a GPU). Activations come on top: it is a floor. Returns the bytes planned."""
+    shards = max(shards, 1)
+    state = trained * (TRAINED_BYTES - 4 + (EMA_BYTES if ema else 0)) // shards
+    per_process = state + trained * 4 // (shards if weights_sharded else 1) + frozen * FROZEN_BYTES
+    need = per_process * (processes if device.type != "cuda" else 1)
+    available = available_memory(device)
+    if need > available:
+        where = "this GPU" if device.type == "cuda" else f"this machine for {processes} process{'es' * (processes > 1)}"
+        raise WorkbenchError(f"{what} needs at least {_size(need)} on {where}: weights, gradients and AdamW state of "
+                             f"{trained / 1e6:,.0f}M trained weights and {frozen / 1e6:,.0f}M frozen ones, before "
+                             f"activations; {_size(available)} is free (DWB_MEMORY_MB caps it): train it on a GPU, or "
+                             f"shard it with fsdp over more ranks")
+    return need
