@@ -214,9 +214,10 @@ def run_demo(out: Path, quick: bool = False, seed: int = 0, with_transformer: bo
         scores = score_checkpoints(out, phase_dirs, resolutions, n_prompts=p["score_prompts"], steps=p["steps"],
                                    seed=seed, progress=not quick)
         comparison, compare_page = compare_last_with_middle(out, scores, seed)
-    with measured("study: blind A/B pairs of the first, middle and last checkpoints", stages):
-        study = write_study(out, scores)
     transformer = transformer_at_equal_flops(out, p, seed, quick, stages, scores) if with_transformer else None
+    with measured("study: blind A/B pairs of the first, middle and last checkpoints"
+                  + (" and the transformer's last" if transformer else ""), stages):
+        study = write_study(out, scores, transformer["scores"][-1:] if transformer else [])
     report = {"quick": quick, "seed": seed, "startup_seconds": startup,
               "total_seconds": round(time.perf_counter() - t_start, 1), "stages": stages,
               "final_checkpoint": str(final.path), "export": str(out / "export"), "grids": [str(g) for g in grids],
@@ -332,13 +333,14 @@ def closing_answer(comparison: dict, question: str = "Last checkpoint vs middle"
             f"{comparison['n_prompts']} prompts and seeds): {answers}.")
 
 
-def write_study(out: Path, scores: list[dict]) -> dict:
-    """A blind A/B study (`dwb human-eval`) of the first, middle and last scored checkpoints, from the sample
-    manifests their scoring wrote: the same prompts and seeds for each, paired by prompt."""
+def write_study(out: Path, scores: list[dict], others: list[dict] = ()) -> dict:
+    """A blind A/B study (`dwb human-eval`) of the first, middle and last scored checkpoints (and ``others``: the
+    transformer's last), from the sample manifests their scoring wrote: the same prompts and seeds for each, paired
+    by prompt."""
     from human_eval.samples import read_manifest
     from human_eval.study import build_study
 
-    chosen = [scores[0], scores[len(scores) // 2], scores[-1]]
+    chosen = [scores[0], scores[len(scores) // 2], scores[-1], *others]
     samples = [s for row in chosen for s in read_manifest(Path(row["samples"]) / "manifest.jsonl")]
     study, summary = build_study(samples, out / "study", gold=4, repeats=4, seed=0, progress=False)
     return {"folder": str(study.folder), "models": [row["model"] for row in chosen], "pairs": summary["pairs"]}

@@ -166,7 +166,7 @@ def test_the_demos_compare_page_says_what_compare_prints_and_its_json_holds(quic
 
 
 @pytest.mark.slow
-def test_the_transformer_trains_for_the_unets_flops_and_is_compared_with_it(quick_demo):
+def test_the_transformer_trains_for_the_unets_flops_and_is_compared_with_it(quick_demo, tmp_path):
     """`dwb demo --with-transformer`'s stage on the quick demo's data, parts and scores: the transformer's phase 2
     is as long as makes its counted training FLOPs the UNet's (within one of its batches), and its last checkpoint
     is compared with the UNet's last by `dwb evaluate compare`'s paired intervals (it runs last in the module: it adds
@@ -190,3 +190,7 @@ def test_the_transformer_trains_for_the_unets_flops_and_is_compared_with_it(quic
     assert (comparison["a"], comparison["b"]) == ("phase2/ba4", f"transformer-phase2/ba{phase2}")
     assert Path(result["compare_page"]).is_file()
     assert [s["stage"].split(":")[0] for s in stages] == ["count", "train", "train", "evaluate"]
+    from demo.run import write_study  # the blind study puts the transformer's last beside the UNet's checkpoints
+
+    study = write_study(tmp_path, quick_demo.report["scores"], result["scores"][-1:])
+    assert study["models"][-1] == f"transformer-phase2/ba{phase2}" and len(study["models"]) == 4

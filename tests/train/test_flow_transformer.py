@@ -218,3 +218,23 @@ def test_a_full_size_run_the_machine_cannot_hold_is_one_line_before_any_weight()
     assert r.returncode != 0 and "Traceback" not in r.stderr
     [line] = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert f"'mmdit-medium' (mmdit-medium-phase1) needs at least {need:.1f} GiB" in line and "4.0 GiB is free" in line
+
+
+def test_the_app_offers_the_flow_samplers_and_draws_what_dwb_sample_draws(runs):
+    """The app takes a transformer checkpoint like any other: its family's samplers, and the image of the one
+    generation path with its PNG parameters."""
+    from app.generate import GenerationParams
+    from app.handlers import Handlers
+    from app.service import Service
+    from train.families import family_named
+
+    handlers = Handlers(Service([runs["straight"]]))
+    [label] = [c for c in handlers.choices()[1] if c.endswith("ep0-ba4-rank0.pt")]
+    sampler, negative = handlers.family_controls(label, "LMS")
+    assert list(sampler["choices"]) == list(family_named("sd3").samplers) and negative["interactive"] is True
+    result = handlers.service.generate(label, "ema", GenerationParams(PROMPTS[0], sampler="Euler", steps=3,
+                                                                      guidance=3.0, width=16, height=16, seed=5))
+    ours = generate_images(load_pipeline(runs["straight"] / "ep0-ba4-rank0.pt", ema=True), PROMPTS[:1], [5],
+                           Settings(steps=3, guidance=3.0, width=16, height=16, sampler="Euler"))[0]
+    assert np.array_equal(np.asarray(result.images[0].convert("RGB")), ours)
+    assert "Sampler: Euler" in result.images[0].info["parameters"]
