@@ -417,7 +417,9 @@ class Handlers:
                    for k in ("checkpoint", "weights", "prompt", "negative_prompt", "sampler", "steps", "guidance",
                              "width", "height", "seed")]
         note = self.checkpoint_note(values["checkpoint"])[0] if values.get("checkpoint") else gr.update()
-        return (*updates, gr.update(value=1), note, gr.Tabs(selected="generate-tab"))
+        second = [gr.update(value=values[k]) if values.get(k) is not None else gr.update()
+                  for k in ("refiner", "refiner_switch")]
+        return (*updates, gr.update(value=1), note, gr.Tabs(selected="generate-tab"), *second)
 
     # -- Scores ----------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from PIL import Image
 
 from train.errors import WorkbenchError
-from train.generation import SAMPLERS, ImageRecord, parameters_from_exif, parse_parameters
+from train.generation import SAMPLERS, ImageRecord, parameters_from_exif, parse_parameters, refiner_of
 
 MAX_PIXELS = 4096 * 4096
 # Our text is two prompts of at most 2,000 characters and a settings line of a few hundred; AUTOMATIC1111's with
@@ -97,7 +97,7 @@ def fields_of(record: ImageRecord) -> dict:
     return {"prompt": record.prompt, "negative_prompt": record.negative_prompt, "Sampler": record.sampler,
             "Steps": record.steps, "CFG scale": record.guidance, "Size": f"{record.width}x{record.height}",
             "Seed": record.seed, "Model hash": record.checkpoint_hash, "Model": record.checkpoint,
-            "Weights": {"ema": "EMA"}.get(record.weights, record.weights)}
+            "Weights": {"ema": "EMA"}.get(record.weights, record.weights), **dict(record.refiner_fields())}
 
 
 def _guidance(parsed: dict) -> float | None:
@@ -111,7 +111,7 @@ def settings_from(text: str, label_of_hash: Callable[[str], str | None],
                   record: ImageRecord | None = None) -> tuple[dict, list[str]]:
     """Control values from a PNG's exact record where it has one, else from its ``parameters`` text (None where
     it says nothing usable), and notes on what was not carried over: ``prompt, negative_prompt, sampler,
-    steps, guidance, width, height, seed, checkpoint, weights``."""
+    steps, guidance, width, height, seed, checkpoint, weights, refiner, refiner_switch``."""
     parsed = fields_of(record) if record is not None else parse_parameters(text)
     size = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", parsed.get("Size", ""))
     values = {"prompt": parsed.get("prompt", ""), "negative_prompt": parsed.get("negative_prompt", ""),
@@ -129,4 +129,19 @@ def settings_from(text: str, label_of_hash: Callable[[str], str | None],
             model = f" ({parsed['Model']})" if parsed.get("Model") else ""
             notes.append(f"no checkpoint under the app's folders has the model hash {digest}{model}; "
                          "the current one is kept")
+    values.update(_refiner(parsed, label_of_hash, notes))
     return values, notes
+
+
+def _refiner(parsed: dict, label_of_hash: Callable[[str], str | None], notes: list[str]) -> dict:
+    """The refiner field ("" for an image drawn without one: a stale refiner would draw another image) and its
+    switch, the refiner found under the app's folders by its hash."""
+    refined = refiner_of(parsed)
+    if refined is None:
+        return {"refiner": "", "refiner_switch": None}
+    name, digest, switch = refined
+    label = label_of_hash(digest.lower()) if digest else None
+    if label is None:
+        notes.append(f"no refiner under the app's folders has the hash {digest or '(none given)'} ({name}); "
+                     "the current one is kept")
+    return {"refiner": label, "refiner_switch": switch}

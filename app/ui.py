@@ -281,7 +281,8 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     ui.prompt_set.input(h.prompt_set, [ui.prompt_set, *kinds], [*kinds, *texts], **private)
     ui.png.upload(h.png_info, ui.png, [ui.png_text, ui.png_values, ui.png_notes], api_name="png_info")
     carry_settings(ui, ui.send.click(h.send_to_generate, ui.png_values,
-                                     [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs], **private))
+                                     [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs, ui.refiner,
+                                      ui.refiner_switch], **private))
     scores = [ui.s_plot, ui.s_table, ui.s_note, ui.s_pages, ui.s_x]
     for chooser in (ui.metric, ui.s_x):
         chooser.input(h.scores_table, [ui.metric, ui.s_x], scores, **private)

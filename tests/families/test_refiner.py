@@ -185,3 +185,29 @@ def test_the_app_refines_with_a_refiner_under_its_folders_and_refuses_in_one_lin
         assert str(root) not in str(refused.value)
     with pytest.raises(WorkbenchError, match="is a Stable Diffusion XL refiner: it finishes a base model's image"):
         service.generate("sdxl-refiner", "auto", GenerationParams(**{**params.__dict__, "refiner": ""}))
+
+    # PNG Info's Send to Generate fills the refiner and its switch from the image, found by its hash, and empties
+    # the field for an image drawn without one (a stale refiner would draw another image)
+    from app.handlers import Handlers
+
+    handlers = Handlers(service)
+    saved = tmp_path / "refined.png"
+    result.images[0].save(saved, pnginfo=_png_text(result.images[0]))
+    _, values, _ = handlers.png_info(str(saved))
+    assert (values["checkpoint"], values["refiner"], values["refiner_switch"]) == ("sdxl", "sdxl-refiner", SWITCH)
+    sent = handlers.send_to_generate(values)
+    assert (sent[-2]["value"], sent[-1]["value"]) == ("sdxl-refiner", SWITCH)
+    plain = service.generate("sdxl", "auto", GenerationParams(**{**params.__dict__, "refiner": ""}))
+    plain.images[0].save(saved, pnginfo=_png_text(plain.images[0]))
+    _, values, _ = handlers.png_info(str(saved))
+    assert values["refiner"] == "" and handlers.send_to_generate(values)[-2]["value"] == ""
+
+
+def _png_text(image):
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    for key, value in image.info.items():
+        if isinstance(value, str):
+            info.add_text(key, value)
+    return info
