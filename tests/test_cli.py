@@ -45,7 +45,8 @@ def test_unknown_config_key_is_one_line(dwb):
     r = dwb("train", "configs/tiny-phase1.yaml", "model.colour=red")
     assert r.returncode == 1
     assert r.stderr.strip() == "error: unknown config key 'model.colour' (known: architecture, attention, caption_dropout, " \
-        "gradient_checkpointing, min_snr_gamma, other_phrasing, prediction_type, pretrained, unet)"
+        "flow_shift, gradient_checkpointing, logit_mean, logit_std, loss_weighting, min_snr_gamma, other_phrasing, " \
+        "prediction_type, pretrained, transformer, unet)"
     assert "Traceback" not in r.stderr
 
 

@@ -23,7 +23,8 @@ EVERY_KEY = [("out", "o", "o"), ("reference", "r", "r"), ("inception_weights", "
              ("weights", "ema", "ema"), ("ema", None, True), ("kid_subsets", "3", 3), ("kid_subset_size", "4", 4),
              ("inception_features", "64", 64), ("device", "cpu", "cpu"), ("dtype", "fp32", "fp32"),
              ("allow_fewer_reference", None, True), ("cache", "cache", "cache"), ("pickscore", "p", "p"),
-             ("hps", "h.pt", "h.pt"), ("imagereward", "ir", "ir"), ("aesthetic", "a.pth", "a.pth")]
+             ("hps", "h.pt", "h.pt"), ("imagereward", "ir", "ir"), ("aesthetic", "a.pth", "a.pth"),
+             ("parts", "parts-folder", "parts-folder")]
 
 
 def one_line_error(argv: list[str], capsys) -> str:
@@ -89,7 +90,7 @@ def test_flags_and_key_value_win_over_the_file():
     ("colour=red", "error: unknown config key 'colour' (known: aesthetic, allow_fewer_reference, batch_size, "
                    "bootstrap, cache, clip, cmmd, device, dinov2, dtype, ema, guidance, hps, imagereward, "
                    "inception_features, inception_weights, kid_subset_size, kid_subsets, n_per_prompt, n_prompts, "
-                   "n_reference, out, pickscore, progress, prompts, reference, sampler, scorer, seed, size, steps, "
+                   "n_reference, out, parts, pickscore, progress, prompts, reference, sampler, scorer, seed, size, steps, "
                    "weights)"),
     ("steps=many", "error: config key 'steps' must be int or NoneType, got 'many'"),
     ("steps=0", "error: config key 'steps' must be a positive integer, got 0"),

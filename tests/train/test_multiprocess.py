@@ -87,7 +87,7 @@ def test_validation_loss_on_two_ranks_equals_one_process(two_rank_run, shapes_da
 
 @pytest.mark.slow
 def test_two_process_precompute_equals_one_process(shapes_data, components, tmp_path):
-    from streaming import StreamingDataset
+    from streaming import LocalDataset
 
     from train.data.precompute import precompute_latents
 
@@ -97,8 +97,8 @@ def test_two_process_precompute_equals_one_process(shapes_data, components, tmp_
     assert two.returncode == 0, two.stderr[-2000:]
     precompute_latents(str(shapes_data), str(tmp_path / "one"), vae_ref=str(components), text_encoder_ref=str(components),
                resolutions=[16], chunk_size=40, progress=False)
-    a = StreamingDataset(local=str(tmp_path / "one" / "16"), shuffle=False, batch_size=1)
-    b = StreamingDataset(local=str(tmp_path / "two" / "16"), shuffle=False, batch_size=1)
+    a = LocalDataset(local=str(tmp_path / "one" / "16"))
+    b = LocalDataset(local=str(tmp_path / "two" / "16"))
     assert len(a) == len(b) == 192
     for i in range(192):
         assert all(a[i][k].tobytes() == b[i][k].tobytes() for k in ("latent_mean", "latent_std", "text"))

@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from streaming import StreamingDataset
+from streaming import LocalDataset
 
 from train.checkpoints.components import load_frozen_parts
 from train.config import DataConfig, load_config
@@ -31,12 +31,12 @@ def latents(shapes_data, components, tmp_path_factory):
 
 
 def _source(shapes_data, side, n):
-    ds = StreamingDataset(local=str(shapes_data / str(side)), shuffle=False, batch_size=1)
+    ds = LocalDataset(local=str(shapes_data / str(side)))
     return [ds[i] for i in range(n)]
 
 
 def _stored(folder, n):
-    ds = StreamingDataset(local=str(folder), shuffle=False, batch_size=1)
+    ds = LocalDataset(local=str(folder))
     return [ds[i] for i in range(n)]
 
 

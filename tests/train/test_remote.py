@@ -83,7 +83,7 @@ def test_a_missing_remote_dataset_is_one_clear_error(s3_server, shapes_data, com
 
 
 def test_precompute_reads_a_remote_source(s3_server, shapes_data, components, tmp_path):
-    from streaming import StreamingDataset
+    from streaming import LocalDataset  # no shared memory to race another test process for
 
     from train.data.precompute import precompute_latents
 
@@ -91,7 +91,7 @@ def test_precompute_reads_a_remote_source(s3_server, shapes_data, components, tm
     kw = dict(vae_ref=str(components), text_encoder_ref=str(components), resolutions=[16], chunk_size=100, progress=False)
     precompute_latents(remote, str(tmp_path / "remote-src"), cache=str(tmp_path / "cache"), **kw)
     precompute_latents(str(shapes_data), str(tmp_path / "local-src"), **kw)
-    a = StreamingDataset(local=str(tmp_path / "remote-src" / "16"), shuffle=False, batch_size=1)
-    b = StreamingDataset(local=str(tmp_path / "local-src" / "16"), shuffle=False, batch_size=1)
+    a = LocalDataset(local=str(tmp_path / "remote-src" / "16"))
+    b = LocalDataset(local=str(tmp_path / "local-src" / "16"))
     assert len(a) == len(b) == 192
     assert all(a[i]["latent_mean"].tobytes() == b[i]["latent_mean"].tobytes() for i in range(0, 192, 7))

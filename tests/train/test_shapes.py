@@ -1,5 +1,5 @@
 import numpy as np
-from streaming import StreamingDataset
+from streaming import LocalDataset
 
 from train.data.mds import count_samples
 from train.shapes import COLORS, RELATIONS, SHAPES, make_sample, write_shapes_dataset
@@ -57,14 +57,14 @@ def test_mds_round_trip_and_disjoint_splits_on_disk(tmp_path):
     write_shapes_dataset(tmp_path, 24, seed=9, sizes=(16, 32), n_eval=12, progress=False)
     assert count_samples(tmp_path / "16") == count_samples(tmp_path / "32") == 24
     assert count_samples(tmp_path / "eval" / "32") == 12
-    ds = StreamingDataset(local=str(tmp_path / "32"), shuffle=False, batch_size=1)
+    ds = LocalDataset(local=str(tmp_path / "32"))
     for i in (0, 7, 23):
         want = make_sample(9, "train", i, (32,))
         got = ds[i]
         assert got["caption"] == want["caption"] and got["meta"]["groups"] == want["meta"]["groups"]
         assert np.array_equal(np.asarray(got["image"]), _pixels(want, 32))  # PNG is lossless
     # The held-out folder holds the eval stream's samples, none of them a training image.
-    held = StreamingDataset(local=str(tmp_path / "eval" / "32"), shuffle=False, batch_size=1)
+    held = LocalDataset(local=str(tmp_path / "eval" / "32"))
     held_images = [np.asarray(held[i]["image"]) for i in range(12)]
     assert all(np.array_equal(held_images[i], _pixels(make_sample(9, "eval", i, (32,)), 32)) for i in (0, 11))
     train_images = {np.asarray(ds[i]["image"]).tobytes() for i in range(24)}

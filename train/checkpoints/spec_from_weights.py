@@ -75,8 +75,9 @@ def _known(shapes: dict[str, dict]) -> str | None:
     from transformers import CLIPTextConfig, CLIPTextModel
 
     for name, arch in ARCHITECTURES.items():
-        if "vocab_size" not in arch["text_encoder"]:
-            continue  # its tokenizer is fitted per run and stored in the checkpoint; a spec-less file cannot use it
+        if "vocab_size" not in arch["text_encoder"] or "unet" not in arch:
+            continue  # a tokenizer fitted per run (stored in the checkpoint: a spec-less file cannot use it), or a
+            # transformer (mosaicml/diffusion's spec-less files are its StableDiffusion UNets)
         expected = {"unet": _meta_shapes(UNet2DConditionModel, arch["unet"]),
                     "vae": _meta_shapes(AutoencoderKL, arch["vae"]),
                     "text_encoder": _meta_shapes(CLIPTextModel, CLIPTextConfig(**arch["text_encoder"]))}
