@@ -157,10 +157,10 @@ class Handlers:
         (``Family.sides``: 8, or 16 for SD3 and Flux.1); set to the recommended or trained size, the nearest side
         on the slider where it is not one."""
         lo, hi, step = family_or_ours(info.family).sides(info.resolution)
-        lo = max(lo, -(-self.limits.min_size // step) * step)
-        hi = min(hi, self.limits.max_size // step * step)
+        least, most = -(-self.limits.min_size // step) * step, self.limits.max_size // step * step  # on its steps
+        lo, hi = max(lo, least), min(hi, most)
         if lo > hi:  # the family's sides and the app's limits do not meet: the limits, on the family's steps
-            lo, hi = -(-self.limits.min_size // step) * step, self.limits.max_size // step * step
+            lo, hi = least, most
         size = recommended_size or info.resolution or lo
         return gr.update(minimum=lo, maximum=hi, step=step, value=min(hi, max(lo, round(size / step) * step)))
 

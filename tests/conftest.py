@@ -61,6 +61,22 @@ def tiny_overrides(shapes_data: Path, components: Path, save_folder: Path, res: 
     return [f"{k}={v}" for k, v in base.items()]
 
 
+def kill_once_saved(proc: subprocess.Popen, checkpoint: Path, timeout: float = 300) -> None:
+    """SIGKILL a `dwb train` process once ``checkpoint`` is whole (within ``timeout`` s, or the test fails with the
+    process's stderr)."""
+    import signal
+    import time
+
+    from train.checkpoints import checkpoint_problem
+
+    deadline = time.time() + timeout
+    while not (checkpoint.exists() and checkpoint_problem(checkpoint) is None):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 @contextmanager
 def file_size_limit(nbytes: int):
     """Writes of this process past ``nbytes`` into any file fail as on a full disk (EFBIG, "File too large"):

@@ -10,14 +10,14 @@ import torch
 from .config import TrainConfig
 
 
-def batch_flops(cfg: TrainConfig, model=None) -> float:
-    """The FLOPs of one training batch of ``cfg``'s denoiser (``model``: the one it builds, where already built)."""
+def batch_flops(cfg: TrainConfig) -> float:
+    """The FLOPs of one training batch of ``cfg``'s denoiser."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from .model import Draws
     from .trainer import build_model
 
-    model = (model or build_model(cfg)).train()
+    model = build_model(cfg).train()
     n, side = cfg.global_train_batch_size, cfg.data.resolution
     generator = torch.Generator().manual_seed(0)
     batch = {"image": torch.rand(n, 3, side, side, generator=generator) * 2 - 1,

@@ -102,49 +102,49 @@ def check_memory(cfg: TrainConfig, device: str) -> None:
     counted on the meta device (``train.checkpoints.check_training_memory``)."""
     from composer.utils import dist
 
-    from .checkpoints import ARCHITECTURES, check_training_memory
+    from .checkpoints import check_training_memory
 
-    m = cfg.model
-    denoiser = family_or_ours(ARCHITECTURES[m.architecture].get("family")).denoiser
-    try:
-        with torch.device("meta"):
-            trained = sum(p.numel() for p in DENOISERS[denoiser](m).parameters())
-            frozen = sum(p.numel() for part in frozen_parts_on_meta(cfg) for p in part.parameters())
-    except TypeError as e:
-        raise WorkbenchError(f"config key 'model.{denoiser}': {e}") from None
+    with torch.device("meta"):
+        trained = sum(p.numel() for p in build_denoiser(cfg).parameters())
+        # the parts the run builds (``model.pretrained`` null); pretrained ones are not counted: the plan is a floor
+        built = frozen_parts(cfg)[:2] if cfg.model.pretrained is None else ()
+        frozen = sum(p.numel() for part in built for p in part.parameters())
     sharded = cfg.fsdp and cfg.fsdp_sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
     check_training_memory(trained, frozen, ema=cfg.ema.enabled, shards=dist.get_world_size() if cfg.fsdp else 1,
                           weights_sharded=sharded, processes=dist.get_local_world_size(),
                           device=torch.device("cuda" if device == "gpu" else "cpu"),
-                          what=f"'{m.architecture}' ({cfg.run_name})")
+                          what=f"'{cfg.model.architecture}' ({cfg.run_name})")
 
 
-def frozen_parts_on_meta(cfg: TrainConfig) -> list:
-    """The VAE and text encoder, without weights, where the run builds them (``model.pretrained`` null); pretrained
-    ones are not counted (the plan is a floor)."""
-    from .checkpoints import random_text_encoder, random_vae
+def denoiser_kind(architecture: str) -> str:
+    """"unet" or "transformer": the part of the architecture's family that denoises."""
+    from .checkpoints import ARCHITECTURES
 
-    if cfg.model.pretrained is None:
-        return [random_vae(cfg.model.architecture), random_text_encoder(cfg.model.architecture)]
-    return []
+    return family_or_ours(ARCHITECTURES[architecture].get("family")).denoiser
+
+
+def build_denoiser(cfg: TrainConfig):
+    """The architecture's denoiser with random weights, ``model.unet`` or ``model.transformer`` over its config; a
+    key the denoiser does not take is one line."""
+    from .checkpoints import build_transformer, build_unet
+
+    m = cfg.model
+    kind = denoiser_kind(m.architecture)
+    build, overrides = {"unet": (build_unet, m.unet), "transformer": (build_transformer, m.transformer)}[kind]
+    try:
+        return build(m.architecture, overrides)
+    except TypeError as e:
+        raise WorkbenchError(f"config key 'model.{kind}': {e}") from None
 
 
 def build_model(cfg: TrainConfig) -> LatentDiffusion:
     """The architecture's Composer model: a UNet on the diffusion schedule, or a transformer on rectified flow."""
-    from .checkpoints import ARCHITECTURES
-
-    denoiser = family_or_ours(ARCHITECTURES[cfg.model.architecture].get("family")).denoiser
-    return MODEL_BUILDERS[denoiser](cfg, *frozen_parts(cfg))
+    return MODEL_BUILDERS[denoiser_kind(cfg.model.architecture)](cfg, *frozen_parts(cfg))
 
 
 def build_unet_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> LatentDiffusion:
-    from .checkpoints import build_unet
-
     m = cfg.model
-    try:
-        unet = build_unet(m.architecture, m.unet)
-    except TypeError as e:
-        raise WorkbenchError(f"config key 'model.unet': {e}") from None
+    unet = build_denoiser(cfg)
     if unet.config.cross_attention_dim != text_encoder.config.hidden_size:
         raise WorkbenchError(f"the UNet's cross_attention_dim ({unet.config.cross_attention_dim}) does not match the "
                              f"text encoder's width ({text_encoder.config.hidden_size}) from '{m.pretrained}'")
@@ -171,16 +171,13 @@ def flow_of(cfg: TrainConfig):
 
 
 def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> RectifiedFlowTransformer:
-    from .checkpoints import build_transformer, with_projection
+    from .checkpoints import with_projection
 
     m = cfg.model
     if cfg.data.precomputed and m.other_phrasing > 0:
         raise WorkbenchError(f"config key 'model.other_phrasing': {m.architecture} on precomputed latents reads the "
                              "stored captions, not their other phrasings; set it to 0 or train from images")
-    try:
-        transformer = build_transformer(m.architecture, m.transformer)
-    except TypeError as e:
-        raise WorkbenchError(f"config key 'model.transformer': {e}") from None
+    transformer = build_denoiser(cfg)
     slots = 2  # SD3's pipeline fills two CLIP slots; this model's one tower fills both
     width = slots * text_encoder.config.hidden_size
     if transformer.config.joint_attention_dim != width or transformer.config.pooled_projection_dim != width:
@@ -200,19 +197,6 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
 
 
 DENOISER_WORDS = {"unet": "UNet", "transformer": "transformer"}
-def _unet_of(m):
-    from .checkpoints import build_unet
-
-    return build_unet(m.architecture, m.unet)
-
-
-def _transformer_of(m):
-    from .checkpoints import build_transformer
-
-    return build_transformer(m.architecture, m.transformer)
-
-
-DENOISERS = {"unet": _unet_of, "transformer": _transformer_of}  # each kind of denoiser, from the model config
 # The Composer model each kind of denoiser trains in
 MODEL_BUILDERS = {"unet": build_unet_model, "transformer": build_transformer_model}
 
@@ -580,9 +564,9 @@ def say_fsdp_share(cfg: TrainConfig, model: LatentDiffusion) -> None:
 
     if cfg.fsdp and dist.get_local_rank() == 0:
         held, total = fsdp_weight_share(model.denoiser)
+        name = type(getattr(model.denoiser, "module", model.denoiser)).__name__  # inside FSDP's wrapper
         print(f"FSDP {cfg.fsdp_sharding_strategy}: node {dist.get_node_rank()}'s rank {dist.get_global_rank()} holds "
-              f"{held:,} of the {type(getattr(model.denoiser, 'module', model.denoiser)).__name__}'s {total:,} weights (1/{round(total / max(held, 1))})",
-              flush=True)
+              f"{held:,} of the {name}'s {total:,} weights (1/{round(total / max(held, 1))})", flush=True)
 
 
 def write_run_config(cfg: TrainConfig, run_dir: Path) -> None:

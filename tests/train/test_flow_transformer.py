@@ -6,10 +6,8 @@ image in plain diffusers; phase 2 takes SD3's resolution shift.
 Two short real runs shared by the module: phase 1 straight (4 batches) and the same phase 1 SIGKILLed after its
 batch-2 checkpoint and resumed; a 2-batch phase 2 from the straight run."""
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +21,7 @@ from train.errors import WorkbenchError
 from train.generation import Settings, generate_images
 from train.trainer import build_model, train
 
-from ..conftest import REPO, tiny_overrides
+from ..conftest import REPO, kill_once_saved, tiny_overrides
 
 PHASE1, PHASE2 = REPO / "configs/tiny-mmdit-phase1.yaml", REPO / "configs/tiny-mmdit-phase2.yaml"
 PROMPTS = ["a red circle above a blue square", "two green triangles"]
@@ -38,15 +36,6 @@ def _over(shapes_data, components, folder, **extra) -> list[str]:
     return tiny_overrides(shapes_data, components, folder, **{**keys, **extra})
 
 
-def _kill_after(proc: subprocess.Popen, path: Path) -> None:
-    from train.checkpoints import checkpoint_problem
-
-    deadline = time.time() + 300
-    while not (path.exists() and checkpoint_problem(path) is None):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +48,7 @@ def runs(shapes_data, components, tmp_path_factory) -> dict:
     over = _over(shapes_data, components, killed, preview_interval="null")
     proc = subprocess.Popen([str(BIN / "dwb"), "train", str(PHASE1), *over], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    _kill_after(proc, killed / "ep0-ba2-rank0.pt")
+    kill_once_saved(proc, killed / "ep0-ba2-rank0.pt")
     train(load_config(PHASE1, over))
 
     phase2 = root / "phase2" / "checkpoints"

@@ -18,7 +18,7 @@ from train.config import load_config
 from train.errors import WorkbenchError
 from train.trainer import build_model, build_trainer, check_save_folder, estimate_checkpoint_bytes, train
 
-from ..conftest import REPO, tiny_overrides
+from ..conftest import REPO, kill_once_saved, tiny_overrides
 
 PHASE1 = REPO / "configs/tiny-phase1.yaml"
 # 32 samples at batch 8: an epoch is 4 batches, so checkpoints every 2 batches fall in the middle of an
@@ -119,13 +119,6 @@ def _stop_inside_a_write(proc: subprocess.Popen, folder: Path, names: list[str])
     return None
 
 
-def _kill_after(proc: subprocess.Popen, path: Path) -> None:
-    deadline = time.time() + 300
-    while not (path.exists() and checkpoint_problem(path) is None):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 @pytest.mark.slow
@@ -141,7 +134,7 @@ def test_sigkill_at_several_points_then_autoresume_is_bit_identical(reference, f
     assert torn is not None, "no kill landed inside a checkpoint write"
     # 2. killed after the checkpoint at an epoch's last batch (ba8 of 4-batch epochs)
     second = start()
-    _kill_after(second, folder / "ep1-ba8-rank0.pt")
+    kill_once_saved(second, folder / "ep1-ba8-rank0.pt")
     resumed_first = second.stdout.read()
     # 3. the same command runs to the end
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -3,7 +3,6 @@
 Three short real runs shared by the module: phase 1 straight (4 batches), the same phase 1 SIGKILLed after
 its batch-2 checkpoint and resumed, and a 2-batch phase 2 from the straight run's last checkpoint."""
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from train.config import load_config
 from train.errors import WorkbenchError
 from train.trainer import train
 
-from ..conftest import REPO, tiny_overrides
+from ..conftest import REPO, kill_once_saved, tiny_overrides
 
 PHASE1, PHASE2 = REPO / "configs/tiny-phase1.yaml", REPO / "configs/tiny-phase2.yaml"
 PROMPTS = ["a red circle", "two blue squares"]
@@ -45,7 +44,7 @@ def runs(shapes_data, components, tmp_path_factory) -> dict:
     over = _over(shapes_data, components, killed)
     proc = subprocess.Popen([str(BIN / "dwb"), "train", str(PHASE1), *over], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    _kill_after(proc, killed / "ep0-ba2-rank0.pt")
+    kill_once_saved(proc, killed / "ep0-ba2-rank0.pt")
     time.sleep(2)  # an idle gap between the kill and the resume: not counted
     t0 = time.monotonic()
     train(load_config(PHASE1, over))
@@ -57,15 +56,6 @@ def runs(shapes_data, components, tmp_path_factory) -> dict:
     return {"straight": straight, "killed": killed, "phase2": phase2, "resume_seconds": resume_seconds}
 
 
-def _kill_after(proc: subprocess.Popen, path: Path) -> None:
-    from train.checkpoints import checkpoint_problem
-
-    deadline = time.time() + 300
-    while not (path.exists() and checkpoint_problem(path) is None):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
 
 
 def _callback(ckpt: Path, name: str) -> dict:

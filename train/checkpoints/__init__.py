@@ -18,7 +18,7 @@ checkpoint carries (``spec``).
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "architectures": "ARCHITECTURES TINY denoiser_config unet_config",
+    "architectures": "ARCHITECTURES TINY denoiser_config",
     "autoresume": "checkpoint_problem resume_problem select_resume_checkpoint",
     "components": "build_flow_pipeline build_pipeline build_transformer build_unet flow_scheduler load_frozen_parts "
                   "load_part random_text_encoder random_vae with_projection",

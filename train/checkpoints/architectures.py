@@ -96,9 +96,3 @@ def denoiser_config(architecture: str, overrides: dict | None = None) -> dict:
     cfg = dict(arch.get("transformer") or arch["unet"])
     cfg.update(overrides or {})
     return cfg
-
-
-def unet_config(architecture: str, overrides: dict | None = None) -> dict:
-    cfg = dict(ARCHITECTURES[architecture]["unet"])
-    cfg.update(overrides or {})
-    return cfg

@@ -12,12 +12,12 @@ import torch
 from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-from .architectures import ARCHITECTURES, denoiser_config, unet_config
+from .architectures import ARCHITECTURES, denoiser_config
 from ..errors import WorkbenchError, first_line
 from .schedules import inference_scheduler
 
 def build_unet(architecture: str, overrides: dict | None = None) -> UNet2DConditionModel:
-    return UNet2DConditionModel(**unet_config(architecture, overrides))
+    return UNet2DConditionModel(**denoiser_config(architecture, overrides))
 
 
 def random_text_encoder(architecture: str, vocab_size: int | None = None, seed: int = 0) -> CLIPTextModel:
@@ -137,11 +137,10 @@ def flow_scheduler(shift: float):
 
 def build_flow_pipeline(transformer, vae, text_encoder, tokenizer, shift: float):
     """A plain diffusers ``StableDiffusion3Pipeline`` around a transformer trained here: its one text tower (with
-    projection) in both CLIP slots, no T5 (sampled with ``max_sequence_length=0``, as it was trained)."""
+    projection) in both CLIP slots, no T5 (sampled with ``max_sequence_length=0``, as it was trained); the VAE's
+    config names its shift (0 for SD's VAEs: `dwb train` sets it, and the spec carries it)."""
     from diffusers import StableDiffusion3Pipeline
 
-    if getattr(vae.config, "shift_factor", None) is None:  # SD3's pipeline subtracts it; SD's VAEs have none
-        vae.register_to_config(shift_factor=0.0)
     pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=flow_scheduler(shift), vae=vae,
                                     text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder,
                                     tokenizer_2=tokenizer, text_encoder_3=None, tokenizer_3=None)

@@ -70,7 +70,7 @@ def spec_and_weights(ckpt: Checkpoint, ema: bool, settings: dict | None) -> tupl
 
     info = describe(ckpt)
     pipe = load_pipeline(ckpt, ema=ema, settings=settings)
-    model = SimpleNamespace(unet=pipe.unet, denoiser=pipe.unet, vae=pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
+    model = SimpleNamespace(denoiser=pipe.unet, vae=pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
                             prediction_type=pipe.scheduler.config.get("prediction_type", "epsilon"))
     spec = make_spec(model, info.architecture or ckpt.kind, info.resolution)
     weights = {f"{part}.{k}": v for part in ("unet", "vae", "text_encoder")

@@ -24,7 +24,6 @@ An SDXL model at the published configs needs none (`dwb` and diffusers build SDX
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from ..families import Family
 from .composer import DROPPED_SUFFIXES
 from .original_layout import Entry, unet_entries, vae_entries
 from .single_file import UNET, VAE
+from .spec import _plain
 
 SDXL_CLIP_L = "conditioner.embedders.0.transformer."  # diffusers' LDM_CLIP_PREFIX_TO_REMOVE
 SDXL_OPENCLIP = "conditioner.embedders.1.model."  # the prefix convert_open_clip_checkpoint is given for SDXL
@@ -332,10 +332,6 @@ def family_entries(pipe, family: Family) -> list[Entry]:
         raise CheckpointError(f"the {family.label} single file holds {', '.join(layout.in_file)}; this pipeline has "
                               f"no {', '.join(missing)}: export it as a diffusers folder")
     return layout.entries(pipe)
-
-
-def _plain(value):
-    return json.loads(json.dumps(value, default=str))
 
 
 def _config_of(module) -> dict:

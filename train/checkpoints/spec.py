@@ -29,6 +29,7 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
               recommended: dict | None = None) -> dict:
     """The spec of ``model``; ``training`` (`dwb train`'s data and schedule) is what a model card shows,
     ``recommended`` the generation settings it is meant to be sampled at (``recommended``)."""
+    from ..families import family_or_ours
     from .architectures import ARCHITECTURES
 
     tokenizer_files = {}
@@ -36,8 +37,6 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
         with tempfile.TemporaryDirectory() as tmp:
             model.tokenizer.save_pretrained(tmp)
             tokenizer_files = {p.name: p.read_text() for p in Path(tmp).iterdir() if p.is_file()}
-    from ..families import family_or_ours
-
     family = ARCHITECTURES.get(architecture, {}).get("family")
     flow = getattr(model, "flow", None)
     return {
