@@ -476,7 +476,7 @@ def build_trainer(cfg: TrainConfig):
     from composer.callbacks import LRMonitor, SpeedMonitor
     from composer.utils import dist, reproducibility
 
-    from .common import RestoreRNG, align_dataset_epoch
+    from .common import RestoreRNG, align_dataset_epoch, prompt_remote_latest
     from .data import build_dataloader
 
     device, precision = start_processes(cfg)
@@ -524,6 +524,7 @@ def build_trainer(cfg: TrainConfig):
     )
     restore_rng.take_over(trainer)
     align_dataset_epoch(trainer)
+    prompt_remote_latest(trainer)
     say_fsdp_share(cfg, model)
     log.info("attention backend: %s, device: %s, precision: %s", attention, device, precision)
     write_run_config(cfg, run_dir)

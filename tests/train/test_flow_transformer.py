@@ -119,6 +119,17 @@ def test_validation_loss_is_bit_identical_straight_or_through_a_kill_and_resume(
     assert {"validation/loss_low", "validation/loss_mid", "validation/loss_high"} <= set(straight)
 
 
+def test_a_format_2_spec_without_its_flow_is_one_line(runs, dwb, tmp_path):
+    """A checkpoint from elsewhere whose spec names SD3 but leaves out how it noises: one line, not a KeyError."""
+    ckpt = torch.load(runs["straight"] / "ep0-ba4-rank0.pt", map_location="cpu", weights_only=False)
+    del ckpt["state"]["callbacks"]["ModelSpec"]["spec"]["flow"]
+    hostile = tmp_path / "no-flow.pt"
+    torch.save(ckpt, hostile)
+    r = dwb("sample", str(hostile), str(tmp_path / "x.png"), "--steps", "1", "--size", "16")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "its model spec does not build (KeyError: 'flow')" in r.stderr and not (tmp_path / "x.png").exists()
+
+
 def test_a_preview_is_what_dwb_sample_draws(runs, dwb, tmp_path):
     preview = runs["straight"].parent / "previews" / "ba4.png"
     params = json.loads(preview.with_suffix(".json").read_text())

@@ -108,16 +108,22 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
     build, assemble = SPEC_BUILDERS.get(family.pipeline, (None, None))
     if build is None:
         raise CheckpointError(f"{path}: a {family.label} model spec; the workbench trains SD 2's UNet and SD3's MMDiT")
-    try:  # parameters without storage: a random initialisation the weights replace cost most of the open
-        parts = build(spec)
-    except Exception as e:  # noqa: BLE001 - a foreign spec's configs
-        raise CheckpointError(f"{path}: its model spec does not build ({type(e).__name__}: {e})") from None
+    parts = _spec_built(build, spec, path)
     weights = model_weights(ckpt, ema=ema)
     for name, module in parts.items():
         _load_module(module, weights, name + ".", path)
         module.eval()
     tokenizer = tokenizer_from_files(spec["tokenizer"], where=str(path))
-    return assemble(spec, parts, tokenizer)
+    return _spec_built(lambda s: assemble(s, parts, tokenizer), spec, path)
+
+
+def _spec_built(step, spec: dict, path):
+    """One step of rebuilding from a spec (its parts, then the pipeline around them, which reads the scheduler's
+    keys): a foreign spec that lacks or mistypes a key is one line, whichever step reads it."""
+    try:  # the parts: parameters without storage, as a random initialisation the weights replace cost most of the open
+        return step(spec)
+    except Exception as e:  # noqa: BLE001 - a foreign spec's configs
+        raise CheckpointError(f"{path}: its model spec does not build ({type(e).__name__}: {e})") from None
 
 
 def _unet_parts(spec: dict) -> dict:

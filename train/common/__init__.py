@@ -13,7 +13,7 @@
 from .faces import face
 
 __getattr__, __all__ = face(__name__, {
-    "compat": "RestoreRNG align_dataset_epoch calm_gradio_queue flux_single_file_widths fsdp_full_params fsdp_on_cpu fsdp_weight_share patch_composer_ema signal_files_per_node queue_jobs "
+    "compat": "RestoreRNG align_dataset_epoch calm_gradio_queue flux_single_file_widths fsdp_full_params fsdp_on_cpu fsdp_weight_share patch_composer_ema prompt_remote_latest signal_files_per_node queue_jobs "
               "release_streaming_shared_memory serialize_queue_joins serve_gradio_with upload_abort",
     "digits": "interval_decimals interval_text outward p_value_text round_up",
     "escaping": "FORMULA_STARTS spreadsheet_cell",

@@ -75,6 +75,13 @@ where it expects 21,504). The converter's entry in diffusers' table of single-fi
 reads the widths from the file itself (``img_in``'s rows are the width; the MLP takes the rest of ``linear1``),
 lets the converter do every other name, and splits ``linear1`` there. At the published width the converter runs
 as it is.
+
+**Composer's "latest" pointer to a remote checkpoint** (``prompt_remote_latest``). After a save to an object store,
+Composer uploads the ``latest`` symlink only once the checkpoint's files are found there, looking every 30 s (a
+private attribute its own tests shorten); the upload itself runs in a freshly spawned process that first imports
+Composer. So nearly every remote save's pointer waited a full 30 s, and a run's end waited for it: two 2-batch
+runs saving to a local S3 server and resuming from it took 92 s, and 27 s looking every 2 s, as the workbench does
+(a HEAD request each, against an upload of minutes at full size).
 """
 from __future__ import annotations
 
@@ -132,6 +139,18 @@ def align_dataset_epoch(trainer) -> None:
     saved = dataset.state_dict(0, True)  # the resume state loaded from the checkpoint, as Streaming reads it
     if saved["epoch"] < epoch:
         dataset.load_state_dict({**saved, "epoch": epoch, "sample_in_epoch": 0})
+
+
+REMOTE_LATEST_CHECK_S = 2.0
+
+
+def prompt_remote_latest(trainer) -> None:
+    """Composer's checkpoint savers look for a remote checkpoint's files every 2 s, not 30 (see above)."""
+    from composer.callbacks import CheckpointSaver
+
+    for callback in trainer.state.callbacks:
+        if isinstance(callback, CheckpointSaver) and callback.remote_uploader is not None:
+            callback._symlink_upload_wait_before_next_try_in_seconds = REMOTE_LATEST_CHECK_S
 
 
 def fsdp_full_params(model: torch.nn.Module):
