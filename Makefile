@@ -28,6 +28,7 @@ bench: setup
 	.venv/bin/python bench/evaluate_bench.py
 	.venv/bin/python bench/convert_throughput.py
 	.venv/bin/python bench/convert_aspect.py
+	.venv/bin/python bench/bucket_throughput.py
 	.venv/bin/python bench/family_memory.py
 	.venv/bin/python bench/sharded_checkpoints.py
 

@@ -6,7 +6,8 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from train.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, SAMPLERS, WEIGHT_CHOICES
+from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, MAX_ASPECT, SAMPLERS, WEIGHT_CHOICES,
+                              aspect_problem)
 
 from .config import (GENERATION_DTYPES, INCEPTION_FEATURES, EvalConfig, guidance_scales, load_eval_config, positive,
                      replicates)
@@ -35,6 +36,10 @@ def _positive(value: str) -> int:
 
 def _replicates(value: str) -> int:
     return _checked(int(value), replicates)
+
+
+def _aspect(value: str) -> str:
+    return _checked(value, aspect_problem)
 
 
 OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")  # key=value, as `dwb train` takes them
@@ -214,6 +219,13 @@ def _common(p, scoring: bool = True) -> None:
                         "'sampler' column records it")
     p.add_argument("--size", type=_positive, help="image side (default: the checkpoint's recommended size, else its "
                                                   "native size, the resolution it was trained at where it records one)")
+    p.add_argument("--aspect", type=_aspect, metavar="W:H",
+                   help=f"draw every prompt at this aspect ratio (16:9, 2:1, 1:2; up to {MAX_ASPECT:g}:1): the aspect "
+                        "bucket nearest it on a budget of --size x --size pixels, on the family's step (default: "
+                        "square)")
+    p.add_argument("--aspect-column", metavar="NAME",
+                   help="draw each prompt at its own aspect ratio, W:H from this column of the --prompts CSV/TSV file "
+                        "(an empty cell: --aspect, else square)")
     p.add_argument("--parts", metavar="FOLDER_OR_HUB_ID",
                    help="where the single files' other parts come from, as in dwb sample: a diffusers folder of the "
                         "same model or a hub id in the local cache (default: NAME.config/ beside NAME.safetensors)")

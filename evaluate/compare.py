@@ -34,7 +34,7 @@ from .samples import MANIFEST, read_manifest
 from .store import ATTRIBUTE_COLUMNS, ResultsStore
 from .verdict import family_replicates, overall, with_verdicts
 
-MUST_MATCH = ("prompts", "n_images", "size", "extractor", "n_reference", "dinov2")
+MUST_MATCH = ("prompts", "n_images", "size", "aspect", "extractor", "n_reference", "dinov2")
 
 
 def rows_of(rows: list[dict], who: str) -> dict[tuple, dict]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.errors import WorkbenchError
-from train.generation import DEFAULT_WEIGHTS, WEIGHT_CHOICES, check_sampler
+from train.generation import DEFAULT_WEIGHTS, WEIGHT_CHOICES, aspect_problem, check_sampler
 from train.common import (NON_NEGATIVE, build_config, check_rules, checked, merge_config, one_of, parse_overrides,
                                 read_config_file)
 
@@ -21,6 +21,8 @@ GUIDANCE_SWEEP = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5, 8.0)
 INCEPTION_FEATURES = (64, 192, 768, 2048)  # Inception's layers: 2048 is pool3, the standard FID
 GENERATION_DTYPES = ("auto", "fp32", "bf16", "fp16")  # the flag's choices
 # the human-preference scorers' published weights (evaluate/preference.py): what a key or flag given alone loads
+# keys whose key=value overrides are taken as written, not as YAML: YAML reads aspect=16:9 as the base-60 number 969
+TEXT_KEYS = ("aspect",)
 PREFERENCE_WEIGHTS = {"pickscore": "yuvalkirstain/PickScore_v1", "hps": "xswu/HPSv2", "imagereward": "THUDM/ImageReward",
                       "aesthetic": "sac+logos+ava1-l14-linearMSE.pth"}
 
@@ -57,6 +59,11 @@ class EvalConfig:
     sampler: str | None = None
     parts: str | None = None  # folder or cached hub id: the other parts of the single files scored (as dwb sample's)
     size: int | None = checked(None, positive)  # default: the checkpoint's recommended size, else its native size
+    # every prompt drawn at this aspect W:H ("16:9"): the aspect bucket of size x size pixels on the family's step.
+    # An integer is only admitted to be refused by its rule with how to write it: YAML reads 16:9 unquoted as 969.
+    aspect: str | int | None = checked(None, aspect_problem)
+    # each prompt's own aspect, from this column of a CSV/TSV prompts file (an empty cell: ``aspect``, else square)
+    aspect_column: str | None = None
     batch_size: int = checked(16, positive)  # generation and feature batches; fixed so features do not depend on it
     seed: int = checked(0, NON_NEGATIVE)  # the bootstrap's numpy generator takes no negative seed
     clip: str | None = None  # folder or hub id; None skips CLIP score
@@ -105,4 +112,6 @@ def load_eval_config(path: str | Path | None, flags: dict | None = None, overrid
     """An EvalConfig from ``base``, then the YAML file, the flags given and ``key=value`` overrides (the later
     wins): unknown keys, wrong types and values out of range refused by name."""
     data = merge_config(merge_config(base or {}, read_config_file(path)), flags or {})
-    return check_eval_config(build_config(EvalConfig, merge_config(data, parse_overrides(list(overrides)))))
+    as_written = {k.strip(): v.strip() for k, _, v in (o.partition("=") for o in overrides) if k.strip() in TEXT_KEYS}
+    data = merge_config(data, parse_overrides([o for o in overrides if o.partition("=")[0].strip() not in TEXT_KEYS]))
+    return check_eval_config(build_config(EvalConfig, {**data, **as_written}))

@@ -1,9 +1,11 @@
 """Feature extractors for distribution metrics, and the one resize policy every image goes through.
 
 A feature extractor is any object with ``name`` (str), ``weights_hash`` (str), ``dim`` (int) and
-``__call__(images) -> (B, D) features`` for ``images`` a (B, 3, S, S) uint8 tensor. Inception-v3
-(torch-fidelity's port of the 2015 TensorFlow graph, run through torchmetrics) is the default; a domain
-extractor (the shapes scorer, say) can replace it by following the same interface.
+``__call__(images) -> (B, D) features`` for ``images`` a (B, 3, H, W) uint8 tensor: square (S x S), or at an
+aspect (evaluate's ``aspect``), which each extractor takes as its authors' preprocessing does (Inception and
+DINOv2 resize the whole image to their square input, as clean-fid does; CLIP's processor centre-crops; see
+docs/evaluate.md). Inception-v3 (torch-fidelity's port of the 2015 TensorFlow graph, run through torchmetrics)
+is the default; a domain extractor (the shapes scorer, say) can replace it by following the same interface.
 
 Resize policy (``RESIZE_POLICY``): every image, reference or generated, is converted to RGB,
 centre-cropped to a square and resized with PIL bicubic to ``S`` pixels (the generation resolution);

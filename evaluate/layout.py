@@ -22,10 +22,12 @@ def category_file_stem(category: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", category.lower()).strip("-") or "uncategorised"
 
 
-def samples_folder(model: str, guidance: float, sampler: str | None = None) -> Path:
-    """``samples/<model>/cfg<g>`` under OUT, ``cfg<g>-<sampler>`` for a sampler asked for by name (so a sampler
-    sweep into one results folder keeps every set)."""
-    leaf = f"cfg{guidance:g}" + (f"-{safe_path_part(sampler)}" if sampler else "")
+def samples_folder(model: str, guidance: float, sampler: str | None = None, aspect: str | None = None) -> Path:
+    """``samples/<model>/cfg<g>`` under OUT, ``cfg<g>-<sampler>`` for a sampler asked for by name and
+    ``...-aspect-<aspect>`` for images drawn at an aspect (a row's ``aspect``: "16:9", "column NAME"), so a sweep of
+    samplers or aspects into one results folder keeps every set."""
+    leaf = (f"cfg{guidance:g}" + (f"-{safe_path_part(sampler)}" if sampler else "")
+            + (f"-aspect-{safe_path_part(aspect)}" if aspect else ""))
     return Path("samples") / safe_path_part(model) / leaf
 
 

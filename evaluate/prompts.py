@@ -2,7 +2,7 @@
 
 - ``drawbench`` / ``parti``: the sets shipped with the workbench (``train.generation``), or any CSV or TSV
   with a prompt column and a category column (DrawBench: ``prompt,category``; PartiPrompts:
-  ``Prompt<TAB>Category<TAB>...``).
+  ``Prompt<TAB>Category<TAB>...``), and where ``aspect_column`` names one, each prompt's aspect ratio (W:H).
 - ``shapes``: captions of the shapes domain's held-out split (no files needed).
 - ``reference``: the captions of the reference set (an MDS folder, or an image folder with ``.txt`` sidecars).
 """
@@ -31,12 +31,17 @@ def reference_prompts(path: str | Path, limit: int | None = None) -> list[Prompt
     return prompts
 
 
-def load_prompts(name_or_path: str, limit: int | None = None, reference: str | Path | None = None) -> list[Prompt]:
-    """``shapes``, ``reference`` (captions of ``reference``), ``drawbench``, ``parti`` or a CSV/TSV path (your own)."""
+def load_prompts(name_or_path: str, limit: int | None = None, reference: str | Path | None = None,
+                 aspect_column: str | None = None) -> list[Prompt]:
+    """``shapes``, ``reference`` (captions of ``reference``), ``drawbench``, ``parti`` or a CSV/TSV path (your own),
+    each prompt with its aspect from ``aspect_column`` of a CSV/TSV where one is named."""
+    if aspect_column is not None and name_or_path in ("shapes", "reference"):
+        raise WorkbenchError(f"aspect_column {aspect_column!r} is read from a CSV/TSV prompts file; prompts "
+                             f"{name_or_path!r} have no columns")
     if name_or_path == "shapes":
         return shapes_prompts(limit)
     if name_or_path == "reference":
         if reference is None:
             raise WorkbenchError("prompts 'reference' needs a reference set (--reference)")
         return reference_prompts(reference, limit)
-    return read_prompt_table(name_or_path, limit)
+    return read_prompt_table(name_or_path, limit, aspect_column=aspect_column)

@@ -79,7 +79,7 @@ class RowScorer:
         self.seconds = 0.0
 
     def on_batch(self, images: torch.Tensor, chunk: list[tuple[Prompt, int]]) -> None:
-        """``images``: (B, 3, S, S) uint8 of the batch's (prompt, image index) jobs, in order."""
+        """``images``: (B, 3, H, W) uint8 of the batch's (prompt, image index) jobs, in order (one size a batch)."""
         t = time.perf_counter()
         captions = [p.text for p, _ in chunk]
         self.keys += [(p.index, i) for p, i in chunk]

@@ -8,16 +8,18 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from train.checkpoints import (Checkpoint, content_hash, find_checkpoint, load_pipeline, native_size_of,
+from train.checkpoints import (Checkpoint, content_hash, describe, find_checkpoint, load_pipeline, native_size_of,
                                recommended_settings, weights_of)
+from train.data import aspect_bucket
+from train.families import family_or_ours
 from train.generation import pick_device, pipeline_dtype
 from train.errors import CheckpointError, WorkbenchError
-from train.generation import DEFAULT_STEPS, Settings, sampler_of, starting_settings
+from train.generation import DEFAULT_STEPS, Settings, check_drawable, parse_aspect, sampler_of, starting_settings
 
 from .config import GUIDANCE_SWEEP, EvalConfig, check_eval_config, weights_choice
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
@@ -26,7 +28,7 @@ from .names import PREFERENCE_COLUMNS
 from .prompts import Prompt, load_prompts
 from .reference import check_reference_size, reference_stats
 from .row import FEATURES, RowScorer, row_metrics, save_features
-from .samples import Provenance, generate_samples, plan_batches, write_category_grids, write_manifest
+from .samples import Provenance, generate_samples, write_category_grids, write_manifest
 from .store import ResultsStore, checkpoint_cost_columns, checkpoint_identity
 
 
@@ -76,6 +78,7 @@ class Opened:
     steps: int = DEFAULT_STEPS
     sampler_given: str | None = None  # the sampler asked for (the flag or the checkpoint's recommended): names folders
     guidance: tuple[float, ...] = ()  # the scales scored
+    sizes: dict[int, tuple[int, int]] = field(default_factory=dict)  # prompt index -> (width, height) of its aspect
 
 
 class Evaluator:
@@ -116,7 +119,10 @@ class Evaluator:
 
         self.preference = load_preference_scorers({k: getattr(cfg, k) for k in PREFERENCE_COLUMNS}, self.device,
                                                   clip=cfg.clip)
-        self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference)
+        self.prompts: list[Prompt] = load_prompts(cfg.prompts, cfg.n_prompts, reference=cfg.reference,
+                                                  aspect_column=cfg.aspect_column)
+        aspect = parse_aspect(cfg.aspect) if cfg.aspect is not None else None
+        self.aspects = {p.index: p.aspect or aspect for p in self.prompts if (p.aspect or aspect) is not None}
         check_reference_size(cfg.reference, cfg.n_reference, cfg.allow_fewer_reference)
         check_output_folder(cfg.out)
         self.store = ResultsStore(cfg.out)
@@ -182,15 +188,30 @@ class Evaluator:
         weights = weights_of(found, weights_choice(cfg))
         source = Provenance(found.ref, model or found.label, content_hash(found), weights)
         chosen, guidance, sampler_given = self.settings_of(found)
+        info = describe(found)
+        family = family_or_ours(info.family)
+        known = chosen["size"] or info.resolution
+        sizes = self.sizes_at(known, family) if known else None  # before the weights are read, where it can be
         pipe = load_pipeline(found, ema=weights == "ema", device=self.device, dtype=self.dtype)
         size = chosen["size"] or native_size_of(found, pipe)
+        sizes = self.sizes_at(size, family) if sizes is None else sizes
         references = {"fid": self.reference(size)}
         if self.clip_images is not None:
             references["cmmd"] = self.reference(size, self.clip_images)
         if self.dinov2 is not None:
             references["fd_dinov2"] = self.reference(size, self.dinov2)
         return Opened(found, source, pipe, sampler_of(Settings(sampler=chosen["sampler"])), size, references,
-                      steps=chosen["steps"], sampler_given=sampler_given, guidance=guidance)
+                      steps=chosen["steps"], sampler_given=sampler_given, guidance=guidance, sizes=sizes)
+
+    def sizes_at(self, side: int, family) -> dict[int, tuple[int, int]]:
+        """Each prompt with an aspect (``aspect``, or its own from ``aspect_column``) -> the aspect bucket of side x
+        side pixels on the family's size step (``train.data.aspect_bucket``), which the family draws; a side given
+        (``size``) or shared out to buckets that the family cannot draw is one line (the native side is the model's
+        own: a tiny model's VAE may draw sides the full-size family does not)."""
+        if self.aspects or self.cfg.size is not None:
+            check_drawable(family, (side, side), "size", within_range=False)
+        buckets = {a: aspect_bucket(a, side, family.size_step()) for a in set(self.aspects.values())}
+        return {index: buckets[a] for index, a in self.aspects.items()}
 
     def settings_of(self, found: Checkpoint) -> tuple[dict, tuple[float, ...], str | None]:
         """Steps, sampler and size (``train.generation.starting_settings``: the flags, then the checkpoint's
@@ -216,14 +237,13 @@ class Evaluator:
         t_start = time.perf_counter()
         scorer = RowScorer(self.extractor, scorer=self.scorer, clip=self.clip, clip_images=self.clip_images,
                            dinov2=self.dinov2, preference=self.preference, kid_max=cfg.kid_subset_size * 10, seed=rank)
-        jobs = iter(plan_batches(self.prompts, cfg.n_per_prompt, cfg.batch_size, rank, world))  # generate_samples' batches
-        samples = samples_folder(opened.source.model, guidance, opened.sampler_given)
+        samples = samples_folder(opened.source.model, guidance, opened.sampler_given,
+                                 aspect_text(cfg.aspect, cfg.aspect_column))
         records = generate_samples(opened.pipe, self.prompts, Path(cfg.out) / samples, source=opened.source,
                                    n_per_prompt=cfg.n_per_prompt, guidance=guidance, steps=opened.steps,
                                    size=opened.size, sampler=opened.sampler_given, batch_size=cfg.batch_size,
-                                   seed=cfg.seed,
-                                   rank=rank, world=world, progress=cfg.progress and rank == 0,
-                                   on_batch=lambda images, _: scorer.on_batch(images, next(jobs)))
+                                   seed=cfg.seed, rank=rank, world=world, progress=cfg.progress and rank == 0,
+                                   sizes=opened.sizes, on_batch=scorer.on_batch)
         mine = {"records": records, "features": scorer.part()}
         gathered = dist.all_gather_object(mine) if world > 1 else [mine]
         if rank != 0:
@@ -252,12 +272,20 @@ class Evaluator:
                 "guidance": float(guidance), "n_images": n_images,
                 "n_reference": fid_reference.stats.n, "reference_skipped": fid_reference.skipped,
                 "prompts": cfg.prompts, "sampler": opened.sampler, "steps": opened.steps, "size": opened.size,
+                "aspect": aspect_text(cfg.aspect, cfg.aspect_column),
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "extractor": f"{self.extractor.name}@{self.extractor.weights_hash}",
                 "resize": resize_policy(opened.size),
                 "dinov2": f"{self.dinov2.name}@{self.dinov2.weights_hash}" if self.dinov2 is not None else None,
                 **({"preference_models": {k: s.name for k, s in self.preference.items()}} if self.preference else {}),
                 "samples": str(samples), "status": "ok", **checkpoint_identity(opened.found), "time": time.time()}
+
+
+def aspect_text(aspect: str | None, column: str | None) -> str | None:
+    """A row's ``aspect``: "16:9", "column NAME", "column NAME, else 16:9", or None (square)."""
+    words = [f"column {column}"] if column is not None else []
+    words += [aspect if not words else f"else {aspect}"] if aspect is not None else []
+    return ", ".join(words) or None
 
 
 def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extractor: FeatureExtractor | None = None) -> list[dict]:

@@ -5,7 +5,9 @@ Each image has its own seed, derived from (base seed, prompt index, image index)
 or number of processes, and the app makes the same image from that seed.
 Batches are cut from the whole job list before ranks share them out, so ``composer -n N`` gives the
 same images bit for bit as one process with the same batch size; across batch sizes images agree up
-to the rounding of batched float kernels (rarely one 8-bit level on a pixel).
+to the rounding of batched float kernels (rarely one 8-bit level on a pixel). Prompts drawn at other sizes
+(an aspect per prompt) are batched with their own size only, so an image is the same bit for bit as when its
+size's prompts are drawn alone.
 ``manifest.jsonl`` (one JSON object per image) is the contract `human_eval` reads.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -74,15 +76,19 @@ def write_png(image: Image.Image, out: Path, record: SampleRecord) -> None:
     save_png(image, path, record.image_record(), extra=asdict(record))
 
 
-def plan_batches(prompts: list[Prompt], n_per_prompt: int, batch_size: int, rank: int = 0,
-         world: int = 1) -> list[list[tuple[Prompt, int]]]:
+def plan_batches(prompts: list[Prompt], n_per_prompt: int, batch_size: int, rank: int = 0, world: int = 1,
+                 sizes: dict[int, tuple[int, int]] | None = None) -> list[list[tuple[Prompt, int]]]:
     """This rank's batches of (prompt, image index) jobs.
 
     The prompt-major job list is cut into batches first and whole batches are dealt to ranks, so every
-    batch, and so every image bit for bit, is the same whatever the number of processes.
+    batch, and so every image bit for bit, is the same whatever the number of processes. A pipeline call draws
+    one size: where ``sizes`` gives prompts (by index) their own (width, height), each size's jobs, in prompt-major
+    order, are cut into batches of their own, the sizes in the order they first appear.
     """
-    jobs = [(p, i) for p in prompts for i in range(n_per_prompt)]
-    batches = [jobs[s:s + batch_size] for s in range(0, len(jobs), batch_size)]
+    by_size: dict[tuple[int, int] | None, list[tuple[Prompt, int]]] = {}
+    for p in prompts:
+        by_size.setdefault((sizes or {}).get(p.index), []).extend((p, i) for i in range(n_per_prompt))
+    batches = [jobs[s:s + batch_size] for jobs in by_size.values() for s in range(0, len(jobs), batch_size)]
     return batches[rank::world]
 
 
@@ -100,18 +106,21 @@ class Provenance:
 def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Provenance, n_per_prompt: int = 4,
                      guidance: float = DEFAULT_GUIDANCE, steps: int = DEFAULT_STEPS, size: int | None = None,
                      sampler: str | None = None, batch_size: int = 8, seed: int = 0, rank: int = 0, world: int = 1,
-                     progress: bool = True,
-                     on_batch: Callable[[torch.Tensor, list[str]], None] | None = None) -> list[SampleRecord]:
-    """Generate this rank's share of the images into ``out/images``; returns their manifest records.
+                     progress: bool = True, sizes: dict[int, tuple[int, int]] | None = None,
+                     on_batch: Callable[[torch.Tensor, list[tuple[Prompt, int]]], None] | None = None
+                     ) -> list[SampleRecord]:
+    """Generate this rank's share of the images into ``out/images``; returns their manifest records. Each prompt is
+    drawn at ``sizes[prompt index]`` (width, height) where ``sizes`` gives it one, else square at ``size``.
 
-    ``on_batch(images, captions)`` sees each batch as (B, 3, H, W) uint8 while it is in memory, so metrics
-    stream over the images without holding them all.
+    ``on_batch(images, jobs)`` sees each batch as (B, 3, H, W) uint8, with its (prompt, image index) jobs, while it is
+    in memory, so metrics stream over the images without holding them all.
     """
     out = Path(out)
     size = size or native_size(pipe)
     settings = Settings(steps=steps, guidance=guidance, width=size, height=size, sampler=sampler)
     sampler, model, kind = sampler_of(settings), source.model, guidance_kind_of(pipe)
-    batches = plan_batches(prompts, n_per_prompt, batch_size, rank, world)
+    sizes = sizes or {}
+    batches = plan_batches(prompts, n_per_prompt, batch_size, rank, world, sizes)
     records: list[SampleRecord] = []
     bar = tqdm(total=sum(map(len, batches)), desc=f"samples {model} cfg {guidance:g}", unit="img", disable=not progress)
     # PNG encoding (zlib, which releases the GIL) runs in threads while the next batch is generated;
@@ -120,18 +129,20 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Pr
         pending: list[Future] = []
         for chunk in batches:
             seeds = [image_seed(p.index, i, seed) for p, i in chunk]
-            images = generate_images(pipe, [p.text for p, _ in chunk], seeds, settings)  # (B, H, W, 3) uint8
+            width, height = sizes.get(chunk[0][0].index, (size, size))  # one size per batch (plan_batches)
+            images = generate_images(pipe, [p.text for p, _ in chunk], seeds,
+                                     replace(settings, width=width, height=height))  # (B, H, W, 3) uint8
             for f in pending:
                 f.result()  # the previous batch is on disk (and its errors surface) before this one queues
             pending = []
             for (p, i), s, image in zip(chunk, seeds, images):
                 rel = f"images/{p.index:05d}-{i:03d}.png"
                 rec = SampleRecord(p.text, p.index, p.category, i, s, source.checkpoint, model, float(guidance),
-                                   sampler, steps, size, size, rel, source.checkpoint_hash, source.weights, kind)
+                                   sampler, steps, width, height, rel, source.checkpoint_hash, source.weights, kind)
                 pending.append(pool.submit(write_png, Image.fromarray(image), out, rec))
                 records.append(rec)
             if on_batch is not None:
-                on_batch(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), [p.text for p, _ in chunk])
+                on_batch(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), chunk)
             bar.update(len(chunk))
         for f in pending:
             f.result()
@@ -237,7 +248,7 @@ def write_category_grids(records: list[SampleRecord], out: str | Path, max_promp
     for category, by_prompt in sorted(by_category.items()):
         rows = [sorted(rs, key=lambda r: r.image_index) for _, rs in sorted(by_prompt.items())[:max_prompts]]
         n = min(len(r) for r in rows)
-        images = np.stack([[np.asarray(Image.open(out / r.path).convert("RGB")) for r in row[:n]] for row in rows])
+        images = _same_size([[np.asarray(Image.open(out / r.path).convert("RGB")) for r in row[:n]] for row in rows])
         path = grid_file(out, category)
         path.parent.mkdir(parents=True, exist_ok=True)
         grid = grid_image(images, [row[0].prompt for row in rows], title=f"{title} {category}".strip())
@@ -245,3 +256,16 @@ def write_category_grids(records: list[SampleRecord], out: str | Path, max_promp
                  extra={"grid": {"images": [[r.path for r in row[:n]] for row in rows]}})
         paths.append(path)
     return paths
+
+
+def _same_size(rows: list[list[np.ndarray]]) -> np.ndarray:
+    """(P, S, H, W, 3) from rows of images: images of other aspects (a prompt's own) on white, centred in the
+    largest height and width among them, so each keeps its aspect in the grid."""
+    height = max(image.shape[0] for row in rows for image in row)
+    width = max(image.shape[1] for row in rows for image in row)
+    grid = np.full((len(rows), len(rows[0]), height, width, 3), 255, dtype=np.uint8)
+    for i, row in enumerate(rows):
+        for j, image in enumerate(row):
+            top, left = (height - image.shape[0]) // 2, (width - image.shape[1]) // 2
+            grid[i, j, top:top + image.shape[0], left:left + image.shape[1]] = image
+    return grid

@@ -38,13 +38,13 @@ COLUMNS = ["model", "checkpoint", "step", *COST_COLUMNS, "guidance", *_with_inte
            *_with_interval("kid_mean"), "kid_std", *_with_interval("clip_score", "cmmd", "fd_dinov2"),
            "precision", "recall", "density", "coverage", *_with_interval(*ATTRIBUTE_COLUMNS),
            *COUNT_COLUMNS, *_with_interval(*PREFERENCE_COLUMNS), "n_images", "bootstrap",
-           "n_reference", "reference_skipped", "prompts", "sampler", "steps", "size", "extractor", "dinov2", "resize",
+           "n_reference", "reference_skipped", "prompts", "sampler", "steps", "size", "aspect", "extractor", "dinov2", "resize",
            "seconds_generate", "seconds_metrics", "seconds_bootstrap", "seconds_total", "seconds_checkpoint", "samples",
            "status", "error",
            "checkpoint_hash", "weights", "dtype", "file_size", "file_mtime_ns", "time"]
 CATEGORY_KEYS = ["model", "checkpoint", "step", "guidance", "sampler"]
-TEXT_COLUMNS = frozenset({"model", "checkpoint", "checkpoint_hash", "weights", "prompts", "sampler", "extractor",
-                          "dinov2", "resize", "samples", "status", "error", "dtype"})
+TEXT_COLUMNS = frozenset({"model", "checkpoint", "checkpoint_hash", "weights", "prompts", "sampler", "aspect",
+                          "extractor", "dinov2", "resize", "samples", "status", "error", "dtype"})
 NUMBER_COLUMNS = frozenset(COLUMNS) - TEXT_COLUMNS
 
 

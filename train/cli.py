@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 
 from .generation import (DEFAULT_GUIDANCE, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,
-                         MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE, RECOMMENDED_KEYS, SAMPLERS, SIZE_STEP,
-                         WEIGHT_CHOICES)
+                         MAX_ASPECT, MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE, RECOMMENDED_KEYS, SAMPLERS,
+                         SIZE_STEP, WEIGHT_CHOICES, parse_aspect, parse_size)
 
 
 def _positive(value: str) -> int:
@@ -55,6 +55,29 @@ def _between(lo, hi, kind=int, step: int | None = None):
     return parse
 
 
+def _argument(parse):
+    """An argparse type from a parser that raises a one-line WorkbenchError."""
+    def parsed(value: str):
+        from .errors import WorkbenchError
+
+        try:
+            return parse(value)
+        except WorkbenchError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parsed
+
+
+def _share(value: str) -> float:
+    """An argparse type: a number from 0 to 1 (a share of the samples)."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not 0 <= x <= 1:
+        raise argparse.ArgumentTypeError(f"{value} is not from 0 to 1")
+    return x
+
+
 def _fraction(value: str) -> float:
     """An argparse type: a number strictly between 0 and 1 (the refiner's switch)."""
     try:
@@ -79,10 +102,11 @@ def _sizes(value: str) -> tuple[int, ...]:
 def cmd_shapes(args) -> None:
     from .shapes import write_shapes_dataset
 
-    counts = write_shapes_dataset(args.out, args.n, args.seed, sizes=args.sizes, n_eval=args.n_eval)
+    counts = write_shapes_dataset(args.out, args.n, args.seed, sizes=args.sizes, n_eval=args.n_eval, wide=args.wide)
     buckets = ", ".join(f"{args.out}/{s}" for s in args.sizes)
     print(f"wrote {counts.get('train', 0)} training samples per bucket ({buckets}) and "
-          f"{counts.get('eval', 0)} held-out samples ({args.out}/eval/{max(args.sizes)})")
+          f"{counts.get('eval', 0)} held-out samples ({args.out}/eval/{max(args.sizes)})"
+          + (f", their prompts and aspects in {args.out}/eval/prompts.csv" if args.wide and counts.get("eval") else ""))
 
 
 def cmd_convert(args) -> None:
@@ -202,16 +226,25 @@ def first_seed(seed: int, n: int) -> int:
 def cmd_sample(args) -> None:
     from pathlib import Path
 
-    from .checkpoints import (content_hash, find_checkpoint, load_pipeline, native_size_of, recommended_settings,
-                              weights_of)
+    from .checkpoints import (content_hash, describe, find_checkpoint, load_pipeline, native_size_of,
+                              recommended_settings, weights_of)
+    from .errors import WorkbenchError
+    from .families import family_or_ours
     from .generation import DEMO_PROMPTS, Refiner, Settings, image_format, starting_settings, write_grid
 
     seed = first_seed(args.seed, args.seeds)
     image_format(args.out)  # before the checkpoint is opened: an output that would carry no parameters
+    if isinstance(args.size, tuple) and args.aspect:
+        raise WorkbenchError("give --size WIDTHxHEIGHT or --aspect W:H (with --size SIDE as its budget), not both")
     ckpt = find_checkpoint(args.checkpoint, parts=args.parts)
     weights = weights_of(ckpt, "ema" if args.ema else args.weights)
     given = {"guidance": args.guidance, "steps": args.steps, "sampler": args.sampler, "size": args.size}
     chosen, recommended = starting_settings(given, recommended_settings(ckpt))
+    info = describe(ckpt)
+    family = family_or_ours(info.family)
+    # before the weights are read: a size the family cannot draw is one line (the native size, where only the
+    # pipeline knows it, is the model's own)
+    size = sample_size(chosen["size"] or info.resolution, args.aspect, family, info.resolution, given=args.size)
     if recommended:
         print(recommended)
     pipe = load_pipeline(ckpt, ema=weights == "ema")
@@ -219,8 +252,8 @@ def cmd_sample(args) -> None:
     if args.refiner:
         ref = find_checkpoint(args.refiner)
         refiner = Refiner(load_pipeline(ref, refiner=True), ref.label, content_hash(ref), args.refiner_switch)
-    size = chosen["size"] or native_size_of(ckpt, pipe)
-    settings = Settings(steps=chosen["steps"], guidance=chosen["guidance"], width=size, height=size,
+    width, height = size or sample_size(native_size_of(ckpt, pipe), args.aspect, family, info.resolution)
+    settings = Settings(steps=chosen["steps"], guidance=chosen["guidance"], width=width, height=height,
                         sampler=chosen["sampler"], negative_prompt=args.negative_prompt, refiner=refiner)
     out = Path(args.out)
     images_to = (out.with_suffix("") if out.suffix else out.with_name(f"{out.name}-images")) if args.per_image else None
@@ -228,9 +261,32 @@ def cmd_sample(args) -> None:
                      title=f"{ckpt.label} ({content_hash(ckpt)}) {weights} weights", settings=settings,
                      checkpoint=ckpt.label, checkpoint_hash=content_hash(ckpt), weights=weights, images_to=images_to)
     print(f"wrote {out}: {weights} weights, guidance {settings.guidance:g}, {settings.steps} steps, "
-          f"{settings.sampler}, {size} px, seeds {seed} to {seed + args.seeds - 1}"
+          f"{settings.sampler}, {width}x{height} px, seeds {seed} to {seed + args.seeds - 1}"
           + (f"; refined by {refiner.name} from {refiner.switch:g} of the steps" if refiner else "")
           + (f"; each image in {images_to}" if images_to else ""))
+
+
+def sample_size(size, aspect, family, resolution: int | None, given=None) -> tuple[int, int] | None:
+    """(width, height) `dwb sample` draws at: ``size`` as WIDTHxHEIGHT, a square of its side, or with ``aspect`` the
+    bucket of that aspect on the budget side x side (``train.data.aspect_bucket``, on the family's size step, so
+    the family draws it); None where ``size`` is (the native side, known once the pipeline is open). A size given on
+    the command line (``given``) and a bucket are checked against the family's step and sides (one line)."""
+    from .data import aspect_bucket
+    from .generation import check_drawable
+
+    if size is None:
+        return None
+    if isinstance(size, tuple):
+        check_drawable(family, size, "--size", resolution)
+        return size
+    if given is not None:
+        check_drawable(family, (size, size), "--size", resolution)
+    if aspect is None:
+        return size, size
+    check_drawable(family, (size, size), "--aspect's budget", resolution, within_range=False)
+    bucket = aspect_bucket(aspect, size, family.size_step())
+    check_drawable(family, bucket, f"the {aspect[0]:g}:{aspect[1]:g} bucket of {size} px", resolution)
+    return bucket
 
 
 def cmd_runs_plot(args) -> None:
@@ -328,6 +384,9 @@ def register_data(sub) -> None:
     p.add_argument("--n-eval", type=int, default=1000, help="held-out samples")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sizes", type=_sizes, default=(16, 32), help="resolution buckets (default 16,32)")
+    p.add_argument("--wide", type=_share, default=0.0, metavar="SHARE",
+                   help="share of scenes in a wide (5:3) or tall (3:5) frame, converted into aspect-ratio buckets "
+                        "(default 0: squares only)")
     p.set_defaults(func=cmd_shapes)
 
     p = data_sub.add_parser("convert", help="WebDataset/img2dataset shards, Parquet, image folders or HF datasets "
@@ -444,9 +503,15 @@ def register_model(sub) -> None:
     p.add_argument("--guidance", type=_between(0, MAX_GUIDANCE, float),
                    help=f"classifier-free guidance scale, 0 to {MAX_GUIDANCE:g} (default: the checkpoint's "
                         f"recommended, else {DEFAULT_GUIDANCE:g})")
-    p.add_argument("--size", type=_between(MIN_SIZE, MAX_SIZE, step=SIZE_STEP),
-                   help=f"image side, {MIN_SIZE} to {MAX_SIZE}, a multiple of {SIZE_STEP} (default: the checkpoint's "
-                        "recommended size, else its native size, the resolution it was trained at where it records one)")
+    p.add_argument("--size", type=_argument(parse_size), metavar="SIDE|WIDTHxHEIGHT",
+                   help=f"image side (a square) or WIDTHxHEIGHT (768x512), each side {MIN_SIZE} to {MAX_SIZE}, a "
+                        f"multiple of {SIZE_STEP} and of the family's step (16 for SD3 and Flux.1), within the sides "
+                        "its family draws at the checkpoint's resolution (default: the checkpoint's recommended size, "
+                        "else its native size, the resolution it was trained at where it records one)")
+    p.add_argument("--aspect", type=_argument(parse_aspect), metavar="W:H",
+                   help=f"draw at this aspect ratio (16:9, 2:1, 1:2; up to {MAX_ASPECT:g}:1): the aspect bucket nearest "
+                        "it on a budget of --size x --size pixels (default: the native size), as `dwb data convert "
+                        "--aspect-buckets` makes them, on the family's step")
     p.add_argument("--sampler", choices=list(SAMPLERS), metavar="NAME",
                    help=f"one of: {', '.join(SAMPLERS)} (default: the checkpoint's recommended, else {DEFAULT_SAMPLER})")
     p.add_argument("--refiner", metavar="REF",

@@ -58,7 +58,8 @@ LOGGERS = ("file", "tensorboard", "wandb")
 class ModelConfig:
     architecture: str = checked("tiny", one_of(*ARCHITECTURE_NAMES))
     # Folder or hub id with vae/, text_encoder/ and tokenizer/ (a diffusers layout). For `tiny`,
-    # `dwb prepare` builds one; for `sd2-base`, stabilityai/stable-diffusion-2-base or a local copy.
+    # `dwb prepare` builds one; for `sd2-base`, stabilityai/stable-diffusion-2-base or a local copy; for `sdxl-base`,
+    # stabilityai/stable-diffusion-xl-base-1.0 (text_encoder_2/ too; `tiny-sdxl` builds its second tower).
     # None builds every component with random weights (benchmarks, shape tests).
     pretrained: Optional[str] = None
     prediction_type: str = checked("epsilon", one_of(*PREDICTION_TYPES))
@@ -94,6 +95,10 @@ class DataConfig:
     num_workers: int = checked(0, Range(0, 256))  # 0: samples are read in the training process
     shuffle: bool = True
     center_crop: bool = True  # False: random crop
+    # Where a dataset holds aspect-ratio buckets (`dwb data convert --aspect-buckets`): one stream per bucket, every
+    # global batch from one bucket, images at their stored size (data.resolution must be the buckets' budget).
+    # False: square crops at data.resolution, as from any other dataset.
+    aspect_buckets: bool = True
     # Samples Streaming's background threads may prepare ahead of the reader. None: Streaming's
     # default (8 batches) for remote data; for local data the whole epoch, so those threads finish
     # at once instead of stepping in lockstep with every sample (3.2x the read rate measured).

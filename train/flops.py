@@ -22,7 +22,9 @@ def batch_flops(cfg: TrainConfig) -> float:
     generator = torch.Generator().manual_seed(0)
     batch = {"image": torch.rand(n, 3, side, side, generator=generator) * 2 - 1,
              "input_ids": torch.randint(0, len(model.tokenizer), (n, model.tokenizer.model_max_length),
-                                        generator=generator)}
+                                        generator=generator),
+             # an image batch's size conditioning (SDXL's): square images, uncropped
+             "original_size": torch.full((n, 2), side), "crop_top_left": torch.zeros(n, 2, dtype=torch.long)}
     latents, text = model.latents_and_text(batch)
     with FlopCounterMode(display=False) as counter:
         noise = torch.randn_like(latents)

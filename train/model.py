@@ -7,6 +7,9 @@
   (``train.families.RectifiedFlow``): x0 = (latents - shift) * scale, x_t = (1 - t) x0 + t eps with t drawn
   logit-normal and shifted, and the transformer predicts the velocity eps - x0, conditioned as SD3's pipeline
   conditions it (CLIP penultimate states and pooled outputs).
+- ``MicroConditionedUNet``: SDXL's UNet on the same diffusion schedule, conditioned as ``StableDiffusionXLPipeline``
+  conditions it: two text towers' penultimate states side by side, the second's pooled projected output, and each
+  image's original size, crop and target size (Podell et al. 2023, "micro-conditioning").
 """
 from __future__ import annotations
 
@@ -193,8 +196,11 @@ class LatentDiffusion(ComposerModel):
         a = self.alphas_cumprod.to(latents.device)[t].view(-1, 1, 1, 1)
         noisy = a.sqrt() * latents + (1 - a).sqrt() * noise
         target = noise if self.prediction_type == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * latents
-        pred = self.unet(noisy, t, encoder_hidden_states=text).sample
-        return pred, target, t
+        return self.predict(noisy, t, text), target, t
+
+    def predict(self, noisy: torch.Tensor, t: torch.Tensor, text) -> torch.Tensor:
+        """The UNet's output on noised latents at timesteps ``t``, conditioned on ``text``."""
+        return self.unet(noisy, t, encoder_hidden_states=text).sample
 
     def per_sample_loss(self, outputs) -> torch.Tensor:
         """The training objective of each sample: MSE, weighted by min-SNR-gamma where configured."""
@@ -282,3 +288,118 @@ class RectifiedFlowTransformer(LatentDiffusion):
         pred, target, sigma = outputs
         per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
         return per_sample * self.flow.weights(sigma).to(per_sample.device)
+
+
+def time_ids(original_size: torch.Tensor, crop_top_left: torch.Tensor, target_size: tuple[int, int]) -> torch.Tensor:
+    """(B, 6) float: SDXL's added time ids of each image in the order ``StableDiffusionXLPipeline._get_add_time_ids``
+    lays them out: original (height, width), crop (top, left), target (height, width)."""
+    target = torch.tensor(target_size, device=original_size.device).expand(len(original_size), 2)
+    return torch.cat([original_size, crop_top_left, target], dim=1).float()
+
+
+class MicroConditionedUNet(LatentDiffusion):
+    """SDXL's UNet ("text_time" added conditioning) on the diffusion schedule. Each batch of images carries
+    ``original_size`` and ``crop_top_left`` (the loader's: SDXL's c_size and c_crop), the target size is the image's;
+    caption dropout empties the caption for both towers, which read the same token ids (SDXL's two tokenizers share a
+    vocabulary). Held-out batches (validation) carry no sizes: they are conditioned as the pipeline conditions a
+    sample, original size = target size, no crop."""
+
+    def __init__(self, unet, vae, text_encoder, text_encoder_2, tokenizer, **options):
+        super().__init__(unet, vae, text_encoder, tokenizer, **options)
+        self.text_encoder_2 = text_encoder_2.requires_grad_(False)
+        self.text_encoder_2._fsdp_wrap = False  # frozen, called whole (``take_parts``)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.text_encoder_2.eval()
+        return self
+
+    def pipeline_with(self, denoiser):
+        from .checkpoints import build_sdxl_pipeline
+
+        return build_sdxl_pipeline(denoiser, self.vae, self.text_encoder, self.text_encoder_2, self.tokenizer,
+                                   self.prediction_type)
+
+    @torch.no_grad()
+    def encode_text(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) token ids -> both towers' penultimate states side by side (B, L, D1 + D2) and the second's pooled,
+        projected output (B, P), as ``StableDiffusionXLPipeline.encode_prompt`` builds them."""
+        first = self.text_encoder(input_ids, output_hidden_states=True)
+        second = self.text_encoder_2(input_ids, output_hidden_states=True)
+        return torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1), second.text_embeds
+
+    def latents_and_text(self, batch: dict, draws: Draws = Draws()):
+        """Scaled latents, and the text states, pooled output and time ids of each image."""
+        latents, (states, pooled) = super().latents_and_text(batch, draws)
+        if "original_size" not in batch or "crop_top_left" not in batch:
+            raise RuntimeError("an image batch for SDXL's micro-conditioning carries original_size and crop_top_left")
+        ids = time_ids(batch["original_size"], batch["crop_top_left"], tuple(batch["image"].shape[-2:]))
+        return latents, (states, pooled, ids.to(states.dtype))
+
+    def predict(self, noisy: torch.Tensor, t: torch.Tensor, text) -> torch.Tensor:
+        states, pooled, *sizes = text
+        if not sizes:  # held out: as a sample is drawn at this size
+            side = [d * self.vae_scale for d in noisy.shape[-2:]]
+            zeros = torch.zeros(len(noisy), 2, dtype=torch.long, device=noisy.device)
+            sizes = [time_ids(torch.tensor(side, device=noisy.device).expand(len(noisy), 2), zeros, side)]
+        added = {"text_embeds": pooled, "time_ids": sizes[0].to(states.dtype)}
+        return self.unet(noisy, t, encoder_hidden_states=states, added_cond_kwargs=added).sample
+
+    @property
+    def vae_scale(self) -> int:
+        """Pixels per latent along a side (the pipeline's ``vae_scale_factor``)."""
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+
+class FluxStyleTransformer(RectifiedFlowTransformer):
+    """Flux.1's transformer (diffusers' ``FluxTransformer2DModel``) trained with rectified flow, conditioned as
+    ``FluxPipeline`` conditions it: T5's states over ``text_tokens`` tokens and CLIP's pooled output, the latents
+    packed 2x2 into tokens with their position ids (``train.families.pack_latents``), the timestep t in [0, 1].
+    The T5 reads the batch's ids padded to ``text_tokens`` (its tokenizer is the CLIP one: ``flux_parts``)."""
+
+    def __init__(self, transformer, vae, text_encoder, tokenizer, text_encoder_2, *, flow, text_tokens: int,
+                 caption_dropout: float = 0.1, other_phrasing: float = 0.0, per_sample_seed: int | None = None):
+        super().__init__(transformer, vae, text_encoder, tokenizer, flow=flow, clip_slots=1,
+                         caption_dropout=caption_dropout, other_phrasing=other_phrasing,
+                         per_sample_seed=per_sample_seed)
+        self.text_encoder_2 = text_encoder_2.requires_grad_(False)
+        self.text_encoder_2._fsdp_wrap = False  # frozen and called by its forward, as the other frozen parts
+        self.text_tokens = text_tokens
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.text_encoder_2.eval()
+        return self
+
+    def pipeline_with(self, denoiser):
+        from .checkpoints import build_flux_pipeline
+
+        return build_flux_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.text_encoder_2,
+                                   self.tokenizer)
+
+    def fsdp_wrap_fn(self, module: torch.nn.Module) -> bool:
+        """Each double-stream and single-stream block is its own FSDP unit (the transformer is the outer one)."""
+        blocks = (*self.transformer.transformer_blocks, *self.transformer.single_transformer_blocks)
+        return any(module is block for block in blocks)
+
+    @torch.no_grad()
+    def encode_text(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) CLIP token ids -> T5's states (B, text_tokens, D) and CLIP's pooled output (B, P), as
+        ``FluxPipeline.encode_prompt`` builds them (its T5 ids: the same tokenizer's, padded to ``text_tokens``)."""
+        pooled = self.text_encoder(input_ids, output_hidden_states=False).pooler_output
+        pad = self.text_tokens - input_ids.shape[1]
+        t5_ids = F.pad(input_ids, (0, pad), value=self.tokenizer.pad_token_id)
+        return self.text_encoder_2(t5_ids, output_hidden_states=False)[0], pooled
+
+    def denoise(self, latents: torch.Tensor, text, noise: torch.Tensor, t: torch.Tensor):
+        """(velocity predicted, velocity, t in [0, 1]) for the latents noised to ``t / 1000``, packed as tokens."""
+        from .families import latent_ids, pack_latents, text_ids, unpack_latents
+
+        states, pooled = text
+        sigma = t.float() / TRAIN_TIMESTEPS
+        noisy = pack_latents(self.flow.noised(latents, noise, sigma))
+        height, width = latents.shape[-2:]
+        out = self.transformer(hidden_states=noisy, timestep=sigma.to(noisy.dtype), pooled_projections=pooled,
+                               encoder_hidden_states=states, txt_ids=text_ids(states.shape[1]).to(noisy),
+                               img_ids=latent_ids(height, width).to(noisy)).sample
+        return unpack_latents(out, height, width), self.flow.velocity(latents, noise), sigma

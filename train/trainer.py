@@ -18,7 +18,7 @@ from composer.core import Callback
 from .config import TrainConfig, config_to_dict
 from .errors import WorkbenchError
 from .common import disk_full_error, is_disk_full
-from .model import LatentDiffusion, RectifiedFlowTransformer
+from .model import FluxStyleTransformer, LatentDiffusion, MicroConditionedUNet, RectifiedFlowTransformer
 from .checkpoints import ModelSpec, make_spec
 from .families import family_or_ours
 
@@ -107,7 +107,7 @@ def check_memory(cfg: TrainConfig, device: str) -> None:
     with torch.device("meta"):
         trained = sum(p.numel() for p in build_denoiser(cfg).parameters())
         # the parts the run builds (``model.pretrained`` null); pretrained ones are not counted: the plan is a floor
-        built = frozen_parts(cfg)[:2] if cfg.model.pretrained is None else ()
+        built = (*frozen_parts(cfg)[:2], *second_towers(cfg)) if cfg.model.pretrained is None else ()
         frozen = sum(p.numel() for part in built for p in part.parameters())
     sharded = cfg.fsdp and cfg.fsdp_sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
     check_training_memory(trained, frozen, ema=cfg.ema.enabled, shards=dist.get_world_size() if cfg.fsdp else 1,
@@ -138,8 +138,21 @@ def build_denoiser(cfg: TrainConfig):
 
 
 def build_model(cfg: TrainConfig) -> LatentDiffusion:
-    """The architecture's Composer model: a UNet on the diffusion schedule, or a transformer on rectified flow."""
-    return MODEL_BUILDERS[denoiser_kind(cfg.model.architecture)](cfg, *frozen_parts(cfg))
+    """The architecture's Composer model, by its family's pipeline: a UNet on the diffusion schedule (SD 2's, or
+    SDXL's with two text towers and size conditioning), or a transformer on rectified flow."""
+    from .checkpoints import ARCHITECTURES
+
+    family = family_or_ours(ARCHITECTURES[cfg.model.architecture].get("family"))
+    return MODEL_BUILDERS[family.pipeline](cfg, *frozen_parts(cfg))
+
+
+def second_towers(cfg: TrainConfig) -> tuple:
+    """The second text tower of an architecture that has one (SDXL's), else none."""
+    from .checkpoints import ARCHITECTURES, second_text_encoder
+
+    if "text_encoder_2" not in ARCHITECTURES[cfg.model.architecture]:
+        return ()
+    return (second_text_encoder(cfg.model.architecture, cfg.model.pretrained, None),)
 
 
 def build_unet_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> LatentDiffusion:
@@ -196,9 +209,78 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
                                     per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
 
 
+def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroConditionedUNet:
+    from .checkpoints import second_text_encoder
+
+    m = cfg.model
+    if cfg.data.precomputed:
+        raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} is conditioned on each image's original "
+                             "size and crop, which precomputed latents do not store; train it from images")
+    text_encoder_2 = second_text_encoder(m.architecture, m.pretrained, tokenizer)
+    unet = build_denoiser(cfg)
+    width = text_encoder.config.hidden_size + text_encoder_2.config.hidden_size
+    added = text_encoder_2.config.projection_dim + 6 * unet.config.addition_time_embed_dim
+    if unet.config.cross_attention_dim != width or unet.config.projection_class_embeddings_input_dim != added:
+        raise WorkbenchError(f"the UNet's cross_attention_dim and projection_class_embeddings_input_dim must be {width} "
+                             f"(both text towers' widths) and {added} (the second's pooled output and 6 time ids)")
+    if unet.config.in_channels != vae.config.latent_channels:
+        raise WorkbenchError(f"the UNet takes {unet.config.in_channels} channels but the VAE from '{m.pretrained}' "
+                             f"makes {vae.config.latent_channels}")
+    if m.gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
+    return MicroConditionedUNet(unet, vae, text_encoder, text_encoder_2, tokenizer, prediction_type=m.prediction_type,
+                                caption_dropout=m.caption_dropout, min_snr_gamma=m.min_snr_gamma,
+                                other_phrasing=m.other_phrasing,
+                                per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
+
+
+def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyleTransformer:
+    """A Flux.1-style transformer on rectified flow at Flux.1's resolution shift (``flux_shift``)."""
+    from .checkpoints import ARCHITECTURES, T5_TOKENS, load_t5_parts, random_t5_encoder
+
+    m = cfg.model
+    if cfg.data.precomputed:
+        raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} reads its T5 states from the captions, "
+                             "which precomputed latents do not carry for it; train it from images")
+    if not ARCHITECTURES[m.architecture].get("builds_t5_encoder"):  # T5-XXL and its tokenizer, pretrained
+        load_t5_parts(m.pretrained)
+        raise WorkbenchError(f"config key 'model.architecture': {m.architecture} reads captions through T5's own "
+                             "tokenizer, and the data loader tokenizes them with the CLIP tokenizer alone")
+    text_encoder_2 = random_t5_encoder(m.architecture, len(tokenizer), tokenizer.pad_token_id)
+    transformer = build_denoiser(cfg)
+    c = transformer.config
+    if c.joint_attention_dim != text_encoder_2.config.d_model or c.pooled_projection_dim != text_encoder.config.hidden_size:
+        raise WorkbenchError(f"the transformer's joint_attention_dim and pooled_projection_dim must be "
+                             f"{text_encoder_2.config.d_model} (T5's width) and {text_encoder.config.hidden_size} "
+                             "(the CLIP tower's)")
+    if c.in_channels != 4 * vae.config.latent_channels:
+        raise WorkbenchError(f"the transformer takes {c.in_channels} channels but the VAE from '{m.pretrained}' makes "
+                             f"{vae.config.latent_channels}, packed 2x2: {4 * vae.config.latent_channels}")
+    if getattr(vae.config, "shift_factor", None) is None:
+        vae.register_to_config(shift_factor=0.0)  # SD's VAEs shift nothing; FluxPipeline reads the key
+    if m.gradient_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    return FluxStyleTransformer(transformer, vae, text_encoder, tokenizer, text_encoder_2, flow=flux_flow(cfg, vae),
+                                text_tokens=T5_TOKENS, caption_dropout=m.caption_dropout,
+                                other_phrasing=m.other_phrasing,
+                                per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
+
+
+def flux_flow(cfg: TrainConfig, vae):
+    """The run's rectified flow at Flux.1's shift for its images' tokens (2x2 patches of latents), as FluxPipeline
+    shifts its sampling schedule at the same size."""
+    from .families import RectifiedFlow, patches_shift
+
+    m = cfg.model
+    latent_side = cfg.data.resolution // 2 ** (len(vae.config.block_out_channels) - 1)
+    shift = m.flow_shift if m.flow_shift is not None else patches_shift((latent_side // 2) ** 2)
+    return RectifiedFlow(logit_mean=m.logit_mean, logit_std=m.logit_std, shift=shift, weighting=m.loss_weighting)
+
+
 DENOISER_WORDS = {"unet": "UNet", "transformer": "transformer"}
-# The Composer model each kind of denoiser trains in
-MODEL_BUILDERS = {"unet": build_unet_model, "transformer": build_transformer_model}
+# The Composer model each family's pipeline is trained as
+MODEL_BUILDERS = {"StableDiffusionPipeline": build_unet_model, "StableDiffusion3Pipeline": build_transformer_model,
+                  "StableDiffusionXLPipeline": build_sdxl_model, "FluxPipeline": build_flux_model}
 
 
 def public_config(config: dict) -> dict:

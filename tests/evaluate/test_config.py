@@ -24,7 +24,7 @@ EVERY_KEY = [("out", "o", "o"), ("reference", "r", "r"), ("inception_weights", "
              ("inception_features", "64", 64), ("device", "cpu", "cpu"), ("dtype", "fp32", "fp32"),
              ("allow_fewer_reference", None, True), ("cache", "cache", "cache"), ("pickscore", "p", "p"),
              ("hps", "h.pt", "h.pt"), ("imagereward", "ir", "ir"), ("aesthetic", "a.pth", "a.pth"),
-             ("parts", "parts-folder", "parts-folder")]
+             ("parts", "parts-folder", "parts-folder"), ("aspect", "16:9", "16:9"), ("aspect_column", "ratio", "ratio")]
 
 
 def one_line_error(argv: list[str], capsys) -> str:
@@ -87,7 +87,8 @@ def test_flags_and_key_value_win_over_the_file():
 
 
 @pytest.mark.parametrize("arg, message", [
-    ("colour=red", "error: unknown config key 'colour' (known: aesthetic, allow_fewer_reference, batch_size, "
+    ("colour=red", "error: unknown config key 'colour' (known: aesthetic, allow_fewer_reference, aspect, "
+                   "aspect_column, batch_size, "
                    "bootstrap, cache, clip, cmmd, device, dinov2, dtype, ema, guidance, hps, imagereward, "
                    "inception_features, inception_weights, kid_subset_size, kid_subsets, n_per_prompt, n_prompts, "
                    "n_reference, out, parts, pickscore, progress, prompts, reference, sampler, scorer, seed, size, steps, "

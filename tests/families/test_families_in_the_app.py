@@ -22,12 +22,13 @@ def test_the_app_generates_from_each_family(family_folders, tmp_path):
     try:
         app.wait_ready()
         client = Client(app.url, verbose=False, download_files=str(tmp_path))
-        for name in ("sdxl", "sd3", "flux-schnell"):
+        for name, (width, height) in (("sdxl", (48, 32)), ("sd3", (32, 64)), ("flux-schnell", (64, 32))):  # any aspect
             gallery, _ = client.predict(checkpoint=name, weights="auto", prompt="a red circle", negative_prompt="",
-                                        sampler="Euler", steps=2, guidance_scale=3.0, width=32, height=32, seed=1,
-                                        batch_size=1, api_name="/generate")
+                                        sampler="Euler", steps=2, guidance_scale=3.0, width=width, height=height,
+                                        seed=1, batch_size=1, api_name="/generate")
             with Image.open(gallery[0]["image"]) as image:
-                assert image.size == (32, 32) and f"Model: {name}" in image.text["parameters"]
+                assert image.size == (width, height) and f"Model: {name}" in image.text["parameters"]
+                assert f"Size: {width}x{height}" in image.text["parameters"]
         with pytest.raises(Exception, match="Flux.1 cannot be sampled with 'LMS'; choose one of: Euler"):
             client.predict(checkpoint="flux-schnell", weights="auto", prompt="a red circle", negative_prompt="",
                            sampler="LMS", steps=2, guidance_scale=3.0, width=32, height=32, seed=1, batch_size=1,

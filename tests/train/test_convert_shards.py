@@ -49,7 +49,7 @@ def samples(folder: Path) -> list[dict]:
     return [ds[i] for i in range(ds.num_samples)]
 
 
-def content(out: Path, side: int) -> list[tuple]:
+def content(out: Path, side: int | str) -> list[tuple]:
     """What a bucket holds, in order: caption, meta and the stored image's bytes."""
     return [(s["caption"], sorted(s["meta"].items()), s["image"].tobytes()) for s in samples(out / str(side))]
 
@@ -290,3 +290,54 @@ def test_a_killed_convert_run_again_writes_what_an_uninterrupted_one_writes(tmp_
     assert "units kept from an earlier run" in again.stdout
     for side in (256, 512):
         assert content(tmp_path / "out", side) == content(tmp_path / "whole", side)
+
+
+def _aspect_part(src: Path, out: Path, part: tuple[int, int] | None = None):
+    return convert_to_mds(src, out, buckets=[128], aspect_buckets=True, workers=1, part=part, progress=False)
+
+
+def _shard_files(index: Path) -> list[Path]:
+    import json
+
+    return [index.parent / s["raw_data"]["basename"] for s in json.loads(index.read_text())["shards"]]
+
+
+def test_aspect_buckets_are_a_folder_each_under_a_budget_that_reads_as_one_dataset(img2dataset_out, tmp_path):
+    """OUT/128/<WxH>/index.json per bucket and OUT/128/index.json over them name the same shard files; parts joined
+    and a run resumed after losing a unit write what one run writes."""
+    src = img2dataset_out / "webdataset"
+    whole = _aspect_part(src, tmp_path / "whole")
+    budget = tmp_path / "whole" / "128"
+    buckets = sorted(p.name for p in budget.iterdir() if p.is_dir())
+    assert buckets and set(buckets) == {key.split("/")[1] for key in whole.buckets}
+    per_bucket = [f for b in buckets for f in _shard_files(budget / b / "index.json")]
+    assert sorted(_shard_files(budget / "index.json")) == sorted(per_bucket)
+    assert sorted(budget.rglob("shard.*.mds")) == sorted(per_bucket)  # none copied, none left out
+    for b in buckets:
+        rows = samples(budget / b)
+        assert rows and {f"{r['bucket_width']}x{r['bucket_height']}" for r in rows} == {b}
+    assert len(samples(budget)) == sum(whole.buckets.values())
+
+    for i in range(3):
+        _aspect_part(src, tmp_path / "parts", (i, 3))
+    assert join_parts(tmp_path / "parts") == whole
+    for left in (".convert/done/00001.json", ".convert/summary.json", "128/index.json"):
+        (tmp_path / "parts" / left).unlink()  # what a run killed while converting unit 1 had not written
+    assert _aspect_part(src, tmp_path / "parts").units_kept == 3
+    for folder in ["", *buckets]:
+        assert content(tmp_path / "parts" / "128", folder) == content(tmp_path / "whole" / "128", folder)
+
+
+def test_a_bucket_unit_whose_index_leads_out_is_refused_before_the_merge(img2dataset_out, tmp_path):
+    import json
+
+    src = img2dataset_out / "webdataset"
+    for i in range(2):
+        _aspect_part(src, tmp_path / "parts", (i, 2))
+    unit = next((tmp_path / "parts" / "128").glob("*x*/00000/index.json"))
+    index = json.loads(unit.read_text())
+    index["shards"][0]["raw_data"]["basename"] = "../../../elsewhere/shard.00000.mds"
+    unit.write_text(json.dumps(index))
+    with pytest.raises(WorkbenchError, match="lies outside the dataset folder"):
+        join_parts(tmp_path / "parts")
+    assert not (tmp_path / "parts" / "128" / "index.json").exists()

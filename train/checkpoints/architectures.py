@@ -1,5 +1,6 @@
 """The architectures `dwb train` builds, by name: the real SD2-base sizes and a tiny UNet that trains on 2 CPU
-cores, and a tiny MMDiT (SD3's transformer layout, trained with rectified flow) beside it.
+cores, a tiny MMDiT (SD3's transformer layout, trained with rectified flow) beside it, and SDXL's UNet with its two
+text towers and size and crop conditioning, tiny and at SDXL-base's sizes.
 
 Each entry gives diffusers/transformers configs; an entry with a ``family`` is built as that family's denoiser
 (``train.families``), one without is SD 2's UNet. ``sd2-base``'s UNet built from its config has
@@ -7,6 +8,8 @@ Each entry gives diffusers/transformers configs; an entry with a ``family`` is b
 the penultimate layer) normally load pretrained, but can be built with random weights too.
 """
 from __future__ import annotations
+
+from ..families import family_named
 
 SD2_BASE = {
     "unet": dict(
@@ -87,7 +90,70 @@ MMDIT_MEDIUM = {
     "flow_base_resolution": 256,
 }
 
-ARCHITECTURES = {"sd2-base": SD2_BASE, "tiny": TINY, "tiny-mmdit": TINY_MMDIT, "mmdit-medium": MMDIT_MEDIUM}
+# SDXL's conditioning on the tiny UNet's levels: the penultimate states of two text towers of different widths side
+# by side (64 + 96, as SDXL's ViT-L and bigG are 768 + 1280), the wider tower's pooled, projected output and six
+# time ids (original size, crop, target size: 96 + 6 x 8 added inputs, as SDXL's 1280 + 6 x 256). `dwb prepare` makes
+# one tower; the second is built here from its config, random and frozen as the first, with the tokenizer's ids
+# for its start, end and padding (the pooled output is the end token's: with CLIP's default ids it would be the
+# start token's, the same for every caption).
+TINY_SDXL = {
+    "family": "sdxl",
+    "unet": dict(TINY["unet"], cross_attention_dim=64 + 96, addition_embed_type="text_time",
+                 addition_time_embed_dim=8, projection_class_embeddings_input_dim=96 + 6 * 8),
+    "vae": TINY["vae"],
+    "text_encoder": TINY["text_encoder"],
+    "text_encoder_2": dict(hidden_size=96, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+                           max_position_embeddings=20, hidden_act="gelu", projection_dim=96),
+    "embedding_std": 1.0,
+    "builds_text_encoder_2": True,  # whatever model.pretrained holds
+}
+
+# SDXL-base at its published sizes (``train.families``' SDXL base: a 2,567.5M-weight UNet, CLIP ViT-L and OpenCLIP
+# bigG with its projection, the 4-channel VAE scaled by 0.13025), trained from scratch on the frozen pretrained parts
+# of model.pretrained (stabilityai/stable-diffusion-xl-base-1.0's vae/, text_encoder/, text_encoder_2/, tokenizer/).
+_SDXL_BASE = family_named("sdxl").variant("base").parts
+SDXL_BASE = {
+    "family": "sdxl",
+    "unet": _SDXL_BASE["unet"].config,
+    "vae": _SDXL_BASE["vae"].config,
+    "text_encoder": _SDXL_BASE["text_encoder"].config,
+    "text_encoder_2": _SDXL_BASE["text_encoder_2"].config,
+}
+
+# A tiny Flux.1-style transformer (diffusers' FluxTransformer2DModel: 2 double-stream and 2 single-stream blocks, 64
+# wide, no guidance input, as schnell) over the tiny VAE's 4-channel latents packed 2x2 (16 channels a token; 32 px
+# -> 8x8 latents -> 16 tokens), conditioned as Flux.1 is: T5 states (a tiny T5 encoder built here from its config,
+# random and frozen, reading the tiny CLIP tokenizer's ids) and the tiny CLIP tower's pooled output.
+TINY_FLUX = {
+    "family": "flux",
+    "transformer": dict(
+        patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=32, pooled_projection_dim=64, guidance_embeds=False, axes_dims_rope=(4, 6, 6),
+    ),
+    "vae": TINY["vae"],
+    "text_encoder": TINY["text_encoder"],
+    "embedding_std": 1.0,
+    "t5_encoder": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, feed_forward_proj="gated-gelu",
+                       relative_attention_num_buckets=8, relative_attention_max_distance=32),
+    "builds_t5_encoder": True,  # whatever model.pretrained holds
+}
+
+# Flux.1-schnell's transformer as published (19 double-stream and 38 single-stream blocks, 24 heads of 128, 16-channel
+# latents packed 2x2, no guidance embedding), trained from scratch as MLPerf Training v5.1's text_to_image benchmark
+# trains it (configs/flux-schnell-mlperf.yaml); its frozen CLIP-L, T5-XXL and 16-channel VAE load pretrained from
+# model.pretrained (FLUX.1-schnell: a local folder, the HF cache or the hub).
+_FLUX_SCHNELL = family_named("flux").variant("schnell").parts
+FLUX_SCHNELL = {
+    "family": "flux",
+    "transformer": _FLUX_SCHNELL["transformer"].config,
+    "vae": _FLUX_SCHNELL["vae"].config,
+    "text_encoder": _FLUX_SCHNELL["text_encoder"].config,
+    "t5_encoder": _FLUX_SCHNELL["text_encoder_2"].config,
+}
+
+ARCHITECTURES = {"sd2-base": SD2_BASE, "tiny": TINY, "tiny-mmdit": TINY_MMDIT, "mmdit-medium": MMDIT_MEDIUM,
+                 "tiny-sdxl": TINY_SDXL, "sdxl-base": SDXL_BASE,
+                 "tiny-flux": TINY_FLUX, "flux-schnell": FLUX_SCHNELL}
 
 
 def denoiser_config(architecture: str, overrides: dict | None = None) -> dict:

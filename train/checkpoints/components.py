@@ -14,19 +14,24 @@ from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
 from .architectures import ARCHITECTURES, denoiser_config
 from ..errors import WorkbenchError, first_line
-from .schedules import inference_scheduler
+from .schedules import NOISE_SCHEDULE, inference_scheduler
 
 def build_unet(architecture: str, overrides: dict | None = None) -> UNet2DConditionModel:
     return UNet2DConditionModel(**denoiser_config(architecture, overrides))
 
 
-def random_text_encoder(architecture: str, vocab_size: int | None = None, seed: int = 0) -> CLIPTextModel:
+def random_text_encoder(architecture: str, vocab_size: int | None = None, seed: int = 0, *,
+                        part: str = "text_encoder", token_ids: dict | None = None) -> CLIPTextModel:
+    """The architecture's text tower ``part`` with random weights: SDXL's second (``text_encoder_2``) with its
+    pooled output projected; ``token_ids`` (``bos_token_id``, ...) where the tokenizer's are not CLIP's."""
+    from transformers import CLIPTextModelWithProjection
+
     arch = ARCHITECTURES[architecture]
-    cfg = dict(arch["text_encoder"])
+    cfg = {**arch[part], **(token_ids or {})}
     if vocab_size is not None:
         cfg["vocab_size"] = vocab_size
     torch.manual_seed(seed)
-    model = CLIPTextModel(CLIPTextConfig(**cfg))
+    model = (CLIPTextModelWithProjection if part == "text_encoder_2" else CLIPTextModel)(CLIPTextConfig(**cfg))
     std = arch.get("embedding_std")
     if std is not None:
         emb = model.text_model.embeddings
@@ -107,10 +112,15 @@ def build_pipeline(unet, vae, text_encoder, tokenizer, prediction_type: str) -> 
 
 
 def build_transformer(architecture: str, overrides: dict | None = None):
-    """The architecture's MMDiT (diffusers' ``SD3Transformer2DModel``) with random weights."""
-    from diffusers import SD3Transformer2DModel
+    """The architecture's transformer with random weights, of its family's diffusers class (SD3's
+    ``SD3Transformer2DModel``, Flux.1's ``FluxTransformer2DModel``)."""
+    import diffusers
 
-    return SD3Transformer2DModel(**denoiser_config(architecture, overrides))
+    from ..families import family_named
+
+    family = family_named(ARCHITECTURES[architecture]["family"])
+    cls = getattr(diffusers, family.variants[0].parts[family.denoiser].cls)
+    return cls(**denoiser_config(architecture, overrides))
 
 
 def with_projection(text_encoder: CLIPTextModel):
@@ -144,5 +154,47 @@ def build_flow_pipeline(transformer, vae, text_encoder, tokenizer, shift: float)
     pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=flow_scheduler(shift), vae=vae,
                                     text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder,
                                     tokenizer_2=tokenizer, text_encoder_3=None, tokenizer_3=None)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+SECOND_TOWER_SEED = 1  # the first tower `dwb prepare` builds is seeded 0
+
+
+def second_text_encoder(architecture: str, pretrained: str | None, tokenizer):
+    """SDXL's second text tower (``CLIPTextModelWithProjection``): built from the architecture's config, random and
+    with the tokenizer's vocabulary and start, end and padding ids, where the architecture builds it or no
+    ``pretrained`` is given; else ``pretrained``'s ``text_encoder_2/``."""
+    from transformers import CLIPTextModelWithProjection
+
+    if ARCHITECTURES[architecture].get("builds_text_encoder_2") or pretrained is None:
+        ids = {} if tokenizer is None else {"bos_token_id": tokenizer.bos_token_id,
+                                            "eos_token_id": tokenizer.eos_token_id,
+                                            "pad_token_id": tokenizer.pad_token_id}
+        return random_text_encoder(architecture, None if tokenizer is None else len(tokenizer), SECOND_TOWER_SEED,
+                                   part="text_encoder_2", token_ids=ids)
+    if names_a_single_file(pretrained):
+        raise WorkbenchError(f"config key 'model.pretrained': {architecture} takes its frozen parts from a diffusers "
+                             f"folder or hub id with text_encoder_2/ (SDXL's), not a single file")
+    return load_part(CLIPTextModelWithProjection, pretrained, "text_encoder_2", "second text encoder")
+
+
+# SDXL base's published scheduler (its scheduler/scheduler_config.json): Euler over the training schedule, with
+# "leading" spacing offset by 1; the keys of the other samplers built from it (DDIM's, PNDM's) as it gives them
+SDXL_SCHEDULER = dict(NOISE_SCHEDULE, _class_name="EulerDiscreteScheduler", timestep_spacing="leading", steps_offset=1,
+                      interpolation_type="linear", use_karras_sigmas=False, clip_sample=False, set_alpha_to_one=False,
+                      skip_prk_steps=True, sample_max_value=1.0)
+
+
+def build_sdxl_pipeline(unet, vae, text_encoder, text_encoder_2, tokenizer, prediction_type: str):
+    """A plain diffusers ``StableDiffusionXLPipeline`` around a UNet trained here: both towers read the one tokenizer
+    (SDXL's two share a vocabulary), and the unconditional branch of guidance is the empty caption's encoding, which
+    caption dropout trained (``force_zeros_for_empty_prompt`` off: SDXL's own zeros were its training's dropout)."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+
+    scheduler = EulerDiscreteScheduler.from_config({**SDXL_SCHEDULER, "prediction_type": prediction_type})
+    pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+                                     tokenizer=tokenizer, tokenizer_2=tokenizer, unet=unet, scheduler=scheduler,
+                                     force_zeros_for_empty_prompt=False, add_watermarker=False)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -107,7 +107,8 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
     family = family_or_ours(spec.get("family"))
     build, assemble = SPEC_BUILDERS.get(family.pipeline, (None, None))
     if build is None:
-        raise CheckpointError(f"{path}: a {family.label} model spec; the workbench trains SD 2's UNet and SD3's MMDiT")
+        raise CheckpointError(f"{path}: a {family.label} model spec; the workbench trains SD 2's and SDXL's UNets "
+                              "and SD3's and Flux.1's transformers")
     parts = _spec_built(build, spec, path)
     weights = model_weights(ckpt, ema=ema)
     for name, module in parts.items():
@@ -147,10 +148,27 @@ def _transformer_parts(spec: dict) -> dict:
                 "text_encoder": CLIPTextModelWithProjection(CLIPTextConfig.from_dict(spec["text_encoder"]))}
 
 
+def _sdxl_parts(spec: dict) -> dict:
+    from accelerate import init_empty_weights
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    parts = _unet_parts(spec)
+    with init_empty_weights(include_buffers=False):
+        parts["text_encoder_2"] = CLIPTextModelWithProjection(CLIPTextConfig.from_dict(spec["text_encoder_2"]))
+    return parts
+
+
 def _unet_pipeline(spec: dict, parts: dict, tokenizer):
     from .components import build_pipeline
 
     return build_pipeline(parts["unet"], parts["vae"], parts["text_encoder"], tokenizer, spec["prediction_type"])
+
+
+def _sdxl_pipeline(spec: dict, parts: dict, tokenizer):
+    from .components import build_sdxl_pipeline
+
+    return build_sdxl_pipeline(parts["unet"], parts["vae"], parts["text_encoder"], parts["text_encoder_2"], tokenizer,
+                               spec["prediction_type"])
 
 
 def _transformer_pipeline(spec: dict, parts: dict, tokenizer):
@@ -160,9 +178,31 @@ def _transformer_pipeline(spec: dict, parts: dict, tokenizer):
                                float(spec["flow"]["shift"]))
 
 
+def _flux_parts(spec: dict) -> dict:
+    from accelerate import init_empty_weights
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    with init_empty_weights(include_buffers=False):
+        return {"transformer": FluxTransformer2DModel.from_config(spec["transformer"]),
+                "vae": AutoencoderKL.from_config(spec["vae"]),
+                "text_encoder": CLIPTextModel(CLIPTextConfig.from_dict(spec["text_encoder"])),
+                "text_encoder_2": T5EncoderModel(T5Config.from_dict(spec["text_encoder_2"]))}
+
+
+def _flux_pipeline(spec: dict, parts: dict, tokenizer):
+    from .flux_parts import build_flux_pipeline
+
+    # the T5 read the CLIP tokenizer's ids in training (``flux_parts``): the one tokenizer fills both slots
+    return build_flux_pipeline(parts["transformer"], parts["vae"], parts["text_encoder"], tokenizer,
+                               parts["text_encoder_2"], tokenizer)
+
+
 # How a spec becomes its family's pipeline, by the pipeline class: its parts (empty weights), then the pipeline
 SPEC_BUILDERS = {"StableDiffusionPipeline": (_unet_parts, _unet_pipeline),
-                 "StableDiffusion3Pipeline": (_transformer_parts, _transformer_pipeline)}
+                 "StableDiffusionXLPipeline": (_sdxl_parts, _sdxl_pipeline),
+                 "StableDiffusion3Pipeline": (_transformer_parts, _transformer_pipeline),
+                 "FluxPipeline": (_flux_parts, _flux_pipeline)}
 
 
 def _folder_variant(path: Path, family, where: str):

@@ -14,8 +14,10 @@ from pathlib import Path
 from composer.core import Callback
 
 SPEC_FORMAT = "diffusion-workbench/1"  # SD 2's layout: a UNet, one CLIP tower, the diffusion schedule
-# A model of a family (``train.families``): its denoiser under the family's name for it ("transformer"), and how it
-# noises ("flow": rectified flow's shift, logit-normal draws and weighting). Readers take both formats.
+# A model of a family (``train.families``): its denoiser under the family's name for it ("transformer"), how it
+# noises ("flow": rectified flow's shift, logit-normal draws and weighting), and its second text tower where it has
+# one ("text_encoder_2": SDXL's second CLIP tower, Flux.1's T5; it reads the same tokenizer). Readers take both
+# formats.
 SPEC_FORMAT_FAMILY = "diffusion-workbench/2"
 SPEC_FORMATS = (SPEC_FORMAT, SPEC_FORMAT_FAMILY)
 
@@ -39,6 +41,7 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
             tokenizer_files = {p.name: p.read_text() for p in Path(tmp).iterdir() if p.is_file()}
     family = ARCHITECTURES.get(architecture, {}).get("family")
     flow = getattr(model, "flow", None)
+    second = getattr(model, "text_encoder_2", None)
     return {
         "format": SPEC_FORMAT_FAMILY if family else SPEC_FORMAT,
         "architecture": architecture,
@@ -49,6 +52,7 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
         **({"flow": _plain(dataclasses.asdict(flow))} if flow is not None else {}),
         "vae": _plain(dict(model.vae.config)),
         "text_encoder": _plain(model.text_encoder.config.to_dict()),
+        **({"text_encoder_2": _plain(second.config.to_dict())} if second is not None else {}),
         "tokenizer": tokenizer_files,
         **({"training": _plain(training)} if training else {}),
         **({"recommended": _plain(recommended)} if recommended else {}),

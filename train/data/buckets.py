@@ -93,3 +93,11 @@ def assign(size: tuple[int, int], buckets: Sequence[tuple[int, int]]) -> tuple[i
 
 def cover_scale(size: tuple[int, int], bucket: tuple[int, int]) -> float:
     return max(bucket[0] / size[0], bucket[1] / size[1])
+
+
+def aspect_bucket(aspect: tuple[float, float], side: int, step: int) -> tuple[int, int]:
+    """The bucket (width, height) of the budget ``side`` x ``side`` on ``step`` nearest the aspect ``aspect`` (W, H):
+    what a model trained on that budget's buckets draws at that aspect (`dwb sample --aspect`, evaluate's ``aspect``).
+    The set reaches the aspect asked for where it is wider than ``DEFAULT_MAX_ASPECT``."""
+    ratio = aspect[0] / aspect[1]
+    return nearest_bucket(aspect, bucket_set(side, step, max(DEFAULT_MAX_ASPECT, ratio, 1 / ratio)))

@@ -13,6 +13,9 @@ summary to ``OUT/.convert/done/<k>.json``; a unit without that file is converted
 run killed at any point and repeated with the same command finishes the job with the same samples. Once
 every unit is done, Streaming's ``merge_index`` joins the units' indexes into ``OUT/<side>/index.json`` in
 unit order, so the dataset's sample order is the sources' order whatever the number of workers or parts.
+With aspect-ratio buckets unit ``k`` writes ``OUT/<side>/<WxH>/<k>/`` per bucket it fills; the merge joins them
+into ``OUT/<side>/<WxH>/index.json`` per bucket (a dataset, and a Streaming stream, of its own: training draws
+each batch from one bucket) and those into ``OUT/<side>/index.json``, the whole budget as one dataset.
 ``--part i/N`` converts every N-th unit from the i-th; ``join_parts`` merges once all parts are done.
 
 What a run finds in OUT was written by another process (a killed run, a part on another machine) and is
@@ -63,6 +66,7 @@ SWAPPED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that turn the image by 
 DEFAULT_MAX_MEGAPIXELS = 64.0
 STATE = ".convert"  # OUT/.convert: plan.json, done/<unit>.json, summary.json
 PLAN_VERSION = 2  # 2: each unit's source state
+BUCKET_PLAN_VERSION = 3  # an aspect-ratio conversion's: 3 writes a folder per bucket (OUT/<side>/<WxH>/<unit>)
 PLAN_BYTES = 2**30  # plan.json lists every unit, about 250 bytes each: a million shards' plan is 250 MB
 WORKER_IMPORTS = [__name__, "streaming.base.format.mds.writer"]  # imported once by the workers' fork server
 BUCKET_KEY = re.compile(r"^[0-9]{1,6}/[0-9]{1,6}x[0-9]{1,6}$")  # ConvertSummary.buckets: "512/640x384"
@@ -306,8 +310,8 @@ def _convert_record(record: Record, writers: dict, options: _Options, summary: C
         summary.written[side] += 1
 
 
-def _write_aspect(img: Image.Image, original_size: tuple[int, int], sample: dict, writers: dict, options: _Options,
-                  summary: ConvertSummary) -> None:
+def _write_aspect(img: Image.Image, original_size: tuple[int, int], sample: dict, writers: "BucketWriters",
+                  options: _Options, summary: ConvertSummary) -> None:
     """Into each budget's nearest aspect-ratio bucket the image covers: resized from the decoded image (not
     from a larger budget's crop) to cover the bucket, then centre-cropped to it."""
     for side, buckets in reversed(options.aspect):
@@ -316,7 +320,7 @@ def _write_aspect(img: Image.Image, original_size: tuple[int, int], sample: dict
             continue
         resized, (left, top) = cover(original_size, bucket)
         scaled = img if img.size == resized else img.resize(resized, Image.Resampling.LANCZOS)
-        writers[side].write({**sample, "image": scaled.crop((left, top, left + bucket[0], top + bucket[1])),
+        writers.of(side, bucket).write({**sample, "image": scaled.crop((left, top, left + bucket[0], top + bucket[1])),
                              "original_width": original_size[0], "original_height": original_size[1],
                              "crop_top": top, "crop_left": left, "bucket_width": bucket[0], "bucket_height": bucket[1]})
         summary.written[side] += 1
@@ -327,16 +331,44 @@ def _done_file(out: Path, name: str) -> Path:
     return out / STATE / "done" / f"{name}.json"
 
 
-def _convert_unit(task: tuple[str, str, dict, _Options, int | None]) -> tuple[str, ConvertSummary]:
-    """Convert one unit into ``OUT/<side>/<name>/`` from scratch, then record it as done. ``budget``: the most
-    images to convert (``limit``)."""
-    out, name, unit, options, budget = task
-    out = Path(out)
-    summary, counts = ConvertSummary(written={side: 0 for side in options.sides}), ReadCounts()
+class BucketWriters:
+    """A unit's writers of aspect-ratio buckets, ``OUT/<side>/<WxH>/<name>/``, each opened with its first image:
+    a unit of 100 images fills a few of a budget's 5 to 13 buckets, and the done file's ``buckets`` says which."""
+
+    def __init__(self, out: Path, name: str, options: _Options):
+        self.out, self.name, self.image_format = out, name, options.image_format
+        self.writers: dict[tuple[int, tuple[int, int]], Any] = {}
+        for side, buckets in options.aspect:
+            for bucket in buckets:  # what a killed run left of this unit
+                shutil.rmtree(self.out / str(side) / bucket_name(bucket) / name, ignore_errors=True)
+
+    def of(self, side: int, bucket: tuple[int, int]):
+        if (side, bucket) not in self.writers:
+            self.writers[side, bucket] = open_writer(self.out / str(side) / bucket_name(bucket) / self.name,
+                                                     self.image_format, aspect=True)
+        return self.writers[side, bucket]
+
+    def values(self):
+        return self.writers.values()
+
+
+def _open_writers(out: Path, name: str, options: _Options):
+    if options.aspect:
+        return BucketWriters(out, name, options)
     writers = {}
     for side in options.sides:
         shutil.rmtree(out / str(side) / name, ignore_errors=True)  # what a killed run left of this unit
-        writers[side] = open_writer(out / str(side) / name, options.image_format, aspect=options.aspect is not None)
+        writers[side] = open_writer(out / str(side) / name, options.image_format)
+    return writers
+
+
+def _convert_unit(task: tuple[str, str, dict, _Options, int | None]) -> tuple[str, ConvertSummary]:
+    """Convert one unit into ``OUT/<side>/<name>/`` (with aspect-ratio buckets ``OUT/<side>/<WxH>/<name>/``) from
+    scratch, then record it as done. ``budget``: the most images to convert (``limit``)."""
+    out, name, unit, options, budget = task
+    out = Path(out)
+    summary, counts = ConvertSummary(written={side: 0 for side in options.sides}), ReadCounts()
+    writers = _open_writers(out, name, options)
     for record in _records(unit, counts, options):
         _convert_record(record, writers, options, summary)
         if budget is not None and summary.converted >= budget:
@@ -441,7 +473,9 @@ def _without_states(plan: dict) -> dict:
 def _check_same_plan(out: Path, found: dict, plan: dict) -> None:
     """Refuse to go on with a conversion in OUT that is not this one: another version's, other sources or
     options, or these sources changed since it began (resumed, it would mix old samples with new)."""
-    if found.get("version") != plan["version"]:
+    known = (PLAN_VERSION, BUCKET_PLAN_VERSION)  # a square and an aspect-ratio conversion of this version
+    if found.get("version") != plan["version"] and (found.get("version") not in known
+                                                    or found.get("options") == plan["options"]):
         raise WorkbenchError(f"{out} holds a conversion begun by another version of dwb (plan version "
                              f"{found.get('version')!r}); finish it with that version, or choose an empty folder")
     if _without_states(found) != _without_states(plan):
@@ -475,12 +509,30 @@ def _done_summaries(out: Path, names: Sequence[str]) -> dict[str, ConvertSummary
     return {n: ConvertSummary.from_json(f.read_bytes(), str(f)) for n in names if (f := _done_file(out, n)).is_file()}
 
 
-def _check_unit_indexes(out: Path, sides: Sequence[int], names: Sequence[str]) -> None:
+def _unit_folders(out: Path, sides: Sequence[int], done: dict[str, ConvertSummary],
+                  aspect: bool) -> dict[int, dict[str, list[Path]]]:
+    """The folders the done units wrote, per side and per bucket ("" for a square conversion's one), in unit
+    order; a unit wrote a bucket's folder only where its summary counts images in that bucket."""
+    folders: dict[int, dict[str, list[Path]]] = {side: {} for side in sides}
+    for name, summary in done.items():
+        if not aspect:
+            for side in sides:
+                folders[side].setdefault("", []).append(out / str(side) / name)
+            continue
+        for key, n in summary.buckets.items():
+            side, bucket = key.split("/")
+            if n and int(side) in folders:
+                folders[int(side)].setdefault(bucket, []).append(out / side / bucket / name)
+    return folders
+
+
+def _check_unit_indexes(folders: dict[int, dict[str, list[Path]]]) -> None:
     """Each unit's index, as ``merge_index`` will join it: only shards inside the unit's folder, present and
     of the size it says (a part from elsewhere naming ``../../x/shard`` would be merged as is)."""
-    for side in sides:
-        for name in names:
-            checked_index(out / str(side) / name)
+    for buckets in folders.values():
+        for units in buckets.values():
+            for folder in units:
+                checked_index(folder)
 
 
 @contextlib.contextmanager
@@ -493,15 +545,31 @@ def _quiet_streaming_logs():
         logging.disable(logging.NOTSET)
 
 
-def _merge(out: Path, sides: Sequence[int], names: Sequence[str]) -> None:
-    """Join the units' indexes into one index per bucket, in unit order (Streaming's own merge)."""
+def _merge_into(folder: Path, parts: Sequence[Path]) -> None:
+    """``folder/index.json`` over the indexes of its subfolders ``parts``, in their order: Streaming's own merge,
+    which prefixes each shard's name with its subfolder's (``k/shard.00000.mds``, then ``640x384/k/...``)."""
     from streaming.base.util import merge_index
 
-    for side in sides:
-        folder = out / str(side)
-        (folder / "index.json").unlink(missing_ok=True)  # a merge a killed run began: done again
-        with _quiet_streaming_logs():
-            merge_index([str(folder / n / "index.json") for n in names], str(folder))
+    (folder / "index.json").unlink(missing_ok=True)  # a merge a killed run began: done again
+    if not parts:  # merge_index writes nothing for no parts; an empty budget stays a dataset of no samples
+        write_text_whole(folder / "index.json", json.dumps({"version": 2, "shards": []}))
+        return
+    with _quiet_streaming_logs():
+        merge_index([str(part / "index.json") for part in parts], str(folder))
+
+
+def _merge(out: Path, folders: dict[int, dict[str, list[Path]]], buckets_in_order: dict[int, list[str]]) -> None:
+    """Join the units' indexes, in unit order: per side into ``OUT/<side>/index.json``; with aspect-ratio buckets
+    first per bucket into ``OUT/<side>/<WxH>/index.json``, then those, in the bucket set's order, into the side's.
+    Both levels name the same shard files: nothing is copied."""
+    for side, by_bucket in folders.items():
+        if side not in buckets_in_order:
+            _merge_into(out / str(side), by_bucket.get("", []))
+            continue
+        filled = [b for b in buckets_in_order[side] if b in by_bucket]
+        for bucket in filled:
+            _merge_into(out / str(side) / bucket, by_bucket[bucket])
+        _merge_into(out / str(side), [out / str(side) / bucket for bucket in filled])
 
 
 def _total(done: dict[str, ConvertSummary], sides: Sequence[int]) -> ConvertSummary:
@@ -511,11 +579,11 @@ def _total(done: dict[str, ConvertSummary], sides: Sequence[int]) -> ConvertSumm
     return total
 
 
-def _merge_in_a_worker(out: Path, sides: Sequence[int], names: Sequence[str]) -> None:
+def _merge_in_a_worker(out: Path, folders, buckets_in_order) -> None:
     """``_merge`` in a process of the workers' fork server, which has imported Streaming: this process need not
     (6-10 s of CPU, as long as a quarter of the work on a 400-image conversion at 2 workers)."""
     with _worker_pool(1) as pool:
-        pool.submit(_merge, out, sides, names).result()
+        pool.submit(_merge, out, folders, buckets_in_order).result()
 
 
 def _finish(out: Path, plan: dict, src: Any, workers: int = 1) -> ConvertSummary:
@@ -525,8 +593,11 @@ def _finish(out: Path, plan: dict, src: Any, workers: int = 1) -> ConvertSummary
     total = _total(done, sides)
     if total.converted == 0:
         raise WorkbenchError(f"no usable images in {src} ({total.line()})")
-    _check_unit_indexes(out, sides, [n for n in names if n in done])
-    (_merge_in_a_worker if workers > 1 else _merge)(out, sides, [n for n in names if n in done])
+    aspect = plan["options"].get("aspect")
+    buckets_in_order = {side: [bucket_name(tuple(b)) for b in buckets] for side, buckets in aspect or ()}
+    folders = _unit_folders(out, sides, {n: done[n] for n in names if n in done}, aspect is not None)
+    _check_unit_indexes(folders)
+    (_merge_in_a_worker if workers > 1 else _merge)(out, folders, buckets_in_order)
     write_text_whole(out / STATE / "summary.json", total.to_json())
     return total
 
@@ -605,7 +676,8 @@ def convert_to_mds(src: str | Path | Sequence[str | Path], out: str | Path, *, b
     sources = [src] if isinstance(src, (str, Path)) else list(src)
     units = plan_units(sources, Columns(image_column, caption_column, filters), split)
     out = Path(out)
-    plan = json.loads(json.dumps({"version": PLAN_VERSION, "options": options.plan(), "units": units}))
+    version = BUCKET_PLAN_VERSION if options.aspect else PLAN_VERSION
+    plan = json.loads(json.dumps({"version": version, "options": options.plan(), "units": units}))
     _claim(out, plan)
     if part is None and (out / STATE / "summary.json").is_file():
         finished = out / STATE / "summary.json"

@@ -1,7 +1,12 @@
-"""Reading image-caption MDS datasets for training: crop to the phase's resolution, tokenize captions."""
+"""Reading image-caption MDS datasets for training: crop to the phase's resolution, or with aspect-ratio buckets
+one Streaming stream per bucket and every global batch from one bucket (``per_stream`` batching); tokenize
+captions. Image batches carry SDXL's size and crop conditioning: ``original_size`` (height, width of the source)
+and ``crop_top_left`` (top, left of the crop in the resized image's pixels)."""
 from __future__ import annotations
 
+import logging
 import os
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -11,15 +16,19 @@ from PIL import Image
 from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
+from ..common import load_outside
 from ..errors import WorkbenchError, first_line
-from .mds import StreamConfig, check_safe_columns, count_samples, open_streaming
+from .mds import (StreamConfig, bucket_folders, buckets_of_index, by_aspect, check_safe_columns, count_samples,
+                  open_streaming)
 
 
-def crop_to_array(img: Image.Image, resolution: int, center_crop: bool = True,
-                  rng: np.random.Generator | None = None) -> np.ndarray:
-    """PIL image -> (R, R, 3) uint8: shorter side resized to R, then a square crop."""
+def square_crop(img: Image.Image, resolution: int, center_crop: bool = True,
+                rng: np.random.Generator | None = None) -> tuple[np.ndarray, float, tuple[int, int]]:
+    """PIL image -> ((R, R, 3) uint8, the scale it was resized by, the crop's (top, left) in the resized image):
+    shorter side resized to R, then a square crop."""
     img = img.convert("RGB")
     w, h = img.size
+    scale = 1.0
     if min(w, h) != resolution:
         scale = resolution / min(w, h)
         img = img.resize((max(resolution, round(w * scale)), max(resolution, round(h * scale))), Image.Resampling.BICUBIC)
@@ -30,7 +39,13 @@ def crop_to_array(img: Image.Image, resolution: int, center_crop: bool = True,
         left, top = int(rng.integers(0, w - resolution + 1)), int(rng.integers(0, h - resolution + 1))
     if (w, h) != (resolution, resolution):
         img = img.crop((left, top, left + resolution, top + resolution))
-    return np.array(img, dtype=np.uint8)  # a writable copy
+    return np.array(img, dtype=np.uint8), scale, (top, left)  # a writable copy
+
+
+def crop_to_array(img: Image.Image, resolution: int, center_crop: bool = True,
+                  rng: np.random.Generator | None = None) -> np.ndarray:
+    """PIL image -> (R, R, 3) uint8: shorter side resized to R, then a square crop."""
+    return square_crop(img, resolution, center_crop, rng)[0]
 
 
 def to_model_range(pixels: np.ndarray) -> torch.Tensor:
@@ -98,23 +113,64 @@ class NamedStreamingDataset(StreamingDataset):
         return WorkbenchError(f"cannot read {self.where}: {type(cause).__name__}: {first_line(cause)}")
 
 
-class ImageCaptionDataset(NamedStreamingDataset):
-    """An MDS image-caption dataset yielding ``{'image': (R, R, 3) uint8, 'caption': str}``."""
+def original_size(sample: dict, stored: tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of the sample's source image: its ``original_width``/``original_height`` columns (an
+    aspect-ratio conversion's), else ``meta.original_size`` (every conversion records it), else the stored size."""
+    if "original_width" in sample and "original_height" in sample:
+        return int(sample["original_height"]), int(sample["original_width"])
+    meta = sample.get("meta")
+    size = meta.get("original_size") if isinstance(meta, dict) else None
+    if isinstance(size, list) and len(size) == 2 and all(type(v) is int and v > 0 for v in size):
+        return size[1], size[0]
+    return stored[1], stored[0]
 
-    def __init__(self, *, resolution: int, center_crop: bool = True, with_ids: bool = False, **kwargs):
+
+def stored_crop(sample: dict) -> tuple[int, int]:
+    """(top, left) of the crop conversion made, in its resized image's pixels; (0, 0) where it made none."""
+    return int(sample.get("crop_top", 0)), int(sample.get("crop_left", 0))
+
+
+class ImageCaptionDataset(NamedStreamingDataset):
+    """An MDS image-caption dataset yielding ``{'image': (H, W, 3) uint8, 'caption': str, 'original_size',
+    'crop_top_left'}``: a square crop at ``resolution``, or, for a stream whose entry in ``bucket_sizes`` is a
+    (width, height), the stored image of that aspect-ratio bucket as it is (no resize, no crop)."""
+
+    def __init__(self, *, resolution: int, center_crop: bool = True, with_ids: bool = False,
+                 bucket_sizes: list[tuple[int, int] | None] | None = None, bucket_names: list[str] | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.resolution = resolution
         self.center_crop = center_crop
         self.with_ids = with_ids
+        self.bucket_sizes = bucket_sizes  # per stream: its bucket's (width, height), or None for square crops
+        self.bucket_names = bucket_names  # per stream: where it is, for a line naming a sample
 
     def __getitem__(self, index: int) -> dict:
         sample = super().__getitem__(index)
-        rng = None if self.center_crop else np.random.default_rng([self.shuffle_seed, index])
-        out = {"image": crop_to_array(sample["image"], self.resolution, self.center_crop, rng),
-               "caption": sample["caption"], "caption_alt": other_phrasing(sample)}
+        bucket = self.bucket_sizes[self.stream_per_shard[self.spanner[index][0]]] if self.bucket_sizes else None
+        image, crop = self.bucket_image(sample, index, bucket) if bucket else self.square(sample, index)
+        out = {"image": image, "caption": sample["caption"], "caption_alt": other_phrasing(sample),
+               "original_size": original_size(sample, sample["image"].size), "crop_top_left": crop}
         if self.with_ids:
             out["sample_id"] = int(index)
         return out
+
+    def square(self, sample: dict, index: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """The square crop, and its top-left in the source as resized for it: a stored crop (an aspect-ratio
+        conversion's) scaled with the image, plus the crop made here."""
+        rng = None if self.center_crop else np.random.default_rng([self.shuffle_seed, index])
+        pixels, scale, (top, left) = square_crop(sample["image"], self.resolution, self.center_crop, rng)
+        stored_top, stored_left = stored_crop(sample)
+        return pixels, (round(stored_top * scale) + top, round(stored_left * scale) + left)
+
+    def bucket_image(self, sample: dict, index: int, bucket: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
+        image = sample["image"]
+        if image.size != bucket:
+            stream = self.stream_per_shard[self.spanner[index][0]]
+            raise WorkbenchError(f"{self.bucket_names[stream]}: sample {index - self.sample_offset_per_stream[stream]} "
+                                 f"({sample.get('caption', '')[:60]!r}) is {image.size[0]}x{image.size[1]} px, not its "
+                                 f"bucket's {bucket[0]}x{bucket[1]}; convert with `dwb data convert --aspect-buckets`")
+        return np.array(image.convert("RGB"), dtype=np.uint8), stored_crop(sample)
 
 
 class LatentDataset(NamedStreamingDataset):
@@ -166,7 +222,8 @@ class LatentsAndCaptions:
 
 
 class TokenizingCollate:
-    """Batches samples: images to (B, 3, R, R) in [-1, 1] and captions tokenized in one call.
+    """Batches samples: images to (B, 3, H, W) in [-1, 1], captions tokenized in one call, and each image's
+    ``original_size`` (height, width) and ``crop_top_left`` (top, left) as (B, 2) long tensors.
 
     ``other_phrasings``: also ``input_ids_alt``, each caption's other phrasing (training that never swaps
     phrasings skips tokenizing them).
@@ -184,6 +241,9 @@ class TokenizingCollate:
                              max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids
         row = {c: i for i, c in enumerate(unique)}
         out = {"image": to_model_range(np.stack([s["image"] for s in samples])), "input_ids": ids[[row[c] for c in captions]]}
+        for key in ("original_size", "crop_top_left"):  # SDXL's size and crop conditioning, (B, 2) each
+            if key in samples[0]:
+                out[key] = torch.tensor([s[key] for s in samples], dtype=torch.long)
         if alts:
             out["input_ids_alt"] = ids[[row[c] for c in alts]]
         if "sample_id" in samples[0]:
@@ -299,8 +359,140 @@ def check_node_shared_memory() -> None:
                              f"mount namespace with a tmpfs on {SHARED_MEMORY}: docs/scale.md)")
 
 
+@dataclass(frozen=True)
+class BucketStream:
+    """One Streaming stream of bucketed training data: an aspect-ratio bucket of a configured dataset (``bucket``
+    its width and height), or a dataset without buckets, read in square crops (``bucket`` None); ``samples``: the
+    samples it holds; its share of the dataset's proportion, repeat or choose."""
+    path: str | None
+    remote: str | None
+    bucket: tuple[int, int] | None
+    where: str
+    samples: int
+    proportion: float | None = None
+    repeat: float | None = None
+    choose: int | None = None
+
+
+def stream_key(data_cfg, i: int) -> str:
+    return f"data.streams[{i}]" if data_cfg.streams else "data.path"
+
+
+def remote_index(remote: str, key: str) -> dict:
+    """A remote dataset's index, fetched as Streaming fetches it."""
+    import tempfile
+
+    from streaming.base.storage.download import CloudDownloader
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            CloudDownloader.direct_download(f"{remote.rstrip('/')}/index.json", f"{tmp}/index.json", 60)
+        except Exception as e:  # noqa: BLE001 - unreachable, missing, refused: one line naming the remote
+            raise WorkbenchError(f"config key '{key}': cannot read {remote}/index.json ({first_line(e)})") from None
+        index = load_outside(Path(tmp) / "index.json", f"{remote}/index.json")
+    if not (isinstance(index, dict) and isinstance(index.get("shards"), list)):
+        raise WorkbenchError(f"config key '{key}': {remote}/index.json is not an MDS index")
+    return index
+
+
+def buckets_and_samples(stream: StreamConfig, key: str) -> tuple[dict[tuple[int, int], int], int]:
+    """A configured dataset's aspect-ratio buckets with their samples ({} for a dataset without), and its samples."""
+    if not stream.remote:
+        try:
+            buckets = bucket_folders(stream.path)
+        except WorkbenchError as e:
+            raise WorkbenchError(f"config key '{key}': {e}") from None
+        return buckets, sum(buckets.values()) if buckets else count_samples(stream.path)
+    index = remote_index(stream.remote, key)
+    try:
+        buckets = dict(sorted(buckets_of_index(index).items(), key=lambda b: by_aspect(b[0])))
+        return buckets, sum(int(shard["samples"]) for shard in index["shards"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise WorkbenchError(f"config key '{key}': {stream.remote}/index.json is unreadable "
+                             f"({first_line(e)})") from None
+
+
+def check_budget(stream: StreamConfig, buckets, resolution: int, key: str) -> None:
+    """The phase's resolution is the buckets' budget: the folder's name as conversion writes it (``OUT/512``), or
+    its square bucket; at least no bucket holds more pixels than resolution x resolution."""
+    name = (stream.remote or stream.path).rstrip("/").rsplit("/", 1)[-1]
+    square = [w for w, h in buckets if w == h]
+    budget = int(name) if name.isdigit() else square[0] if square else None
+    if budget is not None and budget != resolution:
+        raise WorkbenchError(f"config key '{key}': its aspect-ratio buckets are of the budget {budget} x {budget} px, "
+                             f"but data.resolution is {resolution}; set data.resolution={budget} (or "
+                             f"data.aspect_buckets=false for square crops at {resolution})")
+    if budget is None and (over := [b for b in buckets if b[0] * b[1] > resolution ** 2]):
+        raise WorkbenchError(f"config key '{key}': its bucket {over[0][0]}x{over[0][1]} holds more pixels than "
+                             f"data.resolution {resolution} squared")
+
+
+def split_stream(stream: StreamConfig, buckets: dict[tuple[int, int], int], where: str) -> list[BucketStream]:
+    """A dataset's buckets as streams, its proportion and choose shared by their samples, its repeat in each."""
+    total = sum(buckets.values())
+    chooses = None
+    if stream.choose is not None:  # whole samples, the remainder to the first buckets: they sum to the choose
+        chooses = [stream.choose * n // total for n in buckets.values()]
+        for i in range(stream.choose - sum(chooses)):
+            chooses[i % len(chooses)] += 1
+    out = []
+    for i, (bucket, n) in enumerate(buckets.items()):
+        name = f"{bucket[0]}x{bucket[1]}"
+        path = str(Path(stream.path) / name) if stream.path else None
+        remote = f"{stream.remote.rstrip('/')}/{name}" if stream.remote else None
+        out.append(BucketStream(path, remote, bucket, f"{where} {name}", n,
+                                stream.proportion * n / total if stream.proportion is not None else None,
+                                stream.repeat, chooses[i] if chooses else None))
+    return out
+
+
+def per_epoch(streams: list[BucketStream]) -> list[int]:
+    """Samples each stream gives per epoch, as Streaming weighs them (``Stream.apply_weights``)."""
+    if any(s.proportion is not None for s in streams):
+        total, weight = sum(s.samples for s in streams), sum(s.proportion or 0 for s in streams)
+        return [int(total * (s.proportion or 0) / weight) for s in streams]
+    return [int(s.repeat * s.samples) if s.repeat is not None else s.choose if s.choose is not None else s.samples
+            for s in streams]
+
+
+def bucket_streams(data_cfg, global_batch: int) -> list[BucketStream] | None:
+    """The streams of a config whose data holds aspect-ratio buckets (``data.aspect_buckets``): one per bucket
+    (per dataset x bucket for a mixture), less the buckets that give fewer samples per epoch than one global
+    batch (Streaming's ``per_stream`` batching refuses those), said in one line from rank 0; None for other data."""
+    from composer.utils import dist
+
+    if not data_cfg.aspect_buckets or data_cfg.precomputed:
+        return None
+    found = [(s, *buckets_and_samples(s, stream_key(data_cfg, i))) for i, s in enumerate(stream_list(data_cfg))]
+    if not any(buckets for _, buckets, _ in found):
+        return None
+    streams = []
+    for i, (s, buckets, samples) in enumerate(found):
+        key, where = stream_key(data_cfg, i), s.remote or s.path
+        if buckets:
+            check_budget(s, buckets, data_cfg.resolution, key)
+            streams += split_stream(s, buckets, where)
+        else:
+            streams.append(BucketStream(s.path or None, s.remote, None, where, samples, s.proportion, s.repeat,
+                                        s.choose))
+    counts = per_epoch(streams)
+    kept = [s for s, n in zip(streams, counts) if n >= global_batch]
+    left = [(s, n) for s, n in zip(streams, counts) if n < global_batch]
+    if not kept:
+        raise WorkbenchError(f"no aspect-ratio bucket of the training data gives one global batch of {global_batch} "
+                             f"per epoch (the largest gives {max(counts)}); lower global_train_batch_size, or set "
+                             f"data.aspect_buckets=false")
+    if left and dist.get_global_rank() == 0:
+        print(f"aspect buckets: left out {sum(n for _, n in left)} images of {len(left)} buckets that give fewer than "
+              f"one global batch ({global_batch}) per epoch: " + ", ".join(f"{s.where} {n}" for s, n in left),
+              flush=True)
+    return kept
+
+
 def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False, captions: bool = False) -> StreamingDataset:
-    """The Streaming dataset of a data config: one dataset or a mixture of streams, images or latents."""
+    """The Streaming dataset of a data config: one dataset or a mixture of streams, images or latents; with
+    aspect-ratio buckets one stream per bucket, every global batch from one (``per_stream`` batching)."""
+    from composer.utils import dist
     from streaming import Stream
 
     streams = stream_list(data_cfg)
@@ -316,17 +508,25 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False, c
     common = dict(shuffle=data_cfg.shuffle, shuffle_seed=seed, shuffle_algo=data_cfg.shuffle_algo,
                   num_canonical_nodes=data_cfg.num_canonical_nodes, batch_size=batch_size,
                   predownload=predownload_for(data_cfg))
-    if data_cfg.streams:
+    where = f"the training data ({', '.join(s.remote or s.path for s in streams)})"
+    images = {}
+    if (buckets := bucket_streams(data_cfg, batch_size * dist.get_world_size())) is not None:
+        # Streaming warns, per bucket and epoch, that the bucket's last partial global batch is dropped: here that
+        # is the design (docs/data.md), 5 to 13 lines an epoch that would bury the run's own
+        logging.getLogger("streaming.base.batching.per_stream").setLevel(logging.ERROR)
+        common.update(streams=[Stream(local=b.path, remote=b.remote, proportion=b.proportion, repeat=b.repeat,
+                                      choose=b.choose) for b in buckets], batching_method="per_stream")
+        images = dict(bucket_sizes=[b.bucket for b in buckets], bucket_names=[b.where for b in buckets])
+    elif data_cfg.streams:
         common["streams"] = [Stream(local=s.path or None, remote=s.remote, proportion=s.proportion, repeat=s.repeat,
                                     choose=s.choose) for s in streams]
     else:
         common.update(local=data_cfg.path or None, remote=data_cfg.remote)
-    where = f"the training data ({', '.join(s.remote or s.path for s in streams)})"
     check_node_shared_memory()
     try:
         dataset = open_streaming(lambda: LatentDataset(with_ids=with_ids, captions=captions, where=where, **common) if data_cfg.precomputed
                                  else ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
-                                                          with_ids=with_ids, where=where, **common))
+                                                          with_ids=with_ids, where=where, **images, **common))
         check_safe_columns(dataset, "config key 'data.path'" if not data_cfg.streams else "config key 'data.streams'")
         return dataset
     except WorkbenchError:

@@ -4,10 +4,13 @@ Columns: ``image`` (encoded PNG or JPEG), ``caption`` (str), ``meta`` (json: sou
 converted into aspect-ratio buckets adds ``ASPECT_COLUMNS`` (int32): the source's size, the crop's top-left in
 the resized image (SDXL's crop conditioning) and the bucket's size.
 A dataset folder holds one subfolder per resolution bucket, named by its side in pixels
-(``OUT/256``, ``OUT/512``); the shapes domain adds a held-out split under ``OUT/eval/<side>``.
+(``OUT/256``, ``OUT/512``); the shapes domain adds a held-out split under ``OUT/eval/<side>``. A budget
+folder of aspect-ratio buckets holds one dataset per bucket, ``OUT/<side>/<WxH>/``, and an index over all of
+them (shards named ``<WxH>/<unit>/shard...``), so it reads as one dataset too.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +57,35 @@ def bucket_dirs(root: str | Path) -> dict[int, Path]:
     """The resolution buckets under a dataset folder, by side."""
     root = Path(root)
     return {int(p.name): p for p in sorted(root.iterdir()) if p.name.isdigit() and (p / "index.json").is_file()} if root.is_dir() else {}
+
+
+BUCKET_FOLDER = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")  # an aspect-ratio bucket's folder: 640x384
+
+
+def by_aspect(bucket: tuple[int, int]) -> float:
+    """The order of a bucket set: tallest to widest."""
+    return bucket[0] / bucket[1]
+
+
+def buckets_of_index(index: dict) -> dict[tuple[int, int], int]:
+    """Samples per aspect-ratio bucket (width, height) of a budget folder's index, whose every shard lies in a
+    bucket's folder (``640x384/00000/shard.00000.mds``); {} for any other dataset."""
+    counts: dict[tuple[int, int], int] = {}
+    for shard in index["shards"]:
+        match = BUCKET_FOLDER.match(shard["raw_data"]["basename"].split("/")[0])
+        if match is None or "/" not in shard["raw_data"]["basename"]:
+            return {}
+        bucket = (int(match[1]), int(match[2]))
+        counts[bucket] = counts.get(bucket, 0) + int(shard["samples"])
+    return counts
+
+
+def bucket_folders(folder: str | Path) -> dict[tuple[int, int], int]:
+    """The aspect-ratio buckets (width, height) of a local budget folder, with the samples of each, counted from
+    each bucket's own index once checked against its shards; {} for any other dataset."""
+    folder = Path(folder)
+    buckets = buckets_of_index(_read_index(folder))
+    return {bucket: count_samples(folder / f"{bucket[0]}x{bucket[1]}") for bucket in sorted(buckets, key=by_aspect)}
 
 
 def count_samples(folder: str | Path) -> int:

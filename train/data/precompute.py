@@ -85,6 +85,7 @@ def _sources(src: str, resolutions: list[int] | None, cache: str | None) -> list
     if (root / "index.json").is_file():
         if not resolutions or len(resolutions) != 1:
             raise WorkbenchError(f"{src} is one MDS dataset: give the --resolution to crop it to")
+        _refuse_aspect_buckets(str(root))
         return [(resolutions[0], str(root), None)]
     buckets = bucket_dirs(root)
     if not buckets:
@@ -93,7 +94,20 @@ def _sources(src: str, resolutions: list[int] | None, cache: str | None) -> list
     missing = [r for r in wanted if r not in buckets]
     if missing:
         raise WorkbenchError(f"{src} has no bucket {', '.join(map(str, missing))} (it has {', '.join(map(str, sorted(buckets)))})")
-    return [(r, str(buckets[r]), None) for r in wanted]
+    jobs = [(r, str(buckets[r]), None) for r in wanted]
+    for _, local, _ in jobs:
+        _refuse_aspect_buckets(local)
+    return jobs
+
+
+def _refuse_aspect_buckets(folder: str) -> None:
+    """Latents are stored centre-cropped to one square side: a dataset of aspect-ratio buckets would lose the
+    buckets, and its size and crop conditioning, without a word."""
+    from .mds import bucket_folders
+
+    if bucket_folders(folder):
+        raise WorkbenchError(f"{folder} holds aspect-ratio buckets (`dwb data convert --aspect-buckets`), which "
+                             f"precomputed latents do not keep yet; train on its images instead")
 
 
 def _merge_chunks(out: Path, chunk_dirs: list[Path]) -> int:

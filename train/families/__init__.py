@@ -12,6 +12,7 @@ from ..common import face
 
 __getattr__, __all__ = face(__name__, {
     "family": "GUIDANCE_KINDS Family Part Variant",
+    "flux": "latent_ids pack_latents text_ids unpack_latents",
     "flow": "TRAIN_TIMESTEPS WEIGHTINGS RectifiedFlow patches_shift pixels_shift shifted",
     "full_size": "BYTES_PER_PARAMETER build_on_meta full_size_summary parameter_counts published_count",
     "registry": "FAMILIES family_named family_of_folder family_of_keys family_of_pipeline family_or_ours",

@@ -34,3 +34,35 @@ FLUX = Family(
               Variant("schnell", _parts(False), published_parameters=12e9, published_parts=("transformer",),
                       guidance="none", guidance_scale=0.0, steps=4, hub_id="black-forest-labs/FLUX.1-schnell")),
     pick_variant=lambda config: "dev" if config.get("guidance_embeds", True) else "schnell")
+
+
+# What a Flux.1-style transformer trained here reads, in the layout FluxPipeline gives it (its ``_pack_latents`` and
+# ``_prepare_latent_image_ids``; tests/train/test_flux_training.py holds them equal): latents in 2x2 patches, one
+# token each, with (0, row, column) position ids; text tokens with ids of zeros.
+def pack_latents(latents):
+    """(B, C, H, W) latents -> (B, H/2 x W/2, 4C) tokens, patch by patch in rows."""
+    b, c, h, w = latents.shape
+    patches = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return patches.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(tokens, height: int, width: int):
+    """``pack_latents`` undone: (B, H/2 x W/2, 4C) tokens -> (B, C, H, W) for latents of ``height`` x ``width``."""
+    b, _, packed = tokens.shape
+    patches = tokens.view(b, height // 2, width // 2, packed // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return patches.reshape(b, packed // 4, height, width)
+
+
+def latent_ids(height: int, width: int):
+    """(H/2 x W/2, 3) position ids of the packed tokens of ``height`` x ``width`` latents: (0, row, column)."""
+    import torch
+
+    rows, cols = torch.meshgrid(torch.arange(height // 2), torch.arange(width // 2), indexing="ij")
+    return torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(-1, 3).float()
+
+
+def text_ids(tokens: int):
+    """(tokens, 3) position ids of the T5 tokens: zeros (Flux.1 places text by RoPE on none of its axes)."""
+    import torch
+
+    return torch.zeros(tokens, 3)

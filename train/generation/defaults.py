@@ -27,6 +27,9 @@ MAX_STEPS = 150
 MIN_SIZE, MAX_SIZE, SIZE_STEP = 16, 1024, 8  # sides are multiples of 8: the VAE's scale factor
 MAX_GUIDANCE = 30.0
 MAX_SEED = 2**32 - 1  # seeds are 32-bit, as in A1111 and ComfyUI; -1 asks for a random one
+# The widest aspect an image may ask for, either way: SDXL's published bucket list reaches 1:4 (and 4:1), and a
+# family's sides reach at most twice its native size (Family.size_range), so a wider bucket would not be drawable.
+MAX_ASPECT = 4.0
 
 # Which weights of a checkpoint: a Composer checkpoint may hold raw and EMA weights; other kinds hold one set.
 WEIGHT_CHOICES = ("auto", "ema", "raw")
@@ -133,3 +136,72 @@ def recommended_line(used: dict) -> str:
     if not shown:
         return ""
     return f"{', '.join(shown)}: the checkpoint's recommended setting{'s' if len(shown) > 1 else ''}"
+
+
+def parse_size(text: str) -> int | tuple[int, int]:
+    """`--size`: one side ("512", a square) or "WIDTHxHEIGHT" ("768x512"), each side from MIN_SIZE to MAX_SIZE and a
+    multiple of SIZE_STEP; a one-line error otherwise."""
+    parts = str(text).lower().split("x")
+    try:
+        sides = [int(part) for part in parts]
+    except ValueError:
+        sides = []
+    if len(sides) not in (1, 2):
+        raise WorkbenchError(f"size {text!r} is neither a side (512) nor WIDTHxHEIGHT (768x512)")
+    of = "" if len(sides) == 1 else f"{text}: "
+    for side in sides:
+        if not MIN_SIZE <= side <= MAX_SIZE:
+            raise WorkbenchError(f"{of}{side} is not between {MIN_SIZE} and {MAX_SIZE}")
+        if side % SIZE_STEP:
+            raise WorkbenchError(f"{of}{side} is not a multiple of {SIZE_STEP}")
+    return sides[0] if len(sides) == 1 else (sides[0], sides[1])
+
+
+def aspect_problem(value) -> str | None:
+    """What is wrong with an aspect ratio "W:H" ("16:9", "2:1", "2.39:1"), None where nothing is: two positive
+    numbers, from 1:MAX_ASPECT to MAX_ASPECT:1 (a config's rule; ``parse_aspect`` reads it)."""
+    if not isinstance(value, str):  # YAML 1.1 reads an unquoted 16:9 as a base-60 integer
+        return f'must be W:H in quotes, such as "16:9" (YAML reads an unquoted 16:9 as the number 969), got {value!r}'
+    width, colon, height = value.strip().partition(":")
+    try:
+        ratio = float(width) / float(height) if colon and float(width) > 0 and float(height) > 0 else None
+    except (ValueError, ZeroDivisionError):
+        ratio = None
+    if ratio is None or not 0 < ratio < float("inf"):
+        return f"must be W:H with two positive numbers, such as 16:9 or 2:1, got {value!r}"
+    if not 1 / MAX_ASPECT <= ratio <= MAX_ASPECT:
+        return f"must be from 1:{MAX_ASPECT:g} to {MAX_ASPECT:g}:1, got {value}"
+    return None
+
+
+def parse_aspect(text) -> tuple[float, float]:
+    """An aspect ratio "W:H" as (W, H); a one-line error otherwise (``aspect_problem``)."""
+    problem = aspect_problem(text)
+    if problem:
+        raise WorkbenchError(f"aspect {problem}")
+    width, _, height = text.strip().partition(":")
+    return float(width), float(height)
+
+
+def drawable_sides(family, resolution: int | None) -> tuple[int, int, int]:
+    """(smallest, largest, step) of a side a model of ``family`` trained at ``resolution`` px may be asked for: its
+    family's sides (``Family.sides``) within MIN_SIZE to MAX_SIZE, on the family's step (those limits, on its step,
+    where the two do not meet)."""
+    lo, hi, step = family.sides(resolution)
+    least, most = -(-MIN_SIZE // step) * step, MAX_SIZE // step * step
+    lo, hi = max(lo, least), min(hi, most)
+    return (lo, hi, step) if lo <= hi else (least, most, step)
+
+
+def check_drawable(family, size: tuple[int, int], where: str, resolution: int | None = None,
+                   within_range: bool = True) -> None:
+    """A one-line error unless every model of ``family`` draws ``size`` (width, height): both sides multiples of its
+    step (``Family.size_step``) and, ``within_range``, within ``drawable_sides`` at ``resolution``."""
+    lo, hi, step = drawable_sides(family, resolution)
+    width, height = size
+    if width % step or height % step:
+        raise WorkbenchError(f"{family.label} draws sides that are multiples of {step}; {where} is {width}x{height}")
+    if within_range and not (lo <= width <= hi and lo <= height <= hi):
+        trained = f" trained at {resolution} px" if resolution else ""
+        raise WorkbenchError(f"{family.label}{trained} draws sides from {lo} to {hi}; {where} is {width}x{height}, "
+                             "outside them")

@@ -1,6 +1,7 @@
 """Prompt tables: DrawBench's CSV (``prompt,category``), PartiPrompts' TSV (``Prompt<TAB>Category<TAB>...``), or any
-CSV/TSV with a prompt column (``prompt``, ``prompts``, ``text`` or ``caption``) and an optional ``category`` column.
-One reader for evaluate's prompt sets, human-eval's studies and the app's prompt files.
+CSV/TSV with a prompt column (``prompt``, ``prompts``, ``text`` or ``caption``), an optional ``category`` column and,
+where a caller names one, a column of each prompt's aspect ratio (``W:H``, evaluate's ``aspect_column``). One reader
+for evaluate's prompt sets, human-eval's studies and the app's prompt files.
 
 DrawBench (200 prompts, Imagen) and PartiPrompts (1,632, Parti) ship with the workbench (``prompt_sets/``,
 provenance and checksums in its SOURCES.md): ``read_prompt_table("drawbench")`` and ``"parti"`` read them by name.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import WorkbenchError
+from .defaults import parse_aspect
 
 PROMPT_HEADERS = ("prompt", "prompts", "text", "caption")
 PROMPT_SETS = {"drawbench": "drawbench.csv", "parti": "parti_prompts.tsv"}  # the sets shipped in prompt_sets/
@@ -29,6 +31,7 @@ class Prompt:
     text: str
     category: str
     index: int  # position in the prompt set; with the image index it fixes the seed
+    aspect: tuple[float, float] | None = None  # (W, H) to draw it at, from the table's aspect column; None: square
 
 
 def _read_rows(path: Path, shown: str) -> list[list[str]]:
@@ -47,9 +50,13 @@ def _read_rows(path: Path, shown: str) -> list[list[str]]:
     return rows
 
 
-def read_prompt_table(path: str | Path, limit: int | None = None, shown_as: str | None = None) -> list[Prompt]:
-    """The prompts of a CSV or TSV file (or of the shipped set ``drawbench`` or ``parti``), in order. Errors name
-    the file as ``shown_as`` (default: its path; the app passes a name, so a server's paths never reach a browser)."""
+def read_prompt_table(path: str | Path, limit: int | None = None, shown_as: str | None = None,
+                      aspect_column: str | None = None) -> list[Prompt]:
+    """The prompts of a CSV or TSV file (or of the shipped set ``drawbench`` or ``parti``), in order, each with its
+    aspect from ``aspect_column`` where one is named (an empty cell: None; a value that is not W:H is a one-line
+    error naming the line).
+    Errors name the file as ``shown_as`` (default: its path; the app passes a name, so a server's paths never reach a
+    browser)."""
     shown = shown_as or str(path)
     path = prompt_set_path(path)
     rows = _read_rows(path, shown)
@@ -58,6 +65,7 @@ def read_prompt_table(path: str | Path, limit: int | None = None, shown_as: str 
     category = next((i for i, h in enumerate(header) if h == "category"), None)
     if column is None:
         raise WorkbenchError(f"prompt file {shown} has no prompt column (header: {', '.join(rows[0]) or 'empty'})")
+    aspects = _aspect_column(header, aspect_column, shown, rows[0])
     prompts = []
     for line, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
@@ -65,7 +73,27 @@ def read_prompt_table(path: str | Path, limit: int | None = None, shown_as: str 
         if len(row) <= column or not row[column].strip():
             raise WorkbenchError(f"{shown}, line {line}: no prompt")
         kind = row[category].strip() if category is not None and len(row) > category else ""
-        prompts.append(Prompt(row[column].strip(), kind or "uncategorised", len(prompts)))
+        aspect = _aspect_of(row[aspects] if aspects is not None and len(row) > aspects else "", f"{shown}, line {line}")
+        prompts.append(Prompt(row[column].strip(), kind or "uncategorised", len(prompts), aspect))
     if not prompts:
         raise WorkbenchError(f"prompt file {shown} holds a header but no prompts")
     return prompts[:limit] if limit else prompts
+
+
+def _aspect_column(header: list[str], name: str | None, shown: str, raw: list[str]) -> int | None:
+    """The index of the aspect column ``name`` (matched as the other headers are, case and spaces aside)."""
+    if name is None:
+        return None
+    found = next((i for i, h in enumerate(header) if h == name.strip().lower()), None)
+    if found is None:
+        raise WorkbenchError(f"prompt file {shown} has no aspect column {name!r} (header: {', '.join(raw)})")
+    return found
+
+
+def _aspect_of(cell: str, where: str) -> tuple[float, float] | None:
+    if not cell.strip():
+        return None
+    try:
+        return parse_aspect(cell)
+    except WorkbenchError as e:
+        raise WorkbenchError(f"{where}: {e}") from None
