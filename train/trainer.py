@@ -155,17 +155,33 @@ def second_towers(cfg: TrainConfig) -> tuple:
     return (second_text_encoder(cfg.model.architecture, cfg.model.pretrained, None),)
 
 
+def prepared_denoiser(cfg: TrainConfig, vae, packed: int = 1):
+    """The run's denoiser, checked against the VAE's latent channels (``packed``: latents per token, Flux.1's 2x2
+    patches take 4), with gradient checkpointing where configured."""
+    m, denoiser = cfg.model, build_denoiser(cfg)
+    channels, latent = denoiser.config.in_channels, vae.config.latent_channels
+    if channels != packed * latent:
+        raise WorkbenchError(f"the {DENOISER_WORDS[denoiser_kind(m.architecture)]} takes {channels} channels but the VAE from '{m.pretrained}' makes {latent}"
+                             + (f", packed 2x2: {packed * latent}" if packed > 1 else ""))
+    if m.gradient_checkpointing:
+        denoiser.enable_gradient_checkpointing()
+    return denoiser
+
+
+def with_recorded_shift(vae):
+    """The VAE with a latent shift in its config: SD's VAEs shift nothing and do not say so, and SD3's and Flux.1's
+    pipelines read the key."""
+    if getattr(vae.config, "shift_factor", None) is None:
+        vae.register_to_config(shift_factor=0.0)
+    return vae
+
+
 def build_unet_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> LatentDiffusion:
     m = cfg.model
-    unet = build_denoiser(cfg)
+    unet = prepared_denoiser(cfg, vae)
     if unet.config.cross_attention_dim != text_encoder.config.hidden_size:
         raise WorkbenchError(f"the UNet's cross_attention_dim ({unet.config.cross_attention_dim}) does not match the "
                              f"text encoder's width ({text_encoder.config.hidden_size}) from '{m.pretrained}'")
-    if unet.config.in_channels != vae.config.latent_channels:
-        raise WorkbenchError(f"the UNet takes {unet.config.in_channels} channels but the VAE from '{m.pretrained}' "
-                             f"makes {vae.config.latent_channels}")
-    if m.gradient_checkpointing:
-        unet.enable_gradient_checkpointing()
     return LatentDiffusion(unet, vae, text_encoder, tokenizer, prediction_type=m.prediction_type,
                            caption_dropout=m.caption_dropout, min_snr_gamma=m.min_snr_gamma,
                            other_phrasing=m.other_phrasing,
@@ -190,19 +206,12 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
     if cfg.data.precomputed and m.other_phrasing > 0:
         raise WorkbenchError(f"config key 'model.other_phrasing': {m.architecture} on precomputed latents reads the "
                              "stored captions, not their other phrasings; set it to 0 or train from images")
-    transformer = build_denoiser(cfg)
+    transformer = prepared_denoiser(cfg, with_recorded_shift(vae))
     slots = 2  # SD3's pipeline fills two CLIP slots; this model's one tower fills both
     width = slots * text_encoder.config.hidden_size
     if transformer.config.joint_attention_dim != width or transformer.config.pooled_projection_dim != width:
         raise WorkbenchError(f"the transformer's joint_attention_dim and pooled_projection_dim must be {width} (the "
                              f"text encoder's width {text_encoder.config.hidden_size} in {slots} CLIP slots)")
-    if transformer.config.in_channels != vae.config.latent_channels:
-        raise WorkbenchError(f"the transformer takes {transformer.config.in_channels} channels but the VAE from "
-                             f"'{m.pretrained}' makes {vae.config.latent_channels}")
-    if getattr(vae.config, "shift_factor", None) is None:
-        vae.register_to_config(shift_factor=0.0)  # SD's VAEs shift nothing; SD3's pipeline reads the key
-    if m.gradient_checkpointing:
-        transformer.enable_gradient_checkpointing()
     return RectifiedFlowTransformer(transformer, vae, with_projection(text_encoder), tokenizer, flow=flow_of(cfg),
                                     clip_slots=slots, caption_dropout=m.caption_dropout,
                                     other_phrasing=m.other_phrasing,
@@ -217,17 +226,12 @@ def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroCon
         raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} is conditioned on each image's original "
                              "size and crop, which precomputed latents do not store; train it from images")
     text_encoder_2 = second_text_encoder(m.architecture, m.pretrained, tokenizer)
-    unet = build_denoiser(cfg)
+    unet = prepared_denoiser(cfg, vae)
     width = text_encoder.config.hidden_size + text_encoder_2.config.hidden_size
     added = text_encoder_2.config.projection_dim + 6 * unet.config.addition_time_embed_dim
     if unet.config.cross_attention_dim != width or unet.config.projection_class_embeddings_input_dim != added:
         raise WorkbenchError(f"the UNet's cross_attention_dim and projection_class_embeddings_input_dim must be {width} "
                              f"(both text towers' widths) and {added} (the second's pooled output and 6 time ids)")
-    if unet.config.in_channels != vae.config.latent_channels:
-        raise WorkbenchError(f"the UNet takes {unet.config.in_channels} channels but the VAE from '{m.pretrained}' "
-                             f"makes {vae.config.latent_channels}")
-    if m.gradient_checkpointing:
-        unet.enable_gradient_checkpointing()
     return MicroConditionedUNet(unet, vae, text_encoder, text_encoder_2, tokenizer, prediction_type=m.prediction_type,
                                 caption_dropout=m.caption_dropout, min_snr_gamma=m.min_snr_gamma,
                                 other_phrasing=m.other_phrasing,
@@ -247,19 +251,12 @@ def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyl
         raise WorkbenchError(f"config key 'model.architecture': {m.architecture} reads captions through T5's own "
                              "tokenizer, and the data loader tokenizes them with the CLIP tokenizer alone")
     text_encoder_2 = random_t5_encoder(m.architecture, len(tokenizer), tokenizer.pad_token_id)
-    transformer = build_denoiser(cfg)
+    transformer = prepared_denoiser(cfg, with_recorded_shift(vae), packed=4)
     c = transformer.config
     if c.joint_attention_dim != text_encoder_2.config.d_model or c.pooled_projection_dim != text_encoder.config.hidden_size:
         raise WorkbenchError(f"the transformer's joint_attention_dim and pooled_projection_dim must be "
                              f"{text_encoder_2.config.d_model} (T5's width) and {text_encoder.config.hidden_size} "
                              "(the CLIP tower's)")
-    if c.in_channels != 4 * vae.config.latent_channels:
-        raise WorkbenchError(f"the transformer takes {c.in_channels} channels but the VAE from '{m.pretrained}' makes "
-                             f"{vae.config.latent_channels}, packed 2x2: {4 * vae.config.latent_channels}")
-    if getattr(vae.config, "shift_factor", None) is None:
-        vae.register_to_config(shift_factor=0.0)  # SD's VAEs shift nothing; FluxPipeline reads the key
-    if m.gradient_checkpointing:
-        transformer.enable_gradient_checkpointing()
     return FluxStyleTransformer(transformer, vae, text_encoder, tokenizer, text_encoder_2, flow=flux_flow(cfg, vae),
                                 text_tokens=T5_TOKENS, caption_dropout=m.caption_dropout,
                                 other_phrasing=m.other_phrasing,
