@@ -6,7 +6,7 @@ checkpoint and with the config's transformer.
 Run after `dwb demo --with-transformer` (its data, parts, scorer and both recipes' scores are reused):
 
     .venv/bin/python bench/transformer_tuning.py --demo demo-output               # the variants below
-    .venv/bin/python bench/transformer_tuning.py --demo demo-output --variant 'depth6: model.transformer={"num_layers": 6}'
+    .venv/bin/python bench/transformer_tuning.py --demo demo-output --variant 'wide: model.transformer={"patch_size": 2, "attention_head_dim": 32}'
 
 A variant that changes only phase-2 keys (lr, shift) starts from the config's phase-1 checkpoint, as
 BENCHMARKS.md's first rows did; one that changes the denoiser (``model.transformer``) trains its own phase 1 (as
@@ -22,11 +22,12 @@ from pathlib import Path
 from _common import parse_args, report, RUN
 
 # (name, key=value overrides of both phases); BENCHMARKS.md "The tiny transformer" has the results.
+# A variant's model.transformer replaces the config's ({"patch_size": 2}) whole.
 VARIANTS = (
     ("lr3e-3", ["optimizer.lr=3.0e-3"]),
     ("no-shift", ["model.flow_shift=1"]),
-    ("patch2", ['model.transformer={"patch_size": 2}']),
-    ("depth6", ['model.transformer={"num_layers": 6}']),
+    ("patch1", ['model.transformer={"patch_size": 1}']),
+    ("depth6", ['model.transformer={"patch_size": 2, "num_layers": 6}']),
     ("logit-std0.5", ["model.logit_std=0.5"]),
 )
 UNET_LAST, CONFIG_LAST = "phase2", "transformer-phase2"  # the demo's labels of the two recipes' phase 2

@@ -2,9 +2,11 @@
 
 A scene is one or two groups of identical shapes ("two small red circles above a blue square"). Rooms:
 
-- ``scenes``: what a scene holds, how one is drawn at random, laid out and rendered;
+- ``scenes``: what a scene holds, how one is drawn at random, laid out (in a square, wide or tall frame) and
+  rendered;
 - ``grammar``: the captions, written from a scene and parsed back to its attributes from one definition;
-- ``dataset``: one sample (scene, caption, images) as a pure function of (seed, split, index), the MDS dataset;
+- ``dataset``: one sample (scene, caption, images) as a pure function of (seed, split, index), the MDS dataset
+  (with wide and tall scenes: drawn as a source folder and converted into aspect-ratio buckets);
 - ``prompts``: prompt sets of held-out captions, from the dataset's own sampling function;
 - ``scorer``: the small CNN that reads a scene's attributes back from an image;
 - ``prepare``: the tiny architecture's frozen parts (tokenizer, text encoder, VAE) fitted on a shapes dataset.
@@ -12,11 +14,11 @@ A scene is one or two groups of identical shapes ("two small red circles above a
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "dataset": "SPLITS make_sample sample_meta write_shapes_dataset",
+    "dataset": "SPLITS framed_prompts make_sample sample_meta write_shapes_dataset",
     "grammar": "ATTRIBUTES COUNTS KINDS RELATIONS Scene asked_attributes captions_for describe_group kinds_of "
                "parse_caption",
     "prepare": "fit_tokenizer prepare_tiny",
     "prompts": "shapes_prompts",
-    "scenes": "BACKGROUND COLORS SHAPES SIZES SUPERSAMPLE layout render sample_scene",
-    "scorer": "ShapesScorer read_scenes train_scorer",
+    "scenes": "BACKGROUND COLORS FRAMES SHAPES SIZES SUPERSAMPLE frame_size layout regions render sample_scene",
+    "scorer": "ShapesScorer letterbox read_scenes train_scorer",
 })

@@ -88,8 +88,12 @@ def parse_caption(text: str) -> Scene | None:
     return Scene(rel if rel in CANONICAL else RELATIONS[rel], tuple(groups))
 
 
-def scene_from_meta(meta: dict) -> Scene:
-    """A dataset sample's stored attributes (``meta``: groups[0] takes the top / left half) as a Scene."""
+def scene_from_meta(meta: dict) -> Scene | None:
+    """A dataset sample's stored attributes as a Scene: ``meta``'s groups (groups[0] takes the top / left half)
+    and relation, or, in a dataset converted from a source folder (whose ``meta`` keeps scalars only), its
+    ``scene``: the canonical caption with sizes (``dataset.source_fields``). None when it holds neither."""
+    if "groups" not in meta:
+        return parse_caption(meta["scene"]) if isinstance(meta.get("scene"), str) else None
     groups = tuple(Group(g["color"], g["shape"], int(g["count"]), g["size"]) for g in meta["groups"])
     return Scene(meta["relation"] or "one group", groups)
 

@@ -3,6 +3,10 @@
 A scene is one or two groups of identical shapes (colour, shape, count, size) and, for two groups, how
 they are placed. Every image is drawn at 4x its size and downsampled with a box filter, so the 16-px and
 32-px buckets of one sample show the same scene.
+
+A scene is drawn in a frame (``FRAMES``): square, or wide (5:3) or tall (3:5), where a shape's size is a
+fraction of the frame's shorter side and `regions` gives each group its part of the frame. Boxes are
+fractions of the frame's width and height, whatever its shape.
 """
 from __future__ import annotations
 
@@ -20,11 +24,17 @@ COLORS = {
     "white": (240, 240, 240),
 }
 SHAPES = ("circle", "square", "triangle")
-SIZES = {"small": 0.17, "large": 0.27}  # side of a shape as a fraction of the image side
+SIZES = {"small": 0.17, "large": 0.27}  # side of a shape as a fraction of the frame's shorter side
 MAX_COUNT = 3  # shapes in a group: 1 to 3
 PLACEMENTS = ("above", "left of")  # how two groups are placed: the first takes the top / left half
 BACKGROUND = (30, 30, 34)
 SUPERSAMPLE = 4
+MARGIN = 0.04  # between the groups and from the frame's edges, as a fraction of the frame's shorter side
+# Frames (width, height). 5:3 is the widest bucket of each default bucket set (320x192 at 256 px, 640x384 at 512,
+# 40x24 at 32 on a step of 8), so `dwb data convert --aspect-buckets` resizes a wide scene into it whole.
+FRAMES = {"square": (1, 1), "wide": (5, 3), "tall": (3, 5)}
+# The frame of a non-square scene: side-by-side groups wide, groups one above the other tall (one group: either).
+FRAME_OF = {"left of": "wide", "above": "tall"}
 
 
 def sample_scene(rng: np.random.Generator) -> dict:
@@ -45,7 +55,8 @@ def sample_scene(rng: np.random.Generator) -> dict:
 
 
 def _layout_group(rng: np.random.Generator, group: dict, region: tuple[float, float, float, float]) -> list[list[float]]:
-    """Place ``count`` non-overlapping shapes inside ``region`` (x0, y0, x1, y1 in [0, 1]); boxes out."""
+    """Place ``count`` non-overlapping shapes inside ``region`` (x0, y0, x1, y1 in units of the frame's shorter
+    side); boxes out, in the same units."""
     side, n, gap = SIZES[group["size"]], group["count"], 0.02
     x0, y0, x1, y1 = region
     boxes: list[list[float]] = []
@@ -67,27 +78,51 @@ def _layout_group(rng: np.random.Generator, group: dict, region: tuple[float, fl
     return [[(x0 + x1 - side) / 2, y, (x0 + x1 + side) / 2, y + side] for y in ys]
 
 
-def layout(scene: dict, rng: np.random.Generator) -> list[list[list[float]]]:
-    """Boxes per group. The first group takes the top (above) or left (left of) half."""
-    margin = 0.04
-    if scene["relation"] is None:
-        regions = [(margin, margin, 1 - margin, 1 - margin)]
-    elif scene["relation"] == "above":
-        regions = [(margin, margin, 1 - margin, 0.5 - margin / 2), (margin, 0.5 + margin / 2, 1 - margin, 1 - margin)]
-    else:  # "left of"
-        regions = [(margin, margin, 0.5 - margin / 2, 1 - margin), (0.5 + margin / 2, margin, 1 - margin, 1 - margin)]
-    return [_layout_group(rng, g, r) for g, r in zip(scene["groups"], regions)]
+def extent(frame: str) -> tuple[float, float]:
+    """The frame's width and height in units of its shorter side: (1, 1), (5/3, 1), (1, 5/3)."""
+    w, h = FRAMES[frame]
+    return w / min(w, h), h / min(w, h)
 
 
-def render(scene: dict, boxes: list[list[list[float]]], size: int) -> Image.Image:
-    """Draw at ``SUPERSAMPLE * size`` and downsample with a box filter (anti-aliased edges)."""
-    big = size * SUPERSAMPLE
-    img = Image.new("RGB", (big, big), BACKGROUND)
+def regions(relation: str | None, frame: str = "square") -> list[tuple[float, float, float, float]]:
+    """Each group's part of the frame, (x0, y0, x1, y1) as fractions of its width and height: the whole frame
+    (one group), or the top / left half for the first group and the other half for the second."""
+    fw, fh = extent(frame)
+    mx, my = MARGIN / fw, MARGIN / fh
+    if relation is None:
+        return [(mx, my, 1 - mx, 1 - my)]
+    if relation == "above":
+        return [(mx, my, 1 - mx, 0.5 - my / 2), (mx, 0.5 + my / 2, 1 - mx, 1 - my)]
+    return [(mx, my, 0.5 - mx / 2, 1 - my), (0.5 + mx / 2, my, 1 - mx, 1 - my)]  # "left of"
+
+
+def layout(scene: dict, rng: np.random.Generator, frame: str = "square") -> list[list[list[float]]]:
+    """Boxes per group, as fractions of the frame's width and height, each group inside its ``regions``."""
+    fw, fh = extent(frame)
+    boxes = []
+    for group, (x0, y0, x1, y1) in zip(scene["groups"], regions(scene["relation"], frame)):
+        placed = _layout_group(rng, group, (x0 * fw, y0 * fh, x1 * fw, y1 * fh))  # in units of the shorter side
+        boxes.append([[a / fw, b / fh, c / fw, d / fh] for a, b, c, d in placed])
+    return boxes
+
+
+def frame_size(frame: str, side: int) -> tuple[int, int]:
+    """(width, height) in pixels of a frame whose shorter side is ``side``."""
+    fw, fh = extent(frame)
+    return round(side * fw), round(side * fh)
+
+
+def render(scene: dict, boxes: list[list[list[float]]], size: int, frame: str = "square") -> Image.Image:
+    """Draw at ``SUPERSAMPLE * size`` (the frame's shorter side) and downsample with a box filter (anti-aliased
+    edges)."""
+    width, height = frame_size(frame, size)
+    big_w, big_h = width * SUPERSAMPLE, height * SUPERSAMPLE
+    img = Image.new("RGB", (big_w, big_h), BACKGROUND)
     draw = ImageDraw.Draw(img)
     for group, group_boxes in zip(scene["groups"], boxes):
         color = COLORS[group["color"]]
         for x0, y0, x1, y1 in group_boxes:
-            px = [x0 * big, y0 * big, x1 * big - 1, y1 * big - 1]
+            px = [x0 * big_w, y0 * big_h, x1 * big_w - 1, y1 * big_h - 1]
             if group["shape"] == "circle":
                 draw.ellipse(px, fill=color)
             elif group["shape"] == "square":
@@ -95,4 +130,4 @@ def render(scene: dict, boxes: list[list[list[float]]], size: int) -> Image.Imag
                 draw.rectangle([px[0] + inset, px[1] + inset, px[2] - inset, px[3] - inset], fill=color)
             else:
                 draw.polygon([((px[0] + px[2]) / 2, px[1]), (px[2], px[3]), (px[0], px[3])], fill=color)
-    return img.resize((size, size), Image.Resampling.BOX)
+    return img.resize((width, height), Image.Resampling.BOX)

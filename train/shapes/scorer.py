@@ -17,9 +17,16 @@ has colour, shape, count and size heads.
 Every image, whatever its resolution, is resized to 32 px (``SCORER_SIZE``) with bicubic
 interpolation inside the scorer. Training sees each image both at 32 px and after a trip through
 16 px (box-downsampled, bicubic-upsampled), as phase-1 samples arrive, plus mild noise.
+
+A wide or tall image is letterboxed first (`letterbox`): centred in a square of its longer side, filled with
+its own background, so its shapes keep their form and its groups their places (left and right, top and
+bottom), only smaller. A square-trained scorer so reads a wide scene's layout as it reads a square one's;
+trained on data with wide and tall scenes it learns their smaller shapes too. A size is not learnt from
+them: a large shape in a letterboxed wide frame is as large as a small one in a square.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -71,9 +78,24 @@ class ShapesNet(nn.Module):
         return f, out
 
 
+def letterbox(x: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) float -> (B, 3, S, S), S = max(H, W): each image centred on the median colour of its own edge
+    pixels (the domain's background in the data; a generated image's background is near it, not exactly it)."""
+    h, w = x.shape[-2:]
+    if h == w:
+        return x
+    edge = torch.cat([x[..., 0, :], x[..., -1, :], x[..., :, 0], x[..., :, -1]], dim=-1)
+    side = max(h, w)
+    out = edge.median(dim=-1).values[..., None, None].expand(*x.shape[:-2], side, side).clone()
+    top, left = (side - h) // 2, (side - w) // 2
+    out[..., top:top + h, left:left + w] = x
+    return out
+
+
 def to_input(images: torch.Tensor) -> torch.Tensor:
-    """(B, 3, S, S) uint8 -> (B, 3, 32, 32) float in [0, 1]; bicubic to 32 px when S differs."""
-    x = images.float().div(255.0)
+    """(B, 3, H, W) uint8 -> (B, 3, 32, 32) float in [0, 1]: letterboxed where H != W, bicubic to 32 px where the
+    side differs."""
+    x = letterbox(images.float().div(255.0))
     if x.shape[-1] != SCORER_SIZE or x.shape[-2] != SCORER_SIZE:
         x = F.interpolate(x, size=(SCORER_SIZE, SCORER_SIZE), mode="bicubic", align_corners=False).clamp(0.0, 1.0)
     return x
@@ -159,7 +181,15 @@ class ShapesScorer:
 # ---------------------------------------------------------------------------------------------------- training
 
 def load_split(folder: str | Path, limit: int | None = None, progress: bool = False) -> tuple[torch.Tensor, list[Scene]]:
-    """All images of a shapes MDS bucket as (N, 3, S, S) uint8, and their scenes."""
+    """All images of a shapes MDS bucket as (N, 3, S, S) uint8, and their scenes; a wide or tall image (an
+    aspect-ratio bucket's) letterboxed to 32 px, its scene without sizes (see the module's docstring)."""
+    images, scenes, _ = read_split(folder, limit, progress)
+    return images, scenes
+
+
+def read_split(folder: str | Path, limit: int | None = None,
+               progress: bool = False) -> tuple[torch.Tensor, list[Scene], torch.Tensor]:
+    """`load_split`'s images and scenes, and which images were square ((N,) bool)."""
     from ..data import open_local
     from tqdm import tqdm
 
@@ -168,17 +198,24 @@ def load_split(folder: str | Path, limit: int | None = None, progress: bool = Fa
         raise WorkbenchError(f"no shapes dataset at {folder} (index.json missing; `dwb data shapes` writes one)")
     ds = open_local(folder)
     n = min(len(ds), limit) if limit else len(ds)
-    images, scenes = [], []
+    images, scenes, square = [], [], []
     for i in tqdm(range(n), desc=f"reading {folder.name}", unit="img", disable=not progress):
         sample = ds.get_item(i)
         meta = sample.get("meta")
-        if not isinstance(meta, dict) or "groups" not in meta:
+        scene = scene_from_meta(meta) if isinstance(meta, dict) else None
+        if scene is None:
             raise WorkbenchError(f"{folder} has no shapes attributes in its 'meta' column (sample {i})")
-        images.append(np.asarray(sample["image"].convert("RGB"), dtype=np.uint8))
-        scenes.append(scene_from_meta(meta))
+        image = np.asarray(sample["image"].convert("RGB"), dtype=np.uint8)
+        square.append(image.shape[0] == image.shape[1])
+        if not square[-1]:
+            x = to_input(torch.from_numpy(image.copy()).permute(2, 0, 1)[None])  # PIL's array is read-only
+            image = x[0].mul(255.0).round().to(torch.uint8).permute(1, 2, 0).numpy()
+            scene = dataclasses.replace(scene, groups=tuple(dataclasses.replace(g, size=None) for g in scene.groups))
+        images.append(image)
+        scenes.append(scene)
     if not images:
         raise WorkbenchError(f"{folder} holds no samples")
-    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), scenes
+    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), scenes, torch.tensor(square)
 
 
 EMPTY_RATE = 0.04
@@ -281,7 +318,7 @@ def train_scorer(data: str | Path, out: str | Path, *, epochs: int = 6, batch_si
     images, scenes = load_split(train_dir, limit, progress=progress)
     if images.shape[-1] != SCORER_SIZE:
         raise WorkbenchError(f"the scorer trains on {SCORER_SIZE} px images; {train_dir} holds {images.shape[-1]} px")
-    held_images, held_scenes = load_split(eval_dir) if eval_dir.is_dir() else (None, None)
+    held_images, held_scenes, held_square = read_split(eval_dir) if eval_dir.is_dir() else (None, None, None)
     torch.manual_seed(seed)
     net = ShapesNet(width=width)
     t0 = time.perf_counter()
@@ -294,6 +331,11 @@ def train_scorer(data: str | Path, out: str | Path, *, epochs: int = 6, batch_si
         info["held_out_16px"] = {k: round(v, 4) for k, v in
                                  reading_accuracy(net, held_images, held_scenes, low_res=True).items()}
         info["n_held_out"] = len(held_images)
+        if not held_square.all():  # wide and tall scenes, letterboxed: read on their own
+            framed = (~held_square).nonzero().flatten().tolist()
+            info["held_out_non_square"] = {k: round(v, 4) for k, v in reading_accuracy(
+                net, held_images[framed], [held_scenes[i] for i in framed]).items()}
+            info["n_held_out_non_square"] = len(framed)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
