@@ -67,26 +67,22 @@ def _argument(parse):
     return parsed
 
 
-def _share(value: str) -> float:
-    """An argparse type: a number from 0 to 1 (a share of the samples)."""
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if not 0 <= x <= 1:
-        raise argparse.ArgumentTypeError(f"{value} is not from 0 to 1")
-    return x
+def _number_from(low: float, high: float, ends: bool, meaning: str = ""):
+    """An argparse type: a number from ``low`` to ``high``, the ends included or not (``meaning`` says what it is)."""
+    def parsed(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+        if not (low <= x <= high if ends else low < x < high):
+            raise argparse.ArgumentTypeError(f"{value} is not {'from' if ends else 'between'} {low:g} "
+                                             f"{'to' if ends else 'and'} {high:g}{meaning}")
+        return x
+    return parsed
 
 
-def _fraction(value: str) -> float:
-    """An argparse type: a number strictly between 0 and 1 (the refiner's switch)."""
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if not 0 < x < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 1 (the fraction of the steps the base takes)")
-    return x
+_share = _number_from(0, 1, ends=True)  # a share of the samples
+_fraction = _number_from(0, 1, ends=False, meaning=" (the fraction of the steps the base takes)")  # the refiner's switch
 
 
 def _sizes(value: str) -> tuple[int, ...]:
