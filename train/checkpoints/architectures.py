@@ -111,14 +111,14 @@ TINY_SDXL = {
 # SDXL-base at its published sizes (``train.families``' SDXL base: a 2,567.5M-weight UNet, CLIP ViT-L and OpenCLIP
 # bigG with its projection, the 4-channel VAE scaled by 0.13025), trained from scratch on the frozen pretrained parts
 # of model.pretrained (stabilityai/stable-diffusion-xl-base-1.0's vae/, text_encoder/, text_encoder_2/, tokenizer/).
-_SDXL_BASE = family_named("sdxl").variant("base").parts
-SDXL_BASE = {
-    "family": "sdxl",
-    "unet": _SDXL_BASE["unet"].config,
-    "vae": _SDXL_BASE["vae"].config,
-    "text_encoder": _SDXL_BASE["text_encoder"].config,
-    "text_encoder_2": _SDXL_BASE["text_encoder_2"].config,
-}
+def published(family: str, variant: str, **parts: str) -> dict:
+    """An architecture of a family variant's published part configs: ``ours=theirs`` names each part."""
+    configs = family_named(family).variant(variant).parts
+    return {"family": family, **{ours: configs[theirs].config for ours, theirs in parts.items()}}
+
+
+SDXL_BASE = published("sdxl", "base", unet="unet", vae="vae", text_encoder="text_encoder",
+                      text_encoder_2="text_encoder_2")
 
 # A tiny Flux.1-style transformer (diffusers' FluxTransformer2DModel: 2 double-stream and 2 single-stream blocks, 64
 # wide, no guidance input, as schnell) over the tiny VAE's 4-channel latents packed 2x2 (16 channels a token; 32 px
@@ -142,14 +142,8 @@ TINY_FLUX = {
 # latents packed 2x2, no guidance embedding), trained from scratch as MLPerf Training v5.1's text_to_image benchmark
 # trains it (configs/flux-schnell-mlperf.yaml); its frozen CLIP-L, T5-XXL and 16-channel VAE load pretrained from
 # model.pretrained (FLUX.1-schnell: a local folder, the HF cache or the hub).
-_FLUX_SCHNELL = family_named("flux").variant("schnell").parts
-FLUX_SCHNELL = {
-    "family": "flux",
-    "transformer": _FLUX_SCHNELL["transformer"].config,
-    "vae": _FLUX_SCHNELL["vae"].config,
-    "text_encoder": _FLUX_SCHNELL["text_encoder"].config,
-    "t5_encoder": _FLUX_SCHNELL["text_encoder_2"].config,
-}
+FLUX_SCHNELL = published("flux", "schnell", transformer="transformer", vae="vae", text_encoder="text_encoder",
+                         t5_encoder="text_encoder_2")
 
 ARCHITECTURES = {"sd2-base": SD2_BASE, "tiny": TINY, "tiny-mmdit": TINY_MMDIT, "mmdit-medium": MMDIT_MEDIUM,
                  "tiny-sdxl": TINY_SDXL, "sdxl-base": SDXL_BASE,
