@@ -182,9 +182,9 @@ def test_the_full_size_unet_is_sdxls_and_the_plan_refuses_it_here(monkeypatch):
     assert abs(count / SDXL_BASE_UNET - 1) < 0.001, count
     configs = [load_config(REPO / f"configs/sdxl-base-phase{n}.yaml", ["model.pretrained=null"]) for n in (1, 2, 3)]
     assert [(c.model.architecture, c.data.resolution) for c in configs] == [("sdxl-base", r) for r in (256, 512, 1024)]
-    monkeypatch.setenv("DWB_MEMORY_MB", "16384")
+    monkeypatch.setenv("DWB_MEMORY_MB", "4096")  # under what any test machine has free
     with pytest.raises(WorkbenchError) as refused:
         check_memory(configs[0], "cpu")
     line = str(refused.value)
     assert "\n" not in line and "'sdxl-base' (sdxl-base-phase1) needs at least" in line
-    assert f"{count / 1e6:,.0f}M trained weights" in line and "16.0 GiB is free" in line
+    assert f"{count / 1e6:,.0f}M trained weights" in line and "4.0 GiB is free" in line
