@@ -257,7 +257,7 @@ def cmd_sample(args) -> None:
                      title=f"{ckpt.label} ({content_hash(ckpt)}) {weights} weights", settings=settings,
                      checkpoint=ckpt.label, checkpoint_hash=content_hash(ckpt), weights=weights, images_to=images_to)
     print(f"wrote {out}: {weights} weights, guidance {settings.guidance:g}, {settings.steps} steps, "
-          f"{settings.sampler}, {width}x{height} px, seeds {seed} to {seed + args.seeds - 1}"
+          f"{settings.sampler}, {width if width == height else f'{width}x{height}'} px, seeds {seed} to {seed + args.seeds - 1}"
           + (f"; refined by {refiner.name} from {refiner.switch:g} of the steps" if refiner else "")
           + (f"; each image in {images_to}" if images_to else ""))
 

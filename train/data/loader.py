@@ -388,7 +388,7 @@ def remote_index(remote: str, key: str) -> dict:
         try:
             CloudDownloader.direct_download(f"{remote.rstrip('/')}/index.json", f"{tmp}/index.json", 60)
         except Exception as e:  # noqa: BLE001 - unreachable, missing, refused: one line naming the remote
-            raise WorkbenchError(f"config key '{key}': cannot read {remote}/index.json ({first_line(e)})") from None
+            raise WorkbenchError(f"cannot open the training data ({remote}): {first_line(e)}") from None
         index = load_outside(Path(tmp) / "index.json", f"{remote}/index.json")
     if not (isinstance(index, dict) and isinstance(index.get("shards"), list)):
         raise WorkbenchError(f"config key '{key}': {remote}/index.json is not an MDS index")
