@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -349,9 +350,10 @@ def check_save_folder(folder: str, need_bytes: int = 0) -> None:
     path = Path(folder)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_bytes(b"0")
-        probe.unlink()
+        # a probe of this process's own: every rank checks the shared folder at once, and with one name a rank's
+        # unlink found the file another had removed (ENOENT read as "cannot write")
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
     except OSError as e:
         raise WorkbenchError(f"config key 'save_folder': cannot write to {folder} ({e.strerror})") from None
     free = shutil.disk_usage(path).free

@@ -218,3 +218,19 @@ def test_ema_tracks_only_the_unet(reference):
     unet = [k for k in ckpt["model"] if k.startswith("unet.")]
     assert tracked and all(k.startswith("unet.") for k in tracked)  # never the frozen VAE or text encoder
     assert len(tracked) == len([k for k in unet if not k.endswith("num_batches_tracked")])
+
+
+def test_every_rank_checks_the_shared_save_folder_at_once(tmp_path):
+    """Ranks of one node check the same save folder at the same moment; none may read another's probe as its own
+    (a 4-rank resume failed with "cannot write to ... (No such file or directory)")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = str(tmp_path / "ckpt")
+
+    def checks(_):
+        for _ in range(300):
+            check_save_folder(folder)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(checks, range(4)))  # re-raises the first rank's error
+    assert not list((tmp_path / "ckpt").iterdir())  # no probe left behind
