@@ -241,3 +241,22 @@ def test_a_remote_budget_folder_trains_on_its_buckets(s3_server, bucketed, tmp_p
         f"{remote}/{w}x{h}" for w, h in BUCKETS]
     firsts = [dataset[int(i)]["image"].shape[:2] for i in dataset.sample_offset_per_stream]  # each bucket's first
     assert firsts == [(h, w) for w, h in BUCKETS]
+
+
+def test_a_second_open_after_another_process_took_the_shared_memory_name_reads_the_buckets(bucketed, monkeypatch):
+    """Streaming picks a free shared-memory name and then creates it; a process that took it first makes the open
+    fail with FileExistsError after the streams were weighed, and the loader opens again (two ranks of one node
+    did: "Streams must provide at most one of `proportion`, `repeat`, or `choose`")."""
+    from streaming import StreamingDataset
+
+    real, calls = StreamingDataset.__init__, []
+
+    def taken_once(self, *args, **kwargs):
+        calls.append(1)
+        real(self, *args, **kwargs)
+        if len(calls) == 1:
+            raise FileExistsError("/dev/shm name taken by another process")
+
+    monkeypatch.setattr(StreamingDataset, "__init__", taken_once)
+    dataset = make_dataset(DataConfig(path=str(bucketed), resolution=32), 4, seed=0)
+    assert len(calls) == 2 and len(dataset.streams) == len(dataset.bucket_sizes) > 1

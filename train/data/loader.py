@@ -514,19 +514,27 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False, c
         # Streaming warns, per bucket and epoch, that the bucket's last partial global batch is dropped: here that
         # is the design (docs/data.md), 5 to 13 lines an epoch that would bury the run's own
         logging.getLogger("streaming.base.batching.per_stream").setLevel(logging.ERROR)
-        common.update(streams=[Stream(local=b.path, remote=b.remote, proportion=b.proportion, repeat=b.repeat,
-                                      choose=b.choose) for b in buckets], batching_method="per_stream")
+        common.update(streams=[dict(local=b.path, remote=b.remote, proportion=b.proportion, repeat=b.repeat,
+                                    choose=b.choose) for b in buckets], batching_method="per_stream")
         images = dict(bucket_sizes=[b.bucket for b in buckets], bucket_names=[b.where for b in buckets])
     elif data_cfg.streams:
-        common["streams"] = [Stream(local=s.path or None, remote=s.remote, proportion=s.proportion, repeat=s.repeat,
-                                    choose=s.choose) for s in streams]
+        common["streams"] = [dict(local=s.path or None, remote=s.remote, proportion=s.proportion, repeat=s.repeat,
+                                  choose=s.choose) for s in streams]
     else:
         common.update(local=data_cfg.path or None, remote=data_cfg.remote)
     check_node_shared_memory()
+
+    def opened():
+        """The dataset, with Streams of its own: Streaming writes each stream's weights into it as it opens, and
+        a Stream weighed once is refused by the next open (after another process took the shared-memory name)."""
+        fresh = {**common, "streams": [Stream(**a) for a in common["streams"]]} if "streams" in common else common
+        if data_cfg.precomputed:
+            return LatentDataset(with_ids=with_ids, captions=captions, where=where, **fresh)
+        return ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
+                                   with_ids=with_ids, where=where, **images, **fresh)
+
     try:
-        dataset = open_streaming(lambda: LatentDataset(with_ids=with_ids, captions=captions, where=where, **common) if data_cfg.precomputed
-                                 else ImageCaptionDataset(resolution=data_cfg.resolution, center_crop=data_cfg.center_crop,
-                                                          with_ids=with_ids, where=where, **images, **common))
+        dataset = open_streaming(opened)
         check_safe_columns(dataset, "config key 'data.path'" if not data_cfg.streams else "config key 'data.streams'")
         return dataset
     except WorkbenchError:
