@@ -177,6 +177,14 @@ def with_recorded_shift(vae):
     return vae
 
 
+def caption_options(cfg: TrainConfig) -> dict:
+    """What every training model takes from the config about its captions and draws: dropout for guidance, the
+    other phrasing's share, and the per-sample seed (``randomness: per_sample``)."""
+    m = cfg.model
+    return dict(caption_dropout=m.caption_dropout, other_phrasing=m.other_phrasing,
+                per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
+
+
 def build_unet_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> LatentDiffusion:
     m = cfg.model
     unet = prepared_denoiser(cfg, vae)
@@ -184,9 +192,7 @@ def build_unet_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> LatentDi
         raise WorkbenchError(f"the UNet's cross_attention_dim ({unet.config.cross_attention_dim}) does not match the "
                              f"text encoder's width ({text_encoder.config.hidden_size}) from '{m.pretrained}'")
     return LatentDiffusion(unet, vae, text_encoder, tokenizer, prediction_type=m.prediction_type,
-                           caption_dropout=m.caption_dropout, min_snr_gamma=m.min_snr_gamma,
-                           other_phrasing=m.other_phrasing,
-                           per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
+                           min_snr_gamma=m.min_snr_gamma, **caption_options(cfg))
 
 
 def flow_of(cfg: TrainConfig):
@@ -214,9 +220,7 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
         raise WorkbenchError(f"the transformer's joint_attention_dim and pooled_projection_dim must be {width} (the "
                              f"text encoder's width {text_encoder.config.hidden_size} in {slots} CLIP slots)")
     return RectifiedFlowTransformer(transformer, vae, with_projection(text_encoder), tokenizer, flow=flow_of(cfg),
-                                    clip_slots=slots, caption_dropout=m.caption_dropout,
-                                    other_phrasing=m.other_phrasing,
-                                    per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
+                                    clip_slots=slots, **caption_options(cfg))
 
 
 def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroConditionedUNet:
@@ -234,9 +238,7 @@ def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroCon
         raise WorkbenchError(f"the UNet's cross_attention_dim and projection_class_embeddings_input_dim must be {width} "
                              f"(both text towers' widths) and {added} (the second's pooled output and 6 time ids)")
     return MicroConditionedUNet(unet, vae, text_encoder, text_encoder_2, tokenizer, prediction_type=m.prediction_type,
-                                caption_dropout=m.caption_dropout, min_snr_gamma=m.min_snr_gamma,
-                                other_phrasing=m.other_phrasing,
-                                per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
+                                min_snr_gamma=m.min_snr_gamma, **caption_options(cfg))
 
 
 def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyleTransformer:
@@ -259,9 +261,7 @@ def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyl
                              f"{text_encoder_2.config.d_model} (T5's width) and {text_encoder.config.hidden_size} "
                              "(the CLIP tower's)")
     return FluxStyleTransformer(transformer, vae, text_encoder, tokenizer, text_encoder_2, flow=flux_flow(cfg, vae),
-                                text_tokens=T5_TOKENS, caption_dropout=m.caption_dropout,
-                                other_phrasing=m.other_phrasing,
-                                per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
+                                text_tokens=T5_TOKENS, **caption_options(cfg))
 
 
 def flux_flow(cfg: TrainConfig, vae):
