@@ -92,10 +92,16 @@ class LatentDiffusion(ComposerModel):
         unet = self.unet
         return any(module is block for block in (*unet.down_blocks, unet.mid_block, *unet.up_blocks))
 
+    def take_second_tower(self, text_encoder_2) -> None:
+        """A second frozen text tower (SDXL's, Flux.1's T5), kept and called whole as the first."""
+        self.text_encoder_2 = text_encoder_2.requires_grad_(False)
+        self.text_encoder_2._fsdp_wrap = False
+
     def train(self, mode: bool = True):
         super().train(mode)
-        self.vae.eval()  # frozen parts never switch to training behaviour
-        self.text_encoder.eval()
+        for frozen in (self.vae, self.text_encoder, getattr(self, "text_encoder_2", None)):
+            if frozen is not None:  # frozen parts never switch to training behaviour
+                frozen.eval()
         return self
 
     @property
@@ -306,13 +312,7 @@ class MicroConditionedUNet(LatentDiffusion):
 
     def __init__(self, unet, vae, text_encoder, text_encoder_2, tokenizer, **options):
         super().__init__(unet, vae, text_encoder, tokenizer, **options)
-        self.text_encoder_2 = text_encoder_2.requires_grad_(False)
-        self.text_encoder_2._fsdp_wrap = False  # frozen, called whole (``take_parts``)
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self.text_encoder_2.eval()
-        return self
+        self.take_second_tower(text_encoder_2)
 
     def pipeline_with(self, denoiser):
         from .checkpoints import build_sdxl_pipeline
@@ -362,14 +362,8 @@ class FluxStyleTransformer(RectifiedFlowTransformer):
         super().__init__(transformer, vae, text_encoder, tokenizer, flow=flow, clip_slots=1,
                          caption_dropout=caption_dropout, other_phrasing=other_phrasing,
                          per_sample_seed=per_sample_seed)
-        self.text_encoder_2 = text_encoder_2.requires_grad_(False)
-        self.text_encoder_2._fsdp_wrap = False  # frozen and called by its forward, as the other frozen parts
+        self.take_second_tower(text_encoder_2)
         self.text_tokens = text_tokens
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self.text_encoder_2.eval()
-        return self
 
     def pipeline_with(self, denoiser):
         from .checkpoints import build_flux_pipeline
