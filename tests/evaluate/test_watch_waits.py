@@ -27,9 +27,14 @@ def test_a_run_created_after_the_watcher_started_is_watched(tmp_path, capsys):
     run, seen = tmp_path / "runs" / "later", []
 
     def training_starts() -> None:
+        # The folder appears with its checkpoint in one rename: the single poll after the wait must find it
+        # however late this thread is scheduled (made in place, a busy machine let the poll see it empty).
+        made = tmp_path / "being-made"
+        (made / "checkpoints").mkdir(parents=True)
+        (made / "checkpoints" / "ep0-ba2-rank0.pt").write_bytes(b"torn")  # a checkpoint, as far as a listing goes
         time.sleep(0.3)
-        (run / "checkpoints").mkdir(parents=True)
-        (run / "checkpoints" / "ep0-ba2-rank0.pt").write_bytes(b"torn")  # a checkpoint, as far as a listing goes
+        run.parent.mkdir()
+        made.rename(run)
 
     started = threading.Thread(target=training_starts)
     started.start()
