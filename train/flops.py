@@ -21,8 +21,10 @@ def batch_flops(cfg: TrainConfig) -> float:
     n, side = cfg.global_train_batch_size, cfg.data.resolution
     generator = torch.Generator().manual_seed(0)
     batch = {"image": torch.rand(n, 3, side, side, generator=generator) * 2 - 1,
-             "input_ids": torch.randint(0, len(model.tokenizer), (n, model.tokenizer.model_max_length),
-                                        generator=generator),
+             # random ids of each tower's tokenizer, at the length it pads to
+             **{key: torch.randint(0, len(tokenizer), ids.shape, generator=generator)
+                for (key, ids), tokenizer in zip(model.caption_ids([""] * n).items(),
+                                                 (model.tokenizer, model.tokenizer_2))},
              # an image batch's size conditioning (SDXL's): square images, uncropped
              "original_size": torch.full((n, 2), side), "crop_top_left": torch.zeros(n, 2, dtype=torch.long)}
     latents, text = model.latents_and_text(batch)

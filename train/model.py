@@ -10,6 +10,10 @@
 - ``MicroConditionedUNet``: SDXL's UNet on the same diffusion schedule, conditioned as ``StableDiffusionXLPipeline``
   conditions it: two text towers' penultimate states side by side, the second's pooled projected output, and each
   image's original size, crop and target size (Podell et al. 2023, "micro-conditioning").
+
+A model whose second text tower has its own tokenizer (``take_second_tokenizer``: SDXL's ``tokenizer_2``, Flux.1's T5
+tokenizer) reads batches with ``input_ids_2`` beside ``input_ids``; caption dropout and the other phrasing draw one
+mask per sample and apply it to both.
 """
 from __future__ import annotations
 
@@ -55,8 +59,21 @@ class Draws:
         return torch.cat([torch.randint(0, high, (1,), generator=g) for g in self.generators]).to(device)
 
 
+def where_each(mask: torch.Tensor, chosen, kept):
+    """Per sample (``mask``: (B,) bool), ``chosen`` where the mask is set and ``kept`` elsewhere; each a tensor or a
+    tuple of tensors (one per text tower), every tensor of the tuple under the one mask."""
+    if isinstance(kept, tuple):
+        return tuple(where_each(mask, c, k) for c, k in zip(chosen, kept))
+    return torch.where(mask.view(-1, *([1] * (kept.dim() - 1))), chosen.to(kept.device, kept.dtype), kept)
+
+
 class LatentDiffusion(ComposerModel):
     reads_captions = False  # precomputed data: its stored text states condition the UNet
+    # The second text tower's own tokenizer and the tokens it pads a caption to (``take_second_tokenizer``); None:
+    # the second tower, where there is one, reads the first tokenizer's ids
+    tokenizer_2 = None
+    max_length_2: int | None = None
+
     def __init__(self, unet, vae, text_encoder, tokenizer, *, prediction_type: str = "epsilon",
                  caption_dropout: float = 0.1, min_snr_gamma: float | None = None, other_phrasing: float = 0.0,
                  per_sample_seed: int | None = None):
@@ -96,6 +113,50 @@ class LatentDiffusion(ComposerModel):
         """A second frozen text tower (SDXL's, Flux.1's T5), kept and called whole as the first."""
         self.text_encoder_2 = text_encoder_2.requires_grad_(False)
         self.text_encoder_2._fsdp_wrap = False
+
+    def take_second_tokenizer(self, tokenizer_2, max_length: int | None = None) -> None:
+        """The second tower's own tokenizer (SDXL's ``tokenizer_2``, which pads with "!", Flux.1's T5 tokenizer), its
+        captions padded to ``max_length`` tokens (its ``model_max_length`` unless given); a dropped caption becomes
+        its own empty caption. None: the second tower reads the first tokenizer's ids."""
+        from .data import token_ids
+
+        if tokenizer_2 is None:
+            return
+        self.tokenizer_2 = tokenizer_2
+        self.max_length_2 = max_length or tokenizer_2.model_max_length
+        self.register_buffer("empty_ids_2", token_ids(tokenizer_2, [""], self.max_length_2), persistent=False)
+
+    @property
+    def second_tokenizer(self):
+        """What tokenizes the second tower's captions: its own tokenizer, else the first."""
+        return self.tokenizer if self.tokenizer_2 is None else self.tokenizer_2
+
+    def id_keys(self) -> tuple[str, ...]:
+        """The batch keys of the token ids the text towers read: ``input_ids``, and ``input_ids_2`` where the second
+        tower reads its own tokenizer's (the other phrasings' under the same keys + ``_alt``)."""
+        return ("input_ids",) if self.tokenizer_2 is None else ("input_ids", "input_ids_2")
+
+    def caption_ids(self, captions: list[str]) -> dict[str, torch.Tensor]:
+        """The token ids of ``captions`` under ``id_keys``, as the loader's batches carry them."""
+        from .data import token_ids
+
+        ids = {"input_ids": token_ids(self.tokenizer, captions)}
+        if self.tokenizer_2 is not None:
+            ids["input_ids_2"] = token_ids(self.tokenizer_2, captions, self.max_length_2)
+        return ids
+
+    def batch_ids(self, batch: dict, suffix: str = "") -> tuple[torch.Tensor, ...] | None:
+        """The batch's token ids, one tensor per ``id_keys`` entry (``suffix`` "_alt": the other phrasings'; None where
+        the batch carries none)."""
+        keys = [key + suffix for key in self.id_keys()]
+        if suffix and not all(key in batch for key in keys):
+            return None
+        return tuple(batch[key] for key in keys)
+
+    @torch.no_grad()
+    def encode_captions(self, captions: list[str], device=None):
+        """The text conditioning of ``captions`` (``encode_text`` of their ids, on ``device``)."""
+        return self.encode_text(*(ids.to(device) for ids in self.caption_ids(captions).values()))
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -154,19 +215,26 @@ class LatentDiffusion(ComposerModel):
         drop = draws.uniform(text.shape[0], text.device) < self.caption_dropout
         return torch.where(drop[:, None, None], self.empty_text.to(text.device, text.dtype), text)
 
-    def drop_captions(self, input_ids: torch.Tensor, draws: Draws = Draws()) -> torch.Tensor:
+    def drop_captions(self, input_ids, draws: Draws = Draws()):
+        """Each sample's caption emptied with probability ``caption_dropout``: ``input_ids`` a tensor, or a tuple of
+        one per ``id_keys`` entry, each then the empty caption of its own tokenizer under one draw per sample."""
         if not self.training or self.caption_dropout <= 0:
             return input_ids
-        drop = draws.uniform(input_ids.shape[0], input_ids.device) < self.caption_dropout
-        return torch.where(drop[:, None], self.empty_ids.to(input_ids.device), input_ids)
+        first = input_ids[0] if isinstance(input_ids, tuple) else input_ids
+        drop = draws.uniform(first.shape[0], first.device) < self.caption_dropout
+        empty = (self.empty_ids, getattr(self, "empty_ids_2", None))[:len(input_ids)] \
+            if isinstance(input_ids, tuple) else self.empty_ids
+        return where_each(drop, empty, input_ids)
 
-    def rephrase(self, main: torch.Tensor, alt: torch.Tensor | None, draws: Draws = Draws()) -> torch.Tensor:
+    def rephrase(self, main, alt, draws: Draws = Draws()):
         """Each sample under its other phrasing with probability ``other_phrasing`` (drawn every step, on both
-        the token-id and the precomputed path, before caption dropout)."""
+        the token-id and the precomputed path, before caption dropout); ``main`` and ``alt`` tensors, or tuples of
+        one per text tower, all swapped under one draw per sample."""
         if not self.training or self.other_phrasing <= 0 or alt is None:
             return main
-        swap = draws.uniform(main.shape[0], main.device) < self.other_phrasing
-        return torch.where(swap.view(-1, *([1] * (main.dim() - 1))), alt.to(main.dtype), main)
+        first = main[0] if isinstance(main, tuple) else main
+        swap = draws.uniform(first.shape[0], first.device) < self.other_phrasing
+        return where_each(swap, alt, main)
 
     def latents_and_text(self, batch: dict, draws: Draws = Draws()) -> tuple[torch.Tensor, torch.Tensor]:
         """Scaled latents and text states from raw images and token ids, or from precomputed ones.
@@ -183,8 +251,8 @@ class LatentDiffusion(ComposerModel):
             text = self.rephrase(batch["text"].float(), alt.float() if alt is not None else None, draws)
             return latents, self.drop_text(text, draws)
         latents = self.encode_images(batch["image"], draws)
-        ids = self.rephrase(batch["input_ids"], batch.get("input_ids_alt"), draws)
-        return latents, self.encode_text(self.drop_captions(ids, draws))
+        ids = self.rephrase(self.batch_ids(batch), self.batch_ids(batch, "_alt"), draws)
+        return latents, self.encode_text(*self.drop_captions(ids, draws))
 
     def forward(self, batch: dict):
         draws = Draws.of_batch(batch, self.per_sample_seed)
@@ -274,8 +342,8 @@ class RectifiedFlowTransformer(LatentDiffusion):
             return super().latents_and_text(batch, draws)
         mean = batch["latent_mean"].float()
         latents = mean + batch["latent_std"].float() * draws.normal(mean.shape, mean.device, mean.dtype)
-        ids = self.rephrase(batch["input_ids"], batch.get("input_ids_alt"), draws)
-        return latents - self.shift_factor * self.scaling_factor, self.encode_text(self.drop_captions(ids, draws))
+        ids = self.rephrase(self.batch_ids(batch), self.batch_ids(batch, "_alt"), draws)
+        return latents - self.shift_factor * self.scaling_factor, self.encode_text(*self.drop_captions(ids, draws))
 
     def draw_timesteps(self, draws: Draws, n: int, device) -> torch.Tensor:
         return self.flow.draw_t(draws.normal((n,), device, torch.float32)) * TRAIN_TIMESTEPS
@@ -306,26 +374,30 @@ def time_ids(original_size: torch.Tensor, crop_top_left: torch.Tensor, target_si
 class MicroConditionedUNet(LatentDiffusion):
     """SDXL's UNet ("text_time" added conditioning) on the diffusion schedule. Each batch of images carries
     ``original_size`` and ``crop_top_left`` (the loader's: SDXL's c_size and c_crop), the target size is the image's;
-    caption dropout empties the caption for both towers, which read the same token ids (SDXL's two tokenizers share a
-    vocabulary). Held-out batches (validation) carry no sizes: they are conditioned as the pipeline conditions a
+    caption dropout empties the caption for both towers. The second tower reads its own tokenizer's ids where the model
+    has one (SDXL's ``tokenizer_2``, which pads with "!"), else the first's (the tiny architecture's towers share
+    one). Held-out batches (validation) carry no sizes: they are conditioned as the pipeline conditions a
     sample, original size = target size, no crop."""
 
-    def __init__(self, unet, vae, text_encoder, text_encoder_2, tokenizer, **options):
+    def __init__(self, unet, vae, text_encoder, text_encoder_2, tokenizer, tokenizer_2=None, **options):
         super().__init__(unet, vae, text_encoder, tokenizer, **options)
         self.take_second_tower(text_encoder_2)
+        self.take_second_tokenizer(tokenizer_2)
 
     def pipeline_with(self, denoiser):
         from .checkpoints import build_sdxl_pipeline
 
         return build_sdxl_pipeline(denoiser, self.vae, self.text_encoder, self.text_encoder_2, self.tokenizer,
-                                   self.prediction_type)
+                                   self.prediction_type, tokenizer_2=self.second_tokenizer)
 
     @torch.no_grad()
-    def encode_text(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, L) token ids -> both towers' penultimate states side by side (B, L, D1 + D2) and the second's pooled,
-        projected output (B, P), as ``StableDiffusionXLPipeline.encode_prompt`` builds them."""
+    def encode_text(self, input_ids: torch.Tensor,
+                    input_ids_2: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) token ids (and the second tokenizer's, where the second tower has its own) -> both towers'
+        penultimate states side by side (B, L, D1 + D2) and the second's pooled, projected output (B, P), as
+        ``StableDiffusionXLPipeline.encode_prompt`` builds them."""
         first = self.text_encoder(input_ids, output_hidden_states=True)
-        second = self.text_encoder_2(input_ids, output_hidden_states=True)
+        second = self.text_encoder_2(input_ids if input_ids_2 is None else input_ids_2, output_hidden_states=True)
         return torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1), second.text_embeds
 
     def latents_and_text(self, batch: dict, draws: Draws = Draws()):
@@ -355,21 +427,24 @@ class FluxStyleTransformer(RectifiedFlowTransformer):
     """Flux.1's transformer (diffusers' ``FluxTransformer2DModel``) trained with rectified flow, conditioned as
     ``FluxPipeline`` conditions it: T5's states over ``text_tokens`` tokens and CLIP's pooled output, the latents
     packed 2x2 into tokens with their position ids (``train.families.pack_latents``), the timestep t in [0, 1].
-    The T5 reads the batch's ids padded to ``text_tokens`` (its tokenizer is the CLIP one: ``flux_parts``)."""
+    The T5 reads its own tokenizer's ids (``tokenizer_2``: Flux.1's T5 tokenizer, ``text_tokens`` tokens), or, where
+    the model has none (the tiny architecture: ``flux_parts``), the CLIP tokenizer's ids padded to ``text_tokens``."""
 
     def __init__(self, transformer, vae, text_encoder, tokenizer, text_encoder_2, *, flow, text_tokens: int,
-                 caption_dropout: float = 0.1, other_phrasing: float = 0.0, per_sample_seed: int | None = None):
+                 tokenizer_2=None, caption_dropout: float = 0.1, other_phrasing: float = 0.0,
+                 per_sample_seed: int | None = None):
         super().__init__(transformer, vae, text_encoder, tokenizer, flow=flow, clip_slots=1,
                          caption_dropout=caption_dropout, other_phrasing=other_phrasing,
                          per_sample_seed=per_sample_seed)
         self.take_second_tower(text_encoder_2)
+        self.take_second_tokenizer(tokenizer_2, text_tokens)
         self.text_tokens = text_tokens
 
     def pipeline_with(self, denoiser):
         from .checkpoints import build_flux_pipeline
 
         return build_flux_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.text_encoder_2,
-                                   self.tokenizer)
+                                   self.second_tokenizer)
 
     def fsdp_wrap_fn(self, module: torch.nn.Module) -> bool:
         """Each double-stream and single-stream block is its own FSDP unit (the transformer is the outer one)."""
@@ -377,10 +452,14 @@ class FluxStyleTransformer(RectifiedFlowTransformer):
         return any(module is block for block in blocks)
 
     @torch.no_grad()
-    def encode_text(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, L) CLIP token ids -> T5's states (B, text_tokens, D) and CLIP's pooled output (B, P), as
-        ``FluxPipeline.encode_prompt`` builds them (its T5 ids: the same tokenizer's, padded to ``text_tokens``)."""
+    def encode_text(self, input_ids: torch.Tensor,
+                    input_ids_2: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) CLIP token ids (and T5's own, (B, text_tokens), where the model has T5's tokenizer) -> T5's states
+        (B, text_tokens, D) and CLIP's pooled output (B, P), as ``FluxPipeline.encode_prompt`` builds them (without
+        T5's own ids: the CLIP ids padded to ``text_tokens``, as the pipeline pads them with the one tokenizer)."""
         pooled = self.text_encoder(input_ids, output_hidden_states=False).pooler_output
+        if input_ids_2 is not None:
+            return self.text_encoder_2(input_ids_2, output_hidden_states=False)[0], pooled
         pad = self.text_tokens - input_ids.shape[1]
         t5_ids = F.pad(input_ids, (0, pad), value=self.tokenizer.pad_token_id)
         return self.text_encoder_2(t5_ids, output_hidden_states=False)[0], pooled

@@ -224,36 +224,43 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
 
 
 def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroConditionedUNet:
-    from .checkpoints import second_text_encoder
+    """SDXL's UNet with two text towers; the second reads its own tokenizer (``tokenizer_2/``) where it loads from
+    ``model.pretrained``, the first tokenizer's ids where the architecture builds it."""
+    from .checkpoints import second_text_encoder, second_tokenizer
 
     m = cfg.model
     if cfg.data.precomputed:
         raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} is conditioned on each image's original "
                              "size and crop, which precomputed latents do not store; train it from images")
     text_encoder_2 = second_text_encoder(m.architecture, m.pretrained, tokenizer)
+    tokenizer_2 = second_tokenizer(m.architecture, m.pretrained)
     unet = prepared_denoiser(cfg, vae)
     width = text_encoder.config.hidden_size + text_encoder_2.config.hidden_size
     added = text_encoder_2.config.projection_dim + 6 * unet.config.addition_time_embed_dim
     if unet.config.cross_attention_dim != width or unet.config.projection_class_embeddings_input_dim != added:
         raise WorkbenchError(f"the UNet's cross_attention_dim and projection_class_embeddings_input_dim must be {width} "
                              f"(both text towers' widths) and {added} (the second's pooled output and 6 time ids)")
-    return MicroConditionedUNet(unet, vae, text_encoder, text_encoder_2, tokenizer, prediction_type=m.prediction_type,
-                                min_snr_gamma=m.min_snr_gamma, **caption_options(cfg))
+    return MicroConditionedUNet(unet, vae, text_encoder, text_encoder_2, tokenizer, tokenizer_2,
+                                prediction_type=m.prediction_type, min_snr_gamma=m.min_snr_gamma,
+                                **caption_options(cfg))
 
 
 def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyleTransformer:
-    """A Flux.1-style transformer on rectified flow at Flux.1's resolution shift (``flux_shift``)."""
+    """A Flux.1-style transformer on rectified flow at Flux.1's resolution shift (``flux_shift``): its T5 built here
+    and reading the CLIP tokenizer's ids (the tiny architecture), or pretrained with T5's own tokenizer."""
     from .checkpoints import ARCHITECTURES, T5_TOKENS, load_t5_parts, random_t5_encoder
 
     m = cfg.model
     if cfg.data.precomputed:
         raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} reads its T5 states from the captions, "
                              "which precomputed latents do not carry for it; train it from images")
-    if not ARCHITECTURES[m.architecture].get("builds_t5_encoder"):  # T5-XXL and its tokenizer, pretrained
-        load_t5_parts(m.pretrained)
-        raise WorkbenchError(f"config key 'model.architecture': {m.architecture} reads captions through T5's own "
-                             "tokenizer, and the data loader tokenizes them with the CLIP tokenizer alone")
-    text_encoder_2 = random_t5_encoder(m.architecture, len(tokenizer), tokenizer.pad_token_id)
+    if ARCHITECTURES[m.architecture].get("builds_t5_encoder"):
+        text_encoder_2, tokenizer_2 = random_t5_encoder(m.architecture, len(tokenizer), tokenizer.pad_token_id), None
+    elif m.pretrained is None:
+        raise WorkbenchError(f"config key 'model.pretrained': {m.architecture} loads its T5 encoder and T5's tokenizer "
+                             "from a FLUX.1 diffusers folder or hub id (text_encoder_2/, tokenizer_2/); set it")
+    else:  # T5-XXL and its own tokenizer, pretrained
+        text_encoder_2, tokenizer_2 = load_t5_parts(m.pretrained)
     transformer = prepared_denoiser(cfg, with_recorded_shift(vae), packed=4)
     c = transformer.config
     if c.joint_attention_dim != text_encoder_2.config.d_model or c.pooled_projection_dim != text_encoder.config.hidden_size:
@@ -261,7 +268,7 @@ def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyl
                              f"{text_encoder_2.config.d_model} (T5's width) and {text_encoder.config.hidden_size} "
                              "(the CLIP tower's)")
     return FluxStyleTransformer(transformer, vae, text_encoder, tokenizer, text_encoder_2, flow=flux_flow(cfg, vae),
-                                text_tokens=T5_TOKENS, **caption_options(cfg))
+                                text_tokens=T5_TOKENS, tokenizer_2=tokenizer_2, **caption_options(cfg))
 
 
 def flux_flow(cfg: TrainConfig, vae):
@@ -558,7 +565,6 @@ def build_trainer(cfg: TrainConfig):
     from composer.utils import dist, reproducibility
 
     from .common import RestoreRNG, align_dataset_epoch, prompt_remote_latest
-    from .data import build_dataloader
 
     device, precision = start_processes(cfg)
     save_folder = cfg.resolved_save_folder()
@@ -579,9 +585,7 @@ def build_trainer(cfg: TrainConfig):
     restore_rng = RestoreRNG()
     trainer = Trainer(
         model=model,
-        train_dataloader=build_dataloader(cfg.data, model.tokenizer, cfg.global_train_batch_size // dist.get_world_size(),
-                                          cfg.seed, other_phrasings=cfg.model.other_phrasing > 0,
-                                          with_ids=cfg.randomness == "per_sample", captions=model.reads_captions),
+        train_dataloader=training_dataloader(cfg, model),
         max_duration=cfg.max_duration,
         optimizers=torch.optim.AdamW(model.denoiser.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas),
                                      eps=cfg.optimizer.eps, weight_decay=cfg.optimizer.weight_decay),
@@ -610,6 +614,18 @@ def build_trainer(cfg: TrainConfig):
     log.info("attention backend: %s, device: %s, precision: %s", attention, device, precision)
     write_run_config(cfg, run_dir)
     return trainer
+
+
+def training_dataloader(cfg: TrainConfig, model: LatentDiffusion):
+    """The phase's training data, tokenized as ``model``'s towers read it (each with its own tokenizer)."""
+    from composer.utils import dist
+
+    from .data import build_dataloader
+
+    return build_dataloader(cfg.data, model.tokenizer, cfg.global_train_batch_size // dist.get_world_size(), cfg.seed,
+                            other_phrasings=cfg.model.other_phrasing > 0, with_ids=cfg.randomness == "per_sample",
+                            captions=model.reads_captions, tokenizer_2=model.tokenizer_2,
+                            max_length_2=model.max_length_2)
 
 
 class EpochInBatch(Callback):

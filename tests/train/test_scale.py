@@ -11,12 +11,11 @@ The runs, 16 samples a batch on the 16 px bucket (12 batches an epoch), checkpoi
 batch 1, validation (3 held-out samples one at a time) and a preview grid through the EMA weights every 2:
 - one process to batch 6: the reference;
 - 2 ranks, FSDP SHARD_GRAD_OP (the configs'), to batch 4;
-- 1 node x 4 ranks, FULL_SHARD (rank 3 has no held-out sample), SIGKILLed once batch 2 is saved, then
-  resumed on 2 ranks to batch 6 (4 -> 2);
-- the 2-rank run's batch 4 resumed on 2 nodes x 2 ranks with HYBRID_SHARD, each node with its own
-  /dev/shm, to batch 6 (2 -> 4);
-- 2 ranks with sharded checkpoints (``fsdp_state_dict_type: sharded``) to batch 2, resumed on 4 ranks
-  FULL_SHARD past a torn newer checkpoint folder, to batch 4 (2 -> 4, DCP resharding).
+- 1 node x 4 ranks, FULL_SHARD (rank 3 has no held-out sample), with sharded checkpoints
+  (``fsdp_state_dict_type: sharded``), SIGKILLed while it saves batch 4, then resumed on 2 ranks past a torn
+  newer checkpoint folder to batch 6 (4 -> 2, DCP resharding);
+- the 2-rank run's batch 4 (a full checkpoint) resumed on 2 nodes x 2 ranks with HYBRID_SHARD, each node with
+  its own /dev/shm, to batch 6 (2 -> 4).
 """
 from __future__ import annotations
 
@@ -79,27 +78,19 @@ def two_ranks(shapes_data, components, tmp_path_factory) -> Run:
 
 @pytest.fixture(scope="module")
 def four_ranks_killed(shapes_data, components, tmp_path_factory) -> Run:
-    """1 node x 4 ranks, FULL_SHARD, SIGKILLed (launcher and ranks) once its batch-2 checkpoint is whole."""
+    """1 node x 4 ranks, FULL_SHARD, each checkpoint a folder of DCP parts written by every rank, SIGKILLed
+    (launcher and ranks) once it has begun to save batch 4, so batch 2's folder is whole."""
     folder = tmp_path_factory.mktemp("scale") / "four" / "checkpoints"
     overrides = run_overrides(shapes_data, components, folder, fsdp="true", fsdp_sharding_strategy="FULL_SHARD",
-                              max_duration="12ba")
+                              fsdp_state_dict_type="sharded", max_duration="12ba")
     proc = launch([str(BIN / "dwb"), "train", str(CONFIG), *map(str, overrides)], nproc=4)
     deadline = time.monotonic() + 240
-    while not (folder / "ep0-ba4-rank0.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)  # batch 2's file is whole once batch 4's exists ...
+    while not (folder / "ep0-ba4").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     time.sleep(0.5)
-    kill_ranks(proc)  # ... and batch 4's may be cut short: the resume must choose batch 2 or a whole batch 4
-    assert (folder / "ep0-ba2-rank0.pt").exists(), finish(proc).explain()
+    kill_ranks(proc)  # batch 4's folder may be cut short: the resume must choose batch 2 or a whole batch 4
+    assert (folder / "ep0-ba2" / ".metadata").exists(), finish(proc).explain()
     return Run(folder, overrides, proc.stdout.read() if proc.stdout and not proc.stdout.closed else "")
-
-
-@pytest.fixture(scope="module")
-def two_ranks_sharded(shapes_data, components, tmp_path_factory) -> Run:
-    """2 ranks, SHARD_GRAD_OP, each checkpoint a folder of DCP parts written by every rank."""
-    folder = tmp_path_factory.mktemp("scale") / "sharded" / "checkpoints"
-    overrides = run_overrides(shapes_data, components, folder, fsdp="true", fsdp_state_dict_type="sharded",
-                              max_duration="2ba")
-    return Run(folder, overrides, on_ranks(overrides, 2))
 
 
 def weights_of(path: Path, ema: bool, denoiser: str = "unet") -> dict[str, torch.Tensor]:
@@ -159,19 +150,27 @@ def test_fsdp_on_two_ranks_equals_one_process(one_process, two_ranks):
 @pytest.mark.slow
 def test_four_ranks_killed_then_resumed_on_two_end_where_one_process_does(one_process, four_ranks_killed,
                                                                           tmp_path):
-    """4 -> 2: the killed FULL_SHARD run (rank 3 with no held-out sample, padded) had saved batch 2 as one
-    process does; resumed on 2 ranks from its newest whole checkpoint, it ends at batch 6 with the weights,
-    EMA, figures and global position of the uninterrupted process (Streaming's canonical nodes keep the
-    global order; per-sample draws keep the noise)."""
-    assert_same_weights(four_ranks_killed.folder / "ep0-ba2-rank0.pt", one_process.folder / "ep0-ba2-rank0.pt")
-    assert_same_figures(four_ranks_killed.folder / "ep0-ba2-rank0.pt", one_process.folder / "ep0-ba2-rank0.pt")
+    """4 -> 2 with sharded checkpoints: the killed FULL_SHARD run's batch 2 is a folder of one part per rank (no
+    gather on rank 0; rank 3 had no held-out sample, padded) that reads, consolidated, as one process's batch 2.
+    A newer folder whose part was cut short is set aside, and 2 ranks resume from batch 2 (DCP reshards each
+    weight from 4 chunks to 2) to end at batch 6 with the weights, EMA, figures, preview and global position of
+    the uninterrupted process (Streaming's canonical nodes keep the global order; per-sample draws the noise)."""
+    ba2 = four_ranks_killed.folder / "ep0-ba2"
+    assert sorted(p.name for p in ba2.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
+    assert_same_weights(ba2, one_process.folder / "ep0-ba2-rank0.pt")
+    assert_same_figures(ba2, one_process.folder / "ep0-ba2-rank0.pt")
     folder = tmp_path / "resumed" / "checkpoints"
     shutil.copytree(four_ranks_killed.folder, folder, symlinks=True)
+    shutil.rmtree(folder / "ep0-ba4", ignore_errors=True)  # as the kill left it: whole, cut short or not begun
+    torn = Path(shutil.copytree(ba2, folder / "ep0-ba4")) / "__1_0.distcp"
+    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
     out = on_ranks(run_overrides_like(four_ranks_killed, folder, fsdp_sharding_strategy="SHARD_GRAD_OP",
                                       max_duration="6ba"), 2)
-    assert "resuming at batch" in out
-    assert_same_weights(folder / "ep0-ba6-rank0.pt", one_process.folder / "ep0-ba6-rank0.pt")
-    assert_same_figures(folder / "ep0-ba6-rank0.pt", one_process.folder / "ep0-ba6-rank0.pt")
+    assert "resuming at batch 2" in out and "(1/2)" in out
+    assert (folder / "ep0-ba4.corrupt").is_dir()
+    assert_same_weights(folder / "ep0-ba6", one_process.folder / "ep0-ba6-rank0.pt")
+    assert_same_figures(folder / "ep0-ba6", one_process.folder / "ep0-ba6-rank0.pt")
+    assert_same_preview(folder / "ep0-ba6", one_process.folder / "ep0-ba6-rank0.pt", "ba6.png")
 
 
 @pytest.mark.slow
@@ -232,30 +231,6 @@ def test_a_nan_on_one_rank_under_fsdp_skips_the_update_on_every_rank(shapes_data
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"guard.rank{rank}").read_text())
         assert seen == {"skipped": 1, "consecutive": 0, "adam_steps": [3]}, (rank, seen)
-
-
-@pytest.mark.slow
-def test_sharded_checkpoints_resume_on_four_ranks_where_one_process_ends(one_process, two_ranks_sharded, tmp_path):
-    """2 -> 4 with sharded checkpoints: batch 2 is a folder of one part per rank (no gather on rank 0) that reads,
-    consolidated, as one process's batch 2. A newer folder whose part was cut short is set aside, and 4 ranks
-    with FULL_SHARD resume from batch 2 (DCP reshards each weight from 2 chunks to 4) to end at batch 4 where
-    one process does."""
-    ba2 = two_ranks_sharded.folder / "ep0-ba2"
-    assert (ba2 / ".metadata").is_file() and sorted(p.name for p in ba2.glob("*.distcp")) == ["__0_0.distcp",
-                                                                                              "__1_0.distcp"]
-    assert_same_weights(ba2, one_process.folder / "ep0-ba2-rank0.pt")
-    assert_same_figures(ba2, one_process.folder / "ep0-ba2-rank0.pt")
-    folder = tmp_path / "resumed" / "checkpoints"
-    shutil.copytree(two_ranks_sharded.folder, folder, symlinks=True)
-    torn = Path(shutil.copytree(ba2, folder / "ep0-ba4")) / "__1_0.distcp"
-    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
-    out = on_ranks(run_overrides_like(two_ranks_sharded, folder, fsdp_sharding_strategy="FULL_SHARD",
-                                      max_duration="4ba"), 4)
-    assert "resuming at batch 2" in out and "(1/4)" in out
-    assert (folder / "ep0-ba4.corrupt").is_dir()
-    assert_same_weights(folder / "ep0-ba4", one_process.folder / "ep0-ba4-rank0.pt")
-    assert_same_figures(folder / "ep0-ba4", one_process.folder / "ep0-ba4-rank0.pt")
-    assert_same_preview(folder / "ep0-ba4", one_process.folder / "ep0-ba4-rank0.pt", "ba4.png")
 
 
 @pytest.mark.slow

@@ -105,9 +105,7 @@ def loss_sums(model, held: HeldOut, timesteps: list[int], seed: int, batch_size:
         counted = held.counted[start:start + batch_size]
         images = held.images[start:start + batch_size].to(device)
         latents = model.scaled(model.vae.encode(images).latent_dist.mean)
-        ids = model.tokenizer(held.captions[start:start + batch_size], padding="max_length", truncation=True,
-                              max_length=model.tokenizer.model_max_length, return_tensors="pt").input_ids
-        text = model.encode_text(ids.to(device))
+        text = model.encode_captions(held.captions[start:start + batch_size], device)
         for k, t in enumerate(timesteps):
             noise = torch.stack([noise_for(seed, i, t, latents.shape[1:]) for i in idx]).to(device, latents.dtype)
             steps = torch.full((len(idx),), t, dtype=torch.long, device=device)

@@ -21,7 +21,8 @@ __getattr__, __all__ = face(__name__, {
     "architectures": "ARCHITECTURES TINY denoiser_config",
     "autoresume": "checkpoint_problem resume_problem select_resume_checkpoint",
     "components": "build_flow_pipeline build_pipeline build_sdxl_pipeline build_transformer build_unet flow_scheduler "
-                  "load_frozen_parts load_part random_text_encoder random_vae second_text_encoder with_projection",
+                  "load_frozen_parts load_part random_text_encoder random_vae second_text_encoder second_tokenizer "
+                  "with_projection",
     "composer": "has_ema model_weights read_checkpoint read_summary",
     "export": "config_folder export_checkpoint export_format export_single_file",
     "flux_parts": "T5_TOKENS build_flux_pipeline flux_scheduler load_t5_parts random_t5_encoder",

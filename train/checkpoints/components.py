@@ -179,6 +179,15 @@ def second_text_encoder(architecture: str, pretrained: str | None, tokenizer):
     return load_part(CLIPTextModelWithProjection, pretrained, "text_encoder_2", "second text encoder")
 
 
+def second_tokenizer(architecture: str, pretrained: str | None) -> CLIPTokenizer | None:
+    """The second text tower's own tokenizer where ``second_text_encoder`` loads the tower: ``pretrained``'s
+    ``tokenizer_2/`` (SDXL's pads with "!", its first with the end token); None where the architecture builds the
+    tower (it reads the first tokenizer's ids)."""
+    if ARCHITECTURES[architecture].get("builds_text_encoder_2") or pretrained is None:
+        return None
+    return load_part(CLIPTokenizer, pretrained, "tokenizer_2", "second tokenizer")
+
+
 # SDXL base's published scheduler (its scheduler/scheduler_config.json): Euler over the training schedule, with
 # "leading" spacing offset by 1; the keys of the other samplers built from it (DDIM's, PNDM's) as it gives them
 SDXL_SCHEDULER = dict(NOISE_SCHEDULE, _class_name="EulerDiscreteScheduler", timestep_spacing="leading", steps_offset=1,
@@ -186,15 +195,17 @@ SDXL_SCHEDULER = dict(NOISE_SCHEDULE, _class_name="EulerDiscreteScheduler", time
                       skip_prk_steps=True, sample_max_value=1.0)
 
 
-def build_sdxl_pipeline(unet, vae, text_encoder, text_encoder_2, tokenizer, prediction_type: str):
-    """A plain diffusers ``StableDiffusionXLPipeline`` around a UNet trained here: both towers read the one tokenizer
-    (SDXL's two share a vocabulary), and the unconditional branch of guidance is the empty caption's encoding, which
-    caption dropout trained (``force_zeros_for_empty_prompt`` off: SDXL's own zeros were its training's dropout)."""
+def build_sdxl_pipeline(unet, vae, text_encoder, text_encoder_2, tokenizer, prediction_type: str, tokenizer_2=None):
+    """A plain diffusers ``StableDiffusionXLPipeline`` around a UNet trained here: the second tower reads
+    ``tokenizer_2`` (SDXL's own second tokenizer), or the first tokenizer where there is none (the tiny towers share
+    one), and the unconditional branch of guidance is the empty caption's encoding, which caption dropout trained
+    (``force_zeros_for_empty_prompt`` off: SDXL's own zeros were its training's dropout)."""
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
 
     scheduler = EulerDiscreteScheduler.from_config({**SDXL_SCHEDULER, "prediction_type": prediction_type})
     pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
-                                     tokenizer=tokenizer, tokenizer_2=tokenizer, unet=unet, scheduler=scheduler,
+                                     tokenizer=tokenizer, tokenizer_2=tokenizer if tokenizer_2 is None else tokenizer_2,
+                                     unet=unet, scheduler=scheduler,
                                      force_zeros_for_empty_prompt=False, add_watermarker=False)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -2,11 +2,12 @@
 
 Flux.1 conditions on a T5 encoder's states (``text_encoder_2``, its tokenizer ``tokenizer_2``) and CLIP's pooled
 output (``text_encoder``, ``tokenizer``). The tiny architecture's T5 is built here from its config with fixed random
-weights (frozen, as the tiny CLIP tower is) and reads the tiny CLIP tokenizer's ids: offline there is no
-SentencePiece model for T5's own tokenizer, and the shapes captions' vocabulary is the CLIP tokenizer's. FluxPipeline
-calls ``tokenizer_2`` with ``padding="max_length"`` and ``max_length=max_sequence_length``, which a CLIP tokenizer
-takes, so the same tokenizer saved in both slots loads in plain ``FluxPipeline.from_pretrained``. The full-size
-architecture loads T5-XXL, CLIP-L and their tokenizers from ``model.pretrained`` (FLUX.1-schnell's layout).
+weights (frozen, as the tiny CLIP tower is) and reads the tiny CLIP tokenizer's ids: the shapes captions' vocabulary
+is the CLIP tokenizer's. FluxPipeline calls ``tokenizer_2`` with ``padding="max_length"`` and
+``max_length=max_sequence_length``, which a CLIP tokenizer takes, so the same tokenizer saved in both slots loads in
+plain ``FluxPipeline.from_pretrained``. The full-size architecture loads T5-XXL, CLIP-L and their tokenizers from
+``model.pretrained`` (FLUX.1-schnell's layout), and the loader tokenizes each caption with both (T5's ids padded to
+``T5_TOKENS``), as the pipeline does.
 """
 from __future__ import annotations
 
@@ -32,7 +33,12 @@ def load_t5_parts(pretrained: str):
     """T5 encoder and its tokenizer from a FLUX.1 layout (``text_encoder_2/``, ``tokenizer_2/``)."""
     from transformers import T5EncoderModel, T5TokenizerFast
 
-    from .components import load_part
+    from ..errors import WorkbenchError
+    from .components import load_part, names_a_single_file
+
+    if names_a_single_file(pretrained):
+        raise WorkbenchError(f"config key 'model.pretrained': T5's encoder and tokenizer load from a FLUX.1 diffusers "
+                             f"folder or hub id (text_encoder_2/, tokenizer_2/), not a single file ({pretrained})")
 
     return (load_part(T5EncoderModel, pretrained, "text_encoder_2", "T5 text encoder"),
             load_part(T5TokenizerFast, pretrained, "tokenizer_2", "T5 tokenizer"))

@@ -51,10 +51,12 @@ def _check_files(files: dict, where: str) -> None:
         _check_config(config if isinstance(config, dict) else {}, where)
 
 
-def tokenizer_from_files(files: dict, where: str):
-    """A CLIPTokenizer from a spec's ``{name: text}`` files, checked, via a private temporary folder."""
+def tokenizer_from_files(files: dict, where: str, cls=None):
+    """A tokenizer of class ``cls`` (CLIPTokenizer unless given; T5TokenizerFast for Flux.1's T5) from a spec's
+    ``{name: text}`` files, checked, via a private temporary folder."""
     from transformers import CLIPTokenizer
 
+    cls = cls or CLIPTokenizer
     if not files:
         return None
     _check_files(files, where)
@@ -62,7 +64,7 @@ def tokenizer_from_files(files: dict, where: str):
         for name, text in files.items():
             (Path(tmp) / name).write_text(text)
         try:
-            return CLIPTokenizer.from_pretrained(tmp, local_files_only=True)
+            return cls.from_pretrained(tmp, local_files_only=True)
         except Exception as e:  # noqa: BLE001 - a foreign file's tokenizer
             raise CheckpointError(f"{where}: its tokenizer does not load ({type(e).__name__}: {e})") from None
 

@@ -18,7 +18,7 @@ __getattr__, __all__ = face(__name__, {
     "buckets": "DEFAULT_MAX_ASPECT aspect_bucket assign bucket_set cover default_step nearest_bucket",
     "convert": "ConvertSummary convert_to_mds join_parts",
     "latents": "META check_compatible decode_array read_meta",
-    "loader": "build_dataloader check_remote_access image_to_tensor latent_meta",
+    "loader": "build_dataloader check_remote_access image_to_tensor latent_meta token_ids",
     "mds": "ASPECT_COLUMNS StreamConfig bucket_dirs count_samples open_local open_writer",
     "precompute": "precompute_latents",
 })

@@ -205,17 +205,28 @@ def collate_latents(samples: list[dict], other_phrasings: bool = True) -> dict:
     return out
 
 
-class LatentsAndCaptions:
-    """Batches stored latents with their captions tokenized in one call (``input_ids``): for a model whose text
-    conditioning the stored states do not hold (an MMDiT's penultimate states and pooled output)."""
+def token_ids(tokenizer, texts: list[str], max_length: int | None = None) -> torch.Tensor:
+    """(B, max_length) ids of ``texts`` in one call, padded to ``max_length`` (the tokenizer's ``model_max_length``
+    unless given) and cut there, as the pipelines tokenize a prompt."""
+    return tokenizer(texts, padding="max_length", truncation=True, max_length=max_length or tokenizer.model_max_length,
+                     return_tensors="pt").input_ids
 
-    def __init__(self, tokenizer):
+
+class LatentsAndCaptions:
+    """Batches stored latents with their captions tokenized in one call (``input_ids``; ``input_ids_2`` too with the
+    second tower's own tokenizer): for a model whose text conditioning the stored states do not hold (an MMDiT's
+    penultimate states and pooled output)."""
+
+    def __init__(self, tokenizer, tokenizer_2=None, max_length_2: int | None = None):
         self.tokenizer = tokenizer
+        self.tokenizer_2, self.max_length_2 = tokenizer_2, max_length_2
 
     def __call__(self, samples: list[dict]) -> dict:
         out = {k: torch.from_numpy(np.stack([s[k] for s in samples])) for k in ("latent_mean", "latent_std")}
-        out["input_ids"] = self.tokenizer([s["caption"] for s in samples], padding="max_length", truncation=True,
-                                          max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids
+        captions = [s["caption"] for s in samples]
+        out["input_ids"] = token_ids(self.tokenizer, captions)
+        if self.tokenizer_2 is not None:
+            out["input_ids_2"] = token_ids(self.tokenizer_2, captions, self.max_length_2)
         if "sample_id" in samples[0]:
             out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
         return out
@@ -226,38 +237,43 @@ class TokenizingCollate:
     ``original_size`` (height, width) and ``crop_top_left`` (top, left) as (B, 2) long tensors.
 
     ``other_phrasings``: also ``input_ids_alt``, each caption's other phrasing (training that never swaps
-    phrasings skips tokenizing them).
+    phrasings skips tokenizing them). ``tokenizer_2``: the second text tower's own tokenizer (SDXL's, Flux.1's T5's),
+    whose ids of the same texts come as ``input_ids_2`` (and ``input_ids_2_alt``), padded to ``max_length_2``.
     """
 
-    def __init__(self, tokenizer, other_phrasings: bool = True):
+    def __init__(self, tokenizer, other_phrasings: bool = True, tokenizer_2=None, max_length_2: int | None = None):
         self.tokenizer = tokenizer
         self.other_phrasings = other_phrasings
+        self.tokenizer_2, self.max_length_2 = tokenizer_2, max_length_2
 
     def __call__(self, samples: list[dict]) -> dict:
         captions = [s["caption"] for s in samples]
         alts = [s.get("caption_alt") or s["caption"] for s in samples] if self.other_phrasings else []
         unique = list(dict.fromkeys(captions + alts))  # each distinct text once (most have no other phrasing)
-        ids = self.tokenizer(unique, padding="max_length", truncation=True,
-                             max_length=self.tokenizer.model_max_length, return_tensors="pt").input_ids
         row = {c: i for i, c in enumerate(unique)}
-        out = {"image": to_model_range(np.stack([s["image"] for s in samples])), "input_ids": ids[[row[c] for c in captions]]}
+        ids = {"input_ids": token_ids(self.tokenizer, unique)}  # one call per tokenizer
+        if self.tokenizer_2 is not None:
+            ids["input_ids_2"] = token_ids(self.tokenizer_2, unique, self.max_length_2)
+        out = {"image": to_model_range(np.stack([s["image"] for s in samples])),
+               **{key: table[[row[c] for c in captions]] for key, table in ids.items()}}
         for key in ("original_size", "crop_top_left"):  # SDXL's size and crop conditioning, (B, 2) each
             if key in samples[0]:
                 out[key] = torch.tensor([s[key] for s in samples], dtype=torch.long)
         if alts:
-            out["input_ids_alt"] = ids[[row[c] for c in alts]]
+            out.update({f"{key}_alt": table[[row[c] for c in alts]] for key, table in ids.items()})
         if "sample_id" in samples[0]:
             out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
         return out
 
 
 def fast_tokenizer(tokenizer):
-    """The Rust tokenizer with the same vocabulary, for data loading (same ids, several times faster)."""
+    """The Rust tokenizer with the same vocabulary, for data loading (same ids, several times faster): a fast
+    tokenizer (T5's) as it is, a CLIP one converted."""
     import tempfile
 
     from transformers import CLIPTokenizerFast
 
-    if isinstance(tokenizer, CLIPTokenizerFast):
+    if tokenizer is None or getattr(tokenizer, "is_fast", False):
         return tokenizer
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
@@ -544,16 +560,19 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False, c
 
 
 def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last: bool = True,
-                     with_ids: bool = False, other_phrasings: bool = True, captions: bool = False) -> DataLoader:
+                     with_ids: bool = False, other_phrasings: bool = True, captions: bool = False,
+                     tokenizer_2=None, max_length_2: int | None = None) -> DataLoader:
     """``other_phrasings``: batches carry each caption's other phrasing too (``model.other_phrasing`` > 0);
-    ``captions``: precomputed latents come with their captions' token ids instead of stored text states."""
+    ``captions``: precomputed latents come with their captions' token ids instead of stored text states;
+    ``tokenizer_2``: the second text tower's own tokenizer, its ids as ``input_ids_2`` padded to ``max_length_2``."""
     if (captions or not data_cfg.precomputed) and tokenizer is None:
         raise WorkbenchError("training on captions needs a tokenizer: set model.pretrained to a folder with tokenizer/")
     dataset = make_dataset(data_cfg, batch_size, seed, with_ids=with_ids, captions=captions)
     if data_cfg.precomputed:
-        collate = (LatentsAndCaptions(fast_tokenizer(tokenizer)) if captions
+        collate = (LatentsAndCaptions(fast_tokenizer(tokenizer), fast_tokenizer(tokenizer_2), max_length_2) if captions
                    else partial(collate_latents, other_phrasings=other_phrasings))
     else:
-        collate = TokenizingCollate(fast_tokenizer(tokenizer), other_phrasings=other_phrasings)
+        collate = TokenizingCollate(fast_tokenizer(tokenizer), other_phrasings=other_phrasings,
+                                    tokenizer_2=fast_tokenizer(tokenizer_2), max_length_2=max_length_2)
     return DataLoader(dataset, batch_size=batch_size, num_workers=data_cfg.num_workers, drop_last=drop_last,
                       collate_fn=collate, persistent_workers=data_cfg.num_workers > 0)

@@ -68,6 +68,7 @@ class Family:
     original_sd_layout: bool = False
     pipeline_options: dict = field(default_factory=dict)  # what its pipeline class is built and loaded with
     latent_packing: int = 1  # latents packed into patches of this side before the denoiser (Flux.1: 2)
+    second_tokenizer: str = "CLIPTokenizer"  # the transformers class of its second tower's own tokenizer (Flux.1: T5's)
     pick_variant: object = field(repr=False, default=None)  # denoiser config -> variant name
     refiner_pipeline: str | None = None  # the diffusers pipeline a refiner variant finishes a base's latents with
     # (denoiser config, whether every text encoder is there) -> what its pipeline is called with beyond prompts and

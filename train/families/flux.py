@@ -27,6 +27,7 @@ FLUX = Family(
     name="flux", label="Flux.1", pipeline="FluxPipeline", denoiser="transformer",
     text_encoders=("text_encoder", "text_encoder_2"), schedule="flow", samplers=FLUX_SAMPLERS,
     native_size=1024, size_range=(256, 2048), latent_channels=16, latent_packing=2,
+    second_tokenizer="T5TokenizerFast",
     folder_classes=frozenset({"FluxPipeline"}), single_file_marks=("double_blocks.",),
     single_file_text_marks=("text_encoders.",), writes_single_file=True,
     variants=(Variant("dev", _parts(True), published_parameters=12e9, published_parts=("transformer",),
