@@ -162,6 +162,37 @@ def test_the_exported_folder_draws_our_image_in_plain_diffusers(runs, dwb, tmp_p
     assert np.array_equal(ours, (image * 255).round().astype(np.uint8)) and ours.std() > 0
 
 
+def test_the_single_file_export_is_sd3s_file_without_text_encoders_and_diffusers_draws_our_image(runs, dwb, tmp_path):
+    """Trained without T5, our MMDiT is written as ``sd3_medium.safetensors`` is published: the MMDiT and the VAE in
+    SD3's names, its CLIP tower in ``NAME.config/``; diffusers' ``from_single_file`` and `dwb`'s door read it and
+    draw our image."""
+    from diffusers import StableDiffusion3Pipeline
+    from safetensors import safe_open
+    from transformers import CLIPTextModelWithProjection
+
+    ckpt = runs["phase2"] / "ep0-ba2-rank0.pt"
+    out = tmp_path / "ours.safetensors"
+    r = dwb("export", str(ckpt), str(out))
+    assert r.returncode == 0, r.stderr
+    with safe_open(str(out), "pt") as f:
+        keys = set(f.keys())
+    assert {k.split(".")[0] for k in keys} == {"model", "first_stage_model"}
+    assert "model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight" in keys
+    settings = Settings(steps=4, guidance=3.0, width=32, height=32, sampler="Euler")
+    ours = generate_images(load_pipeline(ckpt, ema=True), PROMPTS[:1], [7], settings)[0]
+    # the text encoders as diffusers' reader asks for parts its file lacks: loaded, and passed in
+    config = tmp_path / "ours.config"
+    towers = {name: CLIPTextModelWithProjection.from_pretrained(config / name) for name in ("text_encoder",
+                                                                                             "text_encoder_2")}
+    plain = StableDiffusion3Pipeline.from_single_file(str(out), config=str(config), text_encoder_3=None,
+                                                      tokenizer_3=None, local_files_only=True,
+                                                      torch_dtype=torch.float32, **towers)
+    image = plain(PROMPTS[0], num_inference_steps=4, guidance_scale=3.0, width=32, height=32, max_sequence_length=0,
+                  generator=torch.Generator("cpu").manual_seed(7), output_type="np").images[0]
+    assert np.array_equal(ours, (image * 255).round().astype(np.uint8)) and ours.std() > 0
+    assert np.array_equal(generate_images(load_pipeline(out), PROMPTS[:1], [7], settings)[0], ours)  # `dwb`'s door
+
+
 def test_phase_2_takes_the_resolution_shift_and_the_phase_1_weights(runs):
     spec = read_checkpoint(runs["phase2"] / "ep0-ba2-rank0.pt")["spec"]
     assert spec["flow"]["shift"] == pytest.approx(2.0) and spec["resolution"] == 32

@@ -305,3 +305,24 @@ def test_a_t5_tokenizer_saved_with_its_sentencepiece_model_reopens_from_the_spec
     assert "spiece.model" not in files and "add_prefix_space" not in json.loads(files["tokenizer_config.json"])
     reopened = tokenizer_from_files(files, where="spec", cls=T5TokenizerFast)
     assert reopened(prompts).input_ids == t5(prompts).input_ids
+
+
+def test_flux_schnell_loads_t5s_tokenizer_as_flux_publishes_it(flux_folder, tmp_path):
+    """FLUX.1's tokenizer_2 sets ``add_prefix_space`` beside its SentencePiece model: training loads it from
+    ``tokenizer.json`` (without the sentencepiece package), with the ids the saved tokenizer gives."""
+    import shutil
+
+    from transformers import T5TokenizerFast
+
+    from train.checkpoints import load_t5_parts
+
+    published = tmp_path / "flux"
+    for part in ("text_encoder_2", "tokenizer_2"):
+        shutil.copytree(flux_folder / part, published / part)
+    config = published / "tokenizer_2" / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "add_prefix_space": True}))
+    (published / "tokenizer_2" / "spiece.model").write_bytes(bytes(range(256)))
+    _, tokenizer = load_t5_parts(str(published))
+    prompts = ["a red circle above a blue square", "two green triangles"]
+    saved = T5TokenizerFast.from_pretrained(flux_folder / "tokenizer_2", local_files_only=True)
+    assert tokenizer(prompts).input_ids == saved(prompts).input_ids

@@ -73,9 +73,9 @@ def single_file_parts(ref: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPToken
     return pipe.vae, pipe.text_encoder, pipe.tokenizer
 
 
-def load_part(cls, ref: str, subfolder: str, what: str):
+def load_part(cls, ref: str, subfolder: str, what: str, **options):
     """One pretrained part: ``ref`` is the part's own folder, a diffusers-layout root, a hub id or a single file
-    (which is read whole for each part)."""
+    (which is read whole for each part); ``options`` go to its ``from_pretrained``."""
     if names_a_single_file(ref):
         return single_file_parts(ref)[("vae", "text_encoder", "tokenizer").index(subfolder)]
     folder = Path(ref) if is_part_folder(Path(ref)) else pretrained_folder(ref) / subfolder
@@ -83,7 +83,7 @@ def load_part(cls, ref: str, subfolder: str, what: str):
         hint = " (run `dwb prepare` to build the tiny components)" if not Path(ref).exists() else ""
         raise WorkbenchError(f"pretrained {what} not found: {folder} does not exist{hint}")
     try:
-        return cls.from_pretrained(folder, local_files_only=True)
+        return cls.from_pretrained(folder, local_files_only=True, **options)
     except WorkbenchError:
         raise
     except Exception as e:  # hub unreachable, missing file, unreadable weights

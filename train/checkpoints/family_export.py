@@ -6,7 +6,8 @@ AUTOMATIC1111, ComfyUI and Forge load it, and as diffusers' ``from_single_file``
   ``conditioner.embedders.1.model.`` (OpenCLIP's: fused q/k/v, the projection as width x projection);
 - SD3/3.5 (``sd3.5_*.safetensors`` with encoders): the MMDiT under ``model.diffusion_model.`` in ``mmditx``'s
   names, the VAE under ``first_stage_model.``, CLIP-L, CLIP-G and T5-XXL under ``text_encoders.clip_l.``,
-  ``clip_g.`` and ``t5xxl.`` (``transformer.`` then transformers' names);
+  ``clip_g.`` and ``t5xxl.`` (``transformer.`` then transformers' names); a pipeline without all three (our
+  MMDiT, trained without T5) as ``sd3_medium.safetensors`` is published: the MMDiT and the VAE alone;
 - Flux.1 (``flux1-dev.safetensors``): the transformer alone in Black Forest Labs' names, no prefix.
 
 Every key map is the inverse of the converter diffusers reads the layout with (``diffusers.loaders.
@@ -17,7 +18,7 @@ single_file_utils``: ``convert_ldm_unet_checkpoint`` with its ``DIFFUSERS_TO_LDM
 must find its place (a weight left over is a one-line refusal, before anything is written).
 
 Beside the file, ``NAME.config/``: a diffusers folder of the same pipeline, configs and tokenizers always, and the
-weights of the parts the file does not hold (Flux.1's VAE and text encoders). It is what diffusers'
+weights of the parts the file does not hold (Flux.1's VAE and text encoders, the text encoders of an SD3 file without them). It is what diffusers'
 ``from_single_file(NAME, config=NAME.config)`` and `dwb` read: SD3's and Flux.1's T5 tokenizer cannot be built
 offline, and a model whose configs are not its family's published ones (a tiny one) cannot be read without it.
 An SDXL model at the published configs needs none (`dwb` and diffusers build SDXL base's configs offline).
@@ -243,8 +244,13 @@ def _t5(encoder, prefix: str) -> list[Entry]:
     return [_same(prefix + k, v) for k, v in weights.items()]
 
 
+def sd3_core_entries(pipe) -> list[Entry]:
+    """SD3's file without its text encoders (``sd3_medium.safetensors``): the MMDiT and the VAE."""
+    return [*_mmdit(pipe.transformer), *_vae(pipe.vae)]
+
+
 def sd3_entries(pipe) -> list[Entry]:
-    return [*_mmdit(pipe.transformer), *_vae(pipe.vae),
+    return [*sd3_core_entries(pipe),
             *_clip(pipe.text_encoder, "text_encoder", SD3_TEXT["text_encoder"], projection=False),
             *_clip(pipe.text_encoder_2, "text_encoder_2", SD3_TEXT["text_encoder_2"]),
             *_t5(pipe.text_encoder_3, SD3_TEXT["text_encoder_3"])]
@@ -303,6 +309,9 @@ class Layout:
     entries: Callable[[object], list[Entry]]
     in_file: tuple[str, ...]
     reads_published_alone: bool = False
+    # the family's file as also published without its text encoders (SD3's ``sd3_medium.safetensors``), written for
+    # a pipeline that lacks one of them (our MMDiT: no T5); the config folder then holds the text encoders' weights
+    without_text: "Layout | None" = None
 
 
 # By the family's pipeline class (``Family.pipeline``), as ``open.SPEC_BUILDERS`` is.
@@ -310,7 +319,8 @@ LAYOUTS = {
     "StableDiffusionXLPipeline": Layout(sdxl_entries, ("unet", "vae", "text_encoder", "text_encoder_2"),
                                         reads_published_alone=True),
     "StableDiffusion3Pipeline": Layout(sd3_entries, ("transformer", "vae", "text_encoder", "text_encoder_2",
-                                                     "text_encoder_3")),
+                                                     "text_encoder_3"),
+                                       without_text=Layout(sd3_core_entries, ("transformer", "vae"))),
     "FluxPipeline": Layout(flux_entries, ("transformer",)),
 }
 
@@ -323,10 +333,19 @@ def layout_of(family: Family) -> Layout:
     return layout
 
 
+def layout_for(pipe, family: Family) -> Layout:
+    """The family's layout for this pipeline: without its text encoders where the pipeline lacks one of them and the
+    family publishes such a file."""
+    layout = layout_of(family)
+    if layout.without_text is not None and any(getattr(pipe, name, None) is None for name in layout.in_file):
+        return layout.without_text
+    return layout
+
+
 def family_entries(pipe, family: Family) -> list[Entry]:
     """Every tensor of the family's published single file, from its pipeline (a one-line refusal for a part the
     layout needs and the pipeline lacks, or a weight it has no place for)."""
-    layout = layout_of(family)
+    layout = layout_for(pipe, family)
     missing = [name for name in layout.in_file if getattr(pipe, name, None) is None]
     if missing:
         raise CheckpointError(f"the {family.label} single file holds {', '.join(layout.in_file)}; this pipeline has "
@@ -353,14 +372,14 @@ def at_published_configs(pipe, family: Family) -> bool:
 
 
 def needs_config_folder(pipe, family: Family) -> bool:
-    layout = layout_of(family)
+    layout = layout_for(pipe, family)
     return not (layout.reads_published_alone and at_published_configs(pipe, family))
 
 
 def write_config_folder(folder: Path, pipe, family: Family, half: bool) -> Path:
     """``NAME.config/``: the pipeline as a diffusers folder, every part's config and the tokenizers and scheduler,
     and the weights of the parts the file does not hold (float16 with ``half``)."""
-    in_file = layout_of(family).in_file
+    in_file = layout_for(pipe, family).in_file
     folder.mkdir(parents=True)
     pipe.save_config(folder)  # model_index.json
     for name, component in pipe.components.items():

@@ -131,24 +131,39 @@ def write_family_config_folder(folder: Path, family: Family) -> Path:
 
 
 def _denoiser_only(path: Path, family: Family) -> bool:
-    """Whether the file holds the denoiser alone (Flux.1's published files): none of its text encoders' weights."""
+    """Whether the file holds none of its text encoders' weights (Flux.1's published files hold the denoiser alone,
+    SD3's ``sd3_medium`` the denoiser and the VAE)."""
     from .single_file import read_shapes
 
     return not any(k.startswith(mark) for k in read_shapes(path) for mark in family.single_file_text_marks)
 
 
 def _from_file(path: Path, folder: Path, family: Family):
-    """The pipeline from the file and the config folder: the whole pipeline from the file, or the denoiser from it
-    and every other part from the folder."""
+    """The pipeline from the file and the config folder: the whole pipeline from the file, or, where the file holds
+    no text encoder (Flux.1's published files, SD3's ``sd3_medium``), the denoiser and any VAE from it and every
+    other part from the folder."""
     import diffusers
+
+    from .single_file import VAE, read_shapes
 
     options = dict(local_files_only=True, torch_dtype=torch.float32)
     pipeline = getattr(diffusers, family.pipeline)
     if not _denoiser_only(path, family):
         return pipeline.from_single_file(str(path), config=str(folder), **options, **family.pipeline_options)
-    cls = getattr(diffusers, family.variants[0].parts[family.denoiser].cls)
-    denoiser = cls.from_single_file(str(path), config=str(folder), subfolder=family.denoiser, **options)
-    return pipeline.from_pretrained(folder, **{family.denoiser: denoiser}, **options, **family.pipeline_options)
+    in_file = {family.denoiser: getattr(diffusers, family.variants[0].parts[family.denoiser].cls)}
+    if any(k.startswith(VAE) for k in read_shapes(path)):
+        in_file["vae"] = diffusers.AutoencoderKL
+    loaded = {name: cls.from_single_file(str(path), config=str(folder), subfolder=name, **options)
+              for name, cls in in_file.items()}
+    return pipeline.from_pretrained(folder, **absent_parts(folder), **loaded, **options, **family.pipeline_options)
+
+
+def absent_parts(folder: Path) -> dict:
+    """The parts the folder's ``model_index.json`` names as absent (``[null, null]``: our MMDiT's T5), as None: the
+    pipeline's ``from_pretrained`` asks for every part it takes."""
+    index = load_outside(folder / "model_index.json", "model_index.json")
+    return {name: None for name, entry in (index.items() if isinstance(index, dict) else ())
+            if not name.startswith("_") and isinstance(entry, list) and entry[:1] == [None]}
 
 
 def load_family_file(path: Path, family: Family, parts: Path | None = None):

@@ -41,7 +41,11 @@ def load_t5_parts(pretrained: str):
                              f"folder or hub id (text_encoder_2/, tokenizer_2/), not a single file ({pretrained})")
 
     return (load_part(T5EncoderModel, pretrained, "text_encoder_2", "T5 text encoder"),
-            load_part(T5TokenizerFast, pretrained, "tokenizer_2", "T5 tokenizer"))
+            # FLUX.1's tokenizer config sets add_prefix_space, which makes transformers rebuild the tokenizer from its
+            # SentencePiece model (and the sentencepiece package); its tokenizer.json holds that pre-tokenizer already,
+            # and the spec keeps it without the key (``spec.tokenizer_files``), so training reads what a reopened
+            # checkpoint reads
+            load_part(T5TokenizerFast, pretrained, "tokenizer_2", "T5 tokenizer", add_prefix_space=None))
 
 
 def flux_scheduler():
