@@ -7,7 +7,9 @@ in a bounded time, instead of waiting out CI.
 """
 from __future__ import annotations
 
+import itertools
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +48,26 @@ class RankRun:
         return f"exit {self.returncode}\n{self.stderr[-3000:]}"
 
 
+_PORTS = itertools.count(os.getpid())
+
+
+def store_port() -> int:
+    """A free port for a launch's rendezvous store, below the kernel's ephemeral range (32768 and up), so no socket
+    another process opens meanwhile is given it, and in a range of its own for each pytest-xdist worker, so two
+    launches at once never meet at one store (Composer's launcher takes any free port: a 2-rank precompute once
+    lost its ranks' connections, "Connection closed by peer", while the other worker ran ranks of its own)."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+    for _ in range(1000):
+        port = 20000 + 1000 * (worker % 12) + next(_PORTS) % 1000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port for the ranks' store")
+
+
 def launch(args: list[str], nproc: int, hang_after: float = 150, env: dict | None = None, node_rank: int | None = None,
            world_size: int | None = None, master_port: int | None = None, wrap: list[str] = (),
            logs: Path | None = None) -> subprocess.Popen:
@@ -53,10 +75,9 @@ def launch(args: list[str], nproc: int, hang_after: float = 150, env: dict | Non
     logs = Path(logs or tempfile.mkdtemp(prefix="ranks-"))
     (logs / "sitecustomize.py").write_text(WATCHDOG)
     cmd = [*wrap, str(BIN / "composer"), "-n", str(nproc), "--stdout", str(logs / "out-rank{rank}.txt"),
-           "--stderr", str(logs / "err-rank{rank}.txt")]
+           "--stderr", str(logs / "err-rank{rank}.txt"), "--master_port", str(master_port or store_port())]
     if world_size is not None:
-        cmd += ["--world_size", str(world_size), "--node_rank", str(node_rank), "--master_addr", "127.0.0.1",
-                "--master_port", str(master_port)]
+        cmd += ["--world_size", str(world_size), "--node_rank", str(node_rank), "--master_addr", "127.0.0.1"]
     full_env = {**os.environ, **(env or {}), "DWB_TEST_HANG_AFTER": str(hang_after), "DWB_TEST_LOGS": str(logs),
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(logs), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
@@ -98,11 +119,7 @@ def run_nodes(args: list[str], nodes: int, nproc: int, hang_after: float = 150, 
               env: dict | None = None) -> list[RankRun]:
     """``nodes`` launchers of ``nproc`` processes each on 127.0.0.1, as on separate machines (each in its own
     mount namespace with its own /dev/shm unless ``private_shm`` is False); one RankRun per node."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = store_port()
     procs = [launch(args, nproc, hang_after, env=env, node_rank=n, world_size=nodes * nproc, master_port=port,
                     wrap=PRIVATE_SHM if private_shm else []) for n in range(nodes)]
     return [finish(p, hang_after) for p in procs]
