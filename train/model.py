@@ -99,9 +99,9 @@ class LatentDiffusion(ComposerModel):
         self.caption_dropout = caption_dropout
         self.other_phrasing = other_phrasing
         if tokenizer is not None:  # dropped captions become the empty caption (classifier-free guidance)
-            empty = tokenizer("", padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
-                              return_tensors="pt").input_ids
-            self.register_buffer("empty_ids", empty, persistent=False)
+            from .data import token_ids
+
+            self.register_buffer("empty_ids", token_ids(tokenizer, [""]), persistent=False)
 
     def fsdp_wrap_fn(self, module: torch.nn.Module) -> bool:
         """Composer's FSDP wrapping inside the UNet: each down, mid and up block is its own unit, so a rank
@@ -388,7 +388,7 @@ class MicroConditionedUNet(LatentDiffusion):
         from .checkpoints import build_sdxl_pipeline
 
         return build_sdxl_pipeline(denoiser, self.vae, self.text_encoder, self.text_encoder_2, self.tokenizer,
-                                   self.prediction_type, tokenizer_2=self.second_tokenizer)
+                                   self.second_tokenizer, self.prediction_type)
 
     @torch.no_grad()
     def encode_text(self, input_ids: torch.Tensor,

@@ -326,3 +326,13 @@ def test_flux_schnell_loads_t5s_tokenizer_as_flux_publishes_it(flux_folder, tmp_
     prompts = ["a red circle above a blue square", "two green triangles"]
     saved = T5TokenizerFast.from_pretrained(flux_folder / "tokenizer_2", local_files_only=True)
     assert tokenizer(prompts).input_ids == saved(prompts).input_ids
+
+
+def test_flux_schnell_without_a_pretrained_folder_is_one_line(shapes_data):
+    """Its T5 and T5's tokenizer are pretrained parts: no folder is a one-line refusal naming what to set."""
+    from train.errors import WorkbenchError
+
+    with pytest.raises(WorkbenchError) as refused:
+        build_model(_flux_config(shapes_data, "null"))
+    assert str(refused.value).startswith("config key 'model.pretrained': flux-schnell loads its T5 encoder")
+    assert "\n" not in str(refused.value)

@@ -195,17 +195,16 @@ SDXL_SCHEDULER = dict(NOISE_SCHEDULE, _class_name="EulerDiscreteScheduler", time
                       skip_prk_steps=True, sample_max_value=1.0)
 
 
-def build_sdxl_pipeline(unet, vae, text_encoder, text_encoder_2, tokenizer, prediction_type: str, tokenizer_2=None):
+def build_sdxl_pipeline(unet, vae, text_encoder, text_encoder_2, tokenizer, tokenizer_2, prediction_type: str):
     """A plain diffusers ``StableDiffusionXLPipeline`` around a UNet trained here: the second tower reads
-    ``tokenizer_2`` (SDXL's own second tokenizer), or the first tokenizer where there is none (the tiny towers share
-    one), and the unconditional branch of guidance is the empty caption's encoding, which caption dropout trained
+    ``tokenizer_2`` (SDXL's own second tokenizer, or the first where the tiny towers share one), and the
+    unconditional branch of guidance is the empty caption's encoding, which caption dropout trained
     (``force_zeros_for_empty_prompt`` off: SDXL's own zeros were its training's dropout)."""
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
 
     scheduler = EulerDiscreteScheduler.from_config({**SDXL_SCHEDULER, "prediction_type": prediction_type})
     pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
-                                     tokenizer=tokenizer, tokenizer_2=tokenizer if tokenizer_2 is None else tokenizer_2,
-                                     unet=unet, scheduler=scheduler,
+                                     tokenizer=tokenizer, tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler,
                                      force_zeros_for_empty_prompt=False, add_watermarker=False)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -130,12 +130,10 @@ def write_family_config_folder(folder: Path, family: Family) -> Path:
     return folder
 
 
-def _denoiser_only(path: Path, family: Family) -> bool:
-    """Whether the file holds none of its text encoders' weights (Flux.1's published files hold the denoiser alone,
-    SD3's ``sd3_medium`` the denoiser and the VAE)."""
-    from .single_file import read_shapes
-
-    return not any(k.startswith(mark) for k in read_shapes(path) for mark in family.single_file_text_marks)
+def _without_text_encoders(keys, family: Family) -> bool:
+    """Whether a file of these tensor names holds none of its text encoders' weights (Flux.1's published files hold
+    the denoiser alone, SD3's ``sd3_medium`` the denoiser and the VAE)."""
+    return not any(k.startswith(mark) for k in keys for mark in family.single_file_text_marks)
 
 
 def _from_file(path: Path, folder: Path, family: Family):
@@ -148,10 +146,11 @@ def _from_file(path: Path, folder: Path, family: Family):
 
     options = dict(local_files_only=True, torch_dtype=torch.float32)
     pipeline = getattr(diffusers, family.pipeline)
-    if not _denoiser_only(path, family):
+    keys = read_shapes(path)
+    if not _without_text_encoders(keys, family):
         return pipeline.from_single_file(str(path), config=str(folder), **options, **family.pipeline_options)
     in_file = {family.denoiser: getattr(diffusers, family.variants[0].parts[family.denoiser].cls)}
-    if any(k.startswith(VAE) for k in read_shapes(path)):
+    if any(k.startswith(VAE) for k in keys):
         in_file["vae"] = diffusers.AutoencoderKL
     loaded = {name: cls.from_single_file(str(path), config=str(folder), subfolder=name, **options)
               for name, cls in in_file.items()}

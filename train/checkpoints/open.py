@@ -117,9 +117,11 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
         _load_module(module, weights, name + ".", path)
         module.eval()
     tokenizer = tokenizer_from_files(spec["tokenizer"], where=str(path))
-    # the second tower's own tokenizer, as the run that trained it read it (its files in the spec, where it had one)
+    # the second tower's own tokenizer, as the run that trained it read it (its files in the spec, where it had one);
+    # without, the second tower read the first tokenizer's ids (the tiny architectures) and one tokenizer fills both
     tokenizer_2 = tokenizer_from_files(spec.get("tokenizer_2") or {}, where=str(path),
                                        cls=getattr(transformers, family.second_tokenizer))
+    tokenizer_2 = tokenizer if tokenizer_2 is None else tokenizer_2
     return _spec_built(lambda s: assemble(s, parts, tokenizer, tokenizer_2), spec, path)
 
 
@@ -163,20 +165,20 @@ def _sdxl_parts(spec: dict) -> dict:
     return parts
 
 
-def _unet_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2=None):
+def _unet_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2):
     from .components import build_pipeline
 
     return build_pipeline(parts["unet"], parts["vae"], parts["text_encoder"], tokenizer, spec["prediction_type"])
 
 
-def _sdxl_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2=None):
+def _sdxl_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2):
     from .components import build_sdxl_pipeline
 
     return build_sdxl_pipeline(parts["unet"], parts["vae"], parts["text_encoder"], parts["text_encoder_2"], tokenizer,
-                               spec["prediction_type"], tokenizer_2=tokenizer_2)
+                               tokenizer_2, spec["prediction_type"])
 
 
-def _transformer_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2=None):
+def _transformer_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2):
     from .components import build_flow_pipeline
 
     return build_flow_pipeline(parts["transformer"], parts["vae"], parts["text_encoder"], tokenizer,
@@ -195,13 +197,11 @@ def _flux_parts(spec: dict) -> dict:
                 "text_encoder_2": T5EncoderModel(T5Config.from_dict(spec["text_encoder_2"]))}
 
 
-def _flux_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2=None):
+def _flux_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2):
     from .flux_parts import build_flux_pipeline
 
-    # T5's own tokenizer where the run read it; else the T5 read the CLIP tokenizer's ids in training (the tiny
-    # architecture: ``flux_parts``), and the one tokenizer fills both slots
     return build_flux_pipeline(parts["transformer"], parts["vae"], parts["text_encoder"], tokenizer,
-                               parts["text_encoder_2"], tokenizer if tokenizer_2 is None else tokenizer_2)
+                               parts["text_encoder_2"], tokenizer_2)
 
 
 # How a spec becomes its family's pipeline, by the pipeline class: its parts (empty weights), then the pipeline
