@@ -229,19 +229,25 @@ def test_flux_schnell_reads_t5s_own_tokenizer_as_the_pipeline_does(shapes_data, 
     assert torch.equal(empty, want) and torch.equal(empty_pooled, want_pooled)
 
 
-def test_a_trained_flux_schnell_draws_with_t5s_tokenizer_after_export(shapes_data, flux_folder, dwb, tmp_path):
-    """Two batches of `dwb train`; the checkpoint reopened (`dwb sample`'s door) encodes prompts as the source folder's
-    pipeline does, and the folder `dwb export` writes holds T5's tokenizer and draws our image in plain FluxPipeline."""
+@pytest.fixture(scope="module")
+def flux_run(shapes_data, flux_folder, tmp_path_factory) -> Path:
+    """Two batches of `dwb train` of flux-schnell (tiny) on the FLUX.1 folder: its checkpoint."""
+    folder = tmp_path_factory.mktemp("flux-run") / "checkpoints"
+    train(_flux_config(shapes_data, flux_folder, folder, max_duration="2ba", save_interval="2ba",
+                       eval_interval="null", preview_interval="null", **{"ema.enabled": "false"}))
+    return folder / "ep0-ba2-rank0.pt"
+
+
+def test_a_trained_flux_schnell_draws_with_t5s_tokenizer_after_export(flux_run, flux_folder, dwb, tmp_path):
+    """The checkpoint reopened (`dwb sample`'s door) encodes prompts as the source folder's pipeline does, and the
+    folder `dwb export` writes holds T5's tokenizer and draws our image in plain FluxPipeline."""
     from diffusers import FluxPipeline
     from transformers import T5TokenizerFast
 
     from train.checkpoints import load_pipeline
     from train.generation import Settings, generate_images
 
-    folder = tmp_path / "run" / "checkpoints"
-    train(_flux_config(shapes_data, flux_folder, folder, max_duration="2ba", save_interval="2ba",
-                       eval_interval="null", preview_interval="null", **{"ema.enabled": "false"}))
-    run = folder / "ep0-ba2-rank0.pt"
+    run = flux_run
     prompts = ["a red circle above a blue square", "two green triangles"]
     reopened = load_pipeline(run)
     assert isinstance(reopened.tokenizer_2, T5TokenizerFast)
@@ -336,3 +342,35 @@ def test_flux_schnell_without_a_pretrained_folder_is_one_line(shapes_data):
         build_model(_flux_config(shapes_data, "null"))
     assert str(refused.value).startswith("config key 'model.pretrained': flux-schnell loads its T5 encoder")
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("attack, message", [
+    ("auto_map", "asks for custom code"),
+    ("file outside", r"tokenizer file named '\.\./\.\./.*escaped.json'.*refused"),
+])
+def test_a_spec_whose_second_tokenizer_asks_for_code_or_a_file_outside_is_refused(flux_run, tmp_path, attack,
+                                                                                   message):
+    """The second tokenizer's files in a checkpoint's spec are checked as the first's: custom code (``auto_map``) or a
+    file named outside is one line, and nothing is written there."""
+    from train.checkpoints import load_pipeline
+    from train.errors import CheckpointError
+
+    from ..checkpoints.test_door import _rewrite
+
+    escape = f"../../{tmp_path.name}-escaped.json"
+
+    def edit(state):
+        files = state["callbacks"]["ModelSpec"]["spec"]["tokenizer_2"]
+        if attack == "auto_map":
+            config = json.loads(files["tokenizer_config.json"])
+            files["tokenizer_config.json"] = json.dumps({**config, "auto_map": {"AutoTokenizer": ["evil.T", None]}})
+        else:
+            files[escape] = "{}"
+
+    hostile = tmp_path / "hostile.pt"
+    _rewrite(flux_run, hostile, edit)
+    with pytest.raises(CheckpointError, match=message):
+        load_pipeline(hostile)
+    import tempfile
+
+    assert not (Path(tempfile.gettempdir()).parent / f"{tmp_path.name}-escaped.json").exists()
