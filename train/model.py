@@ -11,11 +11,16 @@
   conditions it: two text towers' penultimate states side by side, the second's pooled projected output, and each
   image's original size, crop and target size (Podell et al. 2023, "micro-conditioning").
 
+Every model's ``encode_text`` returns a ``TextConditioning``: the per-token states the denoiser attends to, and the
+pooled output where the family conditions on one; SDXL's ``latents_and_text`` adds each image's time ids to it.
+
 A model whose second text tower has its own tokenizer (``take_second_tokenizer``: SDXL's ``tokenizer_2``, Flux.1's T5
 tokenizer) reads batches with ``input_ids_2`` beside ``input_ids``; caption dropout and the other phrasing draw one
 mask per sample and apply it to both.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +64,28 @@ class Draws:
         return torch.cat([torch.randint(0, high, (1,), generator=g) for g in self.generators]).to(device)
 
 
+@dataclass(frozen=True)
+class TextConditioning:
+    """What the captions condition the denoiser on: what the family's diffusers pipeline hands its denoiser from
+    ``encode_prompt`` (``prompt_embeds``, ``pooled_prompt_embeds``), plus SDXL's per-image size conditioning.
+
+    - ``states``: (B, L, D) per-token hidden states the denoiser attends to (``encoder_hidden_states``). SD 1/2: the
+      text tower's last hidden states (SD2's tower already ends at its penultimate layer); SDXL: both towers'
+      penultimate states side by side (D1 + D2); SD3-style MMDiT: the tower's penultimate states once per CLIP slot;
+      Flux.1: the second tower's (T5's) states over its ``text_tokens`` tokens, the only states its transformer
+      attends to (the CLIP tower gives only the pooled output).
+    - ``pooled``: (B, P) the pooled, projected output, or None (SD 1/2 condition on none). SDXL: the second tower's
+      ``text_embeds`` (the UNet's ``added_cond_kwargs["text_embeds"]``); SD3-style: the tower's ``text_embeds`` once
+      per CLIP slot; Flux.1: CLIP's ``pooler_output`` (both the transformer's ``pooled_projections``).
+    - ``time_ids``: (B, 6) SDXL's micro-conditioning of each image (original size, crop, target size: the UNet's
+      ``added_cond_kwargs["time_ids"]``), set by ``MicroConditionedUNet.latents_and_text`` from an image batch, never
+      by ``encode_text``; None: conditioned as a sample is drawn at the latents' size (held-out batches)."""
+
+    states: torch.Tensor
+    pooled: torch.Tensor | None = None
+    time_ids: torch.Tensor | None = None
+
+
 def where_each(mask: torch.Tensor, chosen, kept):
     """Per sample (``mask``: (B,) bool), ``chosen`` where the mask is set and ``kept`` elsewhere; each a tensor or a
     tuple of tensors (one per text tower), every tensor of the tuple under the one mask."""
@@ -69,6 +96,8 @@ def where_each(mask: torch.Tensor, chosen, kept):
 
 class LatentDiffusion(ComposerModel):
     reads_captions = False  # precomputed data: its stored text states condition the UNet
+    # The trained part's attribute: its parameters' names in state dicts and checkpoints (``unet.*``, ``transformer.*``)
+    denoiser_name = "unet"
     # The second text tower's own tokenizer and the tokens it pads a caption to (``take_second_tokenizer``); None:
     # the second tower, where there is one, reads the first tokenizer's ids
     tokenizer_2 = None
@@ -78,11 +107,17 @@ class LatentDiffusion(ComposerModel):
                  caption_dropout: float = 0.1, min_snr_gamma: float | None = None, other_phrasing: float = 0.0,
                  per_sample_seed: int | None = None):
         super().__init__()
-        self.unet = unet
+        # Registered first, then the frozen parts: the order of the model's parameters (the optimizer's, FSDP's)
+        self.add_module(self.denoiser_name, unet)
         self.take_parts(vae, text_encoder, tokenizer, caption_dropout, other_phrasing, per_sample_seed)
         self.prediction_type = prediction_type
         self.min_snr_gamma = min_snr_gamma
-        self.noise_scheduler = ddpm_scheduler(prediction_type)
+        self.take_schedule()
+
+    def take_schedule(self) -> None:
+        """The DDPM noise schedule the UNet trains on, its cumulative alphas a buffer (moved with the model, not
+        saved)."""
+        self.noise_scheduler = ddpm_scheduler(self.prediction_type)
         self.register_buffer("alphas_cumprod", self.noise_scheduler.alphas_cumprod.clone(), persistent=False)
 
     def take_parts(self, vae, text_encoder, tokenizer, caption_dropout: float, other_phrasing: float,
@@ -154,7 +189,7 @@ class LatentDiffusion(ComposerModel):
         return tuple(batch[key] for key in keys)
 
     @torch.no_grad()
-    def encode_captions(self, captions: list[str], device=None):
+    def encode_captions(self, captions: list[str], device=None) -> TextConditioning:
         """The text conditioning of ``captions`` (``encode_text`` of their ids, on ``device``)."""
         return self.encode_text(*(ids.to(device) for ids in self.caption_ids(captions).values()))
 
@@ -168,7 +203,7 @@ class LatentDiffusion(ComposerModel):
     @property
     def denoiser(self) -> torch.nn.Module:
         """The trained part (what the optimizer, EMA, FSDP and previews act on)."""
-        return self.unet
+        return getattr(self, self.denoiser_name)
 
     def pipeline_with(self, denoiser):
         """A diffusers pipeline drawing with ``denoiser`` (this model's, or a full copy of it) and the frozen parts."""
@@ -198,9 +233,10 @@ class LatentDiffusion(ComposerModel):
         return self.scaled(posterior.mean + posterior.std * eps)
 
     @torch.no_grad()
-    def encode_text(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, L) token ids -> (B, L, D) last hidden states (SD2's text tower already ends at the penultimate layer)."""
-        return self.text_encoder(input_ids)[0]
+    def encode_text(self, input_ids: torch.Tensor) -> TextConditioning:
+        """(B, L) token ids -> the (B, L, D) last hidden states as ``states`` (SD2's text tower already ends at the
+        penultimate layer), no pooled output, as ``StableDiffusionPipeline.encode_prompt`` builds them."""
+        return TextConditioning(self.text_encoder(input_ids)[0])
 
     def set_empty_text(self, hidden_states: torch.Tensor) -> None:
         """The empty caption's hidden states (L, D): what a dropped caption becomes with precomputed text."""
@@ -236,8 +272,9 @@ class LatentDiffusion(ComposerModel):
         swap = draws.uniform(first.shape[0], first.device) < self.other_phrasing
         return where_each(swap, alt, main)
 
-    def latents_and_text(self, batch: dict, draws: Draws = Draws()) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scaled latents and text states from raw images and token ids, or from precomputed ones.
+    def latents_and_text(self, batch: dict, draws: Draws = Draws()) -> tuple[torch.Tensor, TextConditioning]:
+        """Scaled latents and the text conditioning, from raw images and token ids or from precomputed ones (the
+        stored text states, the conditioning's ``states``).
 
         With precomputed data the posterior is sampled here as ``mean + std * eps`` (the VAE's own
         sampling: the same draws from the same generator state), so both paths see the same
@@ -249,7 +286,7 @@ class LatentDiffusion(ComposerModel):
             latents = mean + batch["latent_std"].float() * eps
             alt = batch.get("text_alt")
             text = self.rephrase(batch["text"].float(), alt.float() if alt is not None else None, draws)
-            return latents, self.drop_text(text, draws)
+            return latents, TextConditioning(self.drop_text(text, draws))
         latents = self.encode_images(batch["image"], draws)
         ids = self.rephrase(self.batch_ids(batch), self.batch_ids(batch, "_alt"), draws)
         return latents, self.encode_text(*self.drop_captions(ids, draws))
@@ -265,16 +302,16 @@ class LatentDiffusion(ComposerModel):
     def draw_timesteps(self, draws: Draws, n: int, device) -> torch.Tensor:
         return draws.timesteps(len(self.alphas_cumprod), n, device)
 
-    def denoise(self, latents: torch.Tensor, text: torch.Tensor, noise: torch.Tensor, t: torch.Tensor):
+    def denoise(self, latents: torch.Tensor, text: TextConditioning, noise: torch.Tensor, t: torch.Tensor):
         """(prediction, target, t): the UNet's output on the latents noised to timesteps ``t``."""
         a = self.alphas_cumprod.to(latents.device)[t].view(-1, 1, 1, 1)
         noisy = a.sqrt() * latents + (1 - a).sqrt() * noise
         target = noise if self.prediction_type == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * latents
         return self.predict(noisy, t, text), target, t
 
-    def predict(self, noisy: torch.Tensor, t: torch.Tensor, text) -> torch.Tensor:
+    def predict(self, noisy: torch.Tensor, t: torch.Tensor, text: TextConditioning) -> torch.Tensor:
         """The UNet's output on noised latents at timesteps ``t``, conditioned on ``text``."""
-        return self.unet(noisy, t, encoder_hidden_states=text).sample
+        return self.unet(noisy, t, encoder_hidden_states=text.states).sample
 
     def per_sample_loss(self, outputs) -> torch.Tensor:
         """The training objective of each sample: MSE, weighted by min-SNR-gamma where configured."""
@@ -302,19 +339,18 @@ class RectifiedFlowTransformer(LatentDiffusion):
     fills each), and no T5 tokens (its pipeline is called with ``max_sequence_length=0``). Timesteps are diffusers'
     ``1000 t`` for t in [0, 1]: integers at validation's fixed timesteps, any real number in training."""
 
+    denoiser_name = "transformer"
+
     def __init__(self, transformer, vae, text_encoder, tokenizer, *, flow, clip_slots: int = 2,
                  caption_dropout: float = 0.1, other_phrasing: float = 0.0, per_sample_seed: int | None = None):
-        ComposerModel.__init__(self)
-        self.transformer = transformer
-        self.take_parts(vae, text_encoder, tokenizer, caption_dropout, other_phrasing, per_sample_seed)
-        self.prediction_type = "flow"
-        self.min_snr_gamma = None
+        super().__init__(transformer, vae, text_encoder, tokenizer, prediction_type="flow",
+                         caption_dropout=caption_dropout, min_snr_gamma=None, other_phrasing=other_phrasing,
+                         per_sample_seed=per_sample_seed)
         self.flow = flow
         self.clip_slots = clip_slots
 
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.transformer
+    def take_schedule(self) -> None:
+        """No DDPM schedule: the rectified flow (``flow``) draws the timesteps and noises the latents."""
 
     def pipeline_with(self, denoiser):
         from .checkpoints import build_flow_pipeline
@@ -326,16 +362,17 @@ class RectifiedFlowTransformer(LatentDiffusion):
         return any(module is block for block in self.transformer.transformer_blocks)
 
     @torch.no_grad()
-    def encode_text(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_text(self, input_ids: torch.Tensor) -> TextConditioning:
         """(B, L) token ids -> the penultimate states (B, L, slots x D) and pooled outputs (B, slots x P), as
         ``StableDiffusion3Pipeline.encode_prompt`` builds them from the same tower in each CLIP slot."""
         out = self.text_encoder(input_ids, output_hidden_states=True)
         states, pooled = out.hidden_states[-2], out.text_embeds
-        return torch.cat([states] * self.clip_slots, dim=-1), torch.cat([pooled] * self.clip_slots, dim=-1)
+        return TextConditioning(torch.cat([states] * self.clip_slots, dim=-1),
+                                torch.cat([pooled] * self.clip_slots, dim=-1))
 
     reads_captions = True  # precomputed latents come with their captions' ids: stored states hold no pooled output
 
-    def latents_and_text(self, batch: dict, draws: Draws = Draws()):
+    def latents_and_text(self, batch: dict, draws: Draws = Draws()) -> tuple[torch.Tensor, TextConditioning]:
         """Scaled latents (sampled from stored posteriors, which ``dwb data precompute`` scaled but did not shift)
         and the text conditioning of the batch's token ids."""
         if "latent_mean" not in batch:
@@ -348,13 +385,12 @@ class RectifiedFlowTransformer(LatentDiffusion):
     def draw_timesteps(self, draws: Draws, n: int, device) -> torch.Tensor:
         return self.flow.draw_t(draws.normal((n,), device, torch.float32)) * TRAIN_TIMESTEPS
 
-    def denoise(self, latents: torch.Tensor, text, noise: torch.Tensor, t: torch.Tensor):
+    def denoise(self, latents: torch.Tensor, text: TextConditioning, noise: torch.Tensor, t: torch.Tensor):
         """(velocity predicted, velocity, t in [0, 1]) for the latents noised to ``t / 1000``."""
-        states, pooled = text
         sigma = t.float() / TRAIN_TIMESTEPS
         noisy = self.flow.noised(latents, noise, sigma)
-        pred = self.transformer(hidden_states=noisy, timestep=t.float(), encoder_hidden_states=states,
-                                pooled_projections=pooled).sample
+        pred = self.transformer(hidden_states=noisy, timestep=t.float(), encoder_hidden_states=text.states,
+                                pooled_projections=text.pooled).sample
         return pred, self.flow.velocity(latents, noise), sigma
 
     def per_sample_loss(self, outputs) -> torch.Tensor:
@@ -391,31 +427,31 @@ class MicroConditionedUNet(LatentDiffusion):
                                    self.second_tokenizer, self.prediction_type)
 
     @torch.no_grad()
-    def encode_text(self, input_ids: torch.Tensor,
-                    input_ids_2: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_text(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor | None = None) -> TextConditioning:
         """(B, L) token ids (and the second tokenizer's, where the second tower has its own) -> both towers'
         penultimate states side by side (B, L, D1 + D2) and the second's pooled, projected output (B, P), as
         ``StableDiffusionXLPipeline.encode_prompt`` builds them."""
         first = self.text_encoder(input_ids, output_hidden_states=True)
         second = self.text_encoder_2(input_ids if input_ids_2 is None else input_ids_2, output_hidden_states=True)
-        return torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1), second.text_embeds
+        return TextConditioning(torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1),
+                                second.text_embeds)
 
-    def latents_and_text(self, batch: dict, draws: Draws = Draws()):
+    def latents_and_text(self, batch: dict, draws: Draws = Draws()) -> tuple[torch.Tensor, TextConditioning]:
         """Scaled latents, and the text states, pooled output and time ids of each image."""
-        latents, (states, pooled) = super().latents_and_text(batch, draws)
+        latents, text = super().latents_and_text(batch, draws)
         if "original_size" not in batch or "crop_top_left" not in batch:
             raise RuntimeError("an image batch for SDXL's micro-conditioning carries original_size and crop_top_left")
         ids = time_ids(batch["original_size"], batch["crop_top_left"], tuple(batch["image"].shape[-2:]))
-        return latents, (states, pooled, ids.to(states.dtype))
+        return latents, replace(text, time_ids=ids.to(text.states.dtype))
 
-    def predict(self, noisy: torch.Tensor, t: torch.Tensor, text) -> torch.Tensor:
-        states, pooled, *sizes = text
-        if not sizes:  # held out: as a sample is drawn at this size
+    def predict(self, noisy: torch.Tensor, t: torch.Tensor, text: TextConditioning) -> torch.Tensor:
+        sizes = text.time_ids
+        if sizes is None:  # held out: as a sample is drawn at this size
             side = [d * self.vae_scale for d in noisy.shape[-2:]]
             zeros = torch.zeros(len(noisy), 2, dtype=torch.long, device=noisy.device)
-            sizes = [time_ids(torch.tensor(side, device=noisy.device).expand(len(noisy), 2), zeros, side)]
-        added = {"text_embeds": pooled, "time_ids": sizes[0].to(states.dtype)}
-        return self.unet(noisy, t, encoder_hidden_states=states, added_cond_kwargs=added).sample
+            sizes = time_ids(torch.tensor(side, device=noisy.device).expand(len(noisy), 2), zeros, side)
+        added = {"text_embeds": text.pooled, "time_ids": sizes.to(text.states.dtype)}
+        return self.unet(noisy, t, encoder_hidden_states=text.states, added_cond_kwargs=added).sample
 
     @property
     def vae_scale(self) -> int:
@@ -452,23 +488,21 @@ class FluxStyleTransformer(RectifiedFlowTransformer):
         return any(module is block for block in blocks)
 
     @torch.no_grad()
-    def encode_text(self, input_ids: torch.Tensor,
-                    input_ids_2: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_text(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor | None = None) -> TextConditioning:
         """(B, L) CLIP token ids (and T5's own, (B, text_tokens), where the model has T5's tokenizer) -> T5's states
         (B, text_tokens, D) and CLIP's pooled output (B, P), as ``FluxPipeline.encode_prompt`` builds them (without
         T5's own ids: the CLIP ids padded to ``text_tokens``, as the pipeline pads them with the one tokenizer)."""
         pooled = self.text_encoder(input_ids, output_hidden_states=False).pooler_output
-        if input_ids_2 is not None:
-            return self.text_encoder_2(input_ids_2, output_hidden_states=False)[0], pooled
-        pad = self.text_tokens - input_ids.shape[1]
-        t5_ids = F.pad(input_ids, (0, pad), value=self.tokenizer.pad_token_id)
-        return self.text_encoder_2(t5_ids, output_hidden_states=False)[0], pooled
+        if input_ids_2 is None:
+            pad = self.text_tokens - input_ids.shape[1]
+            input_ids_2 = F.pad(input_ids, (0, pad), value=self.tokenizer.pad_token_id)
+        return TextConditioning(self.text_encoder_2(input_ids_2, output_hidden_states=False)[0], pooled)
 
-    def denoise(self, latents: torch.Tensor, text, noise: torch.Tensor, t: torch.Tensor):
+    def denoise(self, latents: torch.Tensor, text: TextConditioning, noise: torch.Tensor, t: torch.Tensor):
         """(velocity predicted, velocity, t in [0, 1]) for the latents noised to ``t / 1000``, packed as tokens."""
         from .families import latent_ids, pack_latents, text_ids, unpack_latents
 
-        states, pooled = text
+        states, pooled = text.states, text.pooled
         sigma = t.float() / TRAIN_TIMESTEPS
         noisy = pack_latents(self.flow.noised(latents, noise, sigma))
         height, width = latents.shape[-2:]

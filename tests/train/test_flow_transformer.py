@@ -68,11 +68,11 @@ def test_the_text_states_are_what_sd3s_pipeline_feeds_the_transformer(model):
     pipe = model.pipeline_with(model.transformer)
     ids = model.tokenizer(PROMPTS, padding="max_length", max_length=model.tokenizer.model_max_length,
                           truncation=True, return_tensors="pt").input_ids
-    states, pooled = model.encode_text(ids)
+    text = model.encode_text(ids)
     want, _, want_pooled, _ = pipe.encode_prompt(PROMPTS, None, None, do_classifier_free_guidance=False,
                                                  max_sequence_length=0)
-    assert states.shape == want.shape and states.shape[-1] == model.transformer.config.joint_attention_dim
-    assert torch.equal(states, want) and torch.equal(pooled, want_pooled)
+    assert text.states.shape == want.shape and text.states.shape[-1] == model.transformer.config.joint_attention_dim
+    assert torch.equal(text.states, want) and torch.equal(text.pooled, want_pooled) and text.time_ids is None
 
 
 def test_the_noised_input_and_timestep_are_the_schedulers(model):

@@ -44,10 +44,10 @@ def _ids(model, prompts):
 
 def test_the_text_conditioning_is_flux_pipelines(model):
     pipe = model.pipeline_with(model.transformer)
-    states, pooled = model.encode_text(_ids(model, PROMPTS))
+    text = model.encode_text(_ids(model, PROMPTS))
     want, want_pooled, _ = pipe.encode_prompt(PROMPTS, None)
-    assert states.shape == want.shape and states.shape[-1] == model.transformer.config.joint_attention_dim
-    assert torch.equal(states, want) and torch.equal(pooled, want_pooled)
+    assert text.states.shape == want.shape and text.states.shape[-1] == model.transformer.config.joint_attention_dim
+    assert torch.equal(text.states, want) and torch.equal(text.pooled, want_pooled) and text.time_ids is None
 
 
 def _fed(module, call) -> dict:

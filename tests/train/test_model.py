@@ -1,11 +1,14 @@
+from pathlib import Path
+
 import pytest
 import torch
 
 from train.config import load_config
 from train.errors import WorkbenchError
+from train.model import LatentDiffusion, TextConditioning
 from train.trainer import build_model
 
-from ..conftest import REPO
+from ..conftest import REPO, tiny_overrides
 
 
 def _model(components, **model):
@@ -70,6 +73,44 @@ def test_caption_dropout_rate(components):
     assert 0.27 < dropped < 0.33
     model.eval()
     assert torch.equal(model.drop_captions(ids), ids)  # never at inference
+
+
+# Each tiny config's Composer model, the resolution it is built at, and whether its text conditioning has a pooled
+# output (every one has states; none has time ids before an image batch brings SDXL's)
+CONDITIONING_FIELDS = {"tiny-phase1": ("LatentDiffusion", 16, False),
+                       "tiny-sdxl-phase1": ("MicroConditionedUNet", 16, True),
+                       "tiny-mmdit-phase1": ("RectifiedFlowTransformer", 16, True),
+                       "tiny-flux": ("FluxStyleTransformer", 32, True)}
+
+
+def test_every_model_encodes_text_as_one_conditioning_and_is_built_by_latent_diffusions_constructor(
+        shapes_data, components, monkeypatch):
+    """``encode_text`` of each Composer model is a ``TextConditioning``: the states its denoiser attends to, the pooled
+    output where the family has one, no time ids (SDXL's come with an image batch). Its values are each pipeline's
+    ``encode_prompt``: SD 1/2's here, SDXL's, SD3's and Flux.1's in test_sdxl_training, test_flow_transformer and
+    test_flux_training. Each constructor chain runs ``LatentDiffusion.__init__`` once."""
+    ran, constructor = [], LatentDiffusion.__init__
+
+    def recorded(self, *args, **kwargs):
+        ran.append(type(self).__name__)
+        constructor(self, *args, **kwargs)
+
+    monkeypatch.setattr(LatentDiffusion, "__init__", recorded)
+    prompts = ["a red circle above a blue square", "two green triangles"]
+    for config, (name, res, pooled) in CONDITIONING_FIELDS.items():
+        model = build_model(load_config(REPO / f"configs/{config}.yaml",
+                                        tiny_overrides(shapes_data, components, Path("unused"), res=res))).eval()
+        assert type(model).__name__ == name and ran[-1] == name
+        text = model.encode_captions(prompts)
+        assert isinstance(text, TextConditioning) and text.time_ids is None and (text.pooled is not None) == pooled
+        width = getattr(model.denoiser.config, "cross_attention_dim", None) or model.denoiser.config.joint_attention_dim
+        assert text.states.shape[0] == 2 and text.states.shape[-1] == width
+        if pooled:
+            assert text.pooled.shape[0] == 2
+        else:
+            want, _ = model.pipeline_with(model.unet).encode_prompt(prompts, "cpu", 1, False)
+            assert torch.equal(text.states, want)
+    assert ran == [name for name, _, _ in CONDITIONING_FIELDS.values()]
 
 
 def test_missing_pretrained_folder_is_one_clear_error(tmp_path):

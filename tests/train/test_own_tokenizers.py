@@ -128,9 +128,9 @@ def test_sdxl_base_reads_the_folders_second_tokenizer_as_the_pipeline_does(sdxl)
     assert model.tokenizer_2.pad_token == "!" and model.max_length_2 == 77
     assert batch["input_ids_2"].shape == batch["input_ids"].shape == (8, 77)
     assert not torch.equal(batch["input_ids"], batch["input_ids_2"])  # "!" pads the second, the end token the first
-    _, (states, pooled, _) = model.latents_and_text(batch)
+    _, text = model.latents_and_text(batch)
     want, _, want_pooled, _ = pipe.encode_prompt(_captions(samples), do_classifier_free_guidance=False)
-    assert torch.equal(states, want) and torch.equal(pooled, want_pooled)
+    assert torch.equal(text.states, want) and torch.equal(text.pooled, want_pooled)
     ours = model.pipeline_with(model.unet)  # what previews and `dwb sample` draw with
     assert ours.tokenizer_2 is model.tokenizer_2
 
@@ -141,13 +141,13 @@ def test_sdxl_base_drops_captions_to_each_tokenizers_empty_caption(sdxl):
     model.train()
     model.caption_dropout, model.other_phrasing = 1.0, 0.0
     try:
-        _, (states, pooled, _) = model.latents_and_text(batch)
+        _, text = model.latents_and_text(batch)
     finally:
         model.caption_dropout, model.other_phrasing = kept
         model.eval()
     _, negative, _, negative_pooled = pipe.encode_prompt(_captions(samples), negative_prompt="",
                                                          do_classifier_free_guidance=True)
-    assert torch.equal(states, negative) and torch.equal(pooled, negative_pooled)
+    assert torch.equal(text.states, negative) and torch.equal(text.pooled, negative_pooled)
 
 
 def test_one_draw_per_sample_swaps_and_drops_the_caption_of_both_towers(sdxl):
@@ -164,10 +164,11 @@ def test_one_draw_per_sample_swaps_and_drops_the_caption_of_both_towers(sdxl):
     try:
         torch.manual_seed(3)
         for _ in range(4):
-            _, (states, pooled, _) = model.latents_and_text(batch)
+            _, text = model.latents_and_text(batch)
             for i in range(len(samples)):
                 kinds = {k for k, (s, _, p, _) in encoded.items()
-                         if torch.allclose(states[i], s[i], atol=1e-6) and torch.allclose(pooled[i], p[i], atol=1e-6)}
+                         if torch.allclose(text.states[i], s[i], atol=1e-6)
+                         and torch.allclose(text.pooled[i], p[i], atol=1e-6)}
                 assert kinds, f"sample {i}: the towers read different texts"
                 seen |= kinds
     finally:
@@ -220,13 +221,13 @@ def test_flux_schnell_reads_t5s_own_tokenizer_as_the_pipeline_does(shapes_data, 
     samples = [loader.dataset[i] for i in range(8)]
     batch = loader.collate_fn(samples)
     assert batch["input_ids_2"].shape == (8, T5_TOKENS) and batch["input_ids"].shape == (8, 77)
-    _, (states, pooled) = model.latents_and_text(batch)
+    _, text = model.latents_and_text(batch)
     pipe = FluxPipeline.from_pretrained(flux_folder, local_files_only=True)
     want, want_pooled, _ = pipe.encode_prompt(_captions(samples), prompt_2=None, max_sequence_length=512)
-    assert torch.equal(states, want) and torch.equal(pooled, want_pooled)
-    empty, empty_pooled = model.encode_text(model.empty_ids.expand(2, -1), model.empty_ids_2.expand(2, -1))
+    assert torch.equal(text.states, want) and torch.equal(text.pooled, want_pooled)
+    empty = model.encode_text(model.empty_ids.expand(2, -1), model.empty_ids_2.expand(2, -1))
     want, want_pooled, _ = pipe.encode_prompt(["", ""], prompt_2=None, max_sequence_length=512)
-    assert torch.equal(empty, want) and torch.equal(empty_pooled, want_pooled)
+    assert torch.equal(empty.states, want) and torch.equal(empty.pooled, want_pooled)
 
 
 @pytest.fixture(scope="module")

@@ -53,19 +53,19 @@ def ids_of(model, prompts: list[str]) -> torch.Tensor:
 
 
 def test_the_text_states_and_pooled_output_are_what_the_sdxl_pipeline_feeds_the_unet(model, pipe):
-    states, pooled = model.encode_text(ids_of(model, PROMPTS))
+    text = model.encode_text(ids_of(model, PROMPTS))
     want, _, want_pooled, _ = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False)
-    assert states.shape[-1] == model.unet.config.cross_attention_dim == 64 + 96  # two towers of different widths
-    assert torch.equal(states, want) and torch.equal(pooled, want_pooled)
-    assert not torch.equal(pooled[0], pooled[1])  # the end token's pooled output: it tells captions apart
+    assert text.states.shape[-1] == model.unet.config.cross_attention_dim == 64 + 96  # two towers of different widths
+    assert torch.equal(text.states, want) and torch.equal(text.pooled, want_pooled) and text.time_ids is None
+    assert not torch.equal(text.pooled[0], text.pooled[1])  # the end token's pooled output: it tells captions apart
 
 
 def test_a_dropped_caption_is_guidances_unconditional_branch(model, pipe):
     """Caption dropout trains the empty caption; the pipeline's negative branch (no negative prompt) is its encoding,
     not SDXL's zeros."""
-    empty_states, empty_pooled = model.encode_text(model.empty_ids.expand(len(PROMPTS), -1))
+    empty = model.encode_text(model.empty_ids.expand(len(PROMPTS), -1))
     _, negative, _, negative_pooled = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=True)
-    assert torch.equal(negative, empty_states) and torch.equal(negative_pooled, empty_pooled)
+    assert torch.equal(negative, empty.states) and torch.equal(negative_pooled, empty.pooled)
     assert negative_pooled.abs().sum() > 0
 
 
@@ -87,7 +87,7 @@ def test_the_time_ids_in_training_are_what_the_pipeline_feeds_at_sampling(model,
                       for o, c in zip(batch["original_size"], batch["crop_top_left"])])
     assert torch.equal(seen["added_cond_kwargs"]["time_ids"], want)
     assert want[0].tolist() == [16, 24, 0, 0, 16, 24]  # a sample's: original = target, no crop
-    assert torch.equal(seen["added_cond_kwargs"]["text_embeds"], model.encode_text(batch["input_ids"])[1])
+    assert torch.equal(seen["added_cond_kwargs"]["text_embeds"], model.encode_text(batch["input_ids"]).pooled)
 
 
 def test_held_out_batches_are_conditioned_as_a_sample_is_drawn(model, pipe):
