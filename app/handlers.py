@@ -121,7 +121,7 @@ class Handlers:
         self.service = service
         self.limits = service.limits
         self.uploads = Uploads() if uploads is None else uploads  # what Gradio's upload route wrote
-        self.jobs = jobs  # (request, function, inputs) of each event in the queue (``train.common.compat.queue_jobs``)
+        self.jobs = jobs  # (request, function, inputs) of each event in the queue (``app.gradio_patches.queue_jobs``)
         self.costs = {self.generate: self.generate_cost, self.compare: self.compare_cost, self.xyz_plot: self.plot_cost}
 
     # -- the checkpoint panel --------------------------------------------------------------------

@@ -18,11 +18,11 @@ from pathlib import Path
 import gradio as gr
 from starlette.middleware import Middleware
 
-from train.common import calm_gradio_queue, queue_jobs, serialize_queue_joins, serve_gradio_with
 from train.generation import DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, SAMPLERS
 from train.common import allow_open_files, deadline_protocol
 
 from .generate import DEFAULT_GUIDANCE, MAX_CHECKPOINT_CHARS, MAX_SEED
+from .gradio_patches import calm_gradio_queue, queue_jobs, serialize_queue_joins, serve_gradio_with
 from .handlers import OPEN_IN_GENERATE, Handlers, as_markdown, queue_validator
 from .results_files import ResultsFiles
 from .scores import STEP_AXIS
@@ -362,7 +362,7 @@ def launch(demo: gr.Blocks, uploads: Uploads, *, host: str, port: int, queue_siz
     serves the compare pages and images of the results folders ``results_folders()`` lists (``app.results_files``). Uploads are capped at
     ``max_upload_mb`` each (Gradio refuses larger ones with 413), per client and in all (``app.uploads``), and
     deleted once read, or after ``upload_max_age`` seconds. The queue does not poll
-    (``train.common.compat.calm_gradio_queue``): its wake-ups slowed the generations running in this process. Every
+    (``app.gradio_patches.calm_gradio_queue``): its wake-ups slowed the generations running in this process. Every
     queued event goes through the queue (``api_open`` off: Gradio's ``/run/<api_name>`` route ran them
     directly, past the queue's size and its validators), and a client is its peer address: uvicorn reads
     X-Forwarded-For only from ``trusted_proxies`` (its default trusted 127.0.0.1, so any local process, or a

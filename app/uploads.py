@@ -18,6 +18,8 @@ import os
 import threading
 import time
 
+from .gradio_patches import upload_abort
+
 log = logging.getLogger("app")
 MiB = 2**20
 UPLOAD_ROUTE = "/gradio_api/upload"
@@ -140,8 +142,6 @@ class UploadLimit:
             return await refuse(send, e)
         refused: list[UploadRefused] = []
         answer: list[bytes] = []
-
-        from train.common import upload_abort  # Composer comes with it: not at `dwb`'s start
 
         async def counted_receive():
             message = await receive()

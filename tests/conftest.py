@@ -243,8 +243,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_streaming_shared_memory():
-    """Each test module's Streaming shared memory is freed when the module ends (``train.common.compat``)."""
-    from train.common import release_streaming_shared_memory
+    """Each test module's Streaming shared memory is freed when the module ends (``train.patches.streaming``)."""
+    from train.patches.streaming import release_streaming_shared_memory
 
     with release_streaming_shared_memory():
         yield

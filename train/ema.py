@@ -5,8 +5,8 @@ made EMA a visible share of a tiny model's step. Here the update is one ``_forea
 tensors. Only floating-point tensors are averaged (integer buffers such as position ids stay as
 they are). State, checkpoints and the swap of EMA weights in for eval and saving are Composer's.
 
-Under FSDP every EMA step here gathers the full weights with ``train.common.compat.fsdp_full_params``, and
-Composer's own EMA code does too (``train.common.compat.patch_composer_ema``: it looked for ``model.module``).
+Under FSDP every EMA step here gathers the full weights with ``train.patches.fsdp.fsdp_full_params``, and
+Composer's own EMA code does too (``train.patches.composer.patch_composer_ema``: it looked for ``model.module``).
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import torch
 from composer.algorithms import EMA
 from composer.core import Event
 
-from .common import fsdp_full_params, patch_composer_ema
+from .patches.composer import patch_composer_ema
+from .patches.fsdp import fsdp_full_params
 
 patch_composer_ema()
 

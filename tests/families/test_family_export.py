@@ -80,7 +80,7 @@ def from_single_file(name: str, path: Path):
     options = dict(config=config, local_files_only=True, torch_dtype=torch.float32)
     if not name.startswith("flux"):
         return PIPELINES[name].from_single_file(str(path), **options)
-    flux_single_file_widths()  # diffusers 0.39's converter splits at Flux.1's published width (train.common.compat)
+    flux_single_file_widths()  # diffusers 0.39's converter splits at Flux.1's published width (train.common.diffusers_patches)
     transformer = diffusers.FluxTransformer2DModel.from_single_file(str(path), subfolder="transformer", **options)
     return diffusers.FluxPipeline.from_pretrained(config, transformer=transformer, torch_dtype=torch.float32)
 

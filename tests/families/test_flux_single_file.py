@@ -140,6 +140,6 @@ def test_a_flux_file_is_described_at_its_folder_size(flux_files, family_folders)
 
 
 def test_diffusers_converter_still_writes_down_the_published_width():
-    """What train.common.compat's flux_single_file_widths exists for: once diffusers reads the width from the file,
-    the patch goes."""
+    """What train.common.diffusers_patches' flux_single_file_widths exists for: once diffusers reads the width from
+    the file, the patch goes."""
     assert "inner_dim = 3072" in inspect.getsource(convert_flux_transformer_checkpoint_to_diffusers)
