@@ -11,6 +11,7 @@ find nothing, and say so.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,12 @@ MAX_PIXELS = 4096 * 4096
 # longer text is refused before it is parsed.
 MAX_PARAMETERS_CHARS = 64 * 1024
 WEIGHTS = {"EMA": "ema", "raw": "raw"}
+# The numbers a field is read as. A seed has at most 10 digits (2^32 - 1), steps 3, a guidance scale a few
+# characters; a float's shortest text at most 24. Longer text is not read: int() raised Python's own error on a
+# 5,000-digit Size. A whole number must fit the page's JSON, whose numbers a browser holds whole up to 2^53
+# (a 4,000-digit Seed made the values' JSON raise TypeError).
+MAX_NUMBER_CHARS = 32
+MAX_WHOLE = 2**53
 
 
 def read_parameters(path: str | Path) -> str:
@@ -85,11 +92,43 @@ def _sampler(parsed: dict) -> str | None:
     return None
 
 
-def _number(parsed: dict, key: str, kind: type):
-    try:
-        return kind(parsed[key])
-    except (KeyError, TypeError, ValueError):
+def _number(parsed: dict, key: str, kind: type, notes: list[str]):
+    """The field ``key`` as an int or float; None where it is missing or no number, and, with a note, where it is
+    one this app cannot use (over MAX_NUMBER_CHARS, past MAX_WHOLE, infinite)."""
+    value = parsed.get(key)
+    if isinstance(value, int) and not isinstance(value, bool):  # a record's field (JSON: at most 4,300 digits)
+        number = value
+    else:
+        text = str(value if value is not None else "").strip()
+        if len(text) > MAX_NUMBER_CHARS:
+            notes.append(f"{key} is a number of {len(text):,} characters, which this app does not read; "
+                         "the current one is kept")
+            return None
+        try:
+            number = kind(text)
+        except ValueError:
+            return None
+    limit = MAX_WHOLE if kind is int else sys.float_info.max
+    if not -limit <= number <= limit:  # also NaN and infinity
+        shown = (f"{number:g}" if isinstance(number, float) else str(number) if abs(number) < 10**MAX_NUMBER_CHARS
+                 else f"of {len(str(abs(number))):,} digits")
+        notes.append(f"{key} {shown} is not a number this app can use; the current one is kept")
         return None
+    return float(number) if kind is float else number
+
+
+def _size(parsed: dict, notes: list[str]) -> tuple[int | None, int | None]:
+    """(width, height) of the ``Size`` field ("512x768"); (None, None) where it has none, and, with a note, where
+    a side is longer than MAX_NUMBER_CHARS."""
+    text = str(parsed.get("Size", ""))
+    size = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
+    if size is None:
+        return None, None
+    if any(len(side) > MAX_NUMBER_CHARS for side in size.groups()):
+        notes.append(f"Size is {len(text):,} characters long, more than a size this app reads; the current one is "
+                     "kept")
+        return None, None
+    return int(size.group(1)), int(size.group(2))
 
 
 def fields_of(record: ImageRecord) -> dict:
@@ -100,11 +139,11 @@ def fields_of(record: ImageRecord) -> dict:
             "Weights": {"ema": "EMA"}.get(record.weights, record.weights), **dict(record.refiner_fields())}
 
 
-def _guidance(parsed: dict) -> float | None:
+def _guidance(parsed: dict, notes: list[str]) -> float | None:
     """The guidance scale: Forge's "Distilled CFG Scale" where a model takes it as an input (Flux.1-dev: its "CFG
     scale" is then 1, no second pass), else "CFG scale"."""
-    distilled = _number(parsed, "Distilled CFG Scale", float)
-    return distilled if distilled is not None else _number(parsed, "CFG scale", float)
+    distilled = _number(parsed, "Distilled CFG Scale", float, notes) if "Distilled CFG Scale" in parsed else None
+    return distilled if distilled is not None else _number(parsed, "CFG scale", float, notes)
 
 
 def settings_from(text: str, label_of_hash: Callable[[str], str | None],
@@ -113,13 +152,13 @@ def settings_from(text: str, label_of_hash: Callable[[str], str | None],
     it says nothing usable), and notes on what was not carried over: ``prompt, negative_prompt, sampler,
     steps, guidance, width, height, seed, checkpoint, weights, refiner, refiner_switch``."""
     parsed = fields_of(record) if record is not None else parse_parameters(text)
-    size = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", parsed.get("Size", ""))
+    notes: list[str] = []
+    width, height = _size(parsed, notes)
     values = {"prompt": parsed.get("prompt", ""), "negative_prompt": parsed.get("negative_prompt", ""),
-              "sampler": _sampler(parsed), "steps": _number(parsed, "Steps", int),
-              "guidance": _guidance(parsed), "width": int(size.group(1)) if size else None,
-              "height": int(size.group(2)) if size else None, "seed": _number(parsed, "Seed", int),
-              "checkpoint": None, "weights": WEIGHTS.get(parsed.get("Weights", ""))}
-    notes = []
+              "sampler": _sampler(parsed), "steps": _number(parsed, "Steps", int, notes),
+              "guidance": _guidance(parsed, notes), "width": width, "height": height,
+              "seed": _number(parsed, "Seed", int, notes), "checkpoint": None,
+              "weights": WEIGHTS.get(parsed.get("Weights", ""))}
     if values["sampler"] is None and parsed.get("Sampler"):
         notes.append(f"sampler {parsed['Sampler']!r} is not one of this app's; the current one is kept")
     digest = parsed.get("Model hash", "").strip()

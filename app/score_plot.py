@@ -23,6 +23,19 @@ INSET = 14
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
            "#7f7f7f")
 POINT_RADIUS, CAP = 4, 4
+# The largest magnitude the scales place: a row may hold any finite float, and a FID of 1.7e308 raised
+# OverflowError (the span from -1.7e308 to 1.7e308 is infinite, and so was its tick step). A value beyond is drawn
+# at this bound, which leaves room for spans, tick steps and their multiples to stay finite; its tooltip and
+# data-value keep the row's own.
+PLOT_LIMIT = 1e300
+# Spans closer than this, relative to the values' size or at all, are one value: a 4-significant-digit axis shows
+# no difference, and a span of 5e-324 had no tick step (log10 of 0).
+MIN_RELATIVE_SPAN, MIN_SPAN = 1e-9, 1e-200
+
+
+def plotted(value: float) -> float:
+    """``value`` within the scales' bounds (``PLOT_LIMIT``)."""
+    return min(max(value, -PLOT_LIMIT), PLOT_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -36,17 +49,19 @@ class Scale:
 
     @classmethod
     def fit(cls, values: Iterable[float], edge_start: float, edge_end: float) -> "Scale":
-        """The data's extremes ``INSET`` pixels inside the plot area's edges; one value gets a span round it."""
-        values = list(values)
+        """The data's extremes ``INSET`` pixels inside the plot area's edges (each value ``plotted``); one value,
+        or values too close to tell apart, get a span round them."""
+        values = [plotted(v) for v in values]
         lo, hi = min(values), max(values)
-        if lo == hi:
-            half = abs(lo) / 10 or 1.0
-            lo, hi = lo - half, hi + half
+        if hi - lo <= max(abs(lo), abs(hi)) * MIN_RELATIVE_SPAN or hi - lo < MIN_SPAN:
+            middle = lo / 2 + hi / 2
+            half = abs(middle) / 10 if abs(middle) >= MIN_SPAN else 1.0
+            lo, hi = middle - half, middle + half
         inset = INSET if edge_end > edge_start else -INSET
         return cls(lo, hi, edge_start + inset, edge_end - inset)
 
     def __call__(self, value: float) -> float:
-        return self.start + (value - self.lo) / (self.hi - self.lo) * (self.end - self.start)
+        return self.start + (plotted(value) - self.lo) / (self.hi - self.lo) * (self.end - self.start)
 
     def at(self, pixel: float) -> float:
         return self.lo + (pixel - self.start) / (self.end - self.start) * (self.hi - self.lo)
@@ -76,7 +91,7 @@ def _axes(x: Scale, y: Scale, metric: Metric, axis: XAxis) -> list[str]:
                      f'<text x="{LEFT - 6}" y="{py + 4:.2f}" text-anchor="end">{significant(value)}</text></g>')
     for value in ticks(x.at(LEFT), x.at(right), whole=axis.whole):
         px = x(value)
-        label = int(value) if axis.whole else significant(value)
+        label = int(value) if axis.whole and abs(value) < 1e15 else significant(value)
         parts.append(f'<g class="x-tick"><line x1="{px:.2f}" x2="{px:.2f}" y1="{TOP}" y2="{bottom}" stroke="#e5e7eb"/>'
                      f'<text x="{px:.2f}" y="{bottom + 16}" text-anchor="middle">{label}</text></g>')
     parts.append(f'<text class="x-title" x="{(LEFT + right) / 2}" y="{HEIGHT - 6}" text-anchor="middle">'

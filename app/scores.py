@@ -19,12 +19,14 @@ from __future__ import annotations
 import logging
 import math
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from train.common import load_outside, loads_outside
+from train.common import MAX_TIME
 from train.errors import WorkbenchError, first_line
 from train.generation import with_sampler_key
 
@@ -34,11 +36,27 @@ METRICS_FILE = "metrics.json"  # evaluate's description of its metric columns, b
 COMPARE_PAGES = "compare"  # `dwb evaluate compare`'s pages: OUT/compare/<A>-vs-<B>*.html
 STUDY_RESULTS = Path("report") / "results.json"
 WIN_RATE_INTERVALS = ("clustered_wilson", "two_way", "wilson")  # a study report's keys, the preferred first
+FLOAT_MAX = sys.float_info.max
+
+
+# The largest training step a row may place on the plot: as long as any run may be (train.common.typed_config's
+# MAX_TIME, 10^10 batches); a step of 400 digits went whole into the page's table, which holds 64-bit numbers.
+MAX_STEP = MAX_TIME["ba"]
 
 
 def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        else None
+    """A finite float of a row's value; None for another value, or an int past the floats (10**400 raised
+    OverflowError in float())."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if isinstance(value, int) and abs(value) > FLOAT_MAX:
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _step(value) -> int | None:
+    """A row's training step: a whole number from 0 to MAX_STEP; None for any other value."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP else None
 
 
 def significant(x: float, digits: int = 4) -> str:
@@ -178,8 +196,7 @@ def points_of(rows: list[dict], metric: Metric, labels: dict[str, str]) -> list[
     """The rows that measured ``metric`` at a training step, by series and step; ``labels``: hash -> label."""
     points = [ScorePoint(labels.get(row["checkpoint_hash"]), row["checkpoint_hash"], str(row.get("model") or ""),
                          series_of(row), row["step"], score, _number(row.get("gpu_hours")), _number(row.get("usd")))
-              for row in rows if (score := score_of(row, metric)) is not None
-              and isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool)]
+              for row in rows if (score := score_of(row, metric)) is not None and _step(row.get("step")) is not None]
     return sorted(points, key=lambda p: (p.series, p.step))
 
 

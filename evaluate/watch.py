@@ -8,9 +8,10 @@ seconds (an object in S3 appears whole, under its own ETag, and is fetched once)
 exist yet is waited for, as when the watcher starts beside a training that has not created it. Which checkpoints are done is read from the results store, so a restarted watcher picks up
 where the last one stopped. A settled file that is torn or
 cannot be opened (a ``CheckpointError``) is recorded as ``unreadable`` and not tried again until the
-file changes or the watcher starts with ``retry_unreadable``. Any other error is a problem of the setup
-(reference set, weights, output folder, device), not of that checkpoint: it stops the watcher, and
-nothing is recorded against the checkpoint.
+file changes or the watcher starts with ``retry_unreadable``; so is a local checkpoint that would read anything
+outside the run's folder (a single file's ``NAME.config/`` that is or holds a link out of it), before it is read.
+Any other error is a problem of the setup (reference set, weights, output folder, device), not of that
+checkpoint: it stops the watcher, and nothing is recorded against the checkpoint.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from train.checkpoints import Checkpoint, list_checkpoints, raise_reason
+from train.checkpoints import Checkpoint, check_reads_inside, list_checkpoints, raise_reason
 from train.errors import CheckpointError, WorkbenchError
 
 from .store import ResultsStore, checkpoint_identity
@@ -66,6 +67,9 @@ class Watcher:
             if self._done(ckpt, done) or not self._stable(ckpt):
                 continue
             try:
+                if not self.remote:  # what it reads lies in the run's folder: RUN, or RUN/checkpoints it is listed in
+                    check_reads_inside(ckpt.path, [Path(self.run).resolve(), ckpt.path.parent.resolve()], ckpt.label,
+                                       "the run's folder")
                 if ckpt.kind == "unreadable":  # settled yet not a checkpoint: torn by a killed run, or damaged
                     raise_reason(ckpt.path)
                 self.score(ckpt)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Debian packages the tests use: chromium (browser tests, driven by Playwright's Python package with
-# executable_path) and postgresql (human_eval's multi-instance store; the tests start a private cluster).
+# executable_path), postgresql (human_eval's multi-instance store; the tests start a private cluster) and strace
+# (tests/app/test_links_out.py records every file the app opens, the Rust readers' too).
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v strace >/dev/null 2>&1 || missing+=(strace)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 [ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=()

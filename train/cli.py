@@ -226,7 +226,8 @@ def cmd_sample(args) -> None:
                               recommended_settings, weights_of)
     from .errors import WorkbenchError
     from .families import family_or_ours
-    from .generation import DEMO_PROMPTS, Refiner, Settings, image_format, starting_settings, write_grid
+    from .generation import (DEMO_PROMPTS, Refiner, Settings, drawn_native_side, image_format, starting_settings,
+                             write_grid)
 
     seed = first_seed(args.seed, args.seeds)
     image_format(args.out)  # before the checkpoint is opened: an output that would carry no parameters
@@ -240,7 +241,8 @@ def cmd_sample(args) -> None:
     family = family_or_ours(info.family)
     # before the weights are read: a size the family cannot draw is one line (the native size, where only the
     # pipeline knows it, is the model's own)
-    size = sample_size(chosen["size"] or info.resolution, args.aspect, family, info.resolution, given=args.size)
+    size = sample_size(chosen["size"] or drawn_native_side(info.resolution, ckpt.label), args.aspect, family,
+                       info.resolution, given=args.size)
     if recommended:
         print(recommended)
     pipe = load_pipeline(ckpt, ema=weights == "ema")
@@ -390,13 +392,15 @@ def register_data(sub) -> None:
     p.add_argument("src", nargs="+", help="folders, files, s3:// prefixes or brace patterns (shards/{00000..00099}.tar)")
     p.add_argument("out")
     p.add_argument("--buckets", type=_sizes, default=(256, 512),
-                   help="minimum-side buckets, or with --aspect-buckets pixel budgets (side x side) (default 256,512)")
+                   help="minimum-side buckets, or with --aspect-buckets pixel budgets (side x side, at most 4096; "
+                        "256 aspect buckets in all) (default 256,512)")
     p.add_argument("--aspect-buckets", action="store_true",
                    help="store each image in the aspect-ratio bucket nearest its own (about side x side pixels), "
                         "covered and centre-cropped, with its original size, crop and bucket")
     p.add_argument("--bucket-step", type=_positive,
                    help="aspect buckets' sides are multiples of this (a multiple of 8; default 64 from 512 up, 32 below)")
-    p.add_argument("--max-aspect", type=_positive_float, help="widest aspect bucket, as width:height (default 2)")
+    p.add_argument("--max-aspect", type=_positive_float,
+                   help="widest aspect bucket, as width:height (default 2, at most 4: SDXL's widest buckets)")
     p.add_argument("--image-format", choices=("jpeg", "png"), default="jpeg")
     p.add_argument("--image-column")
     p.add_argument("--caption-column")

@@ -17,6 +17,7 @@ from .data import StreamConfig
 from .errors import WorkbenchError
 from .common import (PROBABILITY, SEED, Duration, Each, Range,
                            build_config, check_rules, checked, merge_config, one_of, parse_overrides, read_config_file)
+from .common import MAX_TIME, shown
 
 ARCHITECTURE_NAMES = tuple(ARCHITECTURES)  # the architectures a config may name
 PREDICTION_TYPES = ("epsilon", "v_prediction")
@@ -145,11 +146,13 @@ class EMAConfig:
 
 
 def batches(text: str) -> Optional[str]:
-    """Intervals the callbacks count in batches."""
+    """Intervals the callbacks count in batches, up to the longest run (``MAX_TIME``: int() raised Python's own
+    error on 5,000 digits)."""
     import re
 
-    m = re.fullmatch(r"(\d+)ba", str(text))
-    return None if m and int(m.group(1)) > 0 else f"must be a positive number of batches such as 500ba, got {text!r}"
+    m = re.fullmatch(r"(\d{1,20})ba", str(text))
+    return None if m and 0 < int(m.group(1)) <= MAX_TIME["ba"] else \
+        f"must be a positive number of batches up to {MAX_TIME['ba']}ba, such as 500ba, got {shown(text)}"
 
 
 def non_empty_text(text: str) -> Optional[str]:

@@ -545,7 +545,8 @@ def start_processes(cfg: TrainConfig) -> tuple[str, str]:
     from composer.devices import DeviceCPU, DeviceGPU
     from composer.utils import dist
 
-    from .common import fsdp_on_cpu, signal_files_per_node
+    from .patches.composer import signal_files_per_node
+    from .patches.fsdp_cpu_ranks import fsdp_on_cpu
 
     device = resolve_device(cfg)
     check_gpu_features(cfg, device)
@@ -564,7 +565,7 @@ def build_trainer(cfg: TrainConfig):
     from composer.callbacks import LRMonitor, SpeedMonitor
     from composer.utils import dist, reproducibility
 
-    from .common import RestoreRNG, align_dataset_epoch, prompt_remote_latest
+    from .patches.composer import RestoreRNG, align_dataset_epoch, prompt_remote_latest
 
     device, precision = start_processes(cfg)
     save_folder = cfg.resolved_save_folder()
@@ -658,7 +659,7 @@ def say_fsdp_share(cfg: TrainConfig, model: LatentDiffusion) -> None:
     on 2 nodes x 2 with HYBRID_SHARD, which replicates across nodes)."""
     from composer.utils import dist
 
-    from .common import fsdp_weight_share
+    from .patches.fsdp import fsdp_weight_share
 
     if cfg.fsdp and dist.get_local_rank() == 0:
         held, total = fsdp_weight_share(model.denoiser)

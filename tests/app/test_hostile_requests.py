@@ -22,8 +22,10 @@ from app.handlers import Handlers
 from app.service import Runtime, Service
 
 from ..checkpoints.test_hostile_checkpoints import _pickle_of, deflated, with_pickle_replaced
+from ..checkpoints.test_hostile_sharded import write_hostile_sharded
 from ..conftest import DWB, REPO
 from ..servers import ServerProcess, free_port
+from ..train.test_sharded_checkpoints import write_sharded
 
 GOOD = "run/ep0-ba4-rank0.pt"
 DEEP = 5000
@@ -73,10 +75,12 @@ def hostile(tiny_run, tmp_path_factory):
     folder = tmp_path_factory.mktemp("hostile-app")
     root, results = folder / "checkpoints", folder / "results"
     files = write_hostile_root(root, tiny_run / "ep0-ba4-rank0.pt")
+    files.update(write_hostile_sharded(root, write_sharded(tiny_run / "ep0-ba4-rank0.pt", folder / "sharded" / "ep0")))
+    outside = Path(shutil.copy2(tiny_run / "ep0-ba4-rank0.pt", folder / "outside.pt"))  # a checkpoint not under root
     results.mkdir()
     app = LimitedApp(root, results, folder / "app.log")
     app.start()
-    app.root, app.results, app.files = root, results, files
+    app.root, app.results, app.files, app.outside = root, results, files, outside
     yield app
     app.stop()
 
@@ -115,6 +119,27 @@ def test_the_app_starts_among_hostile_checkpoints_and_lists_the_good_ones(hostil
         with pytest.raises(AppError) as e:
             generate(client, checkpoint=name)
         assert "\n" not in str(e.value) and str(hostile.root) not in str(e.value)
+    assert hostile.proc.poll() is None
+
+
+def test_a_poisoned_sharded_index_among_the_checkpoints_changes_no_check_of_the_app(hostile, client):
+    """A sharded folder whose 123-byte index sets pathlib's ``is_relative_to``, ``relative_to`` and ``is_symlink``
+    (pickle's BUILD on a class it names) was read by the app's listing in the server process: from then on a
+    checkpoint outside ``--checkpoints`` was drawn from, and ``/etc`` answered "a folder, not a checkpoint". F7's
+    folder (a value inflating to 3 GiB) kept the app from starting. Both are left out of the listing in one line,
+    the outside checkpoint is refused, and ``/etc`` is answered as a path that does not exist."""
+    log = hostile.output()
+    assert "not listed: cannot read sharded checkpoint poisoned/ep0-ba1: the index's BUILD opcode would set " \
+           "attributes of pathlib.PosixPath, not of a record it made" in log, log
+    assert re.search(r"not listed: cannot read sharded checkpoint value-bomb/ep0-ba9: state.run_name is corrupt .*"
+                     r"zip member \S+/data.pkl is compressed", log), log
+    answers = {}
+    for name in (str(hostile.outside), "/etc", "/no-such-folder"):
+        with pytest.raises(AppError) as e:
+            generate(client, checkpoint=name)
+        [answers[name]] = str(e.value).splitlines()
+    assert answers[str(hostile.outside)].endswith("is outside the allowed checkpoint folders"), answers
+    assert answers["/etc"].replace("/etc", "PATH") == answers["/no-such-folder"].replace("/no-such-folder", "PATH")
     assert hostile.proc.poll() is None
 
 

@@ -26,7 +26,7 @@ __getattr__, __all__ = face(__name__, {
     "composer": "has_ema model_weights read_checkpoint read_summary",
     "export": "config_folder export_checkpoint export_format export_single_file",
     "flux_parts": "T5_TOKENS build_flux_pipeline flux_scheduler load_t5_parts random_t5_encoder",
-    "find": "discover find_checkpoint label_under list_checkpoints raise_reason resolve_roots",
+    "find": "check_reads_inside discover find_checkpoint label_under list_checkpoints raise_reason resolve_roots",
     "hashing": "content_hash fingerprint",
     "hub": "hub_cache is_hub_id",
     "memory": "check_training_memory",

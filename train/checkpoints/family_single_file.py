@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from ..common import flux_single_file_widths, load_outside
 from ..errors import CheckpointError, WorkbenchError, first_line
 from ..families import Family, family_of_folder
 from .clip_bpe import END, write_clip_tokenizer
+from .memory import held_configs
 from .tokenizer_files import check_pipeline_folder
 
 # What pads a prompt for each CLIP tokenizer of SDXL: OpenAI CLIP pads with its end token, OpenCLIP with "!".
@@ -144,17 +146,33 @@ def _from_file(path: Path, folder: Path, family: Family):
 
     from .single_file import VAE, read_shapes
 
+    held_configs(folder, (family.denoiser, *family.text_encoders, "vae"), str(folder))  # before any is built
     options = dict(local_files_only=True, torch_dtype=torch.float32)
     pipeline = getattr(diffusers, family.pipeline)
     keys = read_shapes(path)
-    if not _without_text_encoders(keys, family):
-        return pipeline.from_single_file(str(path), config=str(folder), **options, **family.pipeline_options)
-    in_file = {family.denoiser: getattr(diffusers, family.variants[0].parts[family.denoiser].cls)}
-    if any(k.startswith(VAE) for k in keys):
-        in_file["vae"] = diffusers.AutoencoderKL
-    loaded = {name: cls.from_single_file(str(path), config=str(folder), subfolder=name, **options)
-              for name, cls in in_file.items()}
+    with _weights_the_converter_reads(keys, family):
+        if not _without_text_encoders(keys, family):
+            return pipeline.from_single_file(str(path), config=str(folder), **options, **family.pipeline_options)
+        in_file = {family.denoiser: getattr(diffusers, family.variants[0].parts[family.denoiser].cls)}
+        if any(k.startswith(VAE) for k in keys):
+            in_file["vae"] = diffusers.AutoencoderKL
+        loaded = {name: cls.from_single_file(str(path), config=str(folder), subfolder=name, **options)
+                  for name, cls in in_file.items()}
     return pipeline.from_pretrained(folder, **absent_parts(folder), **loaded, **options, **family.pipeline_options)
+
+
+@contextmanager
+def _weights_the_converter_reads(keys, family: Family):
+    """Diffusers' converters take each weight they need out of the file's by name: one the file lacks (a Flux.1 file
+    without its biases) was a bare KeyError naming it in quotes. It is a one-line CheckpointError naming the weight."""
+    try:
+        yield
+    except KeyError as e:
+        name = e.args[0] if len(e.args) == 1 else None
+        if not isinstance(name, str) or "." not in name or any(k.endswith(name) for k in keys):
+            raise  # not a weight's name, or one the file holds
+        raise CheckpointError(f"the weight {name} is missing: diffusers' {family.label} converter reads it, and the "
+                              f"file holds no weight of that name") from None
 
 
 def absent_parts(folder: Path) -> dict:
@@ -172,7 +190,7 @@ def load_family_file(path: Path, family: Family, parts: Path | None = None):
     if path.suffix != ".safetensors":
         raise CheckpointError(f"{path}: a {family.label} checkpoint is opened from .safetensors only")
     given = parts_folder(path, parts)
-    flux_single_file_widths()  # diffusers' Flux.1 converter reads the widths from the file (train.common.compat)
+    flux_single_file_widths()  # the Flux.1 converter reads the widths from the file (train.common.diffusers_patches)
     try:
         with tempfile.TemporaryDirectory(prefix="dwb-single-file-") as tmp, _quiet_diffusers():
             if given is not None:

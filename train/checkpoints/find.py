@@ -4,8 +4,9 @@ A reference is a local path (a Composer ``.pt`` under any name, a diffusers fold
 ``.safetensors``/``.ckpt``), a Hugging Face hub id (``org/name[@revision]``), or an ``s3://`` URI of a
 Composer checkpoint. ``find_checkpoint`` tells which, reading as little as it can: a file's kind comes
 from its contents, never from its name. With ``roots`` (the app), a local path is accepted only when it
-resolves (``..`` and symlinks followed) under one of them, and a diffusers folder only when nothing inside
-it links outside them; nothing under a path is read before that check.
+resolves (``..`` and symlinks followed) under one of them, and only when nothing it reads links outside them
+(``check_reads_inside``: a folder's files and folders, a single file's ``NAME.config/``); nothing under a path is
+read before that check.
 """
 from __future__ import annotations
 
@@ -255,13 +256,7 @@ def _under_roots(raw: str, roots: list[Path]) -> Path | None:
         path = (existing or under)[0].resolve()
     except (OSError, RuntimeError, ValueError) as e:
         raise WorkbenchError(f"invalid checkpoint path {raw} ({type(e).__name__})") from None
-    if path.is_dir():
-        for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
-            for name in filenames + dirnames:
-                inside = Path(dirpath, name)
-                if inside.is_symlink() and _root_of(inside.resolve(), roots) is None:
-                    raise WorkbenchError(f"{raw} links to {inside.relative_to(path)} outside the allowed checkpoint "
-                                         "folders")
+    check_reads_inside(path, roots, raw)
     return path
 
 
@@ -271,6 +266,52 @@ def _resolves_under(path: Path, roots: list[Path]) -> bool:
         return _root_of(path.resolve(), roots) is not None
     except (OSError, RuntimeError, ValueError):
         return False
+
+
+def first_link_out(path: Path, roots: list[Path]) -> Path | None:
+    """The first thing at or under ``path`` that leads outside every root: ``path`` itself where it resolves
+    outside, else a link anywhere inside it (links to folders under the roots are followed and their insides judged
+    the same way, each real folder once); None where everything stays under the roots. The one judgement of where a
+    checkpoint's files may lie, wherever a checkpoint is opened for a server or a watched run."""
+    if not _resolves_under(path, roots):
+        return path
+    seen: set[Path] = set()
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=True):
+        here = Path(dirpath)
+        real = here.resolve()
+        if real in seen:  # a folder reached again through a link (or a loop of them): judged already
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        for name in dirnames + filenames:
+            inside = here / name
+            if inside.is_symlink() and not _resolves_under(inside, roots):
+                return inside
+    return None
+
+
+def _read_from(path: Path) -> list[tuple[Path, Path]]:
+    """What the door reads for the checkpoint at ``path``, each with the folder its messages name it from: the path
+    itself (a file, or a folder and all it holds) and, for a single file, ``NAME.config/`` beside it where there is
+    one (``family_single_file.parts_folder``)."""
+    from .family_single_file import sidecar_folder
+
+    read = [(path, path)]
+    if path.suffix in (".safetensors", ".ckpt") and not path.is_dir() and os.path.lexists(sidecar_folder(path)):
+        read.append((sidecar_folder(path), path.parent))
+    return read
+
+
+def check_reads_inside(path: Path, roots: list[Path], name: str,
+                       folders: str = "the allowed checkpoint folders") -> None:
+    """A one-line CheckpointError, naming the checkpoint ``name`` and never what lies outside, where anything the
+    checkpoint at ``path`` reads (``_read_from``) leads outside the roots (``first_link_out``)."""
+    for tree, named_from in _read_from(path):
+        out = first_link_out(tree, roots)
+        if out == path:
+            raise CheckpointError(f"{name} is outside {folders}")
+        if out is not None:
+            raise CheckpointError(f"{name} links to {out.relative_to(named_from).as_posix()} outside {folders}")
 
 
 def _natural(text: str) -> list:
@@ -284,7 +325,8 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
     Hidden folders are skipped, symlinks are not followed into folders, and a symlinked file is listed
     only when it resolves under a root and is not another name for a listed file (``latest-rank0.pt``). A weights
     file that reads as no checkpoint (damaged, hostile, of another kind) is left out, its one-line reason logged
-    once per version of the file, by its label.
+    once per version of the file, by its label; so is a checkpoint that would read anything outside the roots
+    (``check_reads_inside``), before anything of it is read.
     """
     found: dict[Path, Checkpoint] = {}
     for root in roots:
@@ -292,12 +334,14 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
             here = Path(dirpath)
             depth = len(here.relative_to(root).parts)
             if "model_index.json" in filenames:
-                if any((here / "unet").glob("diffusion_pytorch_model*")):  # not a config folder without weights
+                if any((here / "unet").glob("diffusion_pytorch_model*")) and _reads_inside(here, roots):
                     found.setdefault(here, Checkpoint(str(here), "diffusers", label_under(here, roots), here))
                 dirnames[:] = []  # a pipeline's subfolders hold its parts, not more checkpoints
                 continue
             if METADATA in filenames and here != root:  # a sharded Composer checkpoint: its parts are not more
                 dirnames[:] = []
+                if not _reads_inside(here, roots):
+                    continue
                 kind, step = local_kind(here)
                 if kind != "unreadable":
                     found.setdefault(here, Checkpoint(str(here), kind, label_under(here, roots), here, step))
@@ -309,7 +353,8 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
                 if not name.endswith(WEIGHT_SUFFIXES) or OTHER_RANKS.search(name):
                     continue
                 path = (here / name).resolve()
-                if path in found or _root_of(path, roots) is None or not path.is_file():
+                if path in found or _root_of(path, roots) is None or not path.is_file() or \
+                        not _reads_inside(path, roots):
                     continue
                 kind, step = local_kind(path)
                 if kind != "unreadable":
@@ -317,6 +362,22 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
                 elif reason := unreadable_reason(path):
                     log.warning("not listed: %s", reason.replace(str(path), label_under(path, roots)))
     return sorted(found.values(), key=lambda c: _natural(c.label))
+
+
+_told_outside: set[str] = set()  # the link-out refusals the server's log has said
+
+
+def _reads_inside(path: Path, roots: list[Path]) -> bool:
+    """Whether a checkpoint ``discover`` found reads nothing outside the roots; where it would, the server's log
+    says so once (``not listed: ...``)."""
+    try:
+        check_reads_inside(path, roots, label_under(path, roots))
+    except CheckpointError as e:
+        if str(e) not in _told_outside:
+            _told_outside.add(str(e))
+            log.warning("not listed: %s", e)
+        return False
+    return True
 
 
 def with_label(ckpt: Checkpoint, label: str) -> Checkpoint:

@@ -3,6 +3,10 @@ its parts moved to the GPU one at a time (model offload), with its layers moved 
 offload), or refused in one line. Full-size SDXL needs 13 GiB in float32, SD3.5-large 51 GiB and Flux.1 63 GiB
 (``train.families`` counts them): a machine that cannot hold one is told so instead of being killed for memory.
 
+What a part needs is what its config builds (counted on the meta device, its sizes held first) or what its weight
+files hold, whichever is more; a config that builds weights its files lack is refused: an SDXL ``text_encoder_2``
+config 4,096 wide beside a file of one value had transformers make up 19 GiB of weights.
+
 ``DWB_MEMORY_MB`` caps the memory planned with (a machine shared with other work)."""
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import WorkbenchError
+from ..common import load_outside
+from ..errors import CheckpointError, WorkbenchError
 
 # Room beyond the weights for activations, the sampler's latents and the VAE's decode at native size: a full-size
 # SD 2 at 512 px peaked at 1.15x its float32 weights on a CPU (bench/app_overhead.py's memory figure).
@@ -44,21 +49,89 @@ def _size(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"
 
 
-def part_sizes(folder: Path, parts: tuple[str, ...], dtype: torch.dtype) -> dict[str, int]:
-    """Each part's weights in bytes at ``dtype``, from the safetensors headers (element counts) or, for other
-    weight files, their sizes on disk scaled by ``dtype`` against float32."""
+def weight_values(part: Path) -> tuple[int, int]:
+    """(the most values a part's weight files can hold, the values to plan it with): the element counts its
+    safetensors headers declare (both), or for ``.bin`` weights their bytes (a value takes at least one) and the
+    float32 values those bytes hold."""
     from .single_file import read_shapes
 
+    declared = sum(_numel(shape) for file in sorted(part.glob("*.safetensors")) for shape in read_shapes(file).values())
+    if declared:
+        return declared, declared
+    nbytes = sum(f.stat().st_size for f in part.glob("*.bin"))
+    return nbytes, nbytes // 4
+
+
+def counted_part(cls: str, config, held: int, where: str, holder: str) -> int:
+    """The values a part is planned with: what ``config`` builds (its parameters and buffers, counted on the meta
+    device: ``train.families.built_on_meta``, which holds its sizes first) or ``held``, whichever is more. A config
+    that builds more parameters than ``holder`` holds (``held``) is refused in one line before any class is built with
+    memory: a library would make the missing weights up (transformers draws them at random) instead of reading them."""
+    from ..families import built_on_meta
+
+    parameters, buffers = built_on_meta(cls, config, where)
+    if parameters > held:
+        raise CheckpointError(f"{where} builds a {cls} of {parameters:,} weights and {holder} hold {held:,} "
+                              f"value{'s' * (held != 1)}: a part its weights lack is refused, not made up")
+    return max(parameters + buffers, held)
+
+
+def part_sizes(folder: Path, parts: dict[str, str], dtype: torch.dtype, where: str) -> dict[str, int]:
+    """Each part's bytes at ``dtype`` (``parts``: its class, as ``model_index.json`` names it): what its
+    ``config.json`` builds or what its weight files hold, whichever is more (``counted_part``); a part without a
+    config, what its files hold (diffusers refuses it where it needs one)."""
     scale = torch.empty((), dtype=dtype).element_size()
     sizes = {}
-    for part in parts:
-        total = 0
-        for file in sorted((folder / part).glob("*.safetensors")):
-            total += sum(_numel(shape) for shape in read_shapes(file).values()) * scale
-        if not total:
-            total = sum(f.stat().st_size for f in (folder / part).glob("*.bin")) * scale // 4
-        sizes[part] = total
+    for part, cls in parts.items():
+        most, values = weight_values(folder / part)
+        config = _part_config(folder, part, where)
+        if config is not None:
+            values = counted_part(cls, config, most, f"{where}: {part}/config.json", f"the weight files in {part}/")
+        sizes[part] = values * scale
     return sizes
+
+
+def held_configs(folder: Path, names: tuple[str, ...], where: str) -> None:
+    """A one-line refusal unless every config of ``names`` a folder holds is of a class the families build, its sizes
+    held (``train.families.check_part_config``): for a folder whose weights are elsewhere (a single file's parts)."""
+    from ..families import check_part_config
+
+    for part, cls in folder_parts(folder, names, where).items():
+        config = _part_config(folder, part, where)
+        if config is not None:
+            check_part_config(cls, config, f"{where}: {part}/config.json")
+
+
+def _part_config(folder: Path, part: str, where: str):
+    """``part/config.json`` of a folder, read bounded (``load_outside``); None where there is none."""
+    path = folder / part / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return load_outside(path, f"{part}/config.json")
+    except WorkbenchError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
+def folder_parts(folder: Path, names: tuple[str, ...], where: str) -> dict[str, str]:
+    """The class ``model_index.json`` names for each of ``names`` a folder holds (parts it lists as absent, or not
+    at all, are not loaded and not planned); a one-line refusal for a class no family builds."""
+    from ..families import size_limits
+
+    try:
+        index = load_outside(folder / "model_index.json", "model_index.json")
+    except WorkbenchError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    classes = {}
+    for name in names:
+        entry = index.get(name) if isinstance(index, dict) else None
+        if not isinstance(entry, list) or len(entry) != 2 or entry[1] is None:
+            continue
+        if not isinstance(entry[1], str) or entry[1] not in size_limits():
+            raise CheckpointError(f"{where}: model_index.json names {entry[1]!r} for '{name}'; the workbench builds "
+                                  f"{', '.join(sorted(size_limits()))}")
+        classes[name] = entry[1]
+    return classes
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -16,11 +16,11 @@ import torch
 
 from ..errors import CheckpointError, WorkbenchError, first_line
 from ..common import load_outside, whole_folder
-from ..families import family_of_folder, family_or_ours
-from ..generation import DEFAULT_WEIGHTS, native_size, weights_to_use
+from ..families import check_part_config, family_of_folder, family_or_ours
+from ..generation import DEFAULT_WEIGHTS, drawn_native_side, native_size, weights_to_use
 from .composer import has_ema, model_weights, read_checkpoint, read_summary
 from .find import Checkpoint, find_checkpoint
-from .memory import MemoryPlan, part_sizes, plan_memory
+from .memory import MemoryPlan, counted_part, folder_parts, part_sizes, plan_memory
 from .tokenizer_files import check_pipeline_folder, tokenizer_from_files
 
 
@@ -40,30 +40,49 @@ FULL_SIZE_VAE_SCALE = 8  # every family's full-size VAE halves the side three ti
 
 
 def describe(ckpt: Checkpoint) -> CheckpointInfo:
+    """What a checkpoint is, its recorded native size held to what its family's configs may give
+    (``Family.recorded_side``): one line naming the checkpoint and the key otherwise."""
     if ckpt.kind in ("composer", "mosaicml"):
         data = read_summary(ckpt.path)  # the pickle alone: no weights are read
         spec = data["spec"]
-        return CheckpointInfo(ckpt.kind, spec.get("resolution"), has_ema(data), spec.get("architecture"),
+        resolution = family_or_ours(spec.get("family")).recorded_side(spec.get("resolution"),
+                                                                      f"{ckpt.label}: its spec's resolution")
+        return CheckpointInfo(ckpt.kind, resolution, has_ema(data), spec.get("architecture"),
                               spec.get("prediction_type"), spec.get("family"))
     if ckpt.kind == "single-file":
         from .family_single_file import describe_file
 
         d = describe_file(ckpt.path, ckpt.parts)
-        return CheckpointInfo(ckpt.kind, d.get("resolution"), None, d.get("architecture"), d.get("prediction_type"),
+        resolution = family_or_ours(d.get("family")).recorded_side(d.get("resolution"),
+                                                                   f"{ckpt.label}: its recorded resolution")
+        return CheckpointInfo(ckpt.kind, resolution, None, d.get("architecture"), d.get("prediction_type"),
                               d.get("family"))
+    return _describe_folder(ckpt)
+
+
+def _describe_folder(ckpt: Checkpoint) -> CheckpointInfo:
+    """A diffusers folder described from its configs, their sizes held first (``train.families.check_part_config``):
+    its native size is its denoiser's sample size (Flux.1's: the family's) times its VAE's scale."""
     family = family_of_folder(ckpt.path, ckpt.label)
+    parts = family.variants[0].parts
     try:
         denoiser, vae, scheduler = (load_outside(ckpt.path / name, name) for name in (
             f"{family.denoiser}/config.json", "vae/config.json", "scheduler/scheduler_config.json"))
+        for name, config in ((family.denoiser, denoiser), ("vae", vae)):
+            check_part_config(parts[name].cls, config, f"{ckpt.label}: {name}/config.json")
         vae_scale = 2 ** (len(vae["block_out_channels"]) - 1)
         # Flux.1's transformer records no sample size: its pipeline draws at the family's native latent side
         resolution = int(denoiser.get("sample_size") or family.native_size // FULL_SIZE_VAE_SCALE) * vae_scale
         prediction_type = "flow" if family.schedule == "flow" else scheduler.get("prediction_type", "epsilon")
+    except CheckpointError:
+        raise
     except WorkbenchError as e:
         raise CheckpointError(f"{ckpt.label}: {e}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{ckpt.label}: unreadable {family.denoiser}/vae/scheduler config "
                               f"({type(e).__name__}: {e})") from None
+    resolution = family.recorded_side(resolution, f"{ckpt.label}: the native size its {family.denoiser} and vae "
+                                                  f"configs give")
     return CheckpointInfo(ckpt.kind, resolution, None, None, prediction_type, family.name)
 
 
@@ -74,9 +93,10 @@ def weights_of(ckpt: Checkpoint, choice: str = DEFAULT_WEIGHTS) -> str:
 
 
 def native_size_of(ckpt: Checkpoint, pipe) -> int:
-    """A checkpoint's native image side: the resolution it was trained at where it records one (a Composer
-    checkpoint's spec), else its UNet's sample size in pixels (``train.generation.native_size``)."""
-    return describe(ckpt).resolution or native_size(pipe)
+    """A checkpoint's native image side as a command draws at it: the resolution it was trained at where it records
+    one (a Composer checkpoint's spec), else its UNet's sample size in pixels (``train.generation.native_size``);
+    one line where it is no side `--size` takes (``train.generation.drawn_native_side``)."""
+    return drawn_native_side(describe(ckpt).resolution or native_size(pipe), ckpt.label)
 
 
 def _load_module(module: torch.nn.Module, weights: dict, prefix: str, where) -> None:
@@ -111,8 +131,9 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
     if build is None:
         raise CheckpointError(f"{path}: a {family.label} model spec; the workbench trains SD 2's and SDXL's UNets "
                               "and SD3's and Flux.1's transformers")
-    parts = _spec_built(build, spec, path)
     weights = model_weights(ckpt, ema=ema)
+    _spec_memory_plan(spec, family, weights, path)
+    parts = _spec_built(build, spec, path)
     for name, module in parts.items():
         _load_module(module, weights, name + ".", path)
         module.eval()
@@ -123,6 +144,19 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
                                        cls=getattr(transformers, family.second_tokenizer))
     tokenizer_2 = tokenizer if tokenizer_2 is None else tokenizer_2
     return _spec_built(lambda s: assemble(s, parts, tokenizer, tokenizer_2), spec, path)
+
+
+def _spec_memory_plan(spec: dict, family, weights: dict, path) -> MemoryPlan:
+    """The parts a spec's configs build, counted on the meta device against the checkpoint's weights before any is
+    built (``memory.counted_part``: sizes held, no weight made up), planned in float32 on this machine, where they
+    are built and their buffers made."""
+    sizes = {}
+    for name, part in family.variants[0].parts.items():
+        if name in spec:
+            held = sum(v.numel() for k, v in weights.items() if k.startswith(name + ".") and hasattr(v, "numel"))
+            sizes[name] = 4 * counted_part(part.cls, spec[name], held, f"{path}: its spec's {name} config",
+                                           f"its {name}.* weights")
+    return plan_memory(sizes, torch.device("cpu"), torch.float32, f"{path} ({family.label})")
 
 
 def _spec_built(step, spec: dict, path):
@@ -253,10 +287,12 @@ def pipeline_from_folder(path: Path, where: str, dtype: torch.dtype = torch.floa
 
 
 def _memory_plan(ckpt: Checkpoint, device, dtype: torch.dtype) -> MemoryPlan:
-    """What a folder's family needs at ``dtype``, planned before any weight is read (``memory.plan_memory``)."""
+    """What a folder's parts need at ``dtype`` as their configs build them, planned before any weight is read or
+    any class built with memory (``memory.part_sizes``, ``memory.plan_memory``)."""
+    check_pipeline_folder(ckpt.path, ckpt.label)  # what it names is safe to read before any config of it is
     family = family_of_folder(ckpt.path, ckpt.label)
-    parts = (family.denoiser, *family.text_encoders, "vae")
-    return plan_memory(part_sizes(ckpt.path, parts, dtype), torch.device(device), dtype,
+    parts = folder_parts(ckpt.path, (family.denoiser, *family.text_encoders, "vae"), ckpt.label)
+    return plan_memory(part_sizes(ckpt.path, parts, dtype, ckpt.label), torch.device(device), dtype,
                        f"{ckpt.label} ({family.label})")
 
 

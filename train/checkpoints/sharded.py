@@ -6,10 +6,14 @@ whole. PyTorch 2.7 reads that index with a bare ``pickle.load`` and the non-tens
 spec, callbacks' state) with ``torch.load(weights_only=False)``: a folder crafted to run code would run it.
 Here nothing is read that way:
 
-- the index through ``_IndexUnpickler``, which builds only DCP's own record classes, ``torch.Size``, dtypes,
-  layouts and paths; any other global refuses the folder;
-- each value with ``torch.load(weights_only=True)``, tensors from a slice whose zip is checked first (stored
-  members no larger than the slice), so a declared size cannot make it allocate more than the file holds;
+- the index by ``sharded_index.load_index``, which builds records of its own and nothing else: no opcode of the
+  file reaches an object of the process (pickle's BUILD set attributes of any class the index named: a 138-byte
+  index rewrote ``pathlib``'s containment and link checks for the whole process), and what it builds is held to
+  ``INDEX_OBJECTS_PER_BYTE`` times the index's byte limit;
+- each value's slice bounded before it is read (a tensor by its declared shape and dtype, anything else by
+  ``MAX_VALUE_BYTES``, whatever the part's size), its zip checked (``ziphead.stored_zip_problem``: every member
+  stored, within the slice, not overlapping: a deflated ``data.pkl`` of 3 MiB inflated to 3 GiB), then loaded with
+  ``torch.load(weights_only=True)``;
 - a part only by a plain file name in the folder (``__0_0.distcp``, no separator, no link), at an offset and
   length inside that file; the tensors the index declares must fit in the bytes the parts hold before any is
   allocated.
@@ -20,16 +24,16 @@ whole), so every reader opens either kind.
 from __future__ import annotations
 
 import io
-import pickle
+import math
 import re
-import zipfile
 from pathlib import Path
 
 import torch
 
 from ..errors import CheckpointError, first_line
 from .plain import SAFE_TYPES
-from .ziphead import mib_limit
+from .sharded_index import Index, IndexTooLarge, TensorEntry, load_index
+from .ziphead import mib_limit, stored_zip_problem
 
 METADATA = ".metadata"
 PART_NAME = re.compile(r"^__\d+_\d+\.distcp$")
@@ -38,16 +42,20 @@ MAX_INDEX_ENV = "DWB_MAX_SHARDED_INDEX_MB"
 # ranks (a chunk per weight per rank): an SDXL-class UNet with AdamW and EMA on 128 ranks is about 100 MiB.
 DEFAULT_MAX_INDEX_MB = 256
 
-_INDEX_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "TensorProperties",
-                                              "ChunkStorageMetadata", "BytesStorageMetadata", "MetadataIndex",
-                                              "StorageMeta", "_MEM_FORMAT_ENCODING"},
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-}
+# What reading an index may build, in bytes per byte of the index limit: 2 GiB at the default. Measured
+# (``sharded_index`` counts what each opcode adds), an index builds 10.5 to 15.6 bytes per byte of file: the tiny
+# run's, saved by one process (0.44 MiB), 10.5; 3.1 MiB of 12,002 entries 12.2; 107 MiB of 768,050 (6,000 weights in
+# 128 chunks each, as 128 ranks save them) 15.6, 1.6 GiB counted and 1.3 GiB of memory. So an index of up to about
+# 130 MiB reads under the defaults (a larger run raises DWB_MAX_SHARDED_INDEX_MB, and the budget with it), while an
+# index of 240 MiB, under the byte limit, had built 34M objects past 3 GiB.
+INDEX_OBJECTS_PER_BYTE = 8
+# A value that is no tensor (a spec entry, a timestamp, a callback's state) is a ``torch.save`` zip of plain data:
+# in a tiny run's sharded save, 1,261 to 5,229 bytes (numpy's RNG state); the checkpoint saver's list of saved
+# checkpoints grows about 300 bytes a checkpoint.
+MAX_VALUE_BYTES = 16 << 20
+# A tensor's zip holds its bytes and, measured, 1,545 to 1,577 bytes more (its pickle, version records, 64-byte
+# alignment), whatever its size.
+TENSOR_ZIP_BYTES = 64 << 10
 
 
 def is_sharded_folder(path: str | Path) -> bool:
@@ -68,21 +76,9 @@ class _Shape:
         self.shape = tuple(size)
 
 
-class _IndexUnpickler(pickle.Unpickler):
-    """DCP's index records and nothing else: a global outside them is refused before it is imported."""
-
-    def find_class(self, module, name):
-        if name in _INDEX_CLASSES.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"the index names {module}.{name}, which a checkpoint index does not hold")
-
-
-def read_index(folder: Path):
-    """The folder's DCP ``Metadata``, unpickled with ``_IndexUnpickler`` within ``max_index_bytes()``."""
-    from torch.distributed.checkpoint.metadata import Metadata
-
+def read_index(folder: Path) -> Index:
+    """The folder's DCP index, read by ``sharded_index.load_index`` within ``max_index_bytes()`` and
+    ``INDEX_OBJECTS_PER_BYTE`` times that of objects."""
     index = folder / METADATA
     if index.is_symlink() or not index.is_file():
         raise CheckpointError(f"{folder} is not a whole sharded checkpoint ({METADATA} missing)")
@@ -92,10 +88,16 @@ def read_index(folder: Path):
                               f"{limit >> 20} allows")
     try:
         with open(index, "rb") as f:
-            meta = _IndexUnpickler(f).load()
+            data = f.read(size + 1)
+        if len(data) > size:
+            raise ValueError(f"{METADATA} grew while it was read")
+        meta = load_index(data, INDEX_OBJECTS_PER_BYTE * limit)
+    except IndexTooLarge as e:
+        raise CheckpointError(f"cannot read sharded checkpoint {folder}: its {METADATA} {e} ({INDEX_OBJECTS_PER_BYTE} "
+                              f"x {MAX_INDEX_ENV}={limit >> 20} allows)") from None
     except Exception as e:  # noqa: BLE001 - any failure to read a foreign file is one line
         raise CheckpointError(f"cannot read sharded checkpoint {folder}: {first_line(e)}") from None
-    if not isinstance(meta, Metadata) or not isinstance(meta.storage_data, dict):
+    if type(meta) is not Index or type(meta.storage_data) is not dict or type(meta.state_dict_metadata) is not dict:
         raise CheckpointError(f"cannot read sharded checkpoint {folder}: {METADATA} is not a DCP index")
     return meta
 
@@ -115,19 +117,29 @@ def _part_sizes(folder: Path, meta) -> dict[str, int]:
     return sizes
 
 
-def _check_layout(folder: Path, meta, sizes: dict[str, int]) -> None:
-    """Every value inside its part, and the tensors declared no larger than the parts' bytes in all."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+def _tensor_bytes(md: TensorEntry) -> int:
+    return math.prod(md.size) * md.properties.dtype.itemsize
 
+
+def _check_layout(folder: Path, meta: Index, sizes: dict[str, int]) -> None:
+    """Every value inside its part and no longer than it may be (a tensor its declared bytes and
+    ``TENSOR_ZIP_BYTES``, anything else ``MAX_VALUE_BYTES``), and the tensors declared no larger than the parts'
+    bytes in all: checked before anything is read or allocated."""
+    tensors = {fqn: md for fqn, md in meta.state_dict_metadata.items() if isinstance(md, TensorEntry)}
+    if any(int(d) < 0 for md in tensors.values() for d in md.size):  # a negative size would hide a huge one in a sum
+        raise CheckpointError(f"sharded checkpoint {folder}: its index declares a tensor of negative size")
     for index, info in meta.storage_data.items():
         offset, length = int(info.offset), int(info.length)
         if offset < 0 or length < 0 or offset + length > sizes[info.relative_path]:
             raise CheckpointError(f"sharded checkpoint {folder}: {index.fqn} lies past the end of "
                                   f"{info.relative_path} (cut short?)")
-    tensors = [md for md in meta.state_dict_metadata.values() if isinstance(md, TensorStorageMetadata)]
-    if any(int(d) < 0 for md in tensors for d in md.size):  # a negative size would hide a huge one in the sum
-        raise CheckpointError(f"sharded checkpoint {folder}: its index declares a tensor of negative size")
-    declared = sum(md.size.numel() * md.properties.dtype.itemsize for md in tensors)
+        md = tensors.get(index.fqn)
+        bound = MAX_VALUE_BYTES if md is None else _tensor_bytes(md) + TENSOR_ZIP_BYTES
+        if length > bound:
+            what = "a value other than a tensor" if md is None else "its declared shape and dtype"
+            raise CheckpointError(f"sharded checkpoint {folder}: {index.fqn} is stored as {length:,} bytes, more "
+                                  f"than {what} may take ({bound:,})")
+    declared = sum(_tensor_bytes(md) for md in tensors.values())
     if declared > sum(sizes.values()):
         raise CheckpointError(f"sharded checkpoint {folder}: its index declares {declared:,} bytes of tensors, more "
                               f"than its parts hold ({sum(sizes.values()):,})")
@@ -139,14 +151,11 @@ def _read_slice(folder: Path, info) -> bytes:
         return f.read(int(info.length))
 
 
-def _load_value(raw: bytes, tensor: bool):
-    """One stored value as plain data; a tensor's zip must hold stored members within the slice."""
-    if tensor:
-        with zipfile.ZipFile(io.BytesIO(raw)) as z:
-            if any(m.compress_type != zipfile.ZIP_STORED or m.file_size > len(raw) for m in z.infolist()):
-                raise ValueError("a tensor's record is compressed or larger than its slice")
-            if bad := z.testzip():
-                raise ValueError(f"corrupt member {bad}")
+def _load_value(raw: bytes):
+    """One stored value as plain data, its zip checked first (``ziphead.stored_zip_problem``): a compressed or
+    overlapping member would make PyTorch's reader allocate what it declares."""
+    if problem := stored_zip_problem(raw):
+        raise ValueError(problem)
     with torch.serialization.safe_globals(SAFE_TYPES):
         return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
 
@@ -172,22 +181,20 @@ def load_sharded_state(folder: str | Path, skip: tuple[str, ...] = ("state.optim
 
 
 def _load_sharded_state(folder: Path, skip: tuple[str, ...], tensors: bool) -> dict:
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     meta = read_index(folder)
     _check_layout(folder, meta, _part_sizes(folder, meta))
     stored = _storage_by_name(meta)
     tree: dict = {}
     paths = meta.planner_data if isinstance(meta.planner_data, dict) else {}
     for fqn, md in meta.state_dict_metadata.items():
-        path = tuple(paths.get(fqn, tuple(fqn.split("."))))
+        path = _tree_path(paths.get(fqn, tuple(fqn.split("."))))
         if not _wanted(path, skip):
             continue
         try:
-            if isinstance(md, TensorStorageMetadata):
+            if isinstance(md, TensorEntry):
                 value = _consolidate(folder, stored.get(fqn, []), md) if tensors else _Shape(md.size)
             else:
-                value = _load_value(_read_slice(folder, _only_storage(stored, fqn)), tensor=False)
+                value = _load_value(_read_slice(folder, _only_storage(stored, fqn)))
         except CheckpointError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure to read a foreign file is one line
@@ -200,7 +207,16 @@ def _load_sharded_state(folder: Path, skip: tuple[str, ...], tensors: bool) -> d
     return state
 
 
-def _storage_by_name(meta) -> dict[str, list]:
+def _tree_path(path) -> tuple:
+    """Where a value goes in the state tree (DCP's ``planner_data``): names and list positions, whose hashes a file
+    cannot choose (an int is its own hash: keys all alike would make every insertion walk all the others)."""
+    if type(path) is not tuple or not path or not all(
+            type(key) is str or type(key) is int and 0 <= key < 1 << 31 for key in path):
+        raise ValueError("a value's place in the state is not a tuple of names and list positions")
+    return path
+
+
+def _storage_by_name(meta: Index) -> dict[str, list]:
     stored: dict[str, list] = {}
     for index, info in meta.storage_data.items():
         stored.setdefault(index.fqn, []).append((index, info))
@@ -220,7 +236,7 @@ def _consolidate(folder: Path, chunks: list, md) -> torch.Tensor:
     covered = 0
     for index, info in chunks:
         offsets = tuple(index.offset or ())
-        chunk = _load_value(_read_slice(folder, info), tensor=True)
+        chunk = _load_value(_read_slice(folder, info))
         if not isinstance(chunk, torch.Tensor) or len(offsets) != whole.dim():
             raise ValueError("a chunk that is no tensor of the declared rank")
         view = whole
@@ -266,8 +282,6 @@ def sharded_problem(folder: str | Path) -> str | None:
     """Why a sharded checkpoint folder cannot be resumed from (no index, a part cut short or corrupt, a value that
     is more than plain data), or None. Reads every stored value once, optimizer state included, one at a time:
     rank 0 holds one chunk, never the whole state."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     folder = Path(folder)
     try:
         meta = read_index(folder)
@@ -277,9 +291,8 @@ def sharded_problem(folder: str | Path) -> str | None:
     except Exception as e:  # noqa: BLE001 - DCP's record types with fields of the wrong kind
         return f"cannot read sharded checkpoint {folder}: its index is malformed ({type(e).__name__})"
     for index, info in meta.storage_data.items():
-        is_tensor = isinstance(meta.state_dict_metadata.get(index.fqn), TensorStorageMetadata)
         try:
-            _load_value(_read_slice(folder, info), tensor=is_tensor)
+            _load_value(_read_slice(folder, info))
         except Exception as e:  # noqa: BLE001 - any failure to read a foreign file is one line
             return (f"cannot read sharded checkpoint {folder}: {index.fqn} is corrupt or holds more than plain "
                     f"data ({first_line(e)})")

@@ -366,6 +366,7 @@ def load_single_file(path: Path) -> StableDiffusionPipeline:
     """
     from diffusers import StableDiffusionPipeline
 
+    from ..families import check_part_config
     from .schedules import inference_scheduler  # diffusers' schedulers: imported when a file is opened, not listed
 
     path = Path(path)
@@ -376,6 +377,9 @@ def load_single_file(path: Path) -> StableDiffusionPipeline:
         with tempfile.TemporaryDirectory(prefix="dwb-single-file-") as folder, _quiet_diffusers():
             if "spec" in about:
                 write_spec_folder(Path(folder), about["spec"], scheduler)
+                for name in ("unet", "vae", "text_encoder"):  # each number that sizes them held before any is built
+                    check_part_config(_model_index(scheduler)[name][1], about["spec"][name],
+                                      f"its dwb.spec metadata's {name} config")
             else:
                 write_config_folder(Path(folder), shapes, family, config, about, scheduler)
             pipe = StableDiffusionPipeline.from_single_file(

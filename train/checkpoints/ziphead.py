@@ -14,11 +14,14 @@ header's) are summed and held to ``max_inflated()`` (``DWB_MAX_INFLATED_MB``, de
 of SD 1.x/2.x, the CLIP token embedding, is 202 MB in float32), and a stored member must declare the size it
 holds. The pickle is then inflated in a stream with a running count, so a header that lies is stopped at the
 size it declared. Every reader of a zip checkpoint (``torch.load`` in ``composer`` and ``single_file``, the
-pickle here, ``autoresume``'s CRC check) calls ``zip_head`` first: the one place the bound is kept.
+pickle here, ``autoresume``'s CRC check) calls ``zip_head`` first: the one place the bound is kept. A value of a
+sharded checkpoint (a ``torch.save`` zip inside a part) is held to more: ``stored_zip_problem`` takes no compressed
+member at all.
 """
 from __future__ import annotations
 
 import functools
+import io
 import os
 import struct
 import zipfile
@@ -254,3 +257,29 @@ def check_inflation(path: str | Path) -> None:
         zip_head(path)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error):
         pass
+
+
+def stored_zip_problem(data: bytes) -> str | None:
+    """Why the zip archive ``data`` (a value of a sharded checkpoint: ``torch.save``'s zip, every member stored as
+    it is) could make PyTorch's reader allocate more than it holds, or is damaged; None when every member is stored,
+    within the archive, no two overlapping (their sizes sum to no more than it holds), each with its CRC-32. The
+    directory is read where PyTorch's reader reads it (at the offset its end record gives)."""
+    f = io.BytesIO(data)
+    try:
+        members = _fast_members(f, len(data))
+        if members is None:
+            return "no zip directory where PyTorch's reader looks for one"
+        for member in members:
+            start, _, method = _local_header(f, member)
+            if STORED != member.method or STORED != method:
+                return (f"zip member {member.name} is compressed ({member.compressed:,} bytes declared to inflate to "
+                        f"{member.size:,}; torch.save stores every member as it is)")
+            if member.size != member.compressed or start + member.size > len(data):
+                return f"zip member {member.name} declares {member.size:,} bytes, more than it holds"
+            if zlib.crc32(memoryview(data)[start:start + member.size]) != member.crc:
+                return f"bad CRC-32 for zip member {member.name}"
+    except (zipfile.BadZipFile, struct.error, UnicodeDecodeError, ValueError, IndexError) as e:
+        return f"a damaged zip directory ({type(e).__name__})"
+    if sum(member.size for member in members) > len(data):
+        return "zip members that overlap (their sizes sum to more than the archive holds)"
+    return None

@@ -1,6 +1,7 @@
 """The ground floor every room of train stands on, and the command packages with them.
 
-- ``compat``: every patch of a library's internals, with the version it was written for;
+- ``diffusers_patches``: diffusers 0.39.0's Flux.1 single-file converter at any width, for the checkpoint door
+  (training's library patches are ``train.patches``, the app's Gradio ones ``app.gradio_patches``);
 - ``files``: files written whole or not at all, and a full disk said in one line;
 - ``outside_json``: JSON a checkpoint, dataset, rater or other process wrote, bounded in size and nesting;
 - ``typed_config``: YAML and ``key=value`` read into dataclasses: types, value ranges, unknown keys;
@@ -13,8 +14,7 @@
 from .faces import face
 
 __getattr__, __all__ = face(__name__, {
-    "compat": "RestoreRNG align_dataset_epoch calm_gradio_queue flux_single_file_widths fsdp_full_params fsdp_on_cpu fsdp_weight_share patch_composer_ema prompt_remote_latest signal_files_per_node queue_jobs "
-              "release_streaming_shared_memory serialize_queue_joins serve_gradio_with upload_abort",
+    "diffusers_patches": "flux_single_file_widths",
     "digits": "interval_decimals interval_text outward p_value_text round_up",
     "escaping": "FORMULA_STARTS spreadsheet_cell",
     "faces": "face",
@@ -23,6 +23,6 @@ __getattr__, __all__ = face(__name__, {
              "write_text_whole",
     "s3": "download_cache s3_client split_s3",
     "serving": "DeadlineProtocol allow_open_files deadline_protocol",
-    "typed_config": "AT_LEAST_ONE NON_NEGATIVE POSITIVE PROBABILITY RULE SEED Duration Each OneOf Range build_config "
-                    "check_rules checked merge_config one_of parse_overrides read_config_file",
+    "typed_config": "AT_LEAST_ONE MAX_TIME NON_NEGATIVE POSITIVE PROBABILITY RULE SEED Duration Each OneOf Range build_config "
+                    "check_rules checked merge_config one_of parse_overrides read_config_file shown",
 })

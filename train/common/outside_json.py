@@ -15,6 +15,7 @@ tried: a regular expression for strings goes quadratic on ``"\"\"\"...`` left op
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,9 @@ def loads_outside(text: str | bytes, what: str, max_bytes: int = MAX_BYTES, max_
     except RecursionError:
         raise too_deep from None
     except ValueError as e:
+        if not isinstance(e, json.JSONDecodeError):  # int() of a number past Python's limit: its text names a setting
+            raise WorkbenchError(f"{what}: holds a number of more than {sys.get_int_max_str_digits():,} digits, "
+                                 f"Python's limit on reading one") from None
         raise WorkbenchError(f"{what}: not valid JSON ({str(e).splitlines()[0][:120]})") from None
     if nesting_depth(value, max_depth) > max_depth:
         raise too_deep

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from ..errors import WorkbenchError
+from ..generation import MAX_ASPECT
 
 DEFAULT_MAX_ASPECT = 2.0  # 1:2 to 2:1, NovelAI's and SDXL's range (SDXL's goes to 1:4 on its finest buckets)
 LATENT_STEP = 8  # the VAE downsamples by 8: a side that is not a multiple of 8 has no whole latent
@@ -25,6 +26,17 @@ LATENT_STEP = 8  # the VAE downsamples by 8: a side that is not a multiple of 8 
 # budget of 256 three buckets (256x256, 320x192, 192x320), a step of 32 five (down to 1.67:1). At 512 a step of
 # 64 reaches 640x384 (1.67:1; 704x320 is 2.2:1), a step of 32 reaches 704x352 (2:1) in 13 buckets.
 LARGE_BUDGET_STEP, SMALL_BUDGET_STEP, LARGE_BUDGET = 64, 32, 512
+# The bounds of a conversion's sets (`--max-aspect 1000000 --buckets 1000000 --bucket-step 8` asked for 1.25e8
+# buckets: 21.5 GB before the kernel's OOM killer ended it). The widest bucket is 4:1 either way: SDXL's
+# published list reaches 1:4, and `dwb sample --aspect` and evaluate draw at most that (MAX_ASPECT).
+MAX_BUCKET_ASPECT = MAX_ASPECT
+# Buckets over all budgets: SDXL's list holds about 40 at 1024 (1:4 to 4:1 on a step of 64; this set 33), and
+# each bucket is a dataset training draws whole batches from, so a budget cut into hundreds leaves each a few
+# images. 256 admits a step of 16 at 256, 512 and 1024 together up to 4:1 (227), or a step of 8 at 1024 to 2:1.
+MAX_BUCKETS = 256
+# The largest budget: training takes its buckets at data.resolution, which is at most 4096 (train.config's
+# MAX_RESOLUTION); a budget of 10^23 px a side was enumerated width by width until memory ran out.
+MAX_BUDGET_SIDE = 4096
 
 
 def default_step(side: int) -> int:
@@ -33,16 +45,59 @@ def default_step(side: int) -> int:
 
 def check_bucket_options(sides: Sequence[int], step: int | None, max_aspect: float) -> None:
     """Refuse, in one line, a step the VAE cannot use, a budget that is not a multiple of its step (no square
-    bucket), and an aspect bound below 1."""
+    bucket), and an aspect bound below 1 or past ``MAX_BUCKET_ASPECT``."""
     if step is not None and (step <= 0 or step % LATENT_STEP):
         raise WorkbenchError(f"bucket step must be a positive multiple of {LATENT_STEP} (the VAE's factor), "
                              f"got {step}")
-    if not (math.isfinite(max_aspect) and max_aspect >= 1):
-        raise WorkbenchError(f"max aspect must be at least 1 (1 keeps only the square), got {max_aspect}")
+    if not (math.isfinite(max_aspect) and 1 <= max_aspect <= MAX_BUCKET_ASPECT):
+        raise WorkbenchError(f"--max-aspect must be at least 1 (1 keeps only the square) and at most "
+                             f"{MAX_BUCKET_ASPECT:g} (4:1, SDXL's widest buckets), got {_shown(max_aspect)}")
     for side in sides:
         if side % (step or default_step(side)):
             raise WorkbenchError(f"bucket {side} is not a multiple of the bucket step {step or default_step(side)} "
                                  f"(--bucket-step); its square would not be a bucket")
+
+
+def check_bucket_count(sides: Sequence[int], step: int | None, max_aspect: float) -> None:
+    """Refuse, in one line and before any set is made, a budget past ``MAX_BUDGET_SIDE`` and sets of more than
+    ``MAX_BUCKETS`` buckets over all ``sides`` (counted up to the bound, not made)."""
+    check_bucket_options(sides, step, max_aspect)
+    if any(side > MAX_BUDGET_SIDE for side in sides):
+        raise WorkbenchError(f"--buckets {_sides_text(sides)}: an aspect-ratio budget is at most {MAX_BUDGET_SIDE} "
+                             f"px a side (training takes buckets at data.resolution, at most {MAX_BUDGET_SIDE})")
+    total = 0
+    for side in sides:
+        total += bucket_count(side, step or default_step(side), max_aspect, MAX_BUCKETS - total)
+        if total > MAX_BUCKETS:
+            raise WorkbenchError(
+                f"--buckets {_sides_text(sides)} with --bucket-step {step or 'the default'} and --max-aspect "
+                f"{_shown(max_aspect)} make more than {MAX_BUCKETS} aspect-ratio buckets; at most {MAX_BUCKETS} are "
+                f"made (a larger --bucket-step, a smaller --max-aspect or fewer --buckets make fewer)")
+
+
+def bucket_count(side: int, step: int, max_aspect: float, stop_above: int) -> int:
+    """How many buckets ``bucket_set`` makes of the budget, counted width by width as it makes them (each wide
+    bucket has its tall transpose, the square none); stops once past ``stop_above``."""
+    area, wide = side * side, 0
+    for width in range(side + step, math.isqrt(int(area * max_aspect)) + step, step):
+        height = area // width // step * step
+        if height and width / height <= max_aspect:
+            wide += 1
+            if 1 + 2 * wide > stop_above:
+                break
+    return 1 + 2 * wide
+
+
+def _shown(x: float) -> str:
+    """1000000.0 as "1000000", 2.5 as itself."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def _sides_text(sides: Sequence[int]) -> str:
+    """The budgets as given, a long number by its digits, a long list by its first three and its last."""
+    shown = [str(s) if s < 10**12 else f"(a {len(str(s)) if s.bit_length() < 13_000 else 'many'}-digit number)"
+             for s in sides]
+    return ",".join(shown) if len(shown) <= 8 else f"{','.join(shown[:3])},...,{shown[-1]} ({len(shown):,} budgets)"
 
 
 @lru_cache(maxsize=64)

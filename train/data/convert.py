@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from ..common import load_outside, loads_outside, write_text_whole
 from ..errors import WorkbenchError
-from .buckets import DEFAULT_MAX_ASPECT, assign, bucket_name, bucket_set, check_bucket_options, cover, cover_scale
+from .buckets import DEFAULT_MAX_ASPECT, assign, bucket_name, bucket_set, check_bucket_count, cover, cover_scale
 from .image_folders import folder_records
 from .layouts import Columns, plan_units
 from .mds import checked_index, image_columns, open_writer
@@ -623,7 +623,7 @@ def _aspect_buckets(sides: Sequence[int], aspect_buckets: bool, bucket_step: int
             raise WorkbenchError("bucket_step and max_aspect apply to aspect-ratio buckets only (--aspect-buckets)")
         return None
     max_aspect = DEFAULT_MAX_ASPECT if max_aspect is None else float(max_aspect)
-    check_bucket_options(sides, bucket_step, max_aspect)
+    check_bucket_count(sides, bucket_step, max_aspect)  # before any set is made: a set may be 10^8 buckets
     return tuple((side, bucket_set(side, bucket_step, max_aspect)) for side in sides)
 
 

@@ -10,11 +10,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..errors import WorkbenchError
+from ..errors import CheckpointError, WorkbenchError
+
+# How far a checkpoint's config may go past its family's published sizes: each number that sizes a part (layers,
+# widths, heads, sample size) up to four times the largest a published part of its class gives it (``limits``).
+# Four times SDXL's 128-latent sample size is 4096 px, the largest side `dwb train` trains at (data.resolution). At
+# four times every depth the deepest part, a UNet of 4 levels of 8 layers of 40 transformer blocks, built on the meta
+# device in 18 s on two busy cores (the transformers and text encoders in under 2 s); what it builds is then
+# counted against the weights there are.
+SIZE_FACTOR = 4
 
 # How a family's guidance works: classifier-free guidance with a negative prompt ("cfg"), a guidance scale the
 # model was distilled to take as an input ("distilled", Flux.1-dev), or none at all ("none", Flux.1-schnell).
 GUIDANCE_KINDS = ("cfg", "distilled", "none")
+
+
+def shown(value, limit: int = 40) -> str:
+    """A value a checkpoint's file gave, as a one-line error shows it: its repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -24,6 +38,9 @@ class Part:
     library: str
     cls: str
     config: dict
+    # the config keys that size it (layers, widths, heads, sample size, its levels' lists): what a config from
+    # elsewhere is held to before it is built (``limits``)
+    sizes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +118,22 @@ class Family:
         scale = (resolution or self.native_size) / self.native_size
         smallest = max(step, math.ceil(self.size_range[0] * scale / step) * step)
         return smallest, max(smallest, math.floor(self.size_range[1] * scale / step) * step), step
+
+    def largest_side(self) -> int:
+        """The largest native side a checkpoint of the family may record: SIZE_FACTOR times its native size, as far
+        as its configs' sample sizes are held (``limits``)."""
+        return SIZE_FACTOR * self.native_size
+
+    def recorded_side(self, side, where: str) -> int | None:
+        """``side``, a native size a checkpoint records (its spec's resolution, its configs' sample size in pixels),
+        or None where it records none; a one-line CheckpointError naming ``where`` unless it is a whole number from
+        1 to ``largest_side``."""
+        if side is None:
+            return None
+        if isinstance(side, bool) or not isinstance(side, int) or not 1 <= side <= self.largest_side():
+            raise CheckpointError(f"{where} must be a whole number of pixels from 1 to {self.largest_side()} (a "
+                                  f"{self.label} side), got {shown(side)}")
+        return side
 
     def recommended(self, variant: Variant) -> dict:
         """The variant's published sampling settings, as a checkpoint's recommended ones (``{}`` where none)."""

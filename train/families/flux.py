@@ -9,12 +9,16 @@ from .parts import CLIP_L, clip_text, t5_encoder, vae
 
 FLUX_SAMPLERS = ("Euler", "DPM++ 2M", "UniPC")  # the pipeline sets its own sigmas: Heun's scheduler cannot take them
 
+# The keys that size Flux.1's transformer (``Part.sizes``)
+TRANSFORMER_SIZES = ("patch_size", "in_channels", "num_layers", "num_single_layers", "attention_head_dim",
+                     "num_attention_heads", "joint_attention_dim", "pooled_projection_dim", "axes_dims_rope")
+
 
 def transformer(guidance_embeds: bool) -> Part:
     return Part("diffusers", "FluxTransformer2DModel", dict(
         patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
         num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=guidance_embeds,
-        axes_dims_rope=(16, 56, 56)))
+        axes_dims_rope=(16, 56, 56)), TRANSFORMER_SIZES)
 
 
 def _parts(guidance_embeds: bool) -> dict[str, Part]:

@@ -18,17 +18,24 @@ OPENCLIP_BIGG = dict(_CLIP, hidden_size=1280, intermediate_size=5120, num_hidden
 T5_XXL = dict(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
               feed_forward_proj="gated-gelu", is_gated_act=True, dense_act_fn="gelu_new", relative_attention_num_buckets=32)
 
+# The keys that size each shared part (``Part.sizes``)
+CLIP_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "max_position_embeddings", "projection_dim")
+T5_SIZES = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads", "relative_attention_num_buckets")
+VAE_SIZES = ("sample_size", "in_channels", "out_channels", "latent_channels", "block_out_channels", "layers_per_block",
+             "norm_num_groups", "down_block_types", "up_block_types")
+
 _VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
             up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
             act_fn="silu", norm_num_groups=32)
 
 
 def clip_text(config: dict, projection: bool = False) -> Part:
-    return Part("transformers", "CLIPTextModelWithProjection" if projection else "CLIPTextModel", config)
+    return Part("transformers", "CLIPTextModelWithProjection" if projection else "CLIPTextModel", config, CLIP_SIZES)
 
 
 def t5_encoder() -> Part:
-    return Part("transformers", "T5EncoderModel", T5_XXL)
+    return Part("transformers", "T5EncoderModel", T5_XXL, T5_SIZES)
 
 
 def vae(latent_channels: int, scaling_factor: float, shift_factor: float | None = None, sample_size: int = 512) -> Part:
@@ -37,4 +44,4 @@ def vae(latent_channels: int, scaling_factor: float, shift_factor: float | None 
     extra = {} if shift_factor is None else dict(shift_factor=shift_factor, use_quant_conv=False,
                                                  use_post_quant_conv=False)
     return Part("diffusers", "AutoencoderKL", dict(_VAE, latent_channels=latent_channels, sample_size=sample_size,
-                                                   scaling_factor=scaling_factor, **extra))
+                                                   scaling_factor=scaling_factor, **extra), VAE_SIZES)

@@ -7,6 +7,10 @@ from .family import Family, Part, Variant
 from .parts import CLIP_L, OPENCLIP_BIGG, clip_text, t5_encoder, vae
 
 FLOW_SAMPLERS = ("Euler", "Heun", "DPM++ 2M", "UniPC")
+# The keys that size an MMDiT (``Part.sizes``)
+MMDIT_SIZES = ("sample_size", "patch_size", "in_channels", "out_channels", "num_layers", "attention_head_dim",
+               "num_attention_heads", "joint_attention_dim", "caption_projection_dim", "pooled_projection_dim",
+               "pos_embed_max_size")
 T5_WIDTH = 4096  # T5-XXL's states, which every published SD3 attends to beside its CLIP states
 
 
@@ -23,7 +27,7 @@ def mmdit(layers: int, caption_projection_dim: int, pos_embed_max_size: int, dua
         sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=layers, attention_head_dim=64,
         num_attention_heads=layers, joint_attention_dim=4096, caption_projection_dim=caption_projection_dim,
         pooled_projection_dim=2048, pos_embed_max_size=pos_embed_max_size, qk_norm="rms_norm",
-        dual_attention_layers=tuple(dual_attention_layers)))
+        dual_attention_layers=tuple(dual_attention_layers)), MMDIT_SIZES)
 
 
 def _parts(transformer: Part) -> dict[str, Part]:

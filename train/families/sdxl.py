@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .family import Family, Part, Variant
 from .parts import CLIP_L, OPENCLIP_BIGG, clip_text, vae
-from .stable_diffusion import DIFFUSION_SAMPLERS
+from .stable_diffusion import DIFFUSION_SAMPLERS, UNET_SIZES
 
 UNET = Part("diffusers", "UNet2DConditionModel", dict(
     sample_size=128, in_channels=4, out_channels=4, flip_sin_to_cos=True, freq_shift=0,
@@ -13,7 +13,7 @@ UNET = Part("diffusers", "UNet2DConditionModel", dict(
     up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), block_out_channels=(320, 640, 1280),
     layers_per_block=2, attention_head_dim=(5, 10, 20), transformer_layers_per_block=(1, 2, 10),
     cross_attention_dim=2048, use_linear_projection=True, addition_embed_type="text_time",
-    addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816, norm_num_groups=32))
+    addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816, norm_num_groups=32), UNET_SIZES)
 
 # The refiner (stabilityai/stable-diffusion-xl-refiner-1.0's unet/config.json; sgm's sd_xl_refiner.yaml: 384
 # channels x (1, 2, 4, 4), four transformer layers at the middle two levels, 64-wide heads): it attends to bigG's
@@ -25,7 +25,7 @@ REFINER_UNET = Part("diffusers", "UNet2DConditionModel", dict(
     block_out_channels=(384, 768, 1536, 1536), layers_per_block=2, attention_head_dim=(6, 12, 24, 24),
     transformer_layers_per_block=4, cross_attention_dim=1280, use_linear_projection=True,
     addition_embed_type="text_time", addition_time_embed_dim=256, projection_class_embeddings_input_dim=2560,
-    norm_num_groups=32))
+    norm_num_groups=32), UNET_SIZES)
 REFINER_TIME_IDS = 5  # original size (2), crop (2), aesthetic score (1); the base's: original and target size, crop
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 from .family import Family, Part, Variant
 from .parts import CLIP_L, OPENCLIP_H, clip_text, vae
 
+# The keys that size a UNet (``Part.sizes``): SDXL's too
+UNET_SIZES = ("sample_size", "in_channels", "out_channels", "block_out_channels", "layers_per_block",
+              "attention_head_dim", "transformer_layers_per_block", "cross_attention_dim", "norm_num_groups",
+              "addition_time_embed_dim", "projection_class_embeddings_input_dim", "down_block_types", "up_block_types")
 DIFFUSION_SAMPLERS = ("DDIM", "Euler", "Euler a", "Heun", "LMS", "DPM++ 2M", "DPM++ 2M Karras", "UniPC", "PNDM")
 
 
@@ -15,7 +19,7 @@ def unet(cross_attention_dim: int, attention_head_dim, linear: bool, sample_size
         up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3, block_out_channels=(320, 640, 1280, 1280),
         layers_per_block=2, downsample_padding=1, mid_block_scale_factor=1, act_fn="silu", norm_num_groups=32,
         norm_eps=1e-5, cross_attention_dim=cross_attention_dim, attention_head_dim=attention_head_dim,
-        use_linear_projection=linear))
+        use_linear_projection=linear), UNET_SIZES)
 
 
 def _sd_family(name: str, label: str, variant: Variant, marks: tuple[str, ...], size: int) -> Family:

@@ -13,8 +13,8 @@ from ..common import face
 __getattr__, __all__ = face(__name__, {
     "defaults": "DEFAULT_GUIDANCE DEFAULT_REFINER_SWITCH DEFAULT_SAMPLER DEFAULT_SIZE DEFAULT_STEPS DEFAULT_WEIGHTS "
                 "MAX_ASPECT MAX_GUIDANCE MAX_SEED MAX_SIZE MAX_STEPS MIN_SIZE RECOMMENDED_FILE RECOMMENDED_KEYS SIZE_STEP "
-                "WEIGHT_CHOICES aspect_problem check_drawable check_recommended drawable_sides parse_aspect parse_recommended "
-                "parse_size recommended_line starting_settings weights_to_use",
+                "WEIGHT_CHOICES aspect_problem check_drawable check_recommended drawable_sides drawn_native_side parse_aspect "
+                "parse_recommended parse_size recommended_line side_problem starting_settings weights_to_use",
     "device": "pick_device pipeline_dtype",
     "grid": "DEMO_PROMPTS grid_image write_grid",
     "images": "Refiner Settings StepHook Stopped check_refiner generate_images guidance_kind_of native_size "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from PIL import Image, PngImagePlugin
@@ -115,6 +116,8 @@ class ImageRecord:
             value = data[f.name]
             if isinstance(value, bool) or not isinstance(value, _RECORD_TYPES[f.type]):
                 raise ValueError(f"the record's {f.name} is not {f.type}")
+            if f.type == "float" and abs(value) > sys.float_info.max:  # float() raised OverflowError on 10**400
+                raise ValueError(f"the record's {f.name} is a number past the floats' range")
             values[f.name] = float(value) if f.type == "float" else value
         return cls(**values)
 
