@@ -13,12 +13,14 @@ import warnings
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from models import cli as models_cli
     from train import cli as train_cli
 
     parser = argparse.ArgumentParser(prog="dwb", description="diffusion-workbench: train, score, rate and serve SD2 models.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and library warnings")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cli.register(sub)
+    models_cli.register(sub)
     for name in ("evaluate", "human_eval", "app", "demo"):  # packages that ship a command line register it here
         try:
             module = __import__(f"{name}.cli", fromlist=["register"])

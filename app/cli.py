@@ -5,7 +5,7 @@ import argparse
 import ipaddress
 from pathlib import Path
 
-from train.generation import MAX_SIZE, MAX_STEPS, MIN_SIZE
+from models.generation import MAX_SIZE, MAX_STEPS, MIN_SIZE
 
 from .uploads import MAX_CLIENT_UPLOAD_MB, MAX_TOTAL_UPLOAD_MB
 
@@ -59,9 +59,9 @@ class DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def cmd_app(args) -> None:
-    from train.errors import WorkbenchError
+    from models.errors import WorkbenchError
 
-    from train.checkpoints import resolve_roots
+    from models.checkpoints import resolve_roots
 
     if args.max_size % 8:
         raise WorkbenchError(f"--max-size must be a multiple of 8, got {args.max_size}")

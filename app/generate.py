@@ -1,7 +1,7 @@
-"""The app's requests: parameters, their validation and limits, and the call into ``train.generation``.
+"""The app's requests: parameters, their validation and limits, and the call into ``models.generation``.
 
 No Gradio here: the app, its tests and the benchmark call the same ``generate``. Image ``i`` of a batch
-uses seed ``seed + i``; how a seed becomes an image, and the PNG parameters, are ``train.generation``'s.
+uses seed ``seed + i``; how a seed becomes an image, and the PNG parameters, are ``models.generation``'s.
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Callable
 
 from PIL import Image
 
-from train.errors import WorkbenchError
-from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,  # noqa: F401 - app's names
-                              DEFAULT_REFINER_SWITCH, MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE,
-                              ImageRecord, Refiner, Settings, StepHook, Stopped, check_sampler, generate_images)
+from models.errors import WorkbenchError
+from models.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,  # noqa: F401 - app's names
+                               DEFAULT_REFINER_SWITCH, MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE,
+                               ImageRecord, Refiner, Settings, StepHook, Stopped, check_sampler, generate_images)
 
 
 # What a million pixel-steps cost, for the refusal's estimate, measured with SD2-base's UNet (classifier-free
@@ -40,7 +40,7 @@ def device_class(device: str) -> str:
 class Limits:
     """What one request, and one client at once, may ask for; `dwb app` flags set them."""
 
-    max_steps: int = MAX_STEPS  # these four as in `dwb sample` (train.generation.defaults)
+    max_steps: int = MAX_STEPS  # these four as in `dwb sample` (models.generation.defaults)
     min_size: int = MIN_SIZE
     max_size: int = MAX_SIZE
     max_batch: int = 8
@@ -222,7 +222,7 @@ def refiner_switch(value) -> float:
 
 
 def settings_of(params: GenerationParams, refiner: Refiner | None = None) -> Settings:
-    """The generation settings (``train.generation``) of validated request parameters, with the refiner their
+    """The generation settings (``models.generation``) of validated request parameters, with the refiner their
     ``refiner`` names, opened."""
     return Settings(steps=params.steps, guidance=params.guidance, width=params.width, height=params.height,
                     sampler=params.sampler, negative_prompt=params.negative_prompt, refiner=refiner)

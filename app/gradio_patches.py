@@ -29,7 +29,7 @@ upload passes its limit or its client leaves, so Gradio deletes them.
 
 **The HTTP server** (``serve_gradio_with``). ``gradio.http_server.start_server`` builds its uvicorn ``Config``
 itself and takes no HTTP protocol, so the app could not give its server the deadline for a request to arrive and
-the cap on connections (``train.common.serving``): 1,500 half-sent requests stayed open for good. Gradio's
+the cap on connections (``models.common.serving``): 1,500 half-sent requests stayed open for good. Gradio's
 ``http_server.Server`` (a ``uvicorn.Server``), which ``start_server`` looks up at call time, is replaced by a
 subclass that sets the config's ``http`` before uvicorn loads it.
 """

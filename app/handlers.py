@@ -15,11 +15,11 @@ from collections.abc import Callable
 import gradio as gr
 import pandas as pd
 
-from train.checkpoints import content_hash, recommended_settings
-from train.common import interval_text
-from train.errors import WorkbenchError, first_line
-from train.families import family_or_ours
-from train.generation import DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, PROMPT_SETS, read_prompt_table, recommended_line
+from models.checkpoints import content_hash, recommended_settings
+from models.common import interval_text
+from models.errors import WorkbenchError, first_line
+from models.families import family_or_ours
+from models.generation import DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, PROMPT_SETS, read_prompt_table, recommended_line
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
 from .png_info import read_png, settings_from
@@ -181,7 +181,7 @@ class Handlers:
 
     def recommended_of(self, ckpt) -> tuple[dict, str]:
         """The checkpoint's recommended settings within the app's limits, and the line saying they are its
-        (``train.generation.recommended_line``), or why they are not used."""
+        (``models.generation.recommended_line``), or why they are not used."""
         try:
             recommended = recommended_settings(ckpt)
         except WorkbenchError as e:
@@ -359,7 +359,7 @@ class Handlers:
 
     def axis_picker(self, kind: str):
         """The pick list beside an axis: checkpoints or samplers, for the axis types that name them."""
-        from train.generation import SAMPLERS
+        from models.generation import SAMPLERS
 
         if kind == "checkpoint":
             return gr.update(choices=self.choices()[0], value=[], visible=True)

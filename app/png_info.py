@@ -17,8 +17,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from train.errors import WorkbenchError
-from train.generation import SAMPLERS, ImageRecord, parameters_from_exif, parse_parameters, refiner_of
+from models.errors import WorkbenchError
+from models.generation import SAMPLERS, ImageRecord, parameters_from_exif, parse_parameters, refiner_of
 
 MAX_PIXELS = 4096 * 4096
 # Our text is two prompts of at most 2,000 characters and a settings line of a few hundred; AUTOMATIC1111's with

@@ -11,7 +11,7 @@
 - ``STUDY/report/results.json`` (`dwb human-eval report`): ``model_info`` gives each model's
   ``checkpoint_hash``, ``comparisons`` each pair's win rate with its intervals; from ``--study`` folders.
 
-Rows join checkpoints by content hash (``train.checkpoints.content_hash``), never by name or path. The files
+Rows join checkpoints by content hash (``models.checkpoints.content_hash``), never by name or path. The files
 are read as files: the app imports neither evaluate nor human_eval.
 """
 from __future__ import annotations
@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from train.common import load_outside, loads_outside
-from train.common import MAX_TIME
-from train.errors import WorkbenchError, first_line
-from train.generation import with_sampler_key
+from models.common import MAX_TIME, load_outside, loads_outside
+from models.errors import WorkbenchError, first_line
+from models.generation import with_sampler_key
 
 log = logging.getLogger("app")
 RESULTS = "results.jsonl"
@@ -39,7 +38,7 @@ WIN_RATE_INTERVALS = ("clustered_wilson", "two_way", "wilson")  # a study report
 FLOAT_MAX = sys.float_info.max
 
 
-# The largest training step a row may place on the plot: as long as any run may be (train.common.typed_config's
+# The largest training step a row may place on the plot: as long as any run may be (models.common.typed_config's
 # MAX_TIME, 10^10 batches); a step of 400 digits went whole into the page's table, which holds 64-bit numbers.
 MAX_STEP = MAX_TIME["ba"]
 
@@ -329,7 +328,7 @@ class ResultsRows:
 
 
 def _results_rows(path: Path) -> ResultsRows:
-    """Each line read as JSON from outside (``train.common.loads_outside``: a line nested 5,000 deep raised
+    """Each line read as JSON from outside (``models.common.loads_outside``: a line nested 5,000 deep raised
     RecursionError, a 500 from the Scores tab); an unreadable whole line is skipped with its reason, and a last
     line without its line break (cut short by a crash of the scoring process) is skipped without one."""
     text = path.read_text()

@@ -25,12 +25,10 @@ from typing import Callable
 import torch
 from PIL import Image
 
-from train.errors import WorkbenchError, first_line
-
-from train.checkpoints import (Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint,
-                               weights_of)
-from train.generation import (WEIGHT_CHOICES, ImageRecord, Refiner, generate_images, guidance_kind_of, save_png,
-                              with_metadata)
+from models.errors import WorkbenchError, first_line
+from models.checkpoints import Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint, weights_of
+from models.generation import (WEIGHT_CHOICES, ImageRecord, Refiner, generate_images, guidance_kind_of, save_png,
+                               with_metadata)
 
 from .cache import PipelineCache
 from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, checkpoint_name, generate,
@@ -41,7 +39,7 @@ from .xyz import Plan, parse_axis, plan
 
 log = logging.getLogger("app")
 WEIGHTS = WEIGHT_CHOICES  # "auto": EMA where the checkpoint holds EMA weights
-NOT_FOUND = "checkpoint not found: "  # train.checkpoints' words for a name that names nothing
+NOT_FOUND = "checkpoint not found: "  # models.checkpoints' words for a name that names nothing
 NOT_A_PIPELINE = "is a folder but neither a diffusers pipeline"  # ... and for a folder that is no checkpoint
 SERVER_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/:'\"(),;]+/)*[^\s/:'\"(),;]+")  # an absolute POSIX path in a message
 KNOWN_SHOWN = 5  # labels a "checkpoint not found" message names
@@ -66,7 +64,7 @@ class Runtime:
 
     @classmethod
     def pick(cls, device: str = "auto", dtype: str = "auto") -> "Runtime":
-        from train.generation import pick_device, pipeline_dtype
+        from models.generation import pick_device, pipeline_dtype
 
         chosen = pick_device(device)
         return cls(str(chosen), pipeline_dtype(dtype, chosen))
@@ -132,7 +130,7 @@ class Service:
     def redact(self, message: str) -> str:
         """A message with the roots' absolute paths replaced by the names the UI shows under them, and the
         Hugging Face cache's by its name (a loader's error about a hub model's files)."""
-        from train.checkpoints import hub_cache
+        from models.checkpoints import hub_cache
 
         for root in sorted(self.roots, key=lambda r: len(str(r)), reverse=True):
             message = message.replace(f"{root}/", f"{root.name}/" if len(self.roots) > 1 else "")
@@ -167,7 +165,7 @@ class Service:
 
     def weights_of(self, ckpt: Checkpoint, weights: str) -> str:
         """What a record says of the weights a choice ("auto", "ema", "raw") opens: "ema" or "raw" of a Composer
-        checkpoint, "stored" for the kinds that hold one set (``train.checkpoints.weights_of``)."""
+        checkpoint, "stored" for the kinds that hold one set (``models.checkpoints.weights_of``)."""
         check_weights(weights)
         try:
             return weights_of(ckpt, weights)
@@ -181,7 +179,7 @@ class Service:
         return self.cache.get(key, lambda: self._load(ckpt, ema))
 
     def refiner(self, params: GenerationParams):
-        """The second stage validated ``params`` name (``train.generation.Refiner``: SDXL's refiner, opened once
+        """The second stage validated ``params`` name (``models.generation.Refiner``: SDXL's refiner, opened once
         into the cache), or None for the base alone."""
         if not params.refiner:
             return None
@@ -191,7 +189,7 @@ class Service:
         return Refiner(pipe, ckpt.label, content_hash(ckpt), params.refiner_switch)
 
     def _load(self, ckpt: Checkpoint, ema: bool, refiner: bool = False):
-        from train.checkpoints import load_pipeline
+        from models.checkpoints import load_pipeline
 
         t0 = time.perf_counter()
         try:

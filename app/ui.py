@@ -18,8 +18,8 @@ from pathlib import Path
 import gradio as gr
 from starlette.middleware import Middleware
 
-from train.generation import DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, SAMPLERS
-from train.common import allow_open_files, deadline_protocol
+from models.generation import DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, SAMPLERS
+from models.common import allow_open_files, deadline_protocol
 
 from .generate import DEFAULT_GUIDANCE, MAX_CHECKPOINT_CHARS, MAX_SEED
 from .gradio_patches import calm_gradio_queue, queue_jobs, serialize_queue_joins, serve_gradio_with
@@ -367,7 +367,7 @@ def launch(demo: gr.Blocks, uploads: Uploads, *, host: str, port: int, queue_siz
     directly, past the queue's size and its validators), and a client is its peer address: uvicorn reads
     X-Forwarded-For only from ``trusted_proxies`` (its default trusted 127.0.0.1, so any local process, or a
     proxy that passes the header on, could be anyone). A request must arrive within ``request_timeout``
-    seconds and at most ``max_connections`` are open at once (``train.common.serving``).
+    seconds and at most ``max_connections`` are open at once (``models.common.serving``).
     """
     os.environ["FORWARDED_ALLOW_IPS"] = ",".join(trusted_proxies)  # read by the uvicorn.Config Gradio builds
     allow_open_files(max_connections, FILES_BESIDES_CONNECTIONS)

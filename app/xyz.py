@@ -6,7 +6,7 @@ setting comes from the base request. A cell is one image; one grid is drawn per 
 **Order.** Checkpoint is always the outer loop (each is loaded once, whatever the axes' order); within a
 checkpoint, cells that share every setting of a pipeline call (weights, steps, sampler, guidance, size,
 negative prompt) go into calls of up to ``batch_size`` cells, prompts and seeds varying inside a call.
-**Equality.** A cell's noise comes from its own seed (``train.generation``), so a cell equals the image a
+**Equality.** A cell's noise comes from its own seed (``models.generation``), so a cell equals the image a
 single generation makes with its settings: bit for bit with ``batch_size`` 1, and up to float rounding in
 batched kernels otherwise (measured: at most 1 level of 255, in under 1% of values; tests/app/test_xyz.py).
 """
@@ -15,11 +15,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from train.errors import WorkbenchError
-from train.generation import check_sampler
+from models.errors import WorkbenchError
+from models.generation import check_sampler
 
-from .generate import (MAX_SEED, GenerationParams, Limits, check_pixel_steps, checkpoint_name, pixel_steps, shown,
-                       text, validate, whole_number)
+from .generate import (MAX_SEED, GenerationParams, Limits, check_pixel_steps, checkpoint_name, pixel_steps, shown, text,
+                       validate, whole_number)
 
 AXES = ("checkpoint", "guidance", "steps", "sampler", "seed", "prompt")
 NONE = "none"

@@ -107,7 +107,7 @@ def random_sd2_base(captions: list[str]):
     a tokenizer fitted on ``captions``: a float32 pipeline on the CPU, for timing (weights do not matter)."""
     import torch
 
-    from train.checkpoints.components import build_pipeline, build_unet, random_text_encoder, random_vae
+    from models.checkpoints.components import build_pipeline, build_unet, random_text_encoder, random_vae
     from train.shapes.prepare import fit_tokenizer
 
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ CPU (default), tiny checkpoint trained here at 32 px:
   cost shows most) and at 128 px (a cost per image closer to real use).
 - cache: the app's first open of a checkpoint (load and hash) vs the second, cached (target <= 10%).
 
-GPU (`--gpu`): a full-size SD2-base pipeline with random weights (train.checkpoints.components), 512², 50 steps,
+GPU (`--gpu`): a full-size SD2-base pipeline with random weights (models.checkpoints.components), 512², 50 steps,
 batch 1, bf16, SDPA: seconds per image through the app's `generate` and through a bare pipeline
 call, eager and (with `--compile`) with the UNet compiled. Target on one H200: <= 0.6 s per image.
 
@@ -48,7 +48,7 @@ SAMPLER, GUIDANCE = "DDIM", 7.5
 
 def with_sampler(pipe):
     """``pipe`` with SAMPLER as its scheduler, as a diffusers user sets one once before calling it."""
-    from train.generation.samplers import make_sampler
+    from models.generation.samplers import make_sampler
 
     pipe.scheduler = make_sampler(SAMPLER, pipe.scheduler.config)
     return pipe
@@ -153,7 +153,7 @@ def overhead(client, http, url: str, pipe, ckpt: Path, size: int, steps: int, ro
 
 def cache_figure(ckpt: Path, repeats: int) -> dict:
     from app.service import Service
-    from train.checkpoints import content_hash, find, hashing
+    from models.checkpoints import content_hash, find, hashing
 
     firsts, seconds = [], []
     for _ in range(repeats):
@@ -175,7 +175,7 @@ def cpu(args) -> None:
     import httpx
     from gradio_client import Client
 
-    from train.checkpoints import load_pipeline
+    from models.checkpoints import load_pipeline
 
     ckpt = tiny_checkpoint()
     proc, url = start_app(ckpt.parent)

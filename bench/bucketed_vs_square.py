@@ -103,7 +103,7 @@ def position_by_frame(rows: dict[str, dict], data: Path, args) -> dict[str, dict
     from evaluate.bootstrap import prompt_weights, weighted_means
     from evaluate.compare import metric_difference
     from evaluate.samples import MANIFEST, read_manifest
-    from train.generation import read_prompt_table
+    from models.generation import read_prompt_table
 
     aspects = {p.index: p.aspect for p in read_prompt_table(data / "eval" / "prompts.csv", aspect_column="aspect")}
     frame_of = {(5.0, 3.0): "wide", (3.0, 5.0): "tall", (1.0, 1.0): "square"}

@@ -14,8 +14,8 @@ overruns or fails records its one-line error, and the run goes on to the next):
   with validation loss (a held-out shapes split at 256²) and preview grids due twice inside it and a checkpoint
   at its end: whether it completes, and the share of its time that validation and previews took, timed around
   the callbacks' own passes (``ValidationLoss.measure``, ``Previews.draw``) as bench/run_overhead.py times them.
-- ``sampling``: seconds per image through the one generation path (``train.checkpoints.load_pipeline``, then
-  ``train.generation.generate_images``): SD2-base with random weights, 512², DDIM, 50 steps, guidance 7.5,
+- ``sampling``: seconds per image through the one generation path (``models.checkpoints.load_pipeline``, then
+  ``models.generation.generate_images``): SD2-base with random weights, 512², DDIM, 50 steps, guidance 7.5,
   batch 1, bf16, SDPA, as bench/app_overhead.py's GPU mode.
 - ``scoring``: `dwb evaluate run` images/s on the same model, as bench/evaluate_bench.py's GPU mode (random
   Inception-v3 and ViT-L/14-sized CLIP, a shapes reference at 512², DDIM, 25 steps, batch 64, bf16), on fewer
@@ -395,8 +395,8 @@ def sampling(plan: Plan) -> dict:
     from diffusers.models.attention_processor import AttnProcessor2_0
 
     from app_overhead import GUIDANCE, NEGATIVE, PROMPT, SAMPLER
-    from train.checkpoints import load_pipeline
-    from train.generation import Settings, generate_images, pipeline_dtype
+    from models.checkpoints import load_pipeline
+    from models.generation import Settings, generate_images, pipeline_dtype
 
     model = model_to_sample(plan)
     t0 = time.perf_counter()
@@ -448,7 +448,7 @@ def scoring_inputs(plan: Plan, model: Path) -> tuple[Path, Path, list[str]]:
 
 
 def results_rows(folder: Path) -> list[dict]:
-    from train.common import loads_outside
+    from models.common import loads_outside
 
     text = (folder / "results.jsonl").read_text()
     return [loads_outside(line, f"{folder / 'results.jsonl'}") for line in text.splitlines() if line.strip()]
@@ -504,7 +504,7 @@ PARTS = {
 
 
 def one_line(e: BaseException) -> str:
-    from train.errors import first_line
+    from models.errors import first_line
 
     return f"{type(e).__name__}: {first_line(e)}"
 
@@ -536,7 +536,7 @@ def run_part(name: str, fn, plan: Plan, budget: float) -> dict:
 
 
 def write_report(path: Path, report: dict) -> None:
-    from train.common import write_text_whole
+    from models.common import write_text_whole
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_whole(path, json.dumps(report, indent=2))

@@ -25,7 +25,8 @@ def full_size_checkpoints() -> dict[str, str]:
 
     from tests.checkpoints.original_layout import write_single_file
     from train.config import load_config
-    from train.checkpoints.spec import ModelSpec, make_spec
+    from models.checkpoints.spec import make_spec
+    from train.callbacks.spec import ModelSpec
     from train.trainer import build_model
 
     out = RUN.out / "door-sd2"
@@ -51,7 +52,7 @@ def full_size_checkpoints() -> dict[str, str]:
 
 
 def clear_door_caches() -> None:
-    from train.checkpoints import composer, find, hashing, single_file, ziphead
+    from models.checkpoints import composer, find, hashing, single_file, ziphead
 
     find._kinds.clear()
     hashing._cache.clear()
@@ -61,7 +62,7 @@ def clear_door_caches() -> None:
 
 
 def time_door(ref: str) -> float:
-    from train.checkpoints import content_hash, describe, find_checkpoint
+    from models.checkpoints import content_hash, describe, find_checkpoint
 
     clear_door_caches()
     t = time.perf_counter()
@@ -74,7 +75,7 @@ def time_door(ref: str) -> float:
 def time_open(ref: str) -> float:
     import gc
 
-    from train.checkpoints import load_pipeline
+    from models.checkpoints import load_pipeline
 
     clear_door_caches()
     t = time.perf_counter()

@@ -60,8 +60,8 @@ def scorer(data: Path) -> Path:
 def batching(ckpt: Path, n: int, batch_size: int, rounds: int, steps: int) -> dict:
     from evaluate.prompts import shapes_prompts
     from evaluate.samples import image_seed
-    from train.checkpoints import load_pipeline
-    from train.generation.samplers import make_sampler
+    from models.checkpoints import load_pipeline
+    from models.generation.samplers import make_sampler
 
     pipe = load_pipeline(ckpt)
     pipe.scheduler = make_sampler(SAMPLER, pipe.scheduler.config)

@@ -48,7 +48,7 @@ def check_tensors(checkpoint: str, out: Path, half: bool) -> int:
     import torch
     from safetensors import safe_open
 
-    from train.checkpoints.composer import model_weights, read_checkpoint
+    from models.checkpoints.composer import model_weights, read_checkpoint
 
     weights = model_weights(read_checkpoint(checkpoint))
     dtype = torch.float16 if half else torch.float32
@@ -73,7 +73,8 @@ def sd2_base_checkpoint() -> str:
     from composer.models import ComposerModel
 
     from _common import random_sd2_base
-    from train.checkpoints.spec import ModelSpec, make_spec
+    from models.checkpoints.spec import make_spec
+    from train.callbacks.spec import ModelSpec
 
     path = RUN.out / "sd2-base" / "sd2-base-rank0.pt"
     if path.is_file():

@@ -1,5 +1,5 @@
 """Loading memory by family: each published model's parts at full size, counted on the meta device (what the door
-plans with, ``train.families``), then materialized one part at a time in bfloat16 with random values in a forked
+plans with, ``models.families``), then materialized one part at a time in bfloat16 with random values in a forked
 child whose peak resident memory is measured. A part larger than ``--max-gib`` is counted and not materialized
 (this machine's memory: Flux.1's transformer is 22 GiB in bfloat16).
 
@@ -28,7 +28,7 @@ def _materialize(part, queue) -> None:
     growth of this process's peak resident memory over its start."""
     import torch
 
-    from train.families import build_on_meta
+    from models.families import build_on_meta
 
     start = _rss_bytes()
     model = build_on_meta(part).to(torch.bfloat16).to_empty(device="cpu")
@@ -56,7 +56,7 @@ def main() -> None:
     import diffusers  # noqa: F401 - imported once, before the children fork
     import transformers  # noqa: F401
 
-    from train.families import FAMILIES, parameter_counts
+    from models.families import FAMILIES, parameter_counts
 
     measured, rows = {}, []
     for family in FAMILIES:

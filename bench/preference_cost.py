@@ -122,7 +122,7 @@ BUILDERS = {"pickscore": pickscore, "hps": hps, "imagereward": image_reward, "ae
 
 
 def generation(pipe, n: int, steps: int, size: int) -> tuple[float, np.ndarray]:
-    from train.generation import Settings, generate_images
+    from models.generation import Settings, generate_images
 
     settings = Settings(steps=steps, guidance=GUIDANCE, width=size, height=size, sampler=SAMPLER)
     prompts = [CAPTIONS[i % len(CAPTIONS)] for i in range(n)]
@@ -157,7 +157,7 @@ def main() -> None:
     args = parse_args(ap, smoke={"images": 2, "steps": 1, "size": 32})
     from transformers import CLIPTokenizer
 
-    from train.checkpoints import load_pipeline
+    from models.checkpoints import load_pipeline
 
     data, parts = fixtures()
     tokenizer = CLIPTokenizer.from_pretrained(parts / "tokenizer")

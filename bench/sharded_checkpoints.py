@@ -98,7 +98,7 @@ def worker(out: Path, rounds: int, width: int, data: str, parts: str) -> None:
 def same_weights(saves: Path, rounds: int) -> bool:
     import torch
 
-    from train.checkpoints import model_weights, read_checkpoint
+    from models.checkpoints import model_weights, read_checkpoint
 
     full = model_weights(read_checkpoint(saves / f"full-{rounds - 1}-rank0.pt"))
     sharded = model_weights(read_checkpoint(saves / f"sharded-{rounds - 1}" / "ep0-ba1"))

@@ -44,7 +44,7 @@ def gpu_peak() -> float | None:
 
 def make_parts(arch: str, folder: Path):
     """Random frozen VAE and text encoder saved as a diffusers-layout folder, plus a small tokenizer."""
-    from train.checkpoints.components import load_frozen_parts, random_text_encoder, random_vae
+    from models.checkpoints.components import load_frozen_parts, random_text_encoder, random_vae
     from train.shapes.prepare import fit_tokenizer
 
     if not (folder / "tokenizer").is_dir():
@@ -61,9 +61,9 @@ def make_latents(arch: str, res: int, n: int, parts: Path, folder: Path) -> Path
     """An MDS dataset in `dwb data precompute`'s format with random latents and text states."""
     from streaming import MDSWriter
 
-    from train.checkpoints.architectures import ARCHITECTURES
+    from models.checkpoints.architectures import ARCHITECTURES
     from train.data.latents import LATENTS_FORMAT, META, latent_columns, encode_array
-    from train.checkpoints.hashing import fingerprint
+    from models.checkpoints.hashing import fingerprint
 
     out = folder / f"{arch}-{res}"
     if (out / META).is_file():
@@ -106,8 +106,8 @@ def plain(cfg, steps: int, warmup: int) -> float:
     from streaming import StreamingDataset
     from torch.utils.data import DataLoader
 
-    from train.checkpoints.components import build_unet
-    from train.checkpoints.schedules import ddpm_scheduler
+    from models.checkpoints.components import build_unet
+    from models.checkpoints.schedules import ddpm_scheduler
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)

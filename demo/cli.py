@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.generation import DEFAULT_GUIDANCE
+from models.generation import DEFAULT_GUIDANCE
 
 
 def cmd_demo(args) -> None:

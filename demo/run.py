@@ -44,8 +44,8 @@ def measured(name: str, stages: list):
 
 
 def checkpoints(folder: Path) -> list:
-    """A phase's checkpoints in training order (``train.checkpoints``)."""
-    from train.checkpoints import list_checkpoints
+    """A phase's checkpoints in training order (``models.checkpoints``)."""
+    from models.checkpoints import list_checkpoints
 
     return list_checkpoints(folder, kinds=("composer",))
 
@@ -138,8 +138,8 @@ def equal_flops_phase2(out: Path, p: dict, seed: int, quick: bool) -> dict:
 
 def write_grids(out: Path, phase_dirs: dict, resolutions: dict, steps: int) -> list[Path]:
     """One grid PNG per checkpoint of both phases (EMA weights), its settings in its PNG parameters."""
-    from train.checkpoints import content_hash, load_pipeline, weights_of
-    from train.generation import Settings, write_grid
+    from models.checkpoints import content_hash, load_pipeline, weights_of
+    from models.generation import Settings, write_grid
 
     grids = []
     for phase, folder in phase_dirs.items():
@@ -159,7 +159,8 @@ def curves_and_cost(out: Path, phase_dirs: dict, final) -> dict:
     phase 2 measured, and what its last checkpoint recorded."""
     import torch
 
-    from train.callbacks import checkpoint_cost, measured_from_run, plan_rows, plot_runs, schedule_samples, table
+    from models.checkpoints import checkpoint_cost
+    from train.callbacks import measured_from_run, plan_rows, plot_runs, schedule_samples, table
     from train.config import load_config
 
     runs = [folder.parent for folder in phase_dirs.values()]
@@ -190,7 +191,7 @@ def transformer_at_equal_flops(out: Path, p: dict, seed: int, quick: bool, stage
 
 
 def run_demo(out: Path, quick: bool = False, seed: int = 0, with_transformer: bool = False) -> dict:
-    from train.checkpoints import export_pipeline, recommended_settings, write_recommended
+    from models.checkpoints import export_pipeline, recommended_settings, write_recommended
 
     p = QUICK if quick else FULL
     if out.exists():

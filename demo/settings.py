@@ -1,10 +1,10 @@
 """What `dwb demo` runs: its sizes, and how its grids and scores generate. Light to import (`dwb --help` shows it)."""
 from __future__ import annotations
 
-from train.generation import DEFAULT_SAMPLER, DEFAULT_WEIGHTS
+from models.generation import DEFAULT_SAMPLER, DEFAULT_WEIGHTS
 
 # Guidance of the grids and the scores, where the demo differs from the workbench's defaults
-# (train.generation.DEFAULT_GUIDANCE): the tiny model's attribute accuracy peaks near 3 and falls at
+# (models.generation.DEFAULT_GUIDANCE): the tiny model's attribute accuracy peaks near 3 and falls at
 # higher scales (measured: BENCHMARKS.md, "The demo's scores"). Sampler and weights are the defaults.
 GUIDANCE = 3.0
 

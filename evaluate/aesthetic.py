@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from train.checkpoints import fingerprint
-from train.errors import WorkbenchError
+from models.checkpoints import fingerprint
+from models.errors import WorkbenchError
 
 from .clip import DEFAULT_CLIP, load_clip
 from .config import PREFERENCE_WEIGHTS

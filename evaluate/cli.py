@@ -6,8 +6,8 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from train.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, MAX_ASPECT, SAMPLERS, WEIGHT_CHOICES,
-                              aspect_problem)
+from models.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, MAX_ASPECT, SAMPLERS, WEIGHT_CHOICES,
+                               aspect_problem)
 
 from .config import (GENERATION_DTYPES, INCEPTION_FEATURES, EvalConfig, guidance_scales, load_eval_config, positive,
                      replicates)
@@ -104,17 +104,17 @@ def _summary(rows: list[dict]) -> None:
 
 
 def cmd_run(args) -> None:
-    from composer.utils import dist
+    from models.common import global_rank
 
     from .run import evaluate_checkpoints
 
     cfg = config_from_args(args)
     if not args.checkpoints:
-        from train.errors import WorkbenchError
+        from models.errors import WorkbenchError
 
         raise WorkbenchError("give at least one checkpoint to score (every argument was a key=value override)")
     rows = evaluate_checkpoints(cfg, args.checkpoints)
-    if dist.get_global_rank() == 0:
+    if global_rank() == 0:
         _summary(rows)
         print(f"results in {cfg.out}/results.jsonl (CSV: results.csv), report: {cfg.out}/report/index.html")
 
@@ -159,7 +159,7 @@ def cmd_compare(args) -> None:
     studies = [read_study(folder) for folder in args.study]  # a missing study or report stops before any work
     missing = [c for c in (args.a, args.b) if not rows_of(ResultsStore(cfg.out).rows(), c)]
     if missing:  # score what the store does not hold yet, with the same prompts and seeds
-        from train.errors import WorkbenchError
+        from models.errors import WorkbenchError
 
         from .run import evaluate_checkpoints
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from train.errors import WorkbenchError, first_line
-from train.checkpoints import fingerprint
+from models.errors import WorkbenchError, first_line
+from models.checkpoints import fingerprint
 
 DEFAULT_CLIP = "openai/clip-vit-large-patch14"
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.errors import WorkbenchError
-from train.common import write_text_whole
+from models.errors import WorkbenchError
+from models.common import write_text_whole
 from train.shapes import parse_caption
 
 from .bootstrap import MIN_REPLICATES, interval, p_floor, p_value, prompt_weights, weighted_means

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from train.common import interval_text, p_value_text, write_text_whole
+from models.common import interval_text, p_value_text, write_text_whole
 
 from .attribute_accuracy import PREFIX, VERDICTS
 from .compare import rows_of

@@ -2,7 +2,7 @@
 
 A key is its flag's name with underscores (``--n-prompts`` is ``n_prompts``, ``--sampler`` is ``sampler``).
 The file is read first, then the flags given, then ``key=value`` overrides: the later wins. Loading, types
-and unknown keys are ``train.common.typed_config``'s (one machinery for every stage), and so is the check of each key's
+and unknown keys are ``models.common.typed_config``'s (one machinery for every stage), and so is the check of each key's
 value against the rule on its field (``checked``); the same rules check the flags as they are parsed.
 """
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.errors import WorkbenchError
-from train.generation import DEFAULT_WEIGHTS, WEIGHT_CHOICES, aspect_problem, check_sampler
-from train.common import (NON_NEGATIVE, build_config, check_rules, checked, merge_config, one_of, parse_overrides,
-                                read_config_file)
+from models.errors import WorkbenchError
+from models.generation import DEFAULT_WEIGHTS, WEIGHT_CHOICES, aspect_problem, check_sampler
+from models.common import (NON_NEGATIVE, build_config, check_rules, checked, merge_config, one_of, parse_overrides,
+                           read_config_file)
 
 # The default guidance scales: a sweep, which holds the scale every other command generates at by default
-# (train.generation.DEFAULT_GUIDANCE, 7.5), so the images users look at are among those scored.
+# (models.generation.DEFAULT_GUIDANCE, 7.5), so the images users look at are among those scored.
 GUIDANCE_SWEEP = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5, 8.0)
 INCEPTION_FEATURES = (64, 192, 768, 2048)  # Inception's layers: 2048 is pool3, the standard FID
 GENERATION_DTYPES = ("auto", "fp32", "bf16", "fp16")  # the flag's choices
@@ -52,9 +52,9 @@ class EvalConfig:
     n_per_prompt: int = checked(1, positive)
     n_reference: int = checked(1000, positive)
     guidance: tuple[float, ...] = checked(GUIDANCE_SWEEP, guidance_scales)
-    # None: the checkpoint's recommended steps (train.checkpoints.recommended_settings), else DEFAULT_STEPS
+    # None: the checkpoint's recommended steps (models.checkpoints.recommended_settings), else DEFAULT_STEPS
     steps: int | None = checked(None, positive)
-    # a name in train.generation.SAMPLERS; None: the checkpoint's recommended sampler, else DEFAULT_SAMPLER, and no
+    # a name in models.generation.SAMPLERS; None: the checkpoint's recommended sampler, else DEFAULT_SAMPLER, and no
     # folder of its own
     sampler: str | None = None
     parts: str | None = None  # folder or cached hub id: the other parts of the single files scored (as dwb sample's)
@@ -80,16 +80,16 @@ class EvalConfig:
     kid_subsets: int = checked(100, positive)
     kid_subset_size: int = checked(1000, positive)
     inception_features: int = checked(2048, one_of(*INCEPTION_FEATURES))
-    # dtype and device are checked where they are resolved (train.generation.device), before anything is scored
+    # dtype and device are checked where they are resolved (models.generation.device), before anything is scored
     device: str = "auto"
-    dtype: str = "auto"  # generation precision (train.generation.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
+    dtype: str = "auto"  # generation precision (models.generation.pipeline_dtype): auto = bf16 on a GPU, fp32 on a CPU
     allow_fewer_reference: bool = False
     cache: str | None = None  # reference statistics; default OUT/cache
     progress: bool = True
 
 
 def check_eval_config(cfg: EvalConfig) -> EvalConfig:
-    """Every value within its field's rule (``train.common.typed_config.check_rules``); one line naming the key."""
+    """Every value within its field's rule (``models.common.typed_config.check_rules``); one line naming the key."""
     check_rules(cfg)
     if cfg.sampler is not None:
         check_sampler(cfg.sampler)

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from train.errors import WorkbenchError, first_line
-from train.checkpoints import fingerprint
+from models.errors import WorkbenchError, first_line
+from models.checkpoints import fingerprint
 
 from .features import exact_matmul
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from train.errors import WorkbenchError, first_line
+from models.errors import WorkbenchError, first_line
 
 INCEPTION_WEIGHTS = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_WEIGHTS}"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from train.checkpoints import fingerprint
-from train.errors import WorkbenchError
+from models.checkpoints import fingerprint
+from models.errors import WorkbenchError
 
 from .config import PREFERENCE_WEIGHTS
 from .preference import load_state, to_pil, weights_file

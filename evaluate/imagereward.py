@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from train.checkpoints import fingerprint
-from train.common import load_outside
-from train.errors import WorkbenchError
+from models.checkpoints import fingerprint
+from models.common import load_outside
+from models.errors import WorkbenchError
 
 from .config import PREFERENCE_WEIGHTS
 from .preference import Head, is_hub_id, load_state, pretrained_folder, to_pil, weights_file

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.common import write_text_whole
-from train.errors import WorkbenchError
+from models.common import write_text_whole
+from models.errors import WorkbenchError
 from train.shapes import ATTRIBUTES, KINDS, asked_attributes
 
 from .attribute_accuracy import attr_column

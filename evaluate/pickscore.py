@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from train.checkpoints import fingerprint
+from models.checkpoints import fingerprint
 
 from .config import PREFERENCE_WEIGHTS
 from .preference import pretrained_folder, to_pil

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.errors import WorkbenchError, first_line
+from models.errors import WorkbenchError, first_line
 
 # config key -> (the scorer's module, its class): the keys are the results' column names (names.py)
 SCORERS = {"pickscore": ("pickscore", "PickScorer"), "hps": ("hps", "HpsScorer"),

@@ -1,6 +1,6 @@
 """Prompt sets. Every loader returns ``list[Prompt]`` so sets can be swapped by name.
 
-- ``drawbench`` / ``parti``: the sets shipped with the workbench (``train.generation``), or any CSV or TSV
+- ``drawbench`` / ``parti``: the sets shipped with the workbench (``models.generation``), or any CSV or TSV
   with a prompt column and a category column (DrawBench: ``prompt,category``; PartiPrompts:
   ``Prompt<TAB>Category<TAB>...``), and where ``aspect_column`` names one, each prompt's aspect ratio (W:H).
 - ``shapes``: captions of the shapes domain's held-out split (no files needed).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.errors import WorkbenchError
-from train.generation import Prompt, read_prompt_table  # one table reader, shared with the app
+from models.errors import WorkbenchError
+from models.generation import Prompt, read_prompt_table  # one table reader, shared with the app
 
 
 def shapes_prompts(limit: int | None = 64, seed: int = 0) -> list[Prompt]:

@@ -19,8 +19,8 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from train.errors import WorkbenchError
-from train.common import torch_save_whole
+from models.errors import WorkbenchError
+from models.common import torch_save_whole
 
 from .features import FeatureExtractor, prepare_image, resize_policy, to_batch
 from .metrics import FeatureStats, FrechetReference

@@ -12,8 +12,8 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from train.common import load_outside, whole_file, write_text_whole
-from train.errors import WorkbenchError
+from models.common import load_outside, whole_file, write_text_whole
+from models.errors import WorkbenchError
 
 from .attribute_accuracy import HEADLINE_COLUMNS, attr_column
 from .names import PREFERENCE_COLUMNS, display_name, with_direction

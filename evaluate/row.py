@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.common import torch_save_whole
+from models.common import torch_save_whole
 from train.shapes import parse_caption, read_scenes
 
 from .attribute_accuracy import VERDICTS, AttributeTally, attribute_values, judge

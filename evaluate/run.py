@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from train.checkpoints import (Checkpoint, content_hash, describe, find_checkpoint, load_pipeline, native_size_of,
-                               recommended_settings, weights_of)
-from train.data import aspect_bucket
-from train.families import family_or_ours
-from train.generation import pick_device, pipeline_dtype
-from train.errors import CheckpointError, WorkbenchError
-from train.generation import DEFAULT_STEPS, Settings, check_drawable, parse_aspect, sampler_of, starting_settings
+from models.checkpoints import (Checkpoint, content_hash, describe, find_checkpoint, load_pipeline, native_size_of,
+                                recommended_settings, weights_of)
+from models.generation import (DEFAULT_STEPS, Settings, aspect_bucket, check_drawable, parse_aspect, pick_device,
+                               pipeline_dtype, sampler_of, starting_settings)
+from models.families import family_or_ours
+from models.common import barrier, broadcast_object, gather_objects, global_rank, join_group, world_size
+from models.errors import CheckpointError, WorkbenchError
 
 from .config import GUIDANCE_SWEEP, EvalConfig, check_eval_config, weights_choice
 from .features import FeatureExtractor, InceptionExtractor, resize_policy
@@ -51,19 +51,9 @@ def check_output_folder(out: str | Path) -> None:
         raise WorkbenchError(f"cannot write to the output folder {out} ({e.strerror})") from None
 
 
-def _dist():
-    from composer.utils import dist
-
-    return dist
-
-
 def init_distributed(device: torch.device) -> None:
     """Join the process group `composer -n N` set up (gloo on CPU, NCCL on GPU); nothing for one process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or _dist().is_initialized():
-        return
-    from composer.devices import DeviceCPU, DeviceGPU
-
-    _dist().initialize_dist(DeviceGPU() if device.type == "cuda" else DeviceCPU())
+    join_group(device)
 
 
 @dataclass
@@ -132,9 +122,8 @@ class Evaluator:
         """Rank 0's reference statistics (None on other ranks); an error there stops every rank."""
         extractor = extractor or self.extractor
         if (size, extractor.name) not in self._reference:
-            dist = _dist()
             ref, error = None, None
-            if dist.get_global_rank() == 0:
+            if global_rank() == 0:
                 try:
                     ref = reference_stats(self.cfg.reference, extractor, size, self.cfg.n_reference,
                                           self.cfg.cache or Path(self.cfg.out) / "cache",
@@ -142,10 +131,7 @@ class Evaluator:
                                           kid_max=self.cfg.kid_subset_size * 10, progress=self.cfg.progress)
                 except WorkbenchError as e:
                     error = str(e)
-            if dist.get_world_size() > 1:  # the other ranks wait here, and learn of rank 0's error
-                box = [error]
-                dist.broadcast_object_list(box, src=0)
-                error = box[0]
+            error = broadcast_object(error)  # the other ranks wait here, and learn of rank 0's error
             if error:
                 raise WorkbenchError(error)
             self._reference[(size, extractor.name)] = ref
@@ -157,7 +143,7 @@ class Evaluator:
         import logging
 
         logging.getLogger("evaluate").warning("warning: cannot score %s: %s", getattr(checkpoint, "ref", checkpoint), error)
-        if _dist().get_global_rank() == 0:
+        if global_rank() == 0:
             ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(str(checkpoint), "unreadable", "",
                                                                                     Path(checkpoint))
             self.store.append({"checkpoint": ckpt.ref, "status": "unreadable", "error": str(error),
@@ -167,15 +153,14 @@ class Evaluator:
         """Score one checkpoint at every guidance scale; rank 0 appends the rows to the store and returns them.
 
         A problem of the checkpoint itself is a ``CheckpointError``; anything else is the setup's."""
-        dist = _dist()
         t0 = time.perf_counter()
         opened = self.open(checkpoint, model)
         rows = [row for guidance in opened.guidance if (row := self.score_guidance(opened, guidance)) is not None]
-        if dist.get_global_rank() == 0:
+        if global_rank() == 0:
             for row in rows:
                 row["seconds_checkpoint"] = round(time.perf_counter() - t0, 3)
             self.store.append_rows(rows)  # one write: a crash never leaves a checkpoint half-recorded
-        dist.barrier() if dist.get_world_size() > 1 else None
+        barrier()
         return rows
 
     def open(self, checkpoint: Checkpoint | str | Path, model: str | None) -> Opened:
@@ -214,7 +199,7 @@ class Evaluator:
         return {index: buckets[a] for index, a in self.aspects.items()}
 
     def settings_of(self, found: Checkpoint) -> tuple[dict, tuple[float, ...], str | None]:
-        """Steps, sampler and size (``train.generation.starting_settings``: the flags, then the checkpoint's
+        """Steps, sampler and size (``models.generation.starting_settings``: the flags, then the checkpoint's
         recommended ones, then the defaults), the guidance scales (the sweep gains the checkpoint's recommended
         scale where the sweep was not chosen, so the images its users draw are among those scored) and the
         sampler asked for, by a flag or the checkpoint (None: the default, which names no folder)."""
@@ -226,14 +211,14 @@ class Evaluator:
         chosen, line = starting_settings(given, recommended)
         if swept and "guidance" in recommended and recommended["guidance"] not in guidance:
             guidance = tuple(sorted((*guidance, recommended["guidance"])))
-        if line and _dist().get_global_rank() == 0:
+        if line and global_rank() == 0:
             print(f"{found.label}: {line}")
         return chosen, guidance, cfg.sampler or recommended.get("sampler")
 
     def score_guidance(self, opened: Opened, guidance: float) -> dict | None:
         """Every rank generates and embeds its share of one guidance scale's images; rank 0 gets the row."""
-        cfg, dist = self.cfg, _dist()
-        rank, world = dist.get_global_rank(), dist.get_world_size()
+        cfg = self.cfg
+        rank, world = global_rank(), world_size()
         t_start = time.perf_counter()
         scorer = RowScorer(self.extractor, scorer=self.scorer, clip=self.clip, clip_images=self.clip_images,
                            dinov2=self.dinov2, preference=self.preference, kid_max=cfg.kid_subset_size * 10, seed=rank)
@@ -245,7 +230,7 @@ class Evaluator:
                                    seed=cfg.seed, rank=rank, world=world, progress=cfg.progress and rank == 0,
                                    sizes=opened.sizes, on_batch=scorer.on_batch)
         mine = {"records": records, "features": scorer.part()}
-        gathered = dist.all_gather_object(mine) if world > 1 else [mine]
+        gathered = gather_objects(mine)
         if rank != 0:
             return None
         all_records = [r for part in gathered for r in part["records"]]
@@ -292,7 +277,7 @@ def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extract
     """`dwb evaluate run`: score each checkpoint, then refresh the CSV and the report."""
     from .report import write_report
 
-    from train.checkpoints import is_hub_id
+    from models.checkpoints import is_hub_id
 
     missing = [str(c) for c in checkpoints if not ("://" in str(c) or Path(c).exists() or is_hub_id(str(c)))]
     if missing:  # a typo is the setup's problem: nothing is scored
@@ -305,7 +290,7 @@ def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extract
         except CheckpointError as e:  # that checkpoint only: recorded, and the others are scored
             ev.record_unreadable(ckpt, e)
             unreadable.append(f"{ckpt} ({e})")
-    if _dist().get_global_rank() == 0:
+    if global_rank() == 0:
         ev.store.export_csv()
         write_report(cfg.out)
     if unreadable:

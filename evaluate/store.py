@@ -17,9 +17,9 @@ import logging
 import os
 from pathlib import Path
 
-from train.common import disk_full_error, is_disk_full, loads_outside, spreadsheet_cell, whole_file
-from train.errors import WorkbenchError
-from train.generation import with_sampler_key
+from models.common import disk_full_error, is_disk_full, loads_outside, spreadsheet_cell, whole_file
+from models.errors import WorkbenchError
+from models.generation import with_sampler_key
 
 from .attribute_accuracy import ATTRIBUTE_COLUMNS, COUNT_COLUMNS
 from .names import PREFERENCE_COLUMNS, write_metrics_table
@@ -61,7 +61,7 @@ def checkpoint_cost_columns(path: str | Path | None) -> dict:
     ``gpu_hours_total``: every resume and the earlier phase included, ``train.callbacks.cost``) and, where its run
     set a price (``cost.usd_per_gpu_hour``), ``usd``; ``{}`` for one that records no cost (a diffusers folder, a
     single file, a hub model, a Composer checkpoint written without the cost callback)."""
-    from train.callbacks import checkpoint_cost
+    from models.checkpoints import checkpoint_cost
 
     if path is None or not Path(path).is_file():
         return {}

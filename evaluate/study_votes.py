@@ -17,8 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.common import load_outside
-from train.errors import WorkbenchError
+from models.common import load_outside
+from models.errors import WorkbenchError
 
 STUDY = "study.json"
 VOTES = Path("report") / "votes.json"

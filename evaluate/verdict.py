@@ -3,7 +3,7 @@ contradict the words.
 
 Each metric's verdict follows one rule (``bootstrap.interval`` and ``bootstrap.p_value``): B - A is a gain
 for one checkpoint exactly when its 95% interval excludes 0, which is exactly when p < 0.05. Printed digits
-keep that visible (``train.common.digits``): an interval is rounded outward with as many decimals as it
+keep that visible (``models.common.digits``): an interval is rounded outward with as many decimals as it
 takes for a bound clear of 0 to print clear of 0, and a p-value just under 0.05 prints as "p < 0.05".
 
 The overall verdict counts, per metric family (``names.FAMILIES``), the metrics that favour B, favour A or
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from train.common import interval_text, p_value_text
+from models.common import interval_text, p_value_text
 
 from .bootstrap import MIN_REPLICATES, SIGNIFICANCE, holm, p_floor
 from .names import FAMILIES, display_name, metric
@@ -66,7 +66,7 @@ def scored_text(result: dict) -> str:
 
 
 def p_text(p: float, replicates: int, bound: bool = False) -> str:
-    """``train.common.p_value_text`` with the replicates' floor: "p <= 0.01" for 200 (``bootstrap.p_floor``);
+    """``models.common.p_value_text`` with the replicates' floor: "p <= 0.01" for 200 (``bootstrap.p_floor``);
     ``bound``: an upper bound (a Holm-adjusted p of a metric at the floor)."""
     return p_value_text(p, SIGNIFICANCE, p_floor(replicates), bound)
 

@@ -1,7 +1,7 @@
 """`dwb evaluate watch RUN`: score each new checkpoint of a training run once, as it appears.
 
 RUN is a local folder or an ``s3://`` prefix where training saves (``RUN`` or ``RUN/checkpoints``); every
-checkpoint file counts, whatever its name (``train.checkpoints.list_checkpoints``).
+checkpoint file counts, whatever its name (``models.checkpoints.list_checkpoints``).
 
 A local checkpoint is scored only when it is finished: its size and mtime have not changed for ``settle``
 seconds (an object in S3 appears whole, under its own ETag, and is fetched once). A local RUN that does not
@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from train.checkpoints import Checkpoint, check_reads_inside, list_checkpoints, raise_reason
-from train.errors import CheckpointError, WorkbenchError
+from models.checkpoints import Checkpoint, check_reads_inside, list_checkpoints, raise_reason
+from models.errors import CheckpointError, WorkbenchError
 
 from .store import ResultsStore, checkpoint_identity
 
@@ -30,7 +30,7 @@ log = logging.getLogger("evaluate.watch")
 
 class Watcher:
     """Polls a run (a local folder or an ``s3://`` prefix); ``poll_once()`` scores every finished, unscored
-    checkpoint and returns them. ``score`` and ``record_unreadable`` take a ``train.checkpoints.Checkpoint``."""
+    checkpoint and returns them. ``score`` and ``record_unreadable`` take a ``models.checkpoints.Checkpoint``."""
 
     def __init__(self, run: str | Path, store: ResultsStore, score: Callable[[Checkpoint], object],
                  record_unreadable: Callable[[Checkpoint, Exception], None], settle: float = 10.0,

@@ -22,7 +22,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from train.common import p_value_text
+from models.common import p_value_text
 
 from .report import interval_only, results_csv, stopping_lines, study_name, summary, votes_csv, votes_json
 from .resampling import REPORT_BOOTSTRAP

@@ -10,7 +10,7 @@ import math
 from html import escape
 from pathlib import Path
 
-from train.common import p_value_text
+from models.common import p_value_text
 
 from .report import csv_text, share_text, study_name
 from .scores import LABELS, METRICS

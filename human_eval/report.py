@@ -11,7 +11,7 @@ import math
 import time
 from pathlib import Path
 
-from train.common import interval_text, p_value_text, spreadsheet_cell
+from models.common import interval_text, p_value_text, spreadsheet_cell
 
 from .chart import DEFAULT_INTERVAL, INTERVALS
 from .study import Study
@@ -105,7 +105,7 @@ def _flipped(iv, flip: bool) -> tuple:
 def preference_line(c: dict, interval: str = DEFAULT_INTERVAL) -> str:
     """One comparison in words, the preferred model first: its share of the decisive votes with the 95% interval
     (Wilson on effective votes), the score test read off that interval, and what they say. Digits are rounded
-    outward and never put a bound clear of 50% on 50% (``train.common.interval_text``)."""
+    outward and never put a bound clear of 50% on 50% (``models.common.interval_text``)."""
     flip = c["rate_a"] is not None and c["rate_a"] < 0.5  # the winner first: model b's share and interval
     first, second = (c["model_b"], c["model_a"]) if flip else (c["model_a"], c["model_b"])
     lo, hi = _flipped(c[DEFAULT_INTERVAL], flip)

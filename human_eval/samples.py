@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.common import loads_outside
-from train.errors import WorkbenchError
+from models.common import loads_outside
+from models.errors import WorkbenchError
 
 from .errors import HumanEvalError
 
@@ -178,8 +178,8 @@ def read_manifest(path: str | Path, model: str | None = None) -> list[Sample]:
 
 def read_prompts(name_or_path: str | Path) -> list[tuple[str, str]]:
     """(prompt, category) per prompt of a shipped set (``drawbench``, ``parti``) or a CSV/TSV prompt table: the
-    workbench's one table reader (``train.generation.read_prompt_table``)."""
-    from train.generation import read_prompt_table  # a CSV reader; the face loads nothing else
+    workbench's one table reader (``models.generation.read_prompt_table``)."""
+    from models.generation import read_prompt_table  # a CSV reader; the face loads nothing else
 
     return [(p.text, p.category if p.category != "uncategorised" else "") for p in read_prompt_table(name_or_path)]
 

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.common import loads_outside
-from train.errors import WorkbenchError
+from models.common import loads_outside
+from models.errors import WorkbenchError
 
 from .errors import HumanEvalError
 from .samples import with_sampler_key

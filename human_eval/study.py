@@ -28,8 +28,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from train.common import load_outside
-from train.errors import WorkbenchError
+from models.common import load_outside
+from models.errors import WorkbenchError
 
 from .errors import HumanEvalError
 from .images import clean_image, covariates, degrade, image_size, study_size

@@ -16,7 +16,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2`: one core per worker 
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-PROMPT_SETS = REPO / "train" / "generation" / "prompt_sets"  # DrawBench and PartiPrompts, as the workbench ships them
+PROMPT_SETS = REPO / "models" / "generation" / "prompt_sets"  # DrawBench and PartiPrompts, as the workbench ships them
 DWB = Path(sys.executable).parent / "dwb"  # the console script users run
 
 
@@ -67,7 +67,7 @@ def kill_once_saved(proc: subprocess.Popen, checkpoint: Path, timeout: float = 3
     import signal
     import time
 
-    from train.checkpoints import checkpoint_problem
+    from models.checkpoints import checkpoint_problem
 
     deadline = time.time() + timeout
     while not (checkpoint.exists() and checkpoint_problem(checkpoint) is None):

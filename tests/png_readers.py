@@ -10,7 +10,7 @@ FIELDS = ("prompt", "negative_prompt", "steps", "sampler", "guidance", "seed", "
 
 def by_png_info(path: Path) -> dict[str, str]:
     from app.png_info import read_png_info
-    from train.generation import parse_parameters
+    from models.generation import parse_parameters
 
     text, _ = read_png_info(path)
     p = parse_parameters(text)
@@ -52,7 +52,7 @@ def read_by_every_reader(path: Path) -> dict[str, dict[str, str]]:
 
 def expected_fields(record) -> dict[str, str]:
     """What every reader should read of an ImageRecord (its prompts on one line)."""
-    from train.generation import as_one_line
+    from models.generation import as_one_line
 
     return {"prompt": as_one_line(record.prompt), "negative_prompt": as_one_line(record.negative_prompt),
             "steps": str(record.steps), "sampler": record.sampler, "guidance": f"{record.guidance:g}",

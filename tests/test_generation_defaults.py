@@ -1,4 +1,4 @@
-"""One set of generation defaults (``train.generation.defaults``): `dwb sample`, the app and `dwb evaluate`'s sample
+"""One set of generation defaults (``models.generation.defaults``): `dwb sample`, the app and `dwb evaluate`'s sample
 sets make the same checkpoint's images with the same guidance, steps, sampler, size and weights when nobody
 chooses (the checkpoint's recommended settings first, then the workbench's defaults: ``starting_settings``), as
 each output's PNG parameters say."""
@@ -9,7 +9,7 @@ import json
 import pytest
 from PIL import Image
 
-from train.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, starting_settings
+from models.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, starting_settings
 
 SETTINGS = ("guidance", "steps", "sampler", "width", "height", "weights")
 
@@ -38,8 +38,8 @@ def test_each_command_starts_from_the_defaults_or_says_in_its_help_where_it_diff
     from dwb import build_parser
     from evaluate.cli import config_from_args
     from evaluate.config import weights_choice
-    from train.checkpoints import find_checkpoint, weights_of
-    from train.generation import Settings, sampler_of
+    from models.checkpoints import find_checkpoint, weights_of
+    from models.generation import Settings, sampler_of
 
     parser = build_parser()
     sample = parser.parse_args(["sample", "ckpt", "out.png"])
@@ -85,7 +85,7 @@ def test_sample_the_app_and_evaluate_generate_with_the_same_defaults(tiny_run, s
     from evaluate.run import EvalConfig, evaluate_checkpoints
     from evaluate.samples import read_manifest
 
-    from train.checkpoints import find_checkpoint, recommended_settings
+    from models.checkpoints import find_checkpoint, recommended_settings
 
     ckpt = tiny_run / "ep0-ba4-rank0.pt"  # EMA from the first batch, 16 px
     recommended = recommended_settings(find_checkpoint(ckpt))  # its run's previews': guidance 3, 20 steps

@@ -6,9 +6,9 @@ import shutil
 import pytest
 from PIL import Image
 
-from train.checkpoints import describe, find_checkpoint
-from train.data import bucket_set, nearest_bucket
-from train.families import family_named
+from models.checkpoints import describe, find_checkpoint
+from models.generation import bucket_set, nearest_bucket
+from models.families import family_named
 
 from .png_readers import read_by_every_reader
 

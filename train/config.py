@@ -1,5 +1,5 @@
 """Typed training configuration: YAML on disk, ``key=value`` overrides, unknown keys rejected by name, every
-number and duration within the range on its field (the machinery: ``train.common.typed_config``).
+number and duration within the range on its field (the machinery: ``models.common.typed_config``).
 
 Top-level keys follow Composer's Trainer argument names where one exists (``max_duration``,
 ``save_folder``, ``save_interval``, ``device_train_microbatch_size``, ``seed``, ``load_path`` ...).
@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
-from .checkpoints import ARCHITECTURES
-from .families import WEIGHTINGS
+from models.checkpoints import ARCHITECTURES
+from models.families import WEIGHTINGS
+from models.errors import WorkbenchError
+from models.common import (Duration, Each, MAX_TIME, PROBABILITY, Range, SEED, build_config, check_rules, checked,
+                           merge_config, one_of, parse_overrides, read_config_file, shown)
+
 from .data import StreamConfig
-from .errors import WorkbenchError
-from .common import (PROBABILITY, SEED, Duration, Each, Range,
-                           build_config, check_rules, checked, merge_config, one_of, parse_overrides, read_config_file)
-from .common import MAX_TIME, shown
 
 ARCHITECTURE_NAMES = tuple(ARCHITECTURES)  # the architectures a config may name
 PREDICTION_TYPES = ("epsilon", "v_prediction")
@@ -191,7 +191,7 @@ class PreviewConfig:
     ema: bool = False  # the EMA weights (`dwb sample --ema`) instead of the raw ones
 
     def recommended(self) -> dict:
-        """What every checkpoint of the run recommends it is sampled at (``train.checkpoints.recommended_settings``):
+        """What every checkpoint of the run recommends it is sampled at (``models.checkpoints.recommended_settings``):
         the guidance, steps and sampler its previews draw with."""
         return {"guidance": self.guidance, "steps": self.steps, **({"sampler": self.sampler} if self.sampler else {})}
 
@@ -264,7 +264,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_rules(cfg)
     _check_data(cfg.data)
     _check_batch_split(cfg)
-    from .generation import check_recommended
+    from models.generation import check_recommended
 
     # what every checkpoint will recommend: values `dwb sample` and the app take (a sampler by name, steps <= 150)
     check_recommended(cfg.previews.recommended(), "config section 'previews'")

@@ -15,7 +15,7 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from .errors import WorkbenchError
+from models.errors import WorkbenchError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
   2022; min-SNR-gamma weighting from Hang et al. 2023): x0 = VAE latents * scaling_factor, t ~ U{0..999},
   x_t = sqrt(a_t) x0 + sqrt(1 - a_t) eps, and the UNet predicts eps or v = sqrt(a_t) eps - sqrt(1 - a_t) x0.
 - ``RectifiedFlowTransformer``: an MMDiT (diffusers' ``SD3Transformer2DModel``) trained with rectified flow
-  (``train.families.RectifiedFlow``): x0 = (latents - shift) * scale, x_t = (1 - t) x0 + t eps with t drawn
+  (``models.families.RectifiedFlow``): x0 = (latents - shift) * scale, x_t = (1 - t) x0 + t eps with t drawn
   logit-normal and shifted, and the transformer predicts the velocity eps - x0, conditioned as SD3's pipeline
   conditions it (CLIP penultimate states and pooled outputs).
 - ``MicroConditionedUNet``: SDXL's UNet on the same diffusion schedule, conditioned as ``StableDiffusionXLPipeline``
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from composer.models import ComposerModel
 
-from .checkpoints import ddpm_scheduler
-from .families import TRAIN_TIMESTEPS
+from models.checkpoints import ddpm_scheduler
+from models.families import TRAIN_TIMESTEPS
 
 
 class Draws:
@@ -207,7 +207,7 @@ class LatentDiffusion(ComposerModel):
 
     def pipeline_with(self, denoiser):
         """A diffusers pipeline drawing with ``denoiser`` (this model's, or a full copy of it) and the frozen parts."""
-        from .checkpoints import build_pipeline
+        from models.checkpoints import build_pipeline
 
         return build_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.prediction_type)
 
@@ -353,7 +353,7 @@ class RectifiedFlowTransformer(LatentDiffusion):
         """No DDPM schedule: the rectified flow (``flow``) draws the timesteps and noises the latents."""
 
     def pipeline_with(self, denoiser):
-        from .checkpoints import build_flow_pipeline
+        from models.checkpoints import build_flow_pipeline
 
         return build_flow_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.flow.shift)
 
@@ -421,7 +421,7 @@ class MicroConditionedUNet(LatentDiffusion):
         self.take_second_tokenizer(tokenizer_2)
 
     def pipeline_with(self, denoiser):
-        from .checkpoints import build_sdxl_pipeline
+        from models.checkpoints import build_sdxl_pipeline
 
         return build_sdxl_pipeline(denoiser, self.vae, self.text_encoder, self.text_encoder_2, self.tokenizer,
                                    self.second_tokenizer, self.prediction_type)
@@ -462,7 +462,7 @@ class MicroConditionedUNet(LatentDiffusion):
 class FluxStyleTransformer(RectifiedFlowTransformer):
     """Flux.1's transformer (diffusers' ``FluxTransformer2DModel``) trained with rectified flow, conditioned as
     ``FluxPipeline`` conditions it: T5's states over ``text_tokens`` tokens and CLIP's pooled output, the latents
-    packed 2x2 into tokens with their position ids (``train.families.pack_latents``), the timestep t in [0, 1].
+    packed 2x2 into tokens with their position ids (``models.families.pack_latents``), the timestep t in [0, 1].
     The T5 reads its own tokenizer's ids (``tokenizer_2``: Flux.1's T5 tokenizer, ``text_tokens`` tokens), or, where
     the model has none (the tiny architecture: ``flux_parts``), the CLIP tokenizer's ids padded to ``text_tokens``."""
 
@@ -477,7 +477,7 @@ class FluxStyleTransformer(RectifiedFlowTransformer):
         self.text_tokens = text_tokens
 
     def pipeline_with(self, denoiser):
-        from .checkpoints import build_flux_pipeline
+        from models.checkpoints import build_flux_pipeline
 
         return build_flux_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.text_encoder_2,
                                    self.second_tokenizer)
@@ -500,7 +500,7 @@ class FluxStyleTransformer(RectifiedFlowTransformer):
 
     def denoise(self, latents: torch.Tensor, text: TextConditioning, noise: torch.Tensor, t: torch.Tensor):
         """(velocity predicted, velocity, t in [0, 1]) for the latents noised to ``t / 1000``, packed as tokens."""
-        from .families import latent_ids, pack_latents, text_ids, unpack_latents
+        from models.families import latent_ids, pack_latents, text_ids, unpack_latents
 
         states, pooled = text.states, text.pooled
         sigma = t.float() / TRAIN_TIMESTEPS

@@ -16,19 +16,20 @@ from pathlib import Path
 import torch
 from composer.core import Callback
 
+from models.errors import WorkbenchError
+from models.common import disk_full_error, is_disk_full
+from models.checkpoints import make_spec
+from models.families import family_or_ours
+
 from .config import TrainConfig, config_to_dict
-from .errors import WorkbenchError
-from .common import disk_full_error, is_disk_full
 from .model import FluxStyleTransformer, LatentDiffusion, MicroConditionedUNet, RectifiedFlowTransformer
-from .checkpoints import ModelSpec, make_spec
-from .families import family_or_ours
 
 log = logging.getLogger(__name__)
 
 
 def resolve_device(cfg: TrainConfig) -> str:
-    """Composer's name ("gpu" or "cpu") for config key 'device' (``train.generation.pick_device``'s rule)."""
-    from .generation import pick_device
+    """Composer's name ("gpu" or "cpu") for config key 'device' (``models.generation.pick_device``'s rule)."""
+    from models.generation import pick_device
 
     try:
         chosen = pick_device(cfg.device)
@@ -87,7 +88,7 @@ def set_attention(denoiser, backend: str, device: str) -> str:
 
 def frozen_parts(cfg: TrainConfig):
     """The VAE, text encoder and tokenizer: from ``model.pretrained``, or random (``pretrained: null``)."""
-    from .checkpoints import load_frozen_parts, random_text_encoder, random_vae
+    from models.checkpoints import load_frozen_parts, random_text_encoder, random_vae
 
     m = cfg.model
     if m.pretrained is not None:
@@ -100,10 +101,10 @@ def frozen_parts(cfg: TrainConfig):
 
 def check_memory(cfg: TrainConfig, device: str) -> None:
     """One line, before any weight is made, where this machine (or GPU) cannot hold the run's model: its parts
-    counted on the meta device (``train.checkpoints.check_training_memory``)."""
+    counted on the meta device (``models.checkpoints.check_training_memory``)."""
     from composer.utils import dist
 
-    from .checkpoints import check_training_memory
+    from models.checkpoints import check_training_memory
 
     with torch.device("meta"):
         trained = sum(p.numel() for p in build_denoiser(cfg).parameters())
@@ -119,7 +120,7 @@ def check_memory(cfg: TrainConfig, device: str) -> None:
 
 def denoiser_kind(architecture: str) -> str:
     """"unet" or "transformer": the part of the architecture's family that denoises."""
-    from .checkpoints import ARCHITECTURES
+    from models.checkpoints import ARCHITECTURES
 
     return family_or_ours(ARCHITECTURES[architecture].get("family")).denoiser
 
@@ -127,7 +128,7 @@ def denoiser_kind(architecture: str) -> str:
 def build_denoiser(cfg: TrainConfig):
     """The architecture's denoiser with random weights, ``model.unet`` or ``model.transformer`` over its config; a
     key the denoiser does not take is one line."""
-    from .checkpoints import build_transformer, build_unet
+    from models.checkpoints import build_transformer, build_unet
 
     m = cfg.model
     kind = denoiser_kind(m.architecture)
@@ -141,7 +142,7 @@ def build_denoiser(cfg: TrainConfig):
 def build_model(cfg: TrainConfig) -> LatentDiffusion:
     """The architecture's Composer model, by its family's pipeline: a UNet on the diffusion schedule (SD 2's, or
     SDXL's with two text towers and size conditioning), or a transformer on rectified flow."""
-    from .checkpoints import ARCHITECTURES
+    from models.checkpoints import ARCHITECTURES
 
     family = family_or_ours(ARCHITECTURES[cfg.model.architecture].get("family"))
     return MODEL_BUILDERS[family.pipeline](cfg, *frozen_parts(cfg))
@@ -149,7 +150,7 @@ def build_model(cfg: TrainConfig) -> LatentDiffusion:
 
 def second_towers(cfg: TrainConfig) -> tuple:
     """The second text tower of an architecture that has one (SDXL's), else none."""
-    from .checkpoints import ARCHITECTURES, second_text_encoder
+    from models.checkpoints import ARCHITECTURES, second_text_encoder
 
     if "text_encoder_2" not in ARCHITECTURES[cfg.model.architecture]:
         return ()
@@ -197,8 +198,8 @@ def build_unet_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> LatentDi
 
 def flow_of(cfg: TrainConfig):
     """The run's rectified flow: the configured draws, and the shift its resolution takes (SD3's sqrt rule)."""
-    from .checkpoints import ARCHITECTURES
-    from .families import RectifiedFlow, pixels_shift
+    from models.checkpoints import ARCHITECTURES
+    from models.families import RectifiedFlow, pixels_shift
 
     m = cfg.model
     base = ARCHITECTURES[m.architecture]["flow_base_resolution"]
@@ -207,7 +208,7 @@ def flow_of(cfg: TrainConfig):
 
 
 def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> RectifiedFlowTransformer:
-    from .checkpoints import with_projection
+    from models.checkpoints import with_projection
 
     m = cfg.model
     if cfg.data.precomputed and m.other_phrasing > 0:
@@ -226,7 +227,7 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
 def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroConditionedUNet:
     """SDXL's UNet with two text towers; the second reads its own tokenizer (``tokenizer_2/``) where it loads from
     ``model.pretrained``, the first tokenizer's ids where the architecture builds it."""
-    from .checkpoints import second_text_encoder, second_tokenizer
+    from models.checkpoints import second_text_encoder, second_tokenizer
 
     m = cfg.model
     if cfg.data.precomputed:
@@ -248,7 +249,7 @@ def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroCon
 def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyleTransformer:
     """A Flux.1-style transformer on rectified flow at Flux.1's resolution shift (``flux_shift``): its T5 built here
     and reading the CLIP tokenizer's ids (the tiny architecture), or pretrained with T5's own tokenizer."""
-    from .checkpoints import ARCHITECTURES, T5_TOKENS, load_t5_parts, random_t5_encoder
+    from models.checkpoints import ARCHITECTURES, T5_TOKENS, load_t5_parts, random_t5_encoder
 
     m = cfg.model
     if cfg.data.precomputed:
@@ -274,7 +275,7 @@ def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyl
 def flux_flow(cfg: TrainConfig, vae):
     """The run's rectified flow at Flux.1's shift for its images' tokens (2x2 patches of latents), as FluxPipeline
     shifts its sampling schedule at the same size."""
-    from .families import RectifiedFlow, patches_shift
+    from models.families import RectifiedFlow, patches_shift
 
     m = cfg.model
     latent_side = cfg.data.resolution // 2 ** (len(vae.config.block_out_channels) - 1)
@@ -316,11 +317,11 @@ def checked_load_path(cfg: TrainConfig, spec: dict) -> str | None:
     as plain data (``weights_only``) and hold this run's architecture, before Composer touches it."""
     if not cfg.load_path:
         return None
-    from .checkpoints import read_checkpoint
+    from models.checkpoints import read_checkpoint
 
     local = cfg.load_path
     if "://" in local:
-        from .checkpoints import fetch
+        from models.checkpoints import fetch
 
         local = str(fetch(local))
     try:
@@ -329,7 +330,7 @@ def checked_load_path(cfg: TrainConfig, spec: dict) -> str | None:
         raise WorkbenchError(f"config key 'load_path': {e}") from None
     check_checkpoint_layout(cfg, Path(local), "config key 'load_path'")
     if Path(local).is_dir():  # Composer unpickles a folder's index and values: every one is read as plain data first
-        from .checkpoints import resume_problem
+        from models.checkpoints import resume_problem
 
         if problem := resume_problem(local):
             raise WorkbenchError(f"config key 'load_path': {problem}")
@@ -404,7 +405,7 @@ def resolve_resume(cfg: TrainConfig, save_folder: str) -> str | None:
 
 
 def _newest_local(cfg: TrainConfig, save_folder: str) -> str | None:
-    from .checkpoints import select_resume_checkpoint
+    from models.checkpoints import select_resume_checkpoint
 
     found = select_resume_checkpoint(save_folder)
     if found:
@@ -415,7 +416,7 @@ def _newest_local(cfg: TrainConfig, save_folder: str) -> str | None:
 def check_checkpoint_layout(cfg: TrainConfig, path: Path, where: str) -> None:
     """Composer loads a sharded checkpoint's folder only with ``fsdp_state_dict_type: sharded``, and one file only
     with ``full``: the other way round it fails deep inside its loader."""
-    from .checkpoints import is_sharded_folder
+    from models.readers import is_sharded_folder
 
     sharded = is_sharded_folder(path)
     if sharded == (cfg.fsdp and cfg.fsdp_state_dict_type == "sharded"):
@@ -429,7 +430,7 @@ def check_checkpoint_layout(cfg: TrainConfig, path: Path, where: str) -> None:
 
 
 def _newest_remote(save_folder: str) -> str | None:
-    from .checkpoints import fetch, list_checkpoints, resume_problem
+    from models.checkpoints import fetch, list_checkpoints, resume_problem
 
     for remote in reversed(list_checkpoints(save_folder)):
         local = fetch(remote.ref)
@@ -524,7 +525,9 @@ def batch_count(interval: str) -> int:
 
 def make_run_callbacks(cfg: TrainConfig, run_dir: Path, load_path: str | None) -> list:
     """Validation loss, previews and cost (``train.callbacks``), as configured."""
-    from .callbacks import Previews, RunCost, ValidationLoss, checkpoint_cost
+    from models.checkpoints import checkpoint_cost
+
+    from .callbacks import Previews, RunCost, ValidationLoss
 
     carried = checkpoint_cost(load_path) if load_path and cfg.load_weights_only else None
     callbacks = [RunCost(cfg.cost.usd_per_gpu_hour, carried=carried)]
@@ -565,6 +568,7 @@ def build_trainer(cfg: TrainConfig):
     from composer.callbacks import LRMonitor, SpeedMonitor
     from composer.utils import dist, reproducibility
 
+    from .callbacks import ModelSpec
     from .patches.composer import RestoreRNG, align_dataset_epoch, prompt_remote_latest
 
     device, precision = start_processes(cfg)
@@ -645,7 +649,7 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
     if not cfg.fsdp:
         return None
     # full: one file gathered on rank 0; sharded: a folder ep{epoch}-ba{batch}/ of torch.distributed.checkpoint
-    # parts, one per saving rank, which the readers consolidate (train.checkpoints.composer.load_state)
+    # parts, one per saving rank, which the readers consolidate (models.checkpoints.composer.load_state)
     fsdp = {"sharding_strategy": cfg.fsdp_sharding_strategy, "state_dict_type": cfg.fsdp_state_dict_type,
             "mixed_precision": "PURE"}
     if cfg.fsdp_sharding_strategy == "HYBRID_SHARD":
@@ -717,7 +721,7 @@ def checkpoint_disk_full(save_folder: str, e: BaseException) -> WorkbenchError:
     from composer.utils import dist
 
     if "://" not in save_folder and dist.get_global_rank() == 0:
-        from .checkpoints import select_resume_checkpoint
+        from models.checkpoints import select_resume_checkpoint
 
         select_resume_checkpoint(save_folder)
     return disk_full_error(save_folder, "a checkpoint (the cut-short file is set aside as *.corrupt)", e)

@@ -36,7 +36,7 @@ def base(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tree(tiny_run, base) -> Tree:
-    from train.checkpoints import export_pipeline
+    from models.checkpoints import export_pipeline
 
     root, outside = base / "checkpoints", base / "outside"
     run = root / "tiny-phase1"
@@ -108,7 +108,7 @@ def client(server, tmp_path):
 @pytest.fixture(scope="session")
 def pipe(tree):
     """ba4's EMA weights through the workbench's one door into a checkpoint."""
-    from train.checkpoints import load_pipeline
+    from models.checkpoints import load_pipeline
 
     return load_pipeline(tree.ba4, ema=True)
 

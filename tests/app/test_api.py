@@ -11,8 +11,8 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError, Status
 from PIL import Image
 
-from train.checkpoints import content_hash, find_checkpoint
-from train.generation.png import parse_parameters
+from models.checkpoints import content_hash, find_checkpoint
+from models.generation.png import parse_parameters
 
 
 def call(client, tree, api_name="/generate", **kw):
@@ -30,7 +30,7 @@ def read(item) -> tuple[np.ndarray, dict, str]:
 
 
 def reference(pipe, seeds, scheduler=None, **kw) -> list[np.ndarray]:
-    """The same images straight from train.load_pipeline's pipeline, through diffusers' own API."""
+    """The same images straight from models.checkpoints.load_pipeline's pipeline, through diffusers' own API."""
     if scheduler is not None:
         pipe = StableDiffusionPipeline(**{**pipe.components, "scheduler": scheduler}, requires_safety_checker=False)
     gens = [torch.Generator().manual_seed(s) for s in seeds]

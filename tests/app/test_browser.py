@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from train.generation.png import parse_parameters
-from train.generation.prompts import read_prompt_table
+from models.generation.png import parse_parameters
+from models.generation.prompts import read_prompt_table
 
 from ..conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, needs_chromium
 
@@ -358,7 +358,7 @@ def scored(tree, base):
 
     from evaluate.names import write_metrics_table
     from evaluate.store import checkpoint_cost_columns
-    from train.checkpoints import content_hash, find_checkpoint
+    from models.checkpoints import content_hash, find_checkpoint
 
     ba2, ba4 = (content_hash(find_checkpoint(p)) for p in (tree.ba2, tree.ba4))
     tiny = [dict(checkpoint_hash=h, model="tiny-phase1", step=step, guidance=g, sampler="DDIM", weights="ema", fid=fid,

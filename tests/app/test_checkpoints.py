@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from app.cache import PipelineCache
-from train.checkpoints import Checkpoint, content_hash, describe, discover, find_checkpoint, resolve_roots
+from models.checkpoints import Checkpoint, content_hash, describe, discover, find_checkpoint, resolve_roots
 from app.generate import GenerationParams
 from app.service import Service
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 _opened: list[str] | None = None
 
@@ -91,7 +91,7 @@ def test_paths_outside_the_root_are_refused_without_reading_them(tree, name, mes
 def test_messages_name_no_server_folder_and_tell_nothing_of_files_outside_the_roots(tree, monkeypatch):
     """A hub id missing from the cache named the cache's folder; a relative path out of the roots, or one relative
     to the server's working folder, got another message when it existed there than when it did not."""
-    from train.checkpoints.hub import hub_cache
+    from models.checkpoints.hub import hub_cache
 
     service = Service([tree.root])
 

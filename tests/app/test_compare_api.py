@@ -13,7 +13,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError, ValidationError
 from PIL import Image, PngImagePlugin
 
-from train.generation import parse_parameters
+from models.generation import parse_parameters
 
 from ..servers import connect, still_open
 from .conftest import AppServer

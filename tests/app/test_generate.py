@@ -8,10 +8,10 @@ import torch
 from PIL import Image
 
 from app.generate import GenerationParams, Limits, Stopped, generate, record_of, validate
-from train.errors import WorkbenchError
-from train.generation.png import parse_parameters, save_png
-from train.generation.defaults import DEFAULT_SAMPLER
-from train.generation.samplers import SAMPLERS, make_sampler, sampler_name
+from models.errors import WorkbenchError
+from models.generation.png import parse_parameters, save_png
+from models.generation.defaults import DEFAULT_SAMPLER
+from models.generation.samplers import SAMPLERS, make_sampler, sampler_name
 
 LIMITS = Limits(max_steps=150, max_size=1024, max_batch=8)
 
@@ -172,8 +172,8 @@ def test_line_breaks_in_a_prompt_tokenize_as_the_spaces_the_parameters_text_has(
     makes the same image (SD2's tokenizer, built from the CLIP vocabulary, and the tiny one)."""
     from transformers import CLIPTokenizer
 
-    from train.checkpoints.clip_bpe import write_clip_tokenizer
-    from train.generation import as_one_line
+    from models.readers.clip_bpe import write_clip_tokenizer
+    from models.generation import as_one_line
 
     sd2 = CLIPTokenizer.from_pretrained(write_clip_tokenizer(tmp_path, pad_token="!"))
     for prompt in ("a red circle\nNegative prompt: blue square", "two\r\nblue \n\n squares\n", "a\u2028b\u2029c",

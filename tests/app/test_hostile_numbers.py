@@ -14,7 +14,7 @@ from PIL import Image, PngImagePlugin
 from app.handlers import Handlers
 from app.score_plot import BOTTOM, HEIGHT, LEFT, RIGHT, TOP, WIDTH
 from app.service import Service
-from train.generation import ImageRecord, exif_parameters
+from models.generation import ImageRecord, exif_parameters
 
 INT_LIMIT_WORDS = ("Exceeds the limit", "set_int_max_str_digits", "int too large", "64-bit")  # Python's, orjson's
 HUGE = 1.7e308  # about the largest finite float

@@ -171,7 +171,7 @@ def test_a_png_record_nested_5000_deep_is_one_line_in_png_info(client, tmp_path)
 def test_a_results_line_nested_5000_deep_is_skipped_and_said(hostile, tmp_path):
     """A results.jsonl line nested 5,000 deep made the Scores tab answer 500; the row is skipped, the tab says so,
     and the other rows are plotted."""
-    from train.checkpoints import content_hash, find_checkpoint
+    from models.checkpoints import content_hash, find_checkpoint
 
     digest = content_hash(find_checkpoint(hostile.root / GOOD))
     good = dict(checkpoint_hash=digest, model="run/ep0-ba4-rank0", step=4, guidance=5.0, sampler="DDIM", status="ok",

@@ -23,7 +23,7 @@ import torch
 
 from app.generate import GenerationParams
 from app.service import Runtime, Service
-from train.errors import CheckpointError, WorkbenchError
+from models.errors import CheckpointError, WorkbenchError
 
 from ..conftest import REPO, unavailable
 from ..family_fixtures import write_sdxl_refiner
@@ -189,7 +189,7 @@ def test_every_file_the_app_opens_for_a_single_file_and_its_config_folder_is_und
                                                                                                monkeypatch):
     """The app draws from a file with NAME.config/ beside it, then is asked for the same file whose NAME.config/ is a
     link to a folder outside (refused): nothing it opened for either lies outside its folders."""
-    from train.checkpoints import hub_cache
+    from models.checkpoints import hub_cache
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     app = Service([links_tree.root], cache_size=1, runtime=Runtime("cpu", torch.float32))

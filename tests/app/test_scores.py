@@ -10,8 +10,8 @@ from app.handlers import Handlers
 from app.png_info import read_parameters, settings_from
 from app.service import Service
 from evaluate.names import write_metrics_table
-from train.checkpoints import content_hash, find_checkpoint
-from train.errors import WorkbenchError
+from models.checkpoints import content_hash, find_checkpoint
+from models.errors import WorkbenchError
 
 BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"
 
@@ -123,7 +123,7 @@ def test_png_info_prefers_a_whole_dwb_record_and_reads_the_text_without_one(tmp_
     from PIL import Image, PngImagePlugin
 
     from app.png_info import read_png_info
-    from train.generation import ImageRecord
+    from models.generation import ImageRecord
 
     record = ImageRecord("a red circle\nNegative prompt: blue", "", "DDIM", 4, 6.0, 16, 24, 21, "tiny", "ab" * 6, "raw")
     broken = {**json.loads(record.pnginfo()["dwb"]), "steps": "4"}  # a string where the record has a number

@@ -59,13 +59,13 @@ def names_no_server_path(message: str, *folders) -> bool:
 
 
 def test_a_library_error_naming_server_paths_reaches_the_client_without_them(tree, monkeypatch):
-    import train.checkpoints
+    import models.checkpoints
 
     def library_error(ckpt, **kw):  # as diffusers words a file it cannot read: by its absolute path
         raise OSError(f"Error no file named config.json found in directory {tree.export}/unet "
                       f"(cache {tree.outside}/hub/models--x)")
 
-    monkeypatch.setattr(train.checkpoints, "load_pipeline", library_error)
+    monkeypatch.setattr(models.checkpoints, "load_pipeline", library_error)
     message = generate_message(Handlers(Service([tree.root], cache_size=1)), tree.export.name)
     assert message.startswith(f"cannot load {tree.export.name}: OSError: ")
     assert names_no_server_path(message, tree.root, tree.outside), message

@@ -8,9 +8,9 @@ from app.generate import GenerationParams, Limits
 from app.labelled_grid import MIN_CELL, labelled_grid
 from app.service import Service
 from app.xyz import Axis, parse_axis, plan
-from train.errors import WorkbenchError
-from train.generation.images import Settings, generate_images
-from train.generation.png import parse_parameters
+from models.errors import WorkbenchError
+from models.generation.images import Settings, generate_images
+from models.generation.png import parse_parameters
 
 LIMITS = Limits(max_steps=150, max_size=1024, max_batch=8, max_cells=24)
 BA2, BA4 = "tiny-phase1/ep0-ba2-rank0.pt", "tiny-phase1/ep0-ba4-rank0.pt"
@@ -83,7 +83,7 @@ def pixels(image) -> np.ndarray:
 
 def test_cells_equal_single_generations(service, tree):
     """2 checkpoints x 2 seeds x 2 prompts. One cell per call: each equals the single generation bit for bit.
-    Batched: each equals the same batch through train.generation bit for bit, and the single generation up
+    Batched: each equals the same batch through models.generation bit for bit, and the single generation up
     to float rounding in batched kernels."""
     pairs = (("seed", "11, 12"), ("checkpoint", f"{BA2}\n{BA4}"), ("prompt", "a red circle\ntwo blue squares"))
     args = (BA4, "ema", base(prompt=""), list(pairs))
@@ -133,7 +133,7 @@ def test_a_prompt_set_is_named_never_a_path(service):
     import gradio as gr
 
     from app.handlers import Handlers
-    from train.generation.prompts import read_prompt_table
+    from models.generation.prompts import read_prompt_table
 
     handlers = Handlers(service)
     *types, x, y, z = handlers.prompt_set("parti", "seed", "guidance", "none")

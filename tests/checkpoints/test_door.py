@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from train.checkpoints import (checkpoint_problem, content_hash, find_checkpoint, list_checkpoints, load_pipeline,
-                               select_resume_checkpoint)
-from train.errors import CheckpointError, WorkbenchError
-from train.generation.images import Settings, generate_images
+from models.checkpoints import (checkpoint_problem, content_hash, find_checkpoint, list_checkpoints, load_pipeline,
+                                select_resume_checkpoint)
+from models.errors import CheckpointError, WorkbenchError
+from models.generation.images import Settings, generate_images
 
 from ..conftest import REPO, tiny_overrides, upload_folder
 
@@ -70,7 +70,7 @@ def test_one_generation_path_gives_the_same_image_in_the_grid_evaluate_and_the_a
     from evaluate.prompts import Prompt
     from evaluate.samples import Provenance, generate_samples, image_seed
     from PIL import Image
-    from train.generation.grid import generate
+    from models.generation.grid import generate
 
     ckpt = find_checkpoint(tiny_run / "ep0-ba4-rank0.pt")
     pipe = load_pipeline(ckpt, ema=True)
@@ -316,9 +316,9 @@ def test_a_mosaicml_diffusion_checkpoint_opens_with_its_architecture_from_the_we
     from diffusers import StableDiffusionPipeline
     from transformers import CLIPTokenizer
 
-    from train.checkpoints import describe
-    from train.checkpoints.spec_from_weights import sd2_tokenizer_files
-    from train.checkpoints.components import inference_scheduler
+    from models.checkpoints import describe
+    from models.checkpoints.spec_from_weights import sd2_tokenizer_files
+    from models.checkpoints.components import inference_scheduler
 
     path, (unet, vae, text_encoder) = mosaicml_checkpoint
     found = find_checkpoint(path)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from train.checkpoints import find_checkpoint, load_pipeline
-from train.generation.images import Settings, generate_images
+from models.checkpoints import find_checkpoint, load_pipeline
+from models.generation.images import Settings, generate_images
 
 PROMPT = "two red circles left of a blue square"
 SETTINGS = Settings(steps=3, guidance=3.0, width=32, height=32, sampler="DDIM")
@@ -73,7 +73,7 @@ def test_an_sd2_export_reads_back_bit_identical_in_diffusers_and_opens_to_the_sa
     bare.parent.mkdir()
     save_file(original, str(bare))
     shutil.copy(out.with_suffix(".yaml"), bare.with_suffix(".yaml"))
-    from train.checkpoints.single_file import describe_single_file
+    from models.checkpoints.single_file import describe_single_file
 
     assert describe_single_file(bare)["prediction_type"] == "v_prediction"
     assert np.array_equal(image(load_pipeline(bare)), expected)
@@ -91,7 +91,7 @@ def test_an_sd2_export_reads_back_bit_identical_in_diffusers_and_opens_to_the_sa
 def test_the_tiny_models_ema_export_reads_back_in_diffusers_and_dwb(tiny_run, tmp_path, dwb):
     """The tiny model (8 GroupNorm groups, a run's own tokenizer: more than an original config says) travels
     with its spec in the file's metadata."""
-    from train.checkpoints.composer import model_weights, read_checkpoint
+    from models.checkpoints.composer import model_weights, read_checkpoint
 
     ckpt = tiny_run / "ep0-ba4-rank0.pt"
     out = tmp_path / "tiny.safetensors"
@@ -107,7 +107,7 @@ def test_the_tiny_models_ema_export_reads_back_in_diffusers_and_dwb(tiny_run, tm
                 for p in ("unet", "vae", "text_encoder")}
     assert_same_tensors(from_single_file(out, config), expected)
     assert find_checkpoint(out).kind == "single-file"
-    from train.checkpoints import discover
+    from models.checkpoints import discover
 
     assert [c.label for c in discover([tmp_path])] == ["tiny.safetensors"]  # the config folder is no checkpoint
     assert np.array_equal(image(load_pipeline(out)), image(source))
@@ -146,7 +146,7 @@ def scored(tiny_run, tmp_path_factory):
     from human_eval.samples import read_manifest
     from human_eval.store import Store, database_url
     from human_eval.study import build_study, load_study
-    from train.checkpoints import content_hash
+    from models.checkpoints import content_hash
 
     from ..human_eval.conftest import drawbench, write_samples
 
@@ -210,7 +210,8 @@ def test_a_folder_export_carries_a_model_card_the_hub_reads(scored, tmp_path, dw
 def test_a_card_names_sd2_base_as_its_base_model():
     from huggingface_hub import ModelCard
 
-    from train.checkpoints import ARCHITECTURES, model_card_text
+    from models.checkpoints import ARCHITECTURES
+    from models.export import model_card_text
 
     spec = {"architecture": "sd2-base", "prediction_type": "epsilon", "resolution": 512,
             "vae": dict(ARCHITECTURES["sd2-base"]["vae"])}

@@ -2,7 +2,7 @@
 original-layout ``.safetensors`` file. Each trains (phase 1 of the published recipe, one batch), and the trained
 checkpoint exports, samples, is scored and opens in the app, beside the model it started from.
 
-Random weights (seeded), the real configs (``train.checkpoints.architectures``), the real CLIP BPE tokenizer. Every step is
+Random weights (seeded), the real configs (``models.checkpoints.architectures``), the real CLIP BPE tokenizer. Every step is
 the console script in its own process, as users run it, with ``HF_HUB_OFFLINE=1`` and an empty ``HF_HOME``.
 
 Not in CI: the training step alone holds about 16 GB (UNet 866M in float32 with its gradients and AdamW's two
@@ -92,8 +92,8 @@ def write_sd2_base(root: Path) -> None:
     import torch
     from transformers import CLIPTokenizer
 
-    from train.checkpoints.clip_bpe import write_clip_tokenizer
-    from train.checkpoints.components import build_pipeline, build_unet, random_text_encoder, random_vae
+    from models.readers.clip_bpe import write_clip_tokenizer
+    from models.checkpoints.components import build_pipeline, build_unet, random_text_encoder, random_vae
 
     from .original_layout import write_single_file
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoints import checkpoint_problem, read_summary
-from train.checkpoints.ziphead import DEFAULT_MAX_INFLATED_MB, MAX_INFLATED_ENV, zip_head
-from train.errors import CheckpointError, WorkbenchError
+from models.checkpoints import checkpoint_problem, read_summary
+from models.readers.ziphead import DEFAULT_MAX_INFLATED_MB, MAX_INFLATED_ENV, zip_head
+from models.errors import CheckpointError, WorkbenchError
 
 from ..conftest import DWB, REPO
 
@@ -172,8 +172,8 @@ def test_a_safetensors_header_or_spec_nested_5000_deep_is_one_line_and_left_out_
     describing the checkpoint on the spec."""
     from safetensors.torch import save_file
 
-    from train.checkpoints import describe, discover, find_checkpoint
-    from train.checkpoints.single_file import describe_single_file
+    from models.checkpoints import describe, discover, find_checkpoint
+    from models.checkpoints.single_file import describe_single_file
 
     header = b'{"__metadata__": {"format": "pt"}, "x": ' + DEEP.encode() + b"}"
     deep = tmp_path / "deep-header.safetensors"
@@ -198,7 +198,7 @@ def test_a_safetensors_header_or_spec_nested_5000_deep_is_one_line_and_left_out_
     ("unet/config.json", f"unet/config.json: {TOO_DEEP}"),
 ])
 def test_a_diffusers_folder_config_nested_5000_deep_is_one_line(tmp_path, deep_file, words):
-    from train.checkpoints import describe, find_checkpoint, load_pipeline
+    from models.checkpoints import describe, find_checkpoint, load_pipeline
 
     folder = tmp_path / "pipeline"
     configs = {"model_index.json": {"_class_name": "StableDiffusionPipeline",
@@ -216,7 +216,7 @@ def test_a_diffusers_folder_config_nested_5000_deep_is_one_line(tmp_path, deep_f
 
 
 def test_a_spec_tokenizer_config_nested_5000_deep_is_one_line():
-    from train.checkpoints.tokenizer_files import tokenizer_from_files
+    from models.readers.tokenizer_files import tokenizer_from_files
 
     with pytest.raises(CheckpointError) as excinfo:
         tokenizer_from_files({"tokenizer_config.json": DEEP, "vocab.json": "{}"}, where="ckpt.pt")
@@ -244,7 +244,8 @@ def test_an_export_whose_config_folder_is_a_dangling_link_writes_nothing(tiny_ru
 
 def test_an_export_that_fails_partway_leaves_nothing(tiny_run, tmp_path, monkeypatch):
     """The weights and the original config written, the config folder failing: all three or none are placed."""
-    from train.checkpoints import export_single_file, single_file
+    from models.export import export_single_file
+    from models.checkpoints import single_file
 
     def fails(*args, **kwargs):
         raise OSError("the config folder cannot be written")
@@ -266,7 +267,7 @@ def test_html_and_line_breaks_in_labels_rows_and_studies_are_text_on_the_model_c
     from huggingface_hub import ModelCard
     from markdown_it import MarkdownIt
 
-    from train.checkpoints import content_hash, find_checkpoint
+    from models.checkpoints import content_hash, find_checkpoint
 
     named = tmp_path / "<b>run\n# heading<script>x<" / "checkpoints"  # the label: "<b>run\n# heading...<ba2"
     named.mkdir(parents=True)

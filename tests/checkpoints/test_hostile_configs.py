@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoints import find_checkpoint
-from train.checkpoints.plain import SAFE_TYPES
-from train.families import family_or_ours
-from train.generation import MAX_SIZE, MIN_SIZE
+from models.checkpoints import find_checkpoint
+from models.readers.plain import SAFE_TYPES
+from models.families import family_or_ours
+from models.generation import MAX_SIZE, MIN_SIZE
 
 GiB = 1 << 30
 DATA_CAP = 2 * GiB  # `dwb sample` of these tiny models peaks under 1 GiB; the attacks asked for 3 to 19 GiB

@@ -118,7 +118,7 @@ LISTING = r"""
 import json, logging, pathlib, resource, sys
 resource.setrlimit(resource.RLIMIT_DATA, (int(sys.argv[4]), int(sys.argv[4])))
 root, outside, run = (pathlib.Path(a) for a in sys.argv[1:4])
-from train.checkpoints import discover, find_checkpoint, select_resume_checkpoint
+from models.checkpoints import discover, find_checkpoint, select_resume_checkpoint
 
 said = []
 
@@ -224,9 +224,9 @@ def test_an_index_of_millions_of_objects_is_refused_within_its_object_budget(sha
     unpickling past 3 GiB. What an index builds is counted and held to 8 bytes per byte of the same limit; here, at
     1/256 of the default (8 MiB), a 1 MiB index of a million empty dicts (72 MB as pickle builds them) is refused
     within it."""
-    from train.checkpoints import read_checkpoint
-    from train.checkpoints.sharded import MAX_INDEX_ENV
-    from train.errors import CheckpointError
+    from models.checkpoints import read_checkpoint
+    from models.readers.sharded import MAX_INDEX_ENV
+    from models.errors import CheckpointError
 
     folder = copy_of(sharded, tmp_path)
     (folder / ".metadata").write_bytes(pickle.PROTO + b"\x04" + pickle.EMPTY_LIST + pickle.MARK
@@ -252,8 +252,8 @@ def test_an_index_whose_keys_all_hash_alike_is_refused_at_once(sharded, tmp_path
     whose hashes a file cannot choose: refused before any is added."""
     import time
 
-    from train.checkpoints import read_checkpoint
-    from train.errors import CheckpointError
+    from models.checkpoints import read_checkpoint
+    from models.errors import CheckpointError
 
     folder, every = copy_of(sharded, tmp_path), (1 << 61) - 1
     keys = b"".join(pickle.LONG1 + b"\x0a" + (k * every).to_bytes(10, "little", signed=True) + pickle.NONE

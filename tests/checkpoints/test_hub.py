@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from train.checkpoints.hub import hub_label, is_hub_id, pipeline_files, resolve_hub
-from train.errors import CheckpointError
+from models.checkpoints.hub import hub_label, is_hub_id, pipeline_files, resolve_hub
+from models.errors import CheckpointError
 
 
 @pytest.fixture

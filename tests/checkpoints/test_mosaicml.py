@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from train.checkpoints import describe, find_checkpoint, load_pipeline
-from train.errors import CheckpointError, WorkbenchError
-from train.generation.images import Settings, generate_images
+from models.checkpoints import describe, find_checkpoint, load_pipeline
+from models.errors import CheckpointError, WorkbenchError
+from models.generation.images import Settings, generate_images
 
 from .test_door import _mosaicml_parts
 
@@ -81,8 +81,8 @@ def reference_pipeline(weights: dict, prediction_type: str):
     from diffusers import StableDiffusionPipeline
     from transformers import CLIPTokenizer
 
-    from train.checkpoints.components import inference_scheduler
-    from train.checkpoints.spec_from_weights import sd2_tokenizer_files
+    from models.checkpoints.components import inference_scheduler
+    from models.checkpoints.spec_from_weights import sd2_tokenizer_files
 
     unet, vae, text_encoder = _mosaicml_parts()
     for name, module in (("unet", unet), ("vae", vae), ("text_encoder", text_encoder)):

@@ -27,8 +27,8 @@ SCRIPT = textwrap.dedent("""
     import os
     import numpy as np
     from diffusers import StableDiffusionPipeline
-    from train.checkpoints.hub import resolve_hub
-    from train.checkpoints.single_file import load_single_file
+    from models.checkpoints.hub import resolve_hub
+    from models.checkpoints.single_file import load_single_file
     from tests.checkpoints.fixtures import generate
 
     single_file, hub_cache, hub_id, out = sys.argv[1:]

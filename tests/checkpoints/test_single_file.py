@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from train.checkpoints.single_file import (describe_single_file, is_single_file, load_single_file,
-                                           text_tower_config, write_config_folder)
-from train.errors import CheckpointError
+from models.checkpoints.single_file import (describe_single_file, is_single_file, load_single_file, text_tower_config,
+                                            write_config_folder)
+from models.errors import CheckpointError
 
 from .fixtures import generate
 
@@ -77,7 +77,7 @@ def loaded(single_files):
 
 
 def test_the_released_2x_v_config_as_sidecar_reads_768_px_v_prediction(single_files, tmp_path):
-    from train.checkpoints.single_file import CONFIGS
+    from models.checkpoints.single_file import CONFIGS
 
     path = tmp_path / "sd21.safetensors"
     shutil.copy(single_files["sd2"][0], path)
@@ -200,9 +200,9 @@ def test_the_shipped_2x_base_config_is_the_sd2_base_architecture(tmp_path):
     import yaml
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
-    from train.checkpoints.architectures import SD2_BASE
-    from train.checkpoints.single_file import CONFIGS, _about
-    from train.checkpoints.components import inference_scheduler
+    from models.checkpoints.architectures import SD2_BASE
+    from models.checkpoints.single_file import CONFIGS, _about
+    from models.checkpoints.components import inference_scheduler
 
     width, blocks = 1024, 24  # OpenCLIP ViT-H/14: 24 blocks in the file, SD 2.x uses 23
     shapes = {"cond_stage_model.model.token_embedding.weight": (49408, width),
@@ -254,7 +254,7 @@ def test_training_takes_its_frozen_parts_from_a_hub_id_or_a_single_file(kind, hu
     cache, or a single file in the original layout. The run trains on them and its checkpoint carries them."""
     from diffusers import StableDiffusionPipeline
 
-    from train.checkpoints import load_pipeline
+    from models.checkpoints import load_pipeline
     from train.config import load_config
     from train.trainer import build_model, train
 
@@ -281,7 +281,7 @@ def test_training_takes_its_frozen_parts_from_a_hub_id_or_a_single_file(kind, hu
 
 def test_a_missing_single_file_as_pretrained_is_one_line(tmp_path):
     from train.config import load_config
-    from train.errors import WorkbenchError
+    from models.errors import WorkbenchError
     from train.trainer import build_model
 
     from ..conftest import REPO

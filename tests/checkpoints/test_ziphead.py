@@ -6,9 +6,9 @@ import zipfile
 
 import pytest
 
-from train.checkpoints import ziphead
-from train.checkpoints.composer import read_summary
-from train.checkpoints.hashing import file_hash
+from models.checkpoints import ziphead
+from models.checkpoints.composer import read_summary
+from models.checkpoints.hashing import file_hash
 
 
 def _both(path):

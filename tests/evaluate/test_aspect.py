@@ -13,10 +13,9 @@ from PIL import Image
 from evaluate.config import load_eval_config
 from evaluate.run import EvalConfig, evaluate_checkpoints
 from evaluate.samples import Provenance, generate_samples, plan_batches
-from train.checkpoints import content_hash, find_checkpoint, load_pipeline
-from train.data import bucket_set, nearest_bucket
-from train.errors import WorkbenchError
-from train.generation import Prompt, read_prompt_table
+from models.checkpoints import content_hash, find_checkpoint, load_pipeline
+from models.generation import Prompt, bucket_set, nearest_bucket, read_prompt_table
+from models.errors import WorkbenchError
 
 from ..html_elements import Elements
 from ..png_readers import READERS, expected_fields, read_by_every_reader

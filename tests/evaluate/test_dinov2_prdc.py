@@ -7,7 +7,7 @@ from scipy.spatial.distance import cdist
 from evaluate.dinov2 import Dinov2Extractor
 from evaluate.metrics import FeatureStats, FrechetReference
 from evaluate.prdc import prdc
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 from .test_metrics import _images
 

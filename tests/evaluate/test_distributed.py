@@ -18,7 +18,7 @@ from evaluate.reference import ReferenceStats
 from evaluate.row import FEATURES, RowScorer, row_metrics
 from evaluate.run import check_output_folder, evaluate_checkpoints
 from evaluate.samples import plan_batches
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 from ..ranks import run_ranks
 from .test_run import _cfg

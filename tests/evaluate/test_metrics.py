@@ -6,7 +6,7 @@ import torch
 
 from evaluate.features import InceptionExtractor
 from evaluate.metrics import FeatureStats, FrechetReference, cmmd, fid_from_stats, kernel_inception_distance
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 
 def _scipy_fid(x: np.ndarray, y: np.ndarray) -> float:

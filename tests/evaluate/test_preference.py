@@ -21,7 +21,7 @@ import torch
 
 from evaluate.prompts import shapes_prompts
 from evaluate.preference import to_pil
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 from .preference_fixtures import (hpsv2_package, test_images, write_hps, write_image_reward,
                                   write_open_clip_as_transformers, write_pickscore)

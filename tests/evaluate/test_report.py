@@ -1,7 +1,7 @@
 """The report's cost of a checkpoint: the columns `dwb evaluate` writes into its rows, else (a store written before
 rows carried them) what the checkpoint file records."""
 from evaluate.report import checkpoint_costs, cost_axis
-from train.callbacks import checkpoint_cost
+from models.checkpoints import checkpoint_cost
 
 
 def test_a_checkpoints_cost_comes_from_its_rows_else_from_its_file(tiny_run, tmp_path):

@@ -14,8 +14,8 @@ from evaluate.reference import reference_stats
 from evaluate.run import EvalConfig, evaluate_checkpoints
 from evaluate.store import ResultsStore, checkpoint_identity
 from evaluate.watch import Watcher
-from train.checkpoints import find_checkpoint, read_checkpoint
-from train.errors import WorkbenchError
+from models.checkpoints import find_checkpoint, read_checkpoint
+from models.errors import WorkbenchError
 
 
 def _cfg(tmp_path, shapes_data, inception_weights, **kw) -> EvalConfig:
@@ -29,7 +29,7 @@ def _cfg(tmp_path, shapes_data, inception_weights, **kw) -> EvalConfig:
 
 def test_run_scores_checkpoints_and_writes_store_csv_plots_and_samples(tiny_run, shapes_data, inception_weights,
                                                                        tiny_clip, tmp_path):
-    from train.callbacks import checkpoint_cost
+    from models.checkpoints import checkpoint_cost
 
     cfg = _cfg(tmp_path, shapes_data, inception_weights, clip=str(tiny_clip))
     ckpts = [tiny_run / "ep0-ba2-rank0.pt", tiny_run / "ep0-ba4-rank0.pt"]

@@ -8,8 +8,8 @@ from PIL import Image
 from evaluate.prompts import load_prompts, read_prompt_table, shapes_prompts
 from evaluate.samples import (MANIFEST, Provenance, generate_samples, image_seed, plan_batches, read_manifest,
                               write_category_grids, write_manifest)
-from train.errors import WorkbenchError
-from train.checkpoints import content_hash, find_checkpoint, load_pipeline
+from models.errors import WorkbenchError
+from models.checkpoints import content_hash, find_checkpoint, load_pipeline
 
 from ..conftest import PROMPT_SETS
 from ..png_readers import READERS, expected_fields, read_by_every_reader

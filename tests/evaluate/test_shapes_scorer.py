@@ -9,7 +9,7 @@ import torch
 from evaluate.attribute_accuracy import AttributeTally, judge
 from evaluate.metrics import FeatureStats, fid_from_stats
 from evaluate.run import EvalConfig, evaluate_checkpoints
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 from train.shapes import write_shapes_dataset
 from train.shapes.grammar import Group, Scene, parse_caption
 from train.shapes.scorer import ShapesScorer, load_split, train_scorer

@@ -8,7 +8,7 @@ import pytest
 from evaluate.features import InceptionExtractor
 from evaluate.reference import reference_stats
 from evaluate.store import ResultsStore
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 from ..conftest import file_size_limit
 from .test_run import _image_folder
@@ -109,7 +109,7 @@ def test_a_full_disk_is_one_line_and_leaves_every_result_file_whole_or_absent(ex
     """Each way evaluate writes results, past a file-size limit (EFBIG, as ENOSPC on a full disk)."""
     from PIL import Image
 
-    from train.generation import ImageRecord, save_png
+    from models.generation import ImageRecord, save_png
 
     out = tmp_path / "out"
     store = ResultsStore(out)

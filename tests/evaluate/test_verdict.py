@@ -16,8 +16,8 @@ from evaluate.reference import ReferenceStats
 from evaluate.row import row_metrics
 from evaluate.store import ATTRIBUTE_COLUMNS, ResultsStore
 from evaluate.verdict import family_replicates, overall, p_text
-from train.common import interval_text
-from train.errors import WorkbenchError
+from models.common import interval_text
+from models.errors import WorkbenchError
 
 PROMPTS, DIM = 40, 4
 

@@ -7,7 +7,7 @@ import pytest
 
 from evaluate.store import ResultsStore
 from evaluate.watch import Watcher
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 
 def watcher(run, tmp_path, seen: list) -> Watcher:

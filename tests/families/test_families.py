@@ -10,11 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
-from train.checkpoints import find_checkpoint, load_pipeline
-from train.checkpoints.open import describe
-from train.errors import WorkbenchError
-from train.families import FAMILIES, family_named, family_of_folder, full_size_summary
-from train.generation import Settings, generate_images
+from models.checkpoints import find_checkpoint, load_pipeline
+from models.checkpoints.open import describe
+from models.errors import WorkbenchError
+from models.families import FAMILIES, family_named, family_of_folder, full_size_summary
+from models.generation import Settings, generate_images
 
 from ..conftest import run_dwb
 
@@ -140,7 +140,7 @@ def test_dwb_export_writes_a_folder_plain_diffusers_opens_and_a_single_file_it_c
     for name, weight in original.transformer.state_dict().items():
         assert torch.equal(exported.transformer.state_dict()[name], weight.half()), name
 
-    from train.checkpoints import export_checkpoint
+    from models.export import export_checkpoint
 
     with pytest.raises(WorkbenchError) as refused:  # the line `dwb export` prints
         export_checkpoint(str(folder), tmp_path / "sd3.safetensors")
@@ -201,7 +201,7 @@ def test_flux_images_carry_their_guidance_the_way_forge_writes_it_and_png_info_r
     """Flux.1-dev takes its scale as an input: Forge writes "CFG scale: 1, Distilled CFG Scale: 3.5"; schnell
     takes none ("CFG scale: 1"); SDXL keeps "CFG scale". PNG Info (ours) and an A1111-format reader read them."""
     from app.png_info import read_png, settings_from
-    from train.generation import parse_parameters, write_grid
+    from models.generation import parse_parameters, write_grid
 
     for name, expected in (("flux-dev", "CFG scale: 1, Distilled CFG Scale: 3.5"), ("flux-schnell", "CFG scale: 1,"),
                            ("sdxl", "CFG scale: 3.5,")):
@@ -216,7 +216,7 @@ def test_flux_images_carry_their_guidance_the_way_forge_writes_it_and_png_info_r
 
 
 def test_a_newer_familys_checkpoint_recommends_what_its_published_model_is_sampled_at(family_folders):
-    from train.checkpoints import recommended_settings
+    from models.checkpoints import recommended_settings
 
     found = {name: recommended_settings(find_checkpoint(str(family_folders[name]))) for name in FAMILY_OF}
     assert found == {"sdxl": {"guidance": 5.0, "steps": 30}, "sd3": {"guidance": 4.5, "steps": 40},

@@ -42,7 +42,7 @@ def test_the_generate_tab_offers_what_the_chosen_family_takes(family_folders, ti
     negative prompt where the family has none: the app never offers what the family cannot use."""
     from app.handlers import Handlers
     from app.service import Service
-    from train.families import family_named
+    from models.families import family_named
 
     root = tmp_path / "models"
     for name in ("sd3", "flux-dev"):

@@ -15,10 +15,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from train.checkpoints import export_checkpoint, find_checkpoint, load_pipeline
-from train.errors import CheckpointError, WorkbenchError
-from train.families import build_on_meta, family_named
-from train.generation import Settings, generate_images
+from models.export import export_checkpoint
+from models.checkpoints import find_checkpoint, load_pipeline
+from models.errors import CheckpointError, WorkbenchError
+from models.families import build_on_meta, family_named
+from models.generation import Settings, generate_images
 
 from ..checkpoints.original_layout import flux_to_original, write_sd3_single_file, write_sdxl_single_file
 
@@ -74,13 +75,13 @@ def test_an_export_holds_the_published_names_and_tensors(name, sources, exported
 def from_single_file(name: str, path: Path):
     """diffusers' own reader, offline, with NAME.config/: the whole pipeline from the file, or (Flux.1, the file
     holding the transformer alone) the transformer from it and the other parts from the folder."""
-    from train.common import flux_single_file_widths
+    from models.common import flux_single_file_widths
 
     config = str(path.with_name(path.stem + ".config"))
     options = dict(config=config, local_files_only=True, torch_dtype=torch.float32)
     if not name.startswith("flux"):
         return PIPELINES[name].from_single_file(str(path), **options)
-    flux_single_file_widths()  # diffusers 0.39's converter splits at Flux.1's published width (train.common.diffusers_patches)
+    flux_single_file_widths()  # diffusers 0.39's converter splits at Flux.1's published width (models.common.diffusers_patches)
     transformer = diffusers.FluxTransformer2DModel.from_single_file(str(path), subfolder="transformer", **options)
     return diffusers.FluxPipeline.from_pretrained(config, transformer=transformer, torch_dtype=torch.float32)
 
@@ -140,7 +141,7 @@ def test_an_export_failing_while_writing_leaves_nothing(sources, tmp_path, monke
     """The weights written, the config folder failing (a full disk): neither is left, nor a partial name."""
     import errno
 
-    from train.checkpoints import family_export
+    from models.checkpoints import family_export
 
     def full_disk(folder, *args):
         Path(folder).mkdir()
@@ -157,7 +158,7 @@ def test_an_export_failing_while_writing_leaves_nothing(sources, tmp_path, monke
 def test_only_a_model_at_its_familys_published_configs_goes_without_a_config_folder():
     """SDXL at the published base configs is read without NAME.config/ (diffusers and `dwb` write them offline);
     SD3.5 and Flux.1 always need one (the T5 tokenizer), and a model of other sizes does."""
-    from train.checkpoints.family_export import needs_config_folder
+    from models.export.family_export import needs_config_folder
 
     def on_meta(family):
         return SimpleNamespace(**{name: build_on_meta(part) for name, part in family.variants[0].parts.items()})

@@ -12,11 +12,11 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from train.checkpoints import find_checkpoint, load_pipeline
-from train.checkpoints.open import describe
-from train.errors import CheckpointError
-from train.families import family_named, published_count
-from train.generation import Settings, generate_images
+from models.checkpoints import find_checkpoint, load_pipeline
+from models.checkpoints.open import describe
+from models.errors import CheckpointError
+from models.families import family_named, published_count
+from models.generation import Settings, generate_images
 
 from ..checkpoints.original_layout import write_sdxl_single_file
 from ..conftest import run_dwb
@@ -46,7 +46,7 @@ def test_an_sdxl_single_file_draws_what_its_folder_draws(sdxl_file, family_folde
 def test_without_its_configs_an_sdxl_file_is_read_with_the_published_ones(sdxl_file, tmp_path):
     """No NAME.config/: the configs are SDXL base's own, written offline (the tiny file does not fit them: one
     line); those configs build the published model, and its CLIP tokenizers pad as SDXL's do."""
-    from train.checkpoints.family_single_file import write_family_config_folder
+    from models.checkpoints.family_single_file import write_family_config_folder
 
     alone = shutil.copy(sdxl_file, tmp_path / "alone.safetensors")
     with pytest.raises(CheckpointError) as refused:

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from train.checkpoints import find_checkpoint, load_pipeline
-from train.checkpoints.open import CheckpointInfo
-from train.families import family_named
+from models.checkpoints import find_checkpoint, load_pipeline
+from models.checkpoints.open import CheckpointInfo
+from models.families import family_named
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
 
-from train.families.flow import RectifiedFlow, patches_shift, shifted
+from models.families.flow import RectifiedFlow, patches_shift, shifted
 
 X0, NOISE = torch.randn(4, 16, 8, 8, generator=torch.Generator().manual_seed(0)), \
     torch.randn(4, 16, 8, 8, generator=torch.Generator().manual_seed(1))

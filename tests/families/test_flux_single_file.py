@@ -19,9 +19,9 @@ from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpo
 from PIL import Image
 from safetensors.torch import save_file
 
-from train.checkpoints import find_checkpoint, load_pipeline
-from train.checkpoints.open import describe
-from train.generation import Settings, generate_images
+from models.checkpoints import find_checkpoint, load_pipeline
+from models.checkpoints.open import describe
+from models.generation import Settings, generate_images
 
 from ..checkpoints.original_layout import flux_to_original
 from ..conftest import run_dwb
@@ -140,6 +140,6 @@ def test_a_flux_file_is_described_at_its_folder_size(flux_files, family_folders)
 
 
 def test_diffusers_converter_still_writes_down_the_published_width():
-    """What train.common.diffusers_patches' flux_single_file_widths exists for: once diffusers reads the width from
+    """What models.common.diffusers_patches' flux_single_file_widths exists for: once diffusers reads the width from
     the file, the patch goes."""
     assert "inner_dim = 3072" in inspect.getsource(convert_flux_transformer_checkpoint_to_diffusers)

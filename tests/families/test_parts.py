@@ -12,9 +12,9 @@ import torch
 
 from app.generate import GenerationParams
 from app.service import Service
-from train.checkpoints import find_checkpoint, load_pipeline
-from train.errors import WorkbenchError
-from train.generation import Settings, generate_images
+from models.checkpoints import find_checkpoint, load_pipeline
+from models.errors import WorkbenchError
+from models.generation import Settings, generate_images
 
 from ..checkpoints.fixtures import commit_hash, write_hub_snapshot
 from .test_flux_single_file import write_flux_file

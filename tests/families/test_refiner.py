@@ -11,12 +11,11 @@ import pytest
 import torch
 from PIL import Image
 
-from train.checkpoints import content_hash, find_checkpoint, load_pipeline
-from train.checkpoints.open import describe
-from train.errors import WorkbenchError
-from train.families import family_named, family_of_folder, family_of_pipeline
-from train.generation import (ImageRecord, Refiner, Settings, generate_images, parse_parameters, refiner_of,
-                              sampler_of)
+from models.checkpoints import content_hash, find_checkpoint, load_pipeline
+from models.checkpoints.open import describe
+from models.errors import WorkbenchError
+from models.families import family_named, family_of_folder, family_of_pipeline
+from models.generation import ImageRecord, Refiner, Settings, generate_images, parse_parameters, refiner_of, sampler_of
 
 from ..conftest import run_dwb
 from ..family_fixtures import write_sdxl_refiner

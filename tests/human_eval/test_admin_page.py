@@ -9,7 +9,6 @@ from human_eval.samples import read_manifest
 from human_eval.study import build_study, load_study
 
 from .conftest import Server, drawbench, start_rater, write_samples
-
 from ..conftest import CHROMIUM, CHROMIUM_ARGS, needs_chromium
 
 # checkpoint names as people give them; long enough that "a vs b" outgrew its panel of the chart

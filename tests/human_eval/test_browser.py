@@ -8,7 +8,6 @@ from human_eval.samples import read_manifest
 from human_eval.study import build_study, load_study
 
 from .conftest import Server, write_samples
-
 from ..conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, needs_chromium
 
 pytestmark = needs_chromium

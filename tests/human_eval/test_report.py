@@ -62,7 +62,7 @@ def rated_study(tmp_path_factory) -> tuple[Path, dict]:
 def rows_as_json(rows: list[dict]) -> list[dict]:
     """CSV rows with the JSON export's types (CSV has only strings) and text as stored: the CSV puts a ``'``
     before text a spreadsheet would run as a formula (a pair id can start with ``-``)."""
-    from train.common import FORMULA_STARTS
+    from models.common import FORMULA_STARTS
 
     def stored(value: str) -> str:
         return value[1:] if value.startswith("'") and value[1:].startswith(FORMULA_STARTS) else value

@@ -9,7 +9,7 @@ import sys
 
 from composer.utils import dist
 
-from train.common import build_config, parse_overrides
+from models.common import build_config, parse_overrides
 from train.config import DataConfig
 from train.data.loader import make_dataset
 

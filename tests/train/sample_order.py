@@ -8,7 +8,7 @@ import sys
 from composer.utils import dist
 
 from train.config import DataConfig
-from train.common import build_config, parse_overrides
+from models.common import build_config, parse_overrides
 from train.data.loader import make_dataset
 
 out, batches, global_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

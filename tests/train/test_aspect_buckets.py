@@ -12,10 +12,11 @@ from PIL import Image
 from streaming import StreamingDataset
 
 import dwb
-from train.data import ASPECT_COLUMNS, assign, bucket_set, nearest_bucket, open_local
+from train.data import ASPECT_COLUMNS, open_local
+from models.generation import assign, bucket_set, nearest_bucket
 from train.data.convert import ConvertSummary, convert_to_mds
 from train.data.mds import open_streaming
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 SIZES = [(300, 150), (150, 300), (200, 200), (640, 480), (480, 640), (260, 100), (129, 131), (400, 220),
          (170, 340), (500, 260), (333, 333), (256, 512)]

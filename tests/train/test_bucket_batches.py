@@ -21,7 +21,7 @@ from train.config import DataConfig, load_config
 from train.data import convert_to_mds
 from train.data.loader import build_dataloader, make_dataset
 from train.data.mds import open_local
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 from ..conftest import REPO, kill_once_saved, tiny_overrides
 from ..ranks import run_ranks

@@ -27,7 +27,7 @@ import pytest
 from ..conftest import REPO
 
 PATCH_MODULES = ("train.patches.composer", "train.patches.fsdp", "train.patches.fsdp_cpu_ranks",
-                 "train.patches.streaming", "app.gradio_patches", "train.common.diffusers_patches")
+                 "train.patches.streaming", "app.gradio_patches", "models.common.diffusers_patches")
 
 
 class Upstream(NamedTuple):
@@ -83,7 +83,7 @@ UPSTREAM = (
              "4c6de2662d10a3be", "tests/app/test_compare_api.py"),
     Upstream("app.gradio_patches", "serve_gradio_with", "gradio", "http_server.py", "start_server",
              "9f58500037c0055a", "this file, tests/app/test_compare_api.py"),
-    Upstream("train.common.diffusers_patches", "flux_single_file_widths", "diffusers", "loaders/single_file_utils.py",
+    Upstream("models.common.diffusers_patches", "flux_single_file_widths", "diffusers", "loaders/single_file_utils.py",
              "convert_flux_transformer_checkpoint_to_diffusers", "e453e98195b9666f",
              "tests/families/test_family_export.py -k flux, test_flux_single_file.py"),
 )
@@ -143,7 +143,7 @@ def version_of(package: str) -> str:
 def test_every_patch_has_its_upstream_fingerprinted():
     """A new patch module, or a new patch in one, has rows in UPSTREAM before it lands."""
     homes = {f"train.patches.{p.stem}" for p in (REPO / "train" / "patches").glob("*.py") if p.stem != "__init__"}
-    assert homes | {"app.gradio_patches", "train.common.diffusers_patches"} == set(PATCH_MODULES)
+    assert homes | {"app.gradio_patches", "models.common.diffusers_patches"} == set(PATCH_MODULES)
     for module in PATCH_MODULES:
         tree = ast.parse((REPO / patch_file(module)).read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}

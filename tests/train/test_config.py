@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from train.config import load_config
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -16,7 +16,7 @@ def test_shipped_configs_load_and_round_trip(name, tmp_path):
     from train.config import config_to_dict
 
     cfg = load_config(CONFIGS / name)
-    from train.checkpoints import ARCHITECTURES
+    from models.checkpoints import ARCHITECTURES
 
     assert cfg.run_name and cfg.max_duration and cfg.model.architecture in ARCHITECTURES
     written = tmp_path / "config.yaml"
@@ -150,7 +150,7 @@ def test_every_number_and_duration_key_has_a_rule():
     import typing
 
     from train.config import TrainConfig
-    from train.common import RULE
+    from models.common import RULE
 
     def keys(cls, prefix=""):
         for f in dataclasses.fields(cls):
@@ -175,7 +175,7 @@ def _numeric_rules():
     import dataclasses
     import typing
 
-    from train.common import RULE
+    from models.common import RULE
     from train.config import TrainConfig
 
     def walk(cls, prefix=""):

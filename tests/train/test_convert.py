@@ -13,7 +13,7 @@ from PIL import Image
 from streaming import LocalDataset
 
 from train.data.convert import ConvertSummary, convert_to_mds
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 
 def photo(w: int, h: int, seed: int = 0) -> Image.Image:

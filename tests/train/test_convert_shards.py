@@ -22,7 +22,7 @@ from streaming import LocalDataset
 
 from train.data.convert import convert_to_mds, join_parts
 from train.data.records import MAX_FILE_BYTES
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 from ..conftest import REPO, upload_folder
 from .shard_writers import Row, jpeg, laion_rows, write_img2dataset

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 from train.config import DataConfig
 from train.data.loader import make_dataset
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 from ..conftest import REPO, tiny_overrides, upload_folder
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from train.config import load_config
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 from train.trainer import resolve_device
 
 from ..conftest import REPO

@@ -15,10 +15,10 @@ import pytest
 import torch
 from PIL import Image
 
-from train.checkpoints import load_pipeline, read_checkpoint
+from models.checkpoints import load_pipeline, read_checkpoint
 from train.config import load_config
-from train.errors import WorkbenchError
-from train.generation import Settings, generate_images
+from models.errors import WorkbenchError
+from models.generation import Settings, generate_images
 from train.trainer import build_model, train
 
 from ..conftest import REPO, kill_once_saved, tiny_overrides
@@ -103,7 +103,7 @@ def test_the_spec_says_family_denoiser_and_flow(runs):
     assert spec["prediction_type"] == "flow" and "unet" not in spec
     assert spec["transformer"]["num_layers"] == 4 and spec["flow"]["shift"] == 1.0
     assert spec["vae"]["shift_factor"] == 0.0
-    from train.checkpoints import describe, find_checkpoint
+    from models.checkpoints import describe, find_checkpoint
 
     info = describe(find_checkpoint(str(runs["straight"] / "ep0-ba4-rank0.pt")))  # what the app and evaluate ask
     assert info.family == "sd3" and info.prediction_type == "flow" and info.resolution == 16
@@ -220,7 +220,7 @@ def test_bad_flow_keys_are_one_line(overrides, says, shapes_data, components, tm
 def test_the_full_size_mmdit_is_sd3_mediums_two_billion_weights():
     """configs/mmdit-medium-phase{1,2}.yaml build SD3-medium's MMDiT (published: "2B parameters"; diffusers' own
     SD3-medium transformer counts 2.028B) on SD 2's 4-channel latents and 1,024-wide text tower, offline."""
-    from train.checkpoints import build_transformer
+    from models.checkpoints import build_transformer
 
     with torch.device("meta"):
         count = sum(p.numel() for p in build_transformer("mmdit-medium").parameters())
@@ -236,7 +236,7 @@ def test_a_full_size_run_the_machine_cannot_hold_is_one_line_before_any_weight()
     (2,025M trained weights x 16 bytes), before a weight is made, instead of being killed for memory."""
     import os
 
-    from train.checkpoints import build_transformer, random_text_encoder, random_vae
+    from models.checkpoints import build_transformer, random_text_encoder, random_vae
 
     with torch.device("meta"):
         trained = sum(p.numel() for p in build_transformer("mmdit-medium").parameters())
@@ -257,7 +257,7 @@ def test_the_app_offers_the_flow_samplers_and_draws_what_dwb_sample_draws(runs):
     from app.generate import GenerationParams
     from app.handlers import Handlers
     from app.service import Service
-    from train.families import family_named
+    from models.families import family_named
 
     handlers = Handlers(Service([runs["straight"]]))
     [label] = [c for c in handlers.choices()[1] if c.endswith("ep0-ba4-rank0.pt")]

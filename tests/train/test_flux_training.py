@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from train.checkpoints import load_pipeline, read_checkpoint
+from models.checkpoints import load_pipeline, read_checkpoint
 from train.config import load_config
-from train.errors import WorkbenchError
-from train.generation import Settings, generate_images
+from models.errors import WorkbenchError
+from models.generation import Settings, generate_images
 from train.trainer import build_model, train
 
 from ..conftest import REPO, tiny_overrides
@@ -67,7 +67,7 @@ def test_the_packed_input_ids_and_timestep_are_the_pipelines(model):
     from diffusers import FlowMatchEulerDiscreteScheduler
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
-    from train.families import pack_latents, shifted
+    from models.families import pack_latents, shifted
 
     pipe = model.pipeline_with(model.transformer)
     latents, noise = torch.randn(1, 4, 8, 8), torch.randn(1, 4, 8, 8)

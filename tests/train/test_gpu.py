@@ -44,7 +44,7 @@ def test_auto_microbatching_and_fp16(shapes_data, components, tmp_path):
 
 def test_attention_auto_prefers_xformers_when_installed(components):
     from train.trainer import set_attention
-    from train.checkpoints.components import build_unet
+    from models.checkpoints.components import build_unet
 
     unet = build_unet("tiny").cuda()
     try:

@@ -2,9 +2,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from train.checkpoints.components import build_pipeline, build_unet, load_frozen_parts
-from train.generation import Settings
-from train.generation.grid import generate, write_grid
+from models.checkpoints.components import build_pipeline, build_unet, load_frozen_parts
+from models.generation import Settings
+from models.generation.grid import generate, write_grid
 
 
 def _pipe(components):
@@ -37,7 +37,7 @@ def test_write_grid_lays_out_prompts_by_seeds(components, tmp_path):
 
 def test_large_images_keep_their_size_and_shape_in_the_grid():
     """A full-size model's 256x192 images are laid out pixel for pixel (not squeezed into small square cells)."""
-    from train.generation.grid import grid_image
+    from models.generation.grid import grid_image
 
     images = np.random.default_rng(0).integers(0, 256, (2, 3, 192, 256, 3), dtype=np.uint8)
     grid = np.asarray(grid_image(images, ["a", "b"], title="t"))

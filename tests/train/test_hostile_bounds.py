@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from train.config import load_config
-from train.data import bucket_set
-from train.errors import WorkbenchError
+from models.generation import bucket_set
+from models.errors import WorkbenchError
 
 from ..conftest import DWB, REPO
 
@@ -76,7 +76,7 @@ def test_bucket_sets_past_the_bound_are_refused_before_any_image_is_read(dwb, tm
 def test_the_bounds_keep_the_sets_trainers_use():
     """SDXL's published list reaches 1:4 at 1024 px on a step of 64; the defaults and the finer steps the docs
     show stay within the bound, and `dwb sample --aspect 4:1` still finds its bucket on a step of 8."""
-    from train.data import aspect_bucket
+    from models.generation import aspect_bucket
     from train.data.convert import _aspect_buckets
 
     sdxl = bucket_set(1024, 64, 4.0)

@@ -27,7 +27,7 @@ from streaming import LocalDataset
 
 from train.data.convert import convert_to_mds, join_parts
 from train.data.tables import _load_dataset as load_dataset
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 from ..conftest import DWB, REPO
 from .shard_writers import jpeg

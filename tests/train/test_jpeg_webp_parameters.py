@@ -6,8 +6,8 @@ import piexif.helper
 import pytest
 from PIL import Image
 
-from train.checkpoints import content_hash, find_checkpoint
-from train.generation import parse_parameters
+from models.checkpoints import content_hash, find_checkpoint
+from models.generation import parse_parameters
 
 PROMPT = "two blue squares"
 
@@ -48,7 +48,7 @@ def test_png_info_reads_the_parameters_of_a_jpeg_piexif_wrote(tmp_path):
 
 def test_a_jpeg_without_parameters_is_said_in_one_line(tmp_path):
     from app.png_info import read_png_info
-    from train.errors import WorkbenchError
+    from models.errors import WorkbenchError
 
     path = tmp_path / "plain.jpg"
     Image.new("RGB", (8, 8)).save(path, format="JPEG")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from train.config import load_config
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 from train.model import LatentDiffusion, TextConditioning
 from train.trainer import build_model
 
@@ -133,7 +133,7 @@ def test_sd2_base_instantiates_at_full_size_without_download():
 
 
 def test_pipeline_dtype_names_and_auto():
-    from train.generation.device import pipeline_dtype
+    from models.generation.device import pipeline_dtype
 
     assert pipeline_dtype("auto", "cpu") == torch.float32
     for names, dtype in ((("float32", "fp32"), torch.float32), (("bfloat16", "bf16"), torch.bfloat16),

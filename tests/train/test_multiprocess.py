@@ -52,7 +52,7 @@ def test_two_process_training_resumes_bit_identically_from_an_epochs_last_batch(
     again = _train_on_two_ranks(_two_rank_overrides(shapes_data, components, resumed))
     assert again.returncode == 0, again.explain()
     assert "resuming at batch 4" in again.stdout
-    from train.checkpoints import read_checkpoint
+    from models.checkpoints import read_checkpoint
 
     ts = read_checkpoint(resumed / "ep1-ba6-rank0.pt")["timestamp"]["Timestamp"]
     assert ts["batch"] == 6 and ts["sample"] == 288  # global batch 48 = 2 ranks x 24
@@ -64,7 +64,7 @@ def test_validation_loss_on_two_ranks_equals_one_process(two_rank_run, shapes_da
     """Each rank measured every other held-out sample and the sums were gathered: the figures the 2-rank run's
     callback saved equal this one process's, measured on the whole split, to float tolerance."""
     from train.callbacks import read_held_out, validation_figures
-    from train.checkpoints import model_weights, read_checkpoint
+    from models.checkpoints import model_weights, read_checkpoint
     from train.config import load_config
     from train.trainer import build_model
 

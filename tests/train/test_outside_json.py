@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-from train.common import load_outside, loads_outside
-from train.errors import WorkbenchError
+from models.common import load_outside, loads_outside
+from models.errors import WorkbenchError
 
 
 @pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, '{"a":' * 5000 + "1" + "}" * 5000,

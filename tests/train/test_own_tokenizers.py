@@ -36,7 +36,7 @@ FLUX_TRANSFORMER = dict(patch_size=1, in_channels=16, num_layers=1, num_single_l
 def _clip_tokenizer(folder: Path, pad: str):
     from transformers import CLIPTokenizer
 
-    from train.checkpoints.clip_bpe import write_clip_tokenizer
+    from models.readers.clip_bpe import write_clip_tokenizer
 
     return CLIPTokenizer.from_pretrained(write_clip_tokenizer(folder, pad_token=pad))
 
@@ -79,8 +79,8 @@ def _t5_tokenizer(captions: list[str]):
 def sdxl_folder(tmp_path_factory) -> Path:
     from diffusers import StableDiffusionXLPipeline
 
-    from train.checkpoints import build_unet
-    from train.checkpoints.clip_bpe import END
+    from models.checkpoints import build_unet
+    from models.readers.clip_bpe import END
 
     root = tmp_path_factory.mktemp("sdxl-own-tokenizers")
     tokenizer, tokenizer_2 = _clip_tokenizer(root / "tok", END), _clip_tokenizer(root / "tok2", "!")
@@ -182,8 +182,8 @@ def flux_folder(shapes_data, tmp_path_factory) -> Path:
     from diffusers import FluxPipeline, FluxTransformer2DModel
     from transformers import T5Config, T5EncoderModel
 
-    from train.checkpoints import flux_scheduler
-    from train.checkpoints.clip_bpe import END
+    from models.checkpoints import flux_scheduler
+    from models.readers.clip_bpe import END
     from train.data import open_local
 
     root = tmp_path_factory.mktemp("flux-own-tokenizers")
@@ -212,7 +212,7 @@ def test_flux_schnell_reads_t5s_own_tokenizer_as_the_pipeline_does(shapes_data, 
     from diffusers import FluxPipeline
     from transformers import T5TokenizerFast
 
-    from train.checkpoints import T5_TOKENS
+    from models.checkpoints import T5_TOKENS
 
     cfg = _flux_config(shapes_data, flux_folder)
     model = build_model(cfg).eval()
@@ -245,8 +245,8 @@ def test_a_trained_flux_schnell_draws_with_t5s_tokenizer_after_export(flux_run, 
     from diffusers import FluxPipeline
     from transformers import T5TokenizerFast
 
-    from train.checkpoints import load_pipeline
-    from train.generation import Settings, generate_images
+    from models.checkpoints import load_pipeline
+    from models.generation import Settings, generate_images
 
     run = flux_run
     prompts = ["a red circle above a blue square", "two green triangles"]
@@ -271,9 +271,9 @@ def test_a_trained_flux_schnell_draws_with_t5s_tokenizer_after_export(flux_run, 
 def test_the_sdxl_spec_carries_the_second_tokenizer_a_reopened_checkpoint_draws_with(sdxl):
     """The spec every checkpoint carries holds tokenizer_2's files; the pipeline a checkpoint is reopened as
     (`dwb sample`, `dwb export`: ``open.pipeline_from_composer``) reads the second tower's prompts with it."""
-    from train.checkpoints import make_spec
-    from train.checkpoints.open import SPEC_BUILDERS
-    from train.checkpoints.tokenizer_files import tokenizer_from_files
+    from models.checkpoints import make_spec
+    from models.checkpoints.open import SPEC_BUILDERS
+    from models.readers.tokenizer_files import tokenizer_from_files
 
     model, batch, samples, pipe = sdxl
     spec = make_spec(model, "sdxl-base", 16)
@@ -295,8 +295,8 @@ def test_a_t5_tokenizer_saved_with_its_sentencepiece_model_reopens_from_the_spec
     reopens from them with the same ids."""
     from transformers import T5TokenizerFast
 
-    from train.checkpoints.spec import tokenizer_files
-    from train.checkpoints.tokenizer_files import tokenizer_from_files
+    from models.checkpoints.spec import tokenizer_files
+    from models.readers.tokenizer_files import tokenizer_from_files
 
     prompts = ["a red circle above a blue square", "two green triangles"]
     t5 = _t5_tokenizer(prompts * 20)
@@ -321,7 +321,7 @@ def test_flux_schnell_loads_t5s_tokenizer_as_flux_publishes_it(flux_folder, tmp_
 
     from transformers import T5TokenizerFast
 
-    from train.checkpoints import load_t5_parts
+    from models.checkpoints import load_t5_parts
 
     published = tmp_path / "flux"
     for part in ("text_encoder_2", "tokenizer_2"):
@@ -337,7 +337,7 @@ def test_flux_schnell_loads_t5s_tokenizer_as_flux_publishes_it(flux_folder, tmp_
 
 def test_flux_schnell_without_a_pretrained_folder_is_one_line(shapes_data):
     """Its T5 and T5's tokenizer are pretrained parts: no folder is a one-line refusal naming what to set."""
-    from train.errors import WorkbenchError
+    from models.errors import WorkbenchError
 
     with pytest.raises(WorkbenchError) as refused:
         build_model(_flux_config(shapes_data, "null"))
@@ -353,8 +353,8 @@ def test_a_spec_whose_second_tokenizer_asks_for_code_or_a_file_outside_is_refuse
                                                                                    message):
     """The second tokenizer's files in a checkpoint's spec are checked as the first's: custom code (``auto_map``) or a
     file named outside is one line, and nothing is written there."""
-    from train.checkpoints import load_pipeline
-    from train.errors import CheckpointError
+    from models.checkpoints import load_pipeline
+    from models.errors import CheckpointError
 
     from ..checkpoints.test_door import _rewrite
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 from streaming import LocalDataset
 
-from train.checkpoints.components import load_frozen_parts
+from models.checkpoints.components import load_frozen_parts
 from train.config import DataConfig, load_config
 from train.data.loader import build_dataloader, crop_to_array, latent_meta, other_phrasing, to_model_range
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 from train.data.latents import META, decode_array
-from train.checkpoints.hashing import fingerprint
+from models.checkpoints.hashing import fingerprint
 from train.data.precompute import precompute_latents
 from train.trainer import attach_latents, build_model, train
 

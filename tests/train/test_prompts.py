@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from train.errors import WorkbenchError
-from train.generation.prompts import prompt_set_path, read_prompt_table
+from models.errors import WorkbenchError
+from models.generation.prompts import prompt_set_path, read_prompt_table
 
 PROMPTS = prompt_set_path("drawbench").parent
 

@@ -108,8 +108,8 @@ def test_a_folders_settings_file_from_elsewhere_is_read_bounded_and_checked(run,
 def test_a_preview_names_the_weights_it_was_drawn_from(run):
     """A preview's Model hash is the fingerprint of the UNet it drew with: the same weights opened from the
     checkpoint saved at that batch (EMA, as the preview drew) give the same one."""
-    from train.checkpoints import fingerprint, load_pipeline
-    from train.generation import parse_parameters
+    from models.checkpoints import fingerprint, load_pipeline
+    from models.generation import parse_parameters
 
     with Image.open(run.parent / "previews" / "ba2.png") as preview:
         shown = parse_parameters(preview.info["parameters"])["Model hash"]

@@ -3,9 +3,9 @@ import boto3
 import pytest
 import torch
 
-from train.checkpoints import model_weights, read_checkpoint
+from models.checkpoints import model_weights, read_checkpoint
 from train.config import load_config
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 from train.trainer import build_trainer, train
 
 from ..conftest import REPO, tiny_overrides, upload_folder

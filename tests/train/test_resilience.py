@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoints import checkpoint_problem, read_checkpoint
-from train.checkpoints.composer import SAFE_TYPES as _SAFE
+from models.checkpoints import checkpoint_problem, read_checkpoint
+from models.checkpoints.composer import SAFE_TYPES as _SAFE
 from train.config import load_config
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 from train.trainer import build_model, build_trainer, check_save_folder, estimate_checkpoint_bytes, train
 
 from ..conftest import REPO, kill_once_saved, tiny_overrides

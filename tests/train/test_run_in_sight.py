@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from train.checkpoints import read_checkpoint
+from models.checkpoints import read_checkpoint
 from train.config import load_config
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 from train.trainer import train
 
 from ..conftest import REPO, kill_once_saved, tiny_overrides

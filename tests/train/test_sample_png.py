@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from train.generation import ImageRecord, Settings, generate_images
+from models.generation import ImageRecord, Settings, generate_images
 
 from ..png_readers import expected_fields, read_by_every_reader
 
@@ -21,7 +21,7 @@ def record_in(path) -> ImageRecord:
 
 @pytest.mark.slow
 def test_sample_writes_every_image_and_the_grid_with_the_parameters_asked_for(tiny_run, tmp_path, dwb):
-    from train.checkpoints import content_hash, find_checkpoint, load_pipeline
+    from models.checkpoints import content_hash, find_checkpoint, load_pipeline
 
     ckpt = tiny_run / "ep0-ba4-rank0.pt"
     out = tmp_path / "grid.png"

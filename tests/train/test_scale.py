@@ -94,7 +94,7 @@ def four_ranks_killed(shapes_data, components, tmp_path_factory) -> Run:
 
 
 def weights_of(path: Path, ema: bool, denoiser: str = "unet") -> dict[str, torch.Tensor]:
-    from train.checkpoints import model_weights, read_checkpoint
+    from models.checkpoints import model_weights, read_checkpoint
 
     return {k: v for k, v in model_weights(read_checkpoint(path), ema=ema).items() if k.startswith(denoiser + ".")}
 
@@ -110,7 +110,7 @@ def assert_same_weights(a: Path, b: Path, denoiser: str = "unet") -> None:
 
 def assert_same_figures(a: Path, b: Path) -> None:
     """The validation figures each run's callback saved (raw and EMA, per band) and its cost."""
-    from train.checkpoints import read_checkpoint
+    from models.checkpoints import read_checkpoint
 
     ca, cb = read_checkpoint(a), read_checkpoint(b)
     va, vb = ca["callbacks"]["ValidationLoss"]["last"], cb["callbacks"]["ValidationLoss"]["last"]
@@ -136,7 +136,7 @@ def assert_same_preview(a: Path, b: Path, name: str) -> None:
 def test_fsdp_on_two_ranks_equals_one_process(one_process, two_ranks):
     """Weights, EMA weights, validation figures (rank 0 has 2 held-out batches, rank 1 one, padded to 2), the
     previews (drawn through the EMA weights gathered on every rank), cost and position at batches 2 and 4."""
-    from train.checkpoints import read_checkpoint
+    from models.checkpoints import read_checkpoint
 
     for name in ("ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"):
         assert_same_weights(two_ranks.folder / name, one_process.folder / name)

@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from train.checkpoints import describe, find_checkpoint, load_pipeline, read_checkpoint
+from models.checkpoints import describe, find_checkpoint, load_pipeline, read_checkpoint
 from train.config import load_config
-from train.errors import WorkbenchError
-from train.generation import Settings, generate_images
+from models.errors import WorkbenchError
+from models.generation import Settings, generate_images
 from train.trainer import build_model, train
 
 from ..conftest import REPO, tiny_overrides
@@ -174,7 +174,7 @@ def test_the_full_size_unet_is_sdxls_and_the_plan_refuses_it_here(monkeypatch):
     """configs/sdxl-base-phase{1,2,3}.yaml build SDXL's published UNet (2.567B weights) offline on the meta device;
     `dwb train` on a CPU with 16 GiB to spare refuses it in one line before a weight is made (weights, gradients and
     AdamW state of 2,567M weights, and the 901M frozen ones: 41.6 GiB), instead of being killed for memory."""
-    from train.checkpoints import build_unet
+    from models.checkpoints import build_unet
     from train.trainer import check_memory
 
     with torch.device("meta"):

@@ -5,8 +5,7 @@ import pytest
 import torch
 from streaming import LocalDataset
 
-from train.data import aspect_bucket
-from train.generation import read_prompt_table
+from models.generation import aspect_bucket, read_prompt_table
 from train.shapes import COLORS, FRAMES, frame_size, framed_prompts, make_sample, regions, write_shapes_dataset
 from train.shapes.dataset import BUCKET_STEP, SOURCE_SCALE, sample_meta
 from train.shapes.grammar import parse_caption, scene_from_meta

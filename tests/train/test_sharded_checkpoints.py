@@ -26,7 +26,7 @@ def write_sharded(full: Path, out: Path, extra: dict | None = None) -> Path:
 
     import torch.distributed.checkpoint as dcp
 
-    from train.checkpoints.composer import SAFE_TYPES
+    from models.checkpoints.composer import SAFE_TYPES
 
     with torch.serialization.safe_globals(SAFE_TYPES):
         ckpt = torch.load(full, map_location="cpu", weights_only=True)
@@ -74,7 +74,7 @@ class _Touch:
 
 def test_a_sharded_folder_reads_as_its_full_checkpoint(tiny_run, sharded):
     """Found, listed, read and weighed as the full file it was made from: raw and EMA weights, spec, step."""
-    from train.checkpoints import discover, find_checkpoint, list_checkpoints, model_weights, read_checkpoint
+    from models.checkpoints import discover, find_checkpoint, list_checkpoints, model_weights, read_checkpoint
 
     full, folder = read_checkpoint(tiny_run / "ep0-ba4-rank0.pt"), read_checkpoint(sharded)
     assert folder["spec"] == without_empty(full["spec"]) and folder["kind"] == "composer"
@@ -91,7 +91,7 @@ def test_dwb_export_consolidates_a_sharded_folder(tiny_run, sharded, tmp_path):
     """The answer for every tool that wants one file: `dwb export` writes the sharded folder's weights whole."""
     from safetensors.torch import load_file
 
-    from train.checkpoints import export_checkpoint
+    from models.export import export_checkpoint
 
     out, fmt = export_checkpoint(sharded, tmp_path / "one.safetensors", ema=True)
     ref, _ = export_checkpoint(tiny_run / "ep0-ba4-rank0.pt", tmp_path / "ref.safetensors", ema=True)
@@ -103,8 +103,8 @@ def test_an_index_that_runs_code_when_unpickled_is_refused_without_running_it(sh
     """PyTorch reads a sharded checkpoint's index with a bare pickle.load: a folder whose ``.metadata`` creates a
     file when unpickled would create it in every reader (the app lists what is under its roots). Refused in one
     line; nothing is created."""
-    from train.checkpoints import find_checkpoint
-    from train.errors import CheckpointError
+    from models.checkpoints import find_checkpoint
+    from models.errors import CheckpointError
 
     folder, marker = copy_of(sharded, tmp_path), tmp_path / "ran"
     (folder / ".metadata").write_bytes(pickle.dumps({"index": _Touch(marker)}))
@@ -118,8 +118,8 @@ def test_a_value_that_runs_code_is_refused_by_readers_and_autoresume(tiny_run, t
     """DCP stores each non-tensor value with torch.save and reads it back with ``weights_only=False``: a value
     that creates a file when loaded is refused by the readers and by autoresume, which sets the folder aside
     before Composer would load it; nothing is created."""
-    from train.checkpoints import find_checkpoint, read_checkpoint, select_resume_checkpoint
-    from train.errors import CheckpointError
+    from models.checkpoints import find_checkpoint, read_checkpoint, select_resume_checkpoint
+    from models.errors import CheckpointError
 
     marker = tmp_path / "ran"
     run = tmp_path / "run" / "checkpoints"
@@ -136,8 +136,8 @@ def test_a_value_that_runs_code_is_refused_by_readers_and_autoresume(tiny_run, t
 
 def test_an_index_naming_a_file_outside_its_folder_is_refused(sharded, tmp_path):
     """A part named ``../secret.distcp`` (or an absolute path) would be read from wherever it points."""
-    from train.checkpoints import read_checkpoint
-    from train.errors import CheckpointError
+    from models.checkpoints import read_checkpoint
+    from models.errors import CheckpointError
 
     folder = copy_of(sharded, tmp_path)
     (tmp_path / "secret.distcp").write_bytes((folder / "__0_0.distcp").read_bytes())
@@ -168,8 +168,8 @@ def test_a_declared_size_beyond_the_parts_is_refused_before_anything_is_allocate
 
     rewrite_index(folder, huge)
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
-            "from train.checkpoints import read_checkpoint\n"
-            "from train.errors import CheckpointError\n"
+            "from models.checkpoints import read_checkpoint\n"
+            "from models.errors import CheckpointError\n"
             "try:\n    read_checkpoint(sys.argv[1])\nexcept CheckpointError as e:\n    print(e)\n")
     done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=REPO,
                           timeout=120)
@@ -181,8 +181,8 @@ def test_a_negative_size_cannot_hide_a_huge_one_in_the_sum(sharded, tmp_path):
     before the first is allocated."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from train.checkpoints import read_checkpoint
-    from train.errors import CheckpointError
+    from models.checkpoints import read_checkpoint
+    from models.errors import CheckpointError
 
     folder = copy_of(sharded, tmp_path)
 
@@ -199,7 +199,7 @@ def test_a_negative_size_cannot_hide_a_huge_one_in_the_sum(sharded, tmp_path):
 def test_a_part_cut_short_is_set_aside_by_autoresume(sharded, tmp_path):
     """A save cut short after its index was written (a part truncated): autoresume sets it aside, never deletes
     it, and resumes from the checkpoint before."""
-    from train.checkpoints import select_resume_checkpoint
+    from models.checkpoints import select_resume_checkpoint
 
     run = tmp_path / "checkpoints"
     older = Path(shutil.copytree(sharded, run / "ep0-ba2"))
@@ -212,7 +212,7 @@ def test_a_part_cut_short_is_set_aside_by_autoresume(sharded, tmp_path):
 
 def test_sharded_needs_fsdp_and_a_local_save_folder(tmp_path):
     from train.config import load_config
-    from train.errors import WorkbenchError
+    from models.errors import WorkbenchError
 
     base = tiny_overrides(tmp_path, tmp_path, tmp_path / "c")
     with pytest.raises(WorkbenchError, match=r"^config key 'fsdp_state_dict_type' is sharded, which needs "
@@ -226,7 +226,7 @@ def test_sharded_needs_fsdp_and_a_local_save_folder(tmp_path):
 def test_a_run_refuses_a_checkpoint_of_the_other_layout(sharded, tiny_run, tmp_path):
     """Composer's sharded loader fails deep inside on a file, and its full loader on a folder: one line first."""
     from train.config import load_config
-    from train.errors import WorkbenchError
+    from models.errors import WorkbenchError
     from train.trainer import check_checkpoint_layout
 
     base = tiny_overrides(tmp_path, tmp_path, tmp_path / "c")

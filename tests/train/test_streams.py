@@ -6,7 +6,7 @@ import pytest
 from train.config import DataConfig, load_config
 from train.data import StreamConfig
 from train.data.loader import make_dataset
-from train.errors import WorkbenchError
+from models.errors import WorkbenchError
 
 from ..conftest import REPO
 

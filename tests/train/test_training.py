@@ -7,10 +7,10 @@ import torch
 from composer import Callback
 from diffusers import StableDiffusionPipeline
 
-from train.checkpoints import read_checkpoint
+from models.checkpoints import read_checkpoint
 from train.config import load_config
-from train.errors import WorkbenchError
-from train.checkpoints import export_pipeline, load_pipeline
+from models.errors import WorkbenchError
+from models.checkpoints import export_pipeline, load_pipeline
 from train.trainer import build_trainer
 
 from ..conftest import REPO, file_size_limit, tiny_overrides

@@ -75,12 +75,3 @@ def eta_hours(state: State, start_batch: int, seconds: float) -> float | None:
     if end is None or end.unit.name != "BATCH" or batch <= start_batch:
         return None
     return (end.value - batch) * seconds / (batch - start_batch) / 3600
-
-
-def checkpoint_cost(path) -> dict:
-    """The cost a Composer checkpoint of this workbench records (``{}`` for one written without it), from the
-    checkpoint's pickle alone (``read_summary``): no weights are read, so a report over 12 GB checkpoints reads
-    a few kilobytes of each."""
-    from ..checkpoints import read_summary
-
-    return dict(read_summary(path)["callbacks"].get("RunCost") or {})

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import WorkbenchError
+from models.errors import WorkbenchError
 
 LINE = re.compile(r"^\[metric\]\[batch=(\d+)\]: ([^:]+): (\S+)")
 PANELS = (("training loss", ("loss/train/total",)),

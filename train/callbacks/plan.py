@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import WorkbenchError
+from models.errors import WorkbenchError
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """Previews: a grid of fixed prompts x fixed seeds every ``preview_interval`` batches, through the one generation
-path (``train.generation``), written beside the checkpoints with its parameters and sent to the loggers.
+path (``models.generation``), written beside the checkpoints with its parameters and sent to the loggers.
 
 The pipeline is built around the training model's own modules with the same inference scheduler and sampler
 a checkpoint opens with, so a preview cell is what `dwb sample` of the checkpoint at that batch draws for the
 same prompt, seed, sampler, steps and size. Rank 0 draws. The training RNG is saved and restored around it.
 
-A preview's Model hash is the fingerprint of the UNet weights it drew with (``train.checkpoints.fingerprint``:
+A preview's Model hash is the fingerprint of the UNet weights it drew with (``models.checkpoints.fingerprint``:
 names, shapes and bytes, raw or EMA as drawn), not a file's hash: the checkpoint of that batch is written after
 the preview, and only where ``save_interval`` falls on it. The same weights opened from that checkpoint
 (``load_pipeline``) give the same fingerprint, which is how a preview is matched to its checkpoint.
@@ -74,8 +74,8 @@ class Previews(Callback):
             return grid.convert("RGB")
 
     def write_grid(self, model, unet, name: str, ema: bool) -> None:
-        from ..checkpoints import build_pipeline, fingerprint
-        from ..generation import write_grid
+        from models.checkpoints import build_pipeline, fingerprint
+        from models.generation import write_grid
 
         was_training = unet.training
         unet.eval()
@@ -90,14 +90,14 @@ class Previews(Callback):
 
     def generation_settings(self):
         """The previews' settings as the one generation path takes them (its PNG parameters record them too)."""
-        from ..generation import Settings
+        from models.generation import Settings
 
         size = self.settings["size"]
         return Settings(steps=self.settings["steps"], guidance=self.settings["guidance"], width=size, height=size,
                         sampler=self.settings["sampler"])
 
     def write_parameters(self, name: str, ema: bool) -> None:
-        from ..common import write_text_whole
+        from models.common import write_text_whole
 
         params = {"prompts": self.prompts, "seeds": self.seeds, **self.settings, "ema": ema, "batch": name}
         write_text_whole(self.folder / f"{name}.json", json.dumps(params, indent=2))

@@ -12,10 +12,9 @@ precomputed VAE latents and text hidden states.
 - ``latents``: the precomputed-latents format and its compatibility checks;
 - ``precompute``: encoding a dataset once with the VAE and text encoder (`dwb data precompute`).
 """
-from ..common import face
+from models.common import face
 
 __getattr__, __all__ = face(__name__, {
-    "buckets": "DEFAULT_MAX_ASPECT aspect_bucket assign bucket_set cover default_step nearest_bucket",
     "convert": "ConvertSummary convert_to_mds join_parts",
     "latents": "META check_compatible decode_array read_meta",
     "loader": "build_dataloader check_remote_access image_to_tensor latent_meta token_ids",

@@ -44,9 +44,11 @@ from typing import Any, Callable, Iterator, Sequence
 from PIL import ExifTags, Image, ImageOps
 from tqdm import tqdm
 
-from ..common import load_outside, loads_outside, write_text_whole
-from ..errors import WorkbenchError
-from .buckets import DEFAULT_MAX_ASPECT, assign, bucket_name, bucket_set, check_bucket_count, cover, cover_scale
+from models.common import load_outside, loads_outside, write_text_whole
+from models.errors import WorkbenchError
+from models.generation import (DEFAULT_MAX_ASPECT, assign, bucket_name, bucket_set, check_bucket_count, cover,
+                               cover_scale)
+
 from .image_folders import folder_records
 from .layouts import Columns, plan_units
 from .mds import checked_index, image_columns, open_writer

@@ -16,7 +16,8 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
-from ..errors import WorkbenchError
+from models.errors import WorkbenchError
+
 from .records import IMAGE_SUFFIXES, MAX_FILE_BYTES, MAX_SIDECAR_BYTES, ReadCounts, Record, caption_and_fields
 from .storage import exists, is_remote, list_objects, outside_root, read_bounded
 from .tables import metadata_by_key

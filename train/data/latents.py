@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints import fingerprint
-from ..errors import WorkbenchError, first_line
+from models.checkpoints import fingerprint
+from models.errors import WorkbenchError, first_line
 
 LATENTS_FORMAT = "diffusion-workbench/latents/1"
 META = "precompute.json"

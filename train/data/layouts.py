@@ -20,7 +20,8 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Collection, Sequence
 
-from ..errors import WorkbenchError
+from models.errors import WorkbenchError
+
 from .image_folders import folder_plan
 from .records import IMAGE_SUFFIXES, Filter
 from .storage import expand_braces, is_remote, list_objects, source_state, walk_local

@@ -16,8 +16,9 @@ from PIL import Image
 from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
-from ..common import load_outside
-from ..errors import WorkbenchError, first_line
+from models.common import load_outside
+from models.errors import WorkbenchError, first_line
+
 from .mds import (StreamConfig, bucket_folders, buckets_of_index, by_aspect, check_safe_columns, count_samples,
                   open_streaming)
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..errors import WorkbenchError, first_line
-from ..common import Range, checked, load_outside
+from models.errors import WorkbenchError, first_line
+from models.common import Range, checked, load_outside
+
 from .storage import outside_root
 
 

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..errors import WorkbenchError, first_line
+from models.errors import WorkbenchError, first_line
+from models.checkpoints import fingerprint
 
 from .latents import LATENTS_FORMAT, META, STORAGE_DTYPES, encode_array, latent_columns
-from ..checkpoints import fingerprint
 
 # ---------------------------------------------------------------------------------------------
 # Loading the encoders
@@ -44,7 +44,7 @@ def load_encoders(vae_ref: str, text_encoder_ref: str, tokenizer_ref: str | None
     from diffusers import AutoencoderKL
     from transformers import CLIPTextModel, CLIPTokenizer
 
-    from ..checkpoints import load_part
+    from models.checkpoints import load_part
 
     vae = load_part(AutoencoderKL, vae_ref, "vae", "VAE")
     text_encoder = load_part(CLIPTextModel, text_encoder_ref, "text_encoder", "text encoder")
@@ -168,7 +168,7 @@ def _join_ranks(device: str) -> str:
     """The device this rank encodes on; under `composer -n N`, the process group joined (gloo or NCCL)."""
     from composer.utils import dist
 
-    from ..generation import pick_device
+    from models.generation import pick_device
 
     device = pick_device(device).type if device == "auto" else device
     if dist.get_world_size() > 1 and not dist.is_initialized():

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Collection
 
-from ..common import loads_outside
+from models.common import loads_outside
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
 # The most one file of a sample (a tar member, an object on S3) may hold to be read into memory: an img2dataset

@@ -17,8 +17,8 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterable
 
-from ..common import download_cache, s3_client, split_s3, whole_folder
-from ..errors import WorkbenchError, first_line
+from models.common import download_cache, s3_client, split_s3, whole_folder
+from models.errors import WorkbenchError, first_line
 
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}|\{([^{}]*,[^{}]*)\}")  # a range {000..099} or a choice {a,b}
 # Names one pattern may expand to, counted before any is made: LAION-5B's img2dataset shards are about 230,000;

@@ -18,8 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..common import load_outside
-from ..errors import WorkbenchError, first_line
+from models.common import load_outside
+from models.errors import WorkbenchError, first_line
+
 from .records import CAPTION_KEYS, MAX_FILE_BYTES, MAX_SIDECAR_BYTES, Filter, ReadCounts, Record, scalar_fields
 from .storage import is_remote, local_copy, open_seekable, outside_root, read_bounded, walk_local
 

@@ -23,7 +23,8 @@ import tarfile
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO, Iterator
 
-from ..errors import WorkbenchError
+from models.errors import WorkbenchError
+
 from .records import IMAGE_SUFFIXES, MAX_FILE_BYTES, MAX_SIDECAR_BYTES, ReadCounts, Record, caption_and_fields
 from .storage import exists, is_remote, open_stream, outside_root, unsafe_name
 from .tables import metadata_by_key

@@ -8,7 +8,7 @@ it was written against, the upstream behaviour it changes and why.
 - ``streaming``: Streaming 0.13.0's shared memory, freed within one process (test sessions).
 
 The app's Gradio patches are the app's own (``app.gradio_patches``); diffusers' Flux.1 converter, which the
-checkpoint door uses, stays on the ground floor (``train.common.diffusers_patches``). `tests/train/test_compat.py`
+checkpoint door uses, stays on the ground floor (``models.common.diffusers_patches``). `tests/train/test_compat.py`
 fails, naming the patch to re-read, when an installed library differs from the one a patch was written against.
 
 Nothing is imported here: the trainer imports each module by its name (``from .patches.composer import ...``),

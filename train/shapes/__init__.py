@@ -11,7 +11,7 @@ A scene is one or two groups of identical shapes ("two small red circles above a
 - ``scorer``: the small CNN that reads a scene's attributes back from an image;
 - ``prepare``: the tiny architecture's frozen parts (tokenizer, text encoder, VAE) fitted on a shapes dataset.
 """
-from ..common import face
+from models.common import face
 
 __getattr__, __all__ = face(__name__, {
     "dataset": "SPLITS framed_prompts make_sample sample_meta write_shapes_dataset",

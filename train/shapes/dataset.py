@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import WorkbenchError
+from models.errors import WorkbenchError
+
 from .grammar import captions_for
 from .scenes import FRAME_OF, FRAMES, layout, render, sample_scene
 

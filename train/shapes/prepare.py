@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..errors import WorkbenchError
+from models.errors import WorkbenchError
+
 from ..data import count_samples
 
 SPECIAL = ["<|startoftext|>", "<|endoftext|>"]
@@ -147,7 +148,7 @@ def fold_latent_normalization(vae, images: torch.Tensor, batch_size: int = 256) 
 def prepare_tiny(data: str | Path, out: str | Path, *, vae_steps: int = 1200, max_images: int = 10000,
                  seed: int = 0, progress: bool = True) -> dict:
     """Write ``out/{vae,text_encoder,tokenizer}`` and ``out/prepare.json``; returns the report."""
-    from ..checkpoints import TINY, random_text_encoder, random_vae  # diffusers: 10+ s of imports that fitting a tokenizer never needs
+    from models.checkpoints import TINY, random_text_encoder, random_vae  # diffusers: 10+ s of imports that fitting a tokenizer never needs
 
     data, out = Path(data), Path(out)
     resolution = TINY["vae"]["sample_size"]

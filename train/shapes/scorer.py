@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import WorkbenchError, first_line
+from models.errors import WorkbenchError, first_line
+
 from .grammar import COUNTS, Group, Scene, scene_from_meta
 from .scenes import BACKGROUND, COLORS, PLACEMENTS, SHAPES, SIZES
 

@@ -1,0 +1,210 @@
+"""Building and loading the parts of a latent-diffusion model: UNet, VAE, text encoder, tokenizer, schedulers.
+
+``pretrained`` is a folder or hub id in the diffusers layout (``vae/``, ``text_encoder/``,
+``tokenizer/``), or a single-file checkpoint in the original Stable Diffusion layout (``.safetensors``,
+``.ckpt``: ``models.checkpoints.single_file``). A missing part is one clear error naming the folder and the part.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+from .architectures import ARCHITECTURES, denoiser_config
+from ..errors import WorkbenchError, first_line
+from .schedules import NOISE_SCHEDULE, inference_scheduler
+
+def build_unet(architecture: str, overrides: dict | None = None) -> UNet2DConditionModel:
+    return UNet2DConditionModel(**denoiser_config(architecture, overrides))
+
+
+def random_text_encoder(architecture: str, vocab_size: int | None = None, seed: int = 0, *,
+                        part: str = "text_encoder", token_ids: dict | None = None) -> CLIPTextModel:
+    """The architecture's text tower ``part`` with random weights: SDXL's second (``text_encoder_2``) with its
+    pooled output projected; ``token_ids`` (``bos_token_id``, ...) where the tokenizer's are not CLIP's."""
+    from transformers import CLIPTextModelWithProjection
+
+    arch = ARCHITECTURES[architecture]
+    cfg = {**arch[part], **(token_ids or {})}
+    if vocab_size is not None:
+        cfg["vocab_size"] = vocab_size
+    torch.manual_seed(seed)
+    model = (CLIPTextModelWithProjection if part == "text_encoder_2" else CLIPTextModel)(CLIPTextConfig(**cfg))
+    std = arch.get("embedding_std")
+    if std is not None:
+        emb = model.text_model.embeddings
+        torch.nn.init.normal_(emb.token_embedding.weight, std=std)
+        torch.nn.init.normal_(emb.position_embedding.weight, std=std)
+    return model
+
+
+def random_vae(architecture: str) -> AutoencoderKL:
+    return AutoencoderKL(**ARCHITECTURES[architecture]["vae"])
+
+
+def pretrained_folder(ref: str) -> Path:
+    """The local folder of ``model.pretrained``: a folder as given, or a hub id's snapshot (``models.checkpoints.hub``:
+    from the local cache, downloaded when online and ``HF_HUB_OFFLINE`` is not set)."""
+    from .hub import hub_offline, is_hub_id, resolve_hub
+
+    return resolve_hub(ref, allow_download=not hub_offline()) if is_hub_id(ref) else Path(ref)
+
+
+def is_part_folder(path: Path) -> bool:
+    """A single part saved on its own (``save_pretrained`` of a VAE, text encoder or tokenizer)."""
+    return path.is_dir() and any((path / f).is_file() for f in ("config.json", "tokenizer_config.json", "vocab.json"))
+
+
+def names_a_single_file(ref: str) -> bool:
+    """``ref`` is a file with a single-file suffix (what it holds is checked when it loads, in one line);
+    ``single_file.is_single_file`` also reads its keys."""
+    from .single_file import SUFFIXES
+
+    return Path(ref).suffix in SUFFIXES and Path(ref).is_file()
+
+
+def single_file_parts(ref: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
+    """VAE, text encoder and tokenizer of a single-file checkpoint (its UNet is read, then dropped)."""
+    from .single_file import load_single_file
+
+    pipe = load_single_file(Path(ref))
+    return pipe.vae, pipe.text_encoder, pipe.tokenizer
+
+
+def load_part(cls, ref: str, subfolder: str, what: str, **options):
+    """One pretrained part: ``ref`` is the part's own folder, a diffusers-layout root, a hub id or a single file
+    (which is read whole for each part); ``options`` go to its ``from_pretrained``."""
+    if names_a_single_file(ref):
+        return single_file_parts(ref)[("vae", "text_encoder", "tokenizer").index(subfolder)]
+    folder = Path(ref) if is_part_folder(Path(ref)) else pretrained_folder(ref) / subfolder
+    if not folder.is_dir():
+        hint = " (run `dwb prepare` to build the tiny components)" if not Path(ref).exists() else ""
+        raise WorkbenchError(f"pretrained {what} not found: {folder} does not exist{hint}")
+    try:
+        return cls.from_pretrained(folder, local_files_only=True, **options)
+    except WorkbenchError:
+        raise
+    except Exception as e:  # hub unreachable, missing file, unreadable weights
+        raise WorkbenchError(f"cannot load pretrained {what} from '{folder}': {first_line(e)}") from None
+
+
+def load_frozen_parts(pretrained: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
+    """VAE, text encoder and tokenizer from a diffusers-layout folder, a hub id or a single file."""
+    if names_a_single_file(pretrained):
+        return single_file_parts(pretrained)
+    vae = load_part(AutoencoderKL, pretrained, "vae", "VAE")
+    text_encoder = load_part(CLIPTextModel, pretrained, "text_encoder", "text encoder")
+    tokenizer = load_part(CLIPTokenizer, pretrained, "tokenizer", "tokenizer")
+    return vae, text_encoder, tokenizer
+
+
+def build_pipeline(unet, vae, text_encoder, tokenizer, prediction_type: str) -> StableDiffusionPipeline:
+    """A plain diffusers StableDiffusionPipeline around the parts (no safety checker)."""
+    pipe = StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+        scheduler=inference_scheduler(prediction_type), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_transformer(architecture: str, overrides: dict | None = None):
+    """The architecture's transformer with random weights, of its family's diffusers class (SD3's
+    ``SD3Transformer2DModel``, Flux.1's ``FluxTransformer2DModel``)."""
+    import diffusers
+
+    from ..families import family_named
+
+    family = family_named(ARCHITECTURES[architecture]["family"])
+    cls = getattr(diffusers, family.variants[0].parts[family.denoiser].cls)
+    return cls(**denoiser_config(architecture, overrides))
+
+
+def with_projection(text_encoder: CLIPTextModel):
+    """The text tower as SD3's pipeline takes it (``CLIPTextModelWithProjection``: its pooled output projected):
+    the same weights, and a square identity projection, so the pooled output is the tower's own."""
+    from transformers import CLIPTextModelWithProjection
+
+    config = CLIPTextConfig.from_dict({**text_encoder.config.to_dict(), "projection_dim": text_encoder.config.hidden_size})
+    tower = CLIPTextModelWithProjection(config)
+    tower.text_model.load_state_dict(text_encoder.text_model.state_dict())
+    with torch.no_grad():
+        tower.text_projection.weight.copy_(torch.eye(config.hidden_size))
+    return tower.eval()
+
+
+def flow_scheduler(shift: float):
+    """The flow sampler SD3's pipeline starts from, at the shift the transformer was trained with."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    # built from a config naming its class, as a folder's is: the samplers tell a flow by it (``make_sampler``)
+    return FlowMatchEulerDiscreteScheduler.from_config({"_class_name": FlowMatchEulerDiscreteScheduler.__name__,
+                                                       "num_train_timesteps": 1000, "shift": shift})
+
+
+def build_flow_pipeline(transformer, vae, text_encoder, tokenizer, shift: float):
+    """A plain diffusers ``StableDiffusion3Pipeline`` around a transformer trained here: its one text tower (with
+    projection) in both CLIP slots, no T5 (sampled with ``max_sequence_length=0``, as it was trained); the VAE's
+    config names its shift (0 for SD's VAEs: `dwb train` sets it, and the spec carries it)."""
+    from diffusers import StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=flow_scheduler(shift), vae=vae,
+                                    text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder,
+                                    tokenizer_2=tokenizer, text_encoder_3=None, tokenizer_3=None)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+SECOND_TOWER_SEED = 1  # the first tower `dwb prepare` builds is seeded 0
+
+
+def second_text_encoder(architecture: str, pretrained: str | None, tokenizer):
+    """SDXL's second text tower (``CLIPTextModelWithProjection``): built from the architecture's config, random and
+    with the tokenizer's vocabulary and start, end and padding ids, where the architecture builds it or no
+    ``pretrained`` is given; else ``pretrained``'s ``text_encoder_2/``."""
+    from transformers import CLIPTextModelWithProjection
+
+    if ARCHITECTURES[architecture].get("builds_text_encoder_2") or pretrained is None:
+        ids = {} if tokenizer is None else {"bos_token_id": tokenizer.bos_token_id,
+                                            "eos_token_id": tokenizer.eos_token_id,
+                                            "pad_token_id": tokenizer.pad_token_id}
+        return random_text_encoder(architecture, None if tokenizer is None else len(tokenizer), SECOND_TOWER_SEED,
+                                   part="text_encoder_2", token_ids=ids)
+    if names_a_single_file(pretrained):
+        raise WorkbenchError(f"config key 'model.pretrained': {architecture} takes its frozen parts from a diffusers "
+                             f"folder or hub id with text_encoder_2/ (SDXL's), not a single file")
+    return load_part(CLIPTextModelWithProjection, pretrained, "text_encoder_2", "second text encoder")
+
+
+def second_tokenizer(architecture: str, pretrained: str | None) -> CLIPTokenizer | None:
+    """The second text tower's own tokenizer where ``second_text_encoder`` loads the tower: ``pretrained``'s
+    ``tokenizer_2/`` (SDXL's pads with "!", its first with the end token); None where the architecture builds the
+    tower (it reads the first tokenizer's ids)."""
+    if ARCHITECTURES[architecture].get("builds_text_encoder_2") or pretrained is None:
+        return None
+    return load_part(CLIPTokenizer, pretrained, "tokenizer_2", "second tokenizer")
+
+
+# SDXL base's published scheduler (its scheduler/scheduler_config.json): Euler over the training schedule, with
+# "leading" spacing offset by 1; the keys of the other samplers built from it (DDIM's, PNDM's) as it gives them
+SDXL_SCHEDULER = dict(NOISE_SCHEDULE, _class_name="EulerDiscreteScheduler", timestep_spacing="leading", steps_offset=1,
+                      interpolation_type="linear", use_karras_sigmas=False, clip_sample=False, set_alpha_to_one=False,
+                      skip_prk_steps=True, sample_max_value=1.0)
+
+
+def build_sdxl_pipeline(unet, vae, text_encoder, text_encoder_2, tokenizer, tokenizer_2, prediction_type: str):
+    """A plain diffusers ``StableDiffusionXLPipeline`` around a UNet trained here: the second tower reads
+    ``tokenizer_2`` (SDXL's own second tokenizer, or the first where the tiny towers share one), and the
+    unconditional branch of guidance is the empty caption's encoding, which caption dropout trained
+    (``force_zeros_for_empty_prompt`` off: SDXL's own zeros were its training's dropout)."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+
+    scheduler = EulerDiscreteScheduler.from_config({**SDXL_SCHEDULER, "prediction_type": prediction_type})
+    pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+                                     tokenizer=tokenizer, tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler,
+                                     force_zeros_for_empty_prompt=False, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

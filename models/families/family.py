@@ -1,0 +1,186 @@
+"""What a model family is. One entry per family says everything a command needs to ask of it: its parts and
+their full-size configs, how it is recognised (a diffusers folder's pipeline class, a single file's keys), how it
+conditions (text encoders, guidance, negative prompts), how it noises (a diffusion or a flow schedule) and
+which samplers, sizes and settings fit it. Callers ask the entry; none of them names a family.
+
+Light to import (no torch): command lines list the families and their samplers in their help.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..errors import CheckpointError, WorkbenchError
+
+# How far a checkpoint's config may go past its family's published sizes: each number that sizes a part (layers,
+# widths, heads, sample size) up to four times the largest a published part of its class gives it (``limits``).
+# Four times SDXL's 128-latent sample size is 4096 px, the largest side `dwb train` trains at (data.resolution). At
+# four times every depth the deepest part, a UNet of 4 levels of 8 layers of 40 transformer blocks, built on the meta
+# device in 18 s on two busy cores (the transformers and text encoders in under 2 s); what it builds is then
+# counted against the weights there are.
+SIZE_FACTOR = 4
+
+# How a family's guidance works: classifier-free guidance with a negative prompt ("cfg"), a guidance scale the
+# model was distilled to take as an input ("distilled", Flux.1-dev), or none at all ("none", Flux.1-schnell).
+GUIDANCE_KINDS = ("cfg", "distilled", "none")
+
+
+def shown(value, limit: int = 40) -> str:
+    """A value a checkpoint's file gave, as a one-line error shows it: its repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part at full size: the library and class diffusers' ``model_index.json`` names, and its config."""
+
+    library: str
+    cls: str
+    config: dict
+    # the config keys that size it (layers, widths, heads, sample size, its levels' lists): what a config from
+    # elsewhere is held to before it is built (``limits``)
+    sizes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One published model of a family (SDXL base, Flux.1-dev): its full-size parts, the parameter count its
+    authors published for them, and the settings it is meant to be sampled at."""
+
+    name: str
+    parts: dict[str, Part]
+    published_parameters: float  # as the authors state it, of the parts in ``published_parts``
+    published_parts: tuple[str, ...] = ()  # () for all of ``parts``
+    published_tolerance: float = 0.01  # how far the count of those parts may be from the figure
+    guidance: str = "cfg"
+    # the settings its authors publish it to be sampled at (None: the workbench's defaults, which are SD's)
+    guidance_scale: float | None = None
+    steps: int | None = None
+    hub_id: str | None = None
+    # a second stage (SDXL's refiner): it finishes another variant's latents over the last part of the schedule and
+    # draws nothing from text alone
+    refiner: bool = False
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # as commands print it and configs name it: "sdxl"
+    label: str  # "Stable Diffusion XL"
+    pipeline: str  # the diffusers pipeline class that generates with it
+    denoiser: str  # the part that denoises: "unet" or "transformer"
+    text_encoders: tuple[str, ...]  # its text encoders' part names, each with its tokenizer
+    schedule: str  # "diffusion" (discrete betas, epsilon or v) or "flow" (rectified flow)
+    samplers: tuple[str, ...]  # the names in models.generation.SAMPLERS that sample it
+    native_size: int  # pixels at full size
+    size_range: tuple[int, int]  # the sides it was trained across, at full size
+    latent_channels: int
+    folder_classes: frozenset[str]  # model_index.json's _class_name values that hold it
+    single_file_marks: tuple[str, ...]  # key prefixes that only its single files hold
+    single_file_text_marks: tuple[str, ...]  # key prefixes of its text encoders in a single file
+    variants: tuple[Variant, ...]
+    writes_single_file: bool = False  # whether `dwb export` writes its original single-file layout
+    # whether its single files are the original Stable Diffusion layout, which the checkpoints room's own key maps
+    # read and write (SD 1/2); the other families' files are read by diffusers' single-file loader
+    original_sd_layout: bool = False
+    pipeline_options: dict = field(default_factory=dict)  # what its pipeline class is built and loaded with
+    latent_packing: int = 1  # latents packed into patches of this side before the denoiser (Flux.1: 2)
+    second_tokenizer: str = "CLIPTokenizer"  # the transformers class of its second tower's own tokenizer (Flux.1: T5's)
+    pick_variant: object = field(repr=False, default=None)  # denoiser config -> variant name
+    refiner_pipeline: str | None = None  # the diffusers pipeline a refiner variant finishes a base's latents with
+    # (denoiser config, whether every text encoder is there) -> what its pipeline is called with beyond prompts and
+    # guidance (an MMDiT trained on its CLIP states alone takes no T5 tokens); None: nothing
+    text_options: object = field(repr=False, default=None)
+
+    @property
+    def negative_prompt(self) -> bool:
+        """Whether a negative prompt does anything: only where guidance is classifier-free."""
+        return all(v.guidance == "cfg" for v in self.variants)
+
+    def size_multiple(self, pipe) -> int:
+        """What an image's sides must be multiples of: the VAE's scale times the denoiser's patch or packing."""
+        return pipe.vae_scale_factor * max(getattr(pipe, "patch_size", 1) or 1, self.latent_packing)
+
+    def size_step(self) -> int:
+        """What every model of the family can draw its sides in multiples of, known without loading one: the
+        full-size VAE's scale times the denoiser's patch or packing (SD 1/2 and SDXL 8, SD3 and Flux.1 16). A
+        smaller model's VAE halves the side no more often and its patch is no larger, so its own multiple
+        (``size_multiple``) divides this one."""
+        parts = self.variants[0].parts
+        vae_scale = 2 ** (len(parts["vae"].config["block_out_channels"]) - 1)
+        return vae_scale * max(parts[self.denoiser].config.get("patch_size") or 1, self.latent_packing)
+
+    def sides(self, resolution: int | None) -> tuple[int, int, int]:
+        """(smallest, largest, step) of an image side for a model of the family trained at ``resolution`` px: the
+        family's size range scaled by ``resolution`` / its native size (a tiny model's range shrinks with it), on
+        multiples of ``size_step``."""
+        step = self.size_step()
+        scale = (resolution or self.native_size) / self.native_size
+        smallest = max(step, math.ceil(self.size_range[0] * scale / step) * step)
+        return smallest, max(smallest, math.floor(self.size_range[1] * scale / step) * step), step
+
+    def largest_side(self) -> int:
+        """The largest native side a checkpoint of the family may record: SIZE_FACTOR times its native size, as far
+        as its configs' sample sizes are held (``limits``)."""
+        return SIZE_FACTOR * self.native_size
+
+    def recorded_side(self, side, where: str) -> int | None:
+        """``side``, a native size a checkpoint records (its spec's resolution, its configs' sample size in pixels),
+        or None where it records none; a one-line CheckpointError naming ``where`` unless it is a whole number from
+        1 to ``largest_side``."""
+        if side is None:
+            return None
+        if isinstance(side, bool) or not isinstance(side, int) or not 1 <= side <= self.largest_side():
+            raise CheckpointError(f"{where} must be a whole number of pixels from 1 to {self.largest_side()} (a "
+                                  f"{self.label} side), got {shown(side)}")
+        return side
+
+    def recommended(self, variant: Variant) -> dict:
+        """The variant's published sampling settings, as a checkpoint's recommended ones (``{}`` where none)."""
+        return {k: v for k, v in (("guidance", variant.guidance_scale), ("steps", variant.steps)) if v is not None}
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise WorkbenchError(f"{self.label} has no variant {name!r}; it has: {', '.join(v.name for v in self.variants)}")
+
+    def variant_of(self, denoiser_config: dict) -> Variant:
+        """The variant a checkpoint is, from its denoiser's config (the first where a family has one)."""
+        return self.variant(self.pick_variant(denoiser_config)) if self.pick_variant else self.variants[0]
+
+    def call_options(self, denoiser_config: dict, all_text_encoders: bool) -> dict:
+        """What a pipeline call of this denoiser takes beyond prompts and guidance (``{}`` for most), given whether
+        the pipeline holds every one of the family's text encoders."""
+        return dict(self.text_options(denoiser_config, all_text_encoders)) if self.text_options else {}
+
+    def has_all_text_encoders(self, pipe) -> bool:
+        return all(getattr(pipe, name, None) is not None for name in self.text_encoders)
+
+    def pipeline_for(self, variant: Variant, where: str, refiner: bool = False) -> str:
+        """The diffusers pipeline class that opens a checkpoint of ``variant`` as a base (text to image) or as a
+        refiner; a one-line error naming the fix where the checkpoint is the other kind."""
+        if variant.refiner and not refiner:
+            raise WorkbenchError(f"{where} is a {self.label} refiner: it finishes a base model's image and draws none "
+                                 f"from text alone; give it as the refiner of a {self.label} base "
+                                 f"(dwb sample BASE OUT --refiner {where}, or the app's Refiner field)")
+        if refiner and not variant.refiner:
+            raise WorkbenchError(f"{where} is a {self.label} ({variant.name}) model, not a refiner: give it as the "
+                                 "checkpoint, and a refiner (Stable Diffusion XL's) as --refiner")
+        return self.refiner_pipeline if refiner else self.pipeline
+
+    def check_sampler(self, sampler: str) -> None:
+        if sampler not in self.samplers:
+            raise WorkbenchError(f"{self.label} cannot be sampled with {sampler!r}; choose one of: "
+                                 f"{', '.join(self.samplers)}")
+
+    def pipeline_arguments(self, variant: Variant, guidance: float, negative_prompt: str, n: int) -> dict:
+        """The conditioning arguments of one pipeline call of ``n`` prompts: a guidance scale where the variant
+        takes one, negative prompts only where they do something (a one-line error where they would not)."""
+        if negative_prompt and variant.guidance != "cfg":
+            raise WorkbenchError(f"{self.label} ({variant.name}) has no negative prompt: its guidance is "
+                                 f"{'distilled into the model' if variant.guidance == 'distilled' else 'none'}")
+        args = {} if variant.guidance == "none" else {"guidance_scale": guidance}
+        if negative_prompt:
+            args["negative_prompt"] = [negative_prompt] * n
+        return args

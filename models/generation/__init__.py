@@ -1,0 +1,22 @@
+"""Turning a checkpoint into images: one generation path, samplers, seeds, grids, prompt sets, device
+choice, and the PNG parameters that record how each image was made.
+
+- ``defaults``: guidance, steps, sampler, size and weights when nobody says otherwise, for every command, and
+  the limits of what one image may ask for;
+- ``images``: prompts and per-image seeds to images (``generate_images``), for every caller;
+- ``png``: the record of an image, written into its PNG (AUTOMATIC1111's ``parameters`` and JSON) and read back;
+- ``samplers``: the samplers by name; ``device``: where a pipeline runs and in what precision;
+- ``grid``: prompts x seeds grids; ``prompts``: prompt tables (DrawBench, PartiPrompts, your own CSV/TSV).
+"""
+from ..common import face
+
+__getattr__, __all__ = face(__name__, {
+    "buckets": "aspect_bucket assign bucket_name bucket_set check_bucket_count cover cover_scale DEFAULT_MAX_ASPECT default_step nearest_bucket",
+    "defaults": "DEFAULT_GUIDANCE DEFAULT_REFINER_SWITCH DEFAULT_SAMPLER DEFAULT_SIZE DEFAULT_STEPS DEFAULT_WEIGHTS MAX_ASPECT MAX_GUIDANCE MAX_SEED MAX_SIZE MAX_STEPS MIN_SIZE RECOMMENDED_FILE RECOMMENDED_KEYS SIZE_STEP WEIGHT_CHOICES aspect_problem check_drawable check_recommended drawable_sides drawn_native_side parse_aspect parse_recommended parse_size recommended_line side_problem starting_settings weights_to_use",
+    "device": "pick_device pipeline_dtype",
+    "grid": "DEMO_PROMPTS grid_image write_grid",
+    "images": "Refiner Settings StepHook Stopped check_refiner generate_images guidance_kind_of native_size sampler_of",
+    "png": "SUFFIX_FORMATS ImageRecord as_one_line exif_parameters image_format parameters_from_exif parse_parameters refiner_of save_image save_png settings_line with_metadata",
+    "prompts": "PROMPT_SETS Prompt prompt_set_path read_prompt_table",
+    "samplers": "SAMPLERS check_sampler make_sampler sampler_name with_sampler_key",
+})

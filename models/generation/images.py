@@ -1,0 +1,170 @@
+"""One way from prompts and seeds to images.
+
+Everything that generates goes through ``generate_images``: the grids (`dwb sample`, the demo), evaluate's
+sample sets and the app. So the same (checkpoint, prompt, seed, settings) gives the same image in each.
+
+**Seeds.** Every image has its own seed, and its starting noise is drawn from
+``torch.Generator("cpu").manual_seed(seed)`` alone: a CPU generator, so a seed means the same noise on any
+device, and one generator per image, so its noise does not depend on what else is in the batch. Callers
+choose the seeds (the app: the typed seed + i; evaluate: one per (prompt, image) from its base seed; the
+grids: one per column). A batch is one pipeline call; an image made in a batch equals the one made alone
+with its seed up to float rounding in batched kernels, and bit for bit with the same batch composition.
+How an image was made is written into its PNG by ``models.generation.png``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import WorkbenchError
+from ..families import FAMILIES, family_of_pipeline
+from .defaults import DEFAULT_GUIDANCE, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_SIZE, DEFAULT_STEPS
+from .samplers import make_sampler
+
+StepHook = Callable[[int, int], None]  # (steps done, steps in all) after each denoising step
+
+
+@dataclass(frozen=True)
+class Refiner:
+    """A second stage (SDXL's refiner): the base denoises the schedule up to ``switch`` and hands its latents to
+    ``pipe`` (the refiner's own pipeline, from ``models.checkpoints.load_pipeline(ref, refiner=True)``), which
+    denoises the rest with the same prompts, seeds' generators, sampler, steps and guidance."""
+
+    pipe: object = field(repr=False, compare=False)
+    name: str  # the refiner checkpoint's label, for the images' records
+    hash: str  # its content hash
+    switch: float = DEFAULT_REFINER_SWITCH
+
+    def __post_init__(self):
+        switch = self.switch
+        if isinstance(switch, bool) or not isinstance(switch, (int, float)) or not 0 < switch < 1:
+            raise WorkbenchError(f"the refiner switch is the fraction of the steps the base takes, between 0 and 1 "
+                                 f"(not either); got {switch!r}")
+        object.__setattr__(self, "switch", float(switch))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to sample: the same for every image of one call; unset, the workbench's defaults (``defaults``)."""
+
+    steps: int = DEFAULT_STEPS
+    guidance: float = DEFAULT_GUIDANCE
+    width: int | None = DEFAULT_SIZE  # None: the model's native size
+    height: int | None = DEFAULT_SIZE
+    sampler: str | None = DEFAULT_SAMPLER  # a name in models.generation.SAMPLERS; None: DEFAULT_SAMPLER
+    negative_prompt: str = ""
+    refiner: Refiner | None = None  # a second stage that finishes the base's schedule; None: the base alone
+
+
+class Stopped(Exception):
+    """``should_stop`` said so; raised from the step callback, so the pipeline call ends there."""
+
+
+def native_size(pipe) -> int:
+    """The side a pipeline draws at when none is given: its default latent size (a UNet's or transformer's sample
+    size; Flux.1's fixed 128) in pixels."""
+    latent = getattr(pipe, "default_sample_size", None) or pipe.unet.config.sample_size
+    return latent * pipe.vae_scale_factor
+
+
+def sampler_of(settings: Settings) -> str:
+    """The sampler's name a call with these settings uses."""
+    return settings.sampler or DEFAULT_SAMPLER
+
+
+def guidance_kind_of(pipe) -> str:
+    """How the pipeline's model takes its guidance scale (``models.families.GUIDANCE_KINDS``), for its records."""
+    family = family_of_pipeline(pipe)
+    return family.variant_of(getattr(pipe, family.denoiser).config).guidance
+
+
+@torch.no_grad()
+def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settings, *,
+                    on_step: StepHook | None = None, should_stop: Callable[[], bool] | None = None) -> np.ndarray:
+    """(B, H, W, 3) uint8 images, image i from ``prompts[i]`` and ``seeds[i]``, in one pipeline call.
+
+    The pipeline is never modified: the call runs on a lightweight pipeline sharing its modules with a
+    fresh scheduler, so concurrent calls with different samplers do not interfere.
+    """
+    if len(prompts) != len(seeds):
+        raise ValueError("one seed per prompt")
+    family = family_of_pipeline(pipe)
+    family.check_sampler(sampler_of(settings))
+    denoiser_config = getattr(pipe, family.denoiser).config
+    variant = family.variant_of(denoiser_config)
+    conditioning = {**family.pipeline_arguments(variant, settings.guidance, settings.negative_prompt, len(prompts)),
+                    **family.call_options(denoiser_config, family.has_all_text_encoders(pipe))}
+    width, height = settings.width or native_size(pipe), settings.height or native_size(pipe)
+    multiple = family.size_multiple(pipe)
+    if width % multiple or height % multiple:
+        raise WorkbenchError(f"{family.label} draws sides that are multiples of {multiple}; {width}x{height} is not")
+    if settings.refiner is not None:
+        check_refiner(family, variant, settings.refiner)
+    run = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options)
+    generators = [torch.Generator("cpu").manual_seed(int(s)) for s in seeds]
+    call = dict(num_inference_steps=settings.steps, **conditioning, generator=generators)
+    if settings.refiner is None:
+        images = run(list(prompts), width=width, height=height, output_type="np",
+                     callback_on_step_end=_step_end(on_step, should_stop), **call).images
+        return (images * 255).round().astype(np.uint8)
+    # The published two-stage use: the base stops at the switch and returns its latents, the refiner starts there
+    # (no noise added) with the same generators, so each image's noise still comes from its seed alone.
+    switch, done = settings.refiner.switch, [0]
+    latents = run(list(prompts), width=width, height=height, denoising_end=switch, output_type="latent",
+                  callback_on_step_end=_step_end(on_step, should_stop, done, base=True), **call).images
+    refine = _sampling_copy(settings.refiner.pipe, sampler_of(settings), family.pipeline_options)
+    images = refine(list(prompts), image=latents, denoising_start=switch, output_type="np",
+                    callback_on_step_end=_step_end(on_step, should_stop, done), **call).images
+    return (images * 255).round().astype(np.uint8)
+
+
+def _sampling_copy(pipe, sampler: str, options: dict):
+    """A lightweight pipeline sharing ``pipe``'s modules and settings with a fresh scheduler of ``sampler``.
+    ``components`` holds the modules only: the settings its folder saved (the refiner's
+    ``requires_aesthetics_score``, without which its UNet is given six time ids for five) are copied from its
+    config."""
+    _, optional = pipe._get_signature_keys(pipe)
+    saved = {k: v for k, v in pipe.config.items() if k in optional and isinstance(v, (bool, int, float, str))}
+    run = type(pipe)(**{**pipe.components, **saved, "scheduler": make_sampler(sampler, pipe.scheduler.config),
+                        **options})
+    run.set_progress_bar_config(disable=True)
+    return run
+
+
+def _step_end(on_step: StepHook | None, should_stop: Callable[[], bool] | None, done: list[int] | None = None,
+              base: bool = False):
+    """The step callback of one pipeline call; ``done`` counts the steps of a refined call's two stages: the
+    ``base`` stage reports against its whole schedule (its scheduler holds it; the pipeline stops at the switch),
+    the refiner's against what the base did plus its own."""
+    done = [0] if done is None else done
+    before = done[0]
+
+    def step_end(p, i: int, t, tensors: dict) -> dict:
+        total = len(p.scheduler.timesteps) if base else before + p.num_timesteps
+        if should_stop is not None and should_stop():
+            raise Stopped(f"stopped after {before + i + 1} of {total} steps")
+        done[0] = before + i + 1
+        if on_step is not None:
+            on_step(done[0], total)
+        return {}
+
+    return step_end
+
+
+def check_refiner(family, base, refiner: Refiner) -> None:
+    """A one-line error unless ``refiner`` can finish what a ``base`` variant of ``family`` starts: a refiner of
+    the same family, after a base that is not itself one."""
+    if family.refiner_pipeline is None:
+        having = ", ".join(f.label for f in FAMILIES if f.refiner_pipeline)
+        raise WorkbenchError(f"{family.label} has no refiner stage: a refiner finishes the latents of a base of its "
+                             f"own family ({having})")
+    if base.refiner:
+        raise WorkbenchError(f"the base is a {family.label} refiner, which draws nothing from text alone")
+    refiner_family = family_of_pipeline(refiner.pipe)
+    refiner_variant = refiner_family.variant_of(getattr(refiner.pipe, refiner_family.denoiser).config)
+    if refiner_family is not family or not refiner_variant.refiner:
+        raise WorkbenchError(f"{refiner.name} is a {refiner_family.label} ({refiner_variant.name}) model, not a "
+                             f"refiner of {family.label}")
