@@ -52,7 +52,8 @@ def full_size_checkpoints() -> dict[str, str]:
 
 
 def clear_door_caches() -> None:
-    from models.checkpoints import composer, find, hashing, single_file, ziphead
+    from models.checkpoints import composer, find, hashing, single_file
+    from models.readers import ziphead
 
     find._kinds.clear()
     hashing._cache.clear()

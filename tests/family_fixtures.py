@@ -2,7 +2,7 @@
 small configs of each family's real classes (the layouts diffusers' own tests use for these pipelines): SDXL
 (two CLIP encoders, "text_time" conditioning), SD3 (MMDiT, CLIP-L + bigG + T5, 16 latent channels, a flow
 schedule) and Flux.1 (dev: guidance embedded; schnell: none). Tokenizers: the real CLIP BPE vocabulary
-(``models.readers.clip_bpe``), and a T5 tokenizer of a few words built with the ``tokenizers`` library."""
+(``models.checkpoints.clip_bpe``), and a T5 tokenizer of a few words built with the ``tokenizers`` library."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +16,7 @@ WORDS = ["<pad>", "</s>", "<unk>", *"a an the red blue green circle square trian
 def _clip_tokenizer(folder: Path):
     from transformers import CLIPTokenizer
 
-    from models.readers.clip_bpe import write_clip_tokenizer
+    from models.checkpoints.clip_bpe import write_clip_tokenizer
 
     write_clip_tokenizer(folder, pad_token="<|endoftext|>")
     return CLIPTokenizer.from_pretrained(folder)

@@ -27,7 +27,8 @@ import torch
 from ..common import flux_single_file_widths, load_outside
 from ..errors import CheckpointError, WorkbenchError, first_line
 from ..families import Family, family_of_folder
-from ..readers import END, check_pipeline_folder, write_clip_tokenizer
+from ..readers import check_pipeline_folder
+from .clip_bpe import END, write_clip_tokenizer
 from .memory import held_configs
 
 # What pads a prompt for each CLIP tokenizer of SDXL: OpenAI CLIP pads with its end token, OpenCLIP with "!".

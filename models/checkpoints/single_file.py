@@ -28,7 +28,7 @@ import yaml
 
 from ..common import loads_outside
 from ..errors import CheckpointError, WorkbenchError, first_line
-from ..readers import END, VOCAB_SIZE, write_clip_tokenizer
+from .clip_bpe import END, VOCAB_SIZE, write_clip_tokenizer
 
 if TYPE_CHECKING:
     from diffusers import StableDiffusionPipeline

@@ -100,7 +100,7 @@ def spec_from_weights(weights: dict, where: str, prediction_type: str = "epsilon
             text = text_encoder_config_from_shapes(shapes["text_encoder"])
     except (KeyError, StopIteration, IndexError) as e:
         raise CheckpointError(f"{where}: cannot tell its architecture from the weights (no {e})") from None
-    from ..readers import VOCAB_SIZE
+    from .clip_bpe import VOCAB_SIZE
 
     if text["vocab_size"] != VOCAB_SIZE:
         raise CheckpointError(f"{where}: its text encoder has {text['vocab_size']} tokens, not the CLIP tokenizer's "
@@ -116,7 +116,7 @@ def sd2_tokenizer_files() -> dict[str, str]:
     import tempfile
     from pathlib import Path
 
-    from ..readers import write_clip_tokenizer
+    from .clip_bpe import write_clip_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="dwb-tokenizer-") as tmp:
         write_clip_tokenizer(tmp, pad_token="!")

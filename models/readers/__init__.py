@@ -4,7 +4,6 @@ checkpoint carries. They build data and nothing else; the checkpoint door stands
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "clip_bpe": "END VOCAB_SIZE write_clip_tokenizer",
     "plain": "SAFE_TYPES",
     "sharded": "is_sharded_folder load_sharded_state METADATA sharded_problem",
     "tokenizer_files": "check_pipeline_folder TOKENIZER_FILES tokenizer_from_files",

@@ -172,7 +172,7 @@ def test_line_breaks_in_a_prompt_tokenize_as_the_spaces_the_parameters_text_has(
     makes the same image (SD2's tokenizer, built from the CLIP vocabulary, and the tiny one)."""
     from transformers import CLIPTokenizer
 
-    from models.readers.clip_bpe import write_clip_tokenizer
+    from models.checkpoints.clip_bpe import write_clip_tokenizer
     from models.generation import as_one_line
 
     sd2 = CLIPTokenizer.from_pretrained(write_clip_tokenizer(tmp_path, pad_token="!"))

@@ -30,7 +30,7 @@ def reduced_pipeline(family: str = "sd2", prediction_type: str = "epsilon", seed
     from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from models.readers.clip_bpe import END, VOCAB_SIZE, write_clip_tokenizer
+    from models.checkpoints.clip_bpe import END, VOCAB_SIZE, write_clip_tokenizer
     from models.checkpoints.components import inference_scheduler
 
     sd2 = family == "sd2"

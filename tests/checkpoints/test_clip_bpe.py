@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from transformers import CLIPTokenizer
 
-from models.readers.clip_bpe import byte_symbols, clip_vocab, write_clip_tokenizer
+from models.checkpoints.clip_bpe import byte_symbols, clip_vocab, write_clip_tokenizer
 
 
 def test_the_vocabulary_has_clip_ids():

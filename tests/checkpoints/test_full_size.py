@@ -92,7 +92,7 @@ def write_sd2_base(root: Path) -> None:
     import torch
     from transformers import CLIPTokenizer
 
-    from models.readers.clip_bpe import write_clip_tokenizer
+    from models.checkpoints.clip_bpe import write_clip_tokenizer
     from models.checkpoints.components import build_pipeline, build_unet, random_text_encoder, random_vae
 
     from .original_layout import write_single_file

@@ -6,7 +6,7 @@ import zipfile
 
 import pytest
 
-from models.checkpoints import ziphead
+from models.readers import ziphead
 from models.checkpoints.composer import read_summary
 from models.checkpoints.hashing import file_hash
 

@@ -141,7 +141,7 @@ def test_an_export_failing_while_writing_leaves_nothing(sources, tmp_path, monke
     """The weights written, the config folder failing (a full disk): neither is left, nor a partial name."""
     import errno
 
-    from models.checkpoints import family_export
+    from models.export import family_export
 
     def full_disk(folder, *args):
         Path(folder).mkdir()

@@ -36,7 +36,7 @@ FLUX_TRANSFORMER = dict(patch_size=1, in_channels=16, num_layers=1, num_single_l
 def _clip_tokenizer(folder: Path, pad: str):
     from transformers import CLIPTokenizer
 
-    from models.readers.clip_bpe import write_clip_tokenizer
+    from models.checkpoints.clip_bpe import write_clip_tokenizer
 
     return CLIPTokenizer.from_pretrained(write_clip_tokenizer(folder, pad_token=pad))
 
@@ -80,7 +80,7 @@ def sdxl_folder(tmp_path_factory) -> Path:
     from diffusers import StableDiffusionXLPipeline
 
     from models.checkpoints import build_unet
-    from models.readers.clip_bpe import END
+    from models.checkpoints.clip_bpe import END
 
     root = tmp_path_factory.mktemp("sdxl-own-tokenizers")
     tokenizer, tokenizer_2 = _clip_tokenizer(root / "tok", END), _clip_tokenizer(root / "tok2", "!")
@@ -183,7 +183,7 @@ def flux_folder(shapes_data, tmp_path_factory) -> Path:
     from transformers import T5Config, T5EncoderModel
 
     from models.checkpoints import flux_scheduler
-    from models.readers.clip_bpe import END
+    from models.checkpoints.clip_bpe import END
     from train.data import open_local
 
     root = tmp_path_factory.mktemp("flux-own-tokenizers")
