@@ -94,6 +94,19 @@ def file_size_limit(nbytes: int):
         signal.signal(signal.SIGXFSZ, handler)
 
 
+def run_with_peak_memory(*argv: str) -> tuple[subprocess.CompletedProcess, int]:
+    """``argv`` run from a fresh interpreter that reports its one child's peak resident memory (bytes): a hostile
+    input refused under ``prlimit`` is shown to have stayed within its cap."""
+    probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+             "sys.stdout.write(r.stdout); sys.stderr.write(r.stderr); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr); "
+             "sys.exit(r.returncode)")
+    run = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=REPO, timeout=300,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    *lines, peak = run.stderr.splitlines()
+    return subprocess.CompletedProcess(argv, run.returncode, run.stdout, "\n".join(lines)), int(peak)
+
+
 def run_dwb(*args: str, cwd: Path | None = None, timeout: int = 600,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The console script, started the way users start it (``env``: variables set on top of this process's)."""

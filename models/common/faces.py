@@ -4,6 +4,11 @@ A room's ``__init__`` lists its public names by module and nothing else; the nam
 so ``from models.generation import read_prompt_table`` reads a CSV module (milliseconds) without the torch
 and diffusers behind ``generate_images`` (seconds). No public name is also a module's name: importing
 that module would put the module where the name stands.
+
+Why the faces load lazily, measured (2 cores, median of 5, BENCHMARKS.md "The library leaves train/"): `dwb --help`
+takes 0.16 s and 25 MiB; importing the modules of ``models.generation`` and the door's ``open`` and ``find``, which
+eager faces would import at its start, takes 2.2 s and 508 MiB. Each face lists its names by module, so a reader
+(and ``tests/test_architecture.py``) finds every name's home in the table.
 """
 from __future__ import annotations
 

@@ -4,10 +4,7 @@ shown as text), with memory bounded and nothing half written."""
 from __future__ import annotations
 
 import json
-import os
 import struct
-import subprocess
-import sys
 import tracemalloc
 import zipfile
 import zlib
@@ -20,7 +17,7 @@ from models.checkpoints import checkpoint_problem, read_summary
 from models.readers.ziphead import DEFAULT_MAX_INFLATED_MB, MAX_INFLATED_ENV, zip_head
 from models.errors import CheckpointError, WorkbenchError
 
-from ..conftest import DWB, REPO
+from ..conftest import DWB, REPO, run_with_peak_memory
 
 MiB = 1 << 20
 LIMIT = DEFAULT_MAX_INFLATED_MB * MiB
@@ -81,18 +78,6 @@ def _pickle_of(path: Path) -> bytes:
         return z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
 
 
-def _peak_rss_and_run(*argv: str) -> tuple[subprocess.CompletedProcess, int]:
-    """``argv`` run from a fresh interpreter that reports its one child's peak resident memory (bytes)."""
-    probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-             "sys.stdout.write(r.stdout); sys.stderr.write(r.stderr); "
-             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr); "
-             "sys.exit(r.returncode)")
-    run = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=REPO, timeout=300,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    *lines, peak = run.stderr.splitlines()
-    return subprocess.CompletedProcess(argv, run.returncode, run.stdout, "\n".join(lines)), int(peak)
-
-
 def test_dwb_sample_refuses_a_checkpoint_whose_pickle_inflates_to_3_gib_in_one_line(tiny_run, tmp_path):
     """A 3 MiB ep0-ba9-rank0.pt whose deflated data.pkl inflates to 3 GiB took `dwb sample` past 2 GiB in seconds
     (PyTorch's reader and zipfile allocate what the directory declares). It runs here with at most 1.5 GiB of data
@@ -102,7 +87,7 @@ def test_dwb_sample_refuses_a_checkpoint_whose_pickle_inflates_to_3_gib_in_one_l
     bomb = with_pickle_replaced(source, tmp_path / "ep0-ba9-rank0.pt", raw, crc, size)
     assert bomb.stat().st_size - source.stat().st_size < 4 * MiB and size > 3 * 1024 * MiB  # 3 MiB more on disk
     out = tmp_path / "grid.png"
-    run, peak = _peak_rss_and_run("prlimit", f"--data={3 * 1024 * MiB // 2}", str(DWB), "sample", str(bomb), str(out),
+    run, peak = run_with_peak_memory("prlimit", f"--data={3 * 1024 * MiB // 2}", str(DWB), "sample", str(bomb), str(out),
                                   "--steps", "1")
     assert run.returncode == 1, run.stderr
     [line] = run.stderr.splitlines()

@@ -3,9 +3,6 @@ of 10^23 batches or a warm-up no run reaches, and digit strings past Python's 4,
 config. Each is refused in one line naming the flag or key, before any work."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +13,7 @@ from train.config import load_config
 from models.generation import bucket_set
 from models.errors import WorkbenchError
 
-from ..conftest import DWB, REPO
+from ..conftest import DWB, REPO, run_with_peak_memory
 
 MiB = 2**20
 CONFIGS = REPO / "configs"
@@ -30,18 +27,6 @@ def small_images(folder: Path, count: int = 5) -> Path:
         Image.fromarray(rng.integers(0, 256, (48 + 8 * i, 64, 3), dtype=np.uint8)).save(folder / f"{i}.png")
         (folder / f"{i}.txt").write_text(f"image {i}")
     return folder
-
-
-def run_with_peak_memory(*argv: str) -> tuple[subprocess.CompletedProcess, int]:
-    """``argv`` as a child of a fresh interpreter, which reports the child's peak resident memory in bytes."""
-    probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-             "sys.stdout.write(r.stdout); sys.stderr.write(r.stderr); "
-             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr); "
-             "sys.exit(r.returncode)")
-    run = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=REPO, timeout=300,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    *lines, peak = run.stderr.splitlines()
-    return subprocess.CompletedProcess(argv, run.returncode, run.stdout, "\n".join(lines)), int(peak)
 
 
 def test_a_bucket_set_of_a_hundred_million_buckets_is_refused_in_one_line_within_1_5_gib(tmp_path):
