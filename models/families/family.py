@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..common import shown
 from ..errors import CheckpointError, WorkbenchError
 
 # How far a checkpoint's config may go past its family's published sizes: each number that sizes a part (layers,
@@ -23,12 +24,6 @@ SIZE_FACTOR = 4
 # How a family's guidance works: classifier-free guidance with a negative prompt ("cfg"), a guidance scale the
 # model was distilled to take as an input ("distilled", Flux.1-dev), or none at all ("none", Flux.1-schnell).
 GUIDANCE_KINDS = ("cfg", "distilled", "none")
-
-
-def shown(value, limit: int = 40) -> str:
-    """A value a checkpoint's file gave, as a one-line error shows it: its repr, cut to ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ..common import shown
 from ..errors import CheckpointError, first_line
-from .family import SIZE_FACTOR, Part, shown
+from .family import SIZE_FACTOR, Part
 from .full_size import build_on_meta
 from .registry import FAMILIES
 
