@@ -107,13 +107,14 @@ def random_sd2_base(captions: list[str]):
     a tokenizer fitted on ``captions``: a float32 pipeline on the CPU, for timing (weights do not matter)."""
     import torch
 
-    from models.checkpoints.components import build_pipeline, build_unet, random_text_encoder, random_vae
+    from models.checkpoints.components import assemble_pipeline, build_unet, random_text_encoder, random_vae
+    from models.families import family_named
     from train.shapes.prepare import fit_tokenizer
 
     torch.manual_seed(0)
     tokenizer = fit_tokenizer(captions, max_length=77)
-    return build_pipeline(build_unet("sd2-base"), random_vae("sd2-base"), random_text_encoder("sd2-base"), tokenizer,
-                          "epsilon")
+    parts = {"unet": build_unet("sd2-base"), "vae": random_vae("sd2-base"), "text_encoder": random_text_encoder("sd2-base")}
+    return assemble_pipeline(family_named("sd2"), parts, {"tokenizer": tokenizer}, {"prediction_type": "epsilon"})
 
 
 def machine() -> str:

@@ -31,7 +31,8 @@ GUIDANCE = 3.0  # the demo's, where the tiny model draws best (configs/tiny-phas
 
 def build_data(args) -> tuple[Path, Path, dict]:
     """The wide-heavy dataset, the tiny parts fitted on it and the scorer trained on it (each built once)."""
-    from train.shapes import prepare_tiny, train_scorer, write_shapes_dataset
+    from train.shapes import prepare_tiny, write_shapes_dataset
+    from models.shapes import train_scorer
 
     data, scorer = RUN.out / "shapes-wide", RUN.out / "scorer.pt"
     if not (data / "eval" / "prompts.csv").is_file():  # written last
@@ -100,7 +101,7 @@ def position_by_frame(rows: dict[str, dict], data: Path, args) -> dict[str, dict
     evaluate's bootstrap over prompts, as ``compare_rows`` computes it."""
     import numpy as np
 
-    from evaluate.bootstrap import prompt_weights, weighted_means
+    from evaluate.statistics.bootstrap import prompt_weights, weighted_means
     from evaluate.compare import metric_difference
     from evaluate.samples import MANIFEST, read_manifest
     from models.generation import read_prompt_table
@@ -143,7 +144,7 @@ def main() -> int:
                                      n_prompts=8, n_per_prompt=1, steps=2, bootstrap=40))
     t0 = time.perf_counter()
     data, parts, scorer = build_data(args)
-    from train.shapes.scorer import ShapesScorer
+    from models.shapes.scorer import ShapesScorer
 
     scorer_info = ShapesScorer(scorer).info
     trained = {name: train_arm(name, buckets, data, parts, args) for name, buckets in ARMS.items()}

@@ -1,13 +1,13 @@
 """Coverage of the 95% intervals at their nominal level, simulated where the truth is known.
 
-Win rates (``human_eval.stats``): n decisive votes (5, 10, 20, 50, 200) for a model whose true preference
+Win rates (``human_eval.statistics.stats``): n decisive votes (5, 10, 20, 50, 200) for a model whose true preference
 rate is 0.5, 0.7 or 0.9, each vote by one of 10 raters. Without clustering every vote is on its own
 prompt; with it, ``--votes-per-prompt`` votes share a prompt whose own rate is logistic(logit(rate) +
 N(0, ``--prompt-sd``^2)), and the truth is the mean over prompts (Gauss-Hermite quadrature). Intervals:
 Wilson on the effective number of votes (the report's default), Wilson, the two-way bootstrap and the
 bootstrap by prompt; and how often each shrank to a single point.
 
-Metrics (``evaluate.metrics`` and ``evaluate.bootstrap``, as a row and ``compare`` compute them):
+Metrics (``evaluate.statistics.metrics`` and ``evaluate.statistics.bootstrap``, as a row and ``compare`` compute them):
 ``--images`` generated images of ``--dim``-dimensional Gaussian features against ``--reference`` fixed
 reference features. FID and KID intervals cover the expected FID / KID at that number of images against
 that reference (what the interval is for: generated images resampled, the reference fixed), estimated from
@@ -54,7 +54,7 @@ def simulated_votes(rng, n: int, rate: float, per_prompt: int, prompt_sd: float)
 
 
 def win_rate_intervals(wins, prompts, raters, n_boot: int, rng) -> dict[str, tuple[float, float]]:
-    from human_eval.stats import (bootstrap_rate, clustered_wilson_interval, design_effect, percentile_interval,
+    from human_eval.statistics.stats import (bootstrap_rate, clustered_wilson_interval, design_effect, percentile_interval,
                                   two_way_interval, two_way_variance, wilson_interval)
 
     ones, k, n = np.ones_like(wins), wins.sum(), len(wins)
@@ -92,7 +92,7 @@ class Gaussians:
     def __init__(self, rng, dim: int, reference: int):
         import torch
 
-        from evaluate.metrics import FeatureStats, FrechetReference
+        from evaluate.statistics.metrics import FeatureStats, FrechetReference
 
         self.rng, self.dim = rng, dim
         self.real = torch.from_numpy(rng.standard_normal((reference, dim)))
@@ -106,7 +106,7 @@ class Gaussians:
         return torch.from_numpy(self.rng.standard_normal((n, self.dim)) * scale + shift)
 
     def metric(self, name: str, x, weights: np.ndarray) -> np.ndarray:
-        from evaluate.metrics import kid_replicates
+        from evaluate.statistics.metrics import kid_replicates
 
         return self.frechet.replicates(x, weights) if name == "fid" else kid_replicates(self.real, x, weights)
 
@@ -116,7 +116,7 @@ def set_metric_coverage(g: Gaussians, name: str, shift: float, scale: float, ima
     """One set metric's interval (``bootstrap.interval`` with its range) against ``truth``, by default E[metric at
     this N | reference] from ``truth_draws`` sets. KID is the full set's unbiased estimate (a row's point averages
     subsets of it); its replicates are a row's."""
-    from evaluate.bootstrap import interval, prompt_weights
+    from evaluate.statistics.bootstrap import interval, prompt_weights
     from evaluate.names import value_range
 
     ones = np.ones((1, images))
@@ -153,7 +153,7 @@ def clip_scores(rng, prompts: int, strength: np.ndarray, dim: int = 32,
 def clip_coverage(rng, prompts: int, replicates: int, sims: int, gain: float) -> tuple[dict, dict]:
     """CLIP score's interval (prompts resampled) and compare's paired interval of B - A, with B's strength higher
     by ``gain``; truths by Monte Carlo over 200,000 prompts."""
-    from evaluate.bootstrap import interval, p_value, prompt_weights, weighted_means
+    from evaluate.statistics.bootstrap import interval, p_value, prompt_weights, weighted_means
 
     def strength(n: int) -> np.ndarray:
         return np.clip(0.35 + 0.15 * rng.standard_normal(n), 0, None)  # prompts differ: clustering
@@ -182,7 +182,7 @@ def clip_coverage(rng, prompts: int, replicates: int, sims: int, gain: float) ->
 
 def fid_difference_coverage(g: Gaussians, images: int, replicates: int, sims: int, truth_draws: int) -> dict:
     """compare's paired interval of FID_B - FID_A (one draw of prompts for both sets) against E[FID_B] - E[FID_A]."""
-    from evaluate.bootstrap import interval, p_value, prompt_weights
+    from evaluate.statistics.bootstrap import interval, p_value, prompt_weights
 
     ones = np.ones((1, images))
     cases = {"a": (0.2, 1.1), "b": (0.1, 1.05)}

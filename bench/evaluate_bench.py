@@ -49,7 +49,7 @@ SAMPLER, GUIDANCE_CPU, GUIDANCE_GPU = "DDIM", 5.0, 7.5
 
 
 def scorer(data: Path) -> Path:
-    from train.shapes.scorer import train_scorer
+    from models.shapes.scorer import train_scorer
 
     path = RUN.out / "eval-scorer.pt"
     if not path.is_file():

@@ -101,7 +101,7 @@ def timed(f, *a):
 
 def plain_fid_replicates(ref, x: torch.Tensor, weights: np.ndarray) -> list[float]:
     """FID of each weighted set the plain way: the resampled set's covariance, then `frechet_distance`."""
-    from evaluate.metrics import FeatureStats, fid_from_stats
+    from evaluate.statistics.metrics import FeatureStats, fid_from_stats
 
     out = []
     for w in weights:
@@ -113,9 +113,9 @@ def plain_fid_replicates(ref, x: torch.Tensor, weights: np.ndarray) -> list[floa
 
 def split_replicates(out: Path, row: dict, args) -> dict:
     """FID and KID replicates timed apart on the row's features; plain FID replicates beside them."""
-    from evaluate.bootstrap import prompt_weights
+    from evaluate.statistics.bootstrap import prompt_weights
     from evaluate.compare import load_references, load_row_images
-    from evaluate.metrics import kid_replicates
+    from evaluate.statistics.metrics import kid_replicates
 
     images, ref_files, _, _ = load_row_images(out, row)
     x, weights = images.features["fid"], prompt_weights(images.prompts, args.bootstrap, seed=0)
@@ -167,7 +167,7 @@ def machine() -> str:
 
 
 def run(args, out: Path) -> dict:
-    from evaluate.features import write_random_inception
+    from evaluate.scorers.features import write_random_inception
 
     work = out / ("interval-cost-smoke" if args.smoke else "interval-cost")
     data, parts = fixtures(work, max(256, args.reference), vae_steps=2 if args.smoke else 20)

@@ -64,7 +64,7 @@ def _scorer(cls, **attributes):
 
 
 def pickscore(tokenizer, sizes):
-    from evaluate.pickscore import PickScorer
+    from evaluate.scorers.pickscore import PickScorer
 
     model, processor = clip_model(sizes["pickscore"], tokenizer)
     return _scorer(PickScorer, model=model, processor=processor)
@@ -73,7 +73,7 @@ def pickscore(tokenizer, sizes):
 def hps(tokenizer, sizes):
     import open_clip
 
-    from evaluate.hps import ARCHITECTURE, HpsScorer
+    from evaluate.scorers.hps import ARCHITECTURE, HpsScorer
 
     config = open_clip.get_model_config(ARCHITECTURE)
     if RUN.smoke:
@@ -89,8 +89,8 @@ def image_reward(tokenizer, sizes):
     from transformers.models.blip.modeling_blip import BlipVisionModel
     from transformers.models.blip.modeling_blip_text import BlipTextModel
 
-    from evaluate.imagereward import CLIP_MEAN, CLIP_STD, ImageRewardScorer
-    from evaluate.preference import Head
+    from evaluate.scorers.imagereward import CLIP_MEAN, CLIP_STD, ImageRewardScorer
+    from evaluate.scorers.preference import Head
 
     vw, vd, tw, td = (128, 2, 768, 1) if RUN.smoke else (1024, 24, 768, 12)
     vision = BlipVisionModel(BlipVisionConfig(hidden_size=vw, intermediate_size=4 * vw, num_hidden_layers=vd,
@@ -109,8 +109,8 @@ def image_reward(tokenizer, sizes):
 
 
 def aesthetic(tokenizer, sizes):
-    from evaluate.aesthetic import AestheticScorer
-    from evaluate.preference import Head
+    from evaluate.scorers.aesthetic import AestheticScorer
+    from evaluate.scorers.preference import Head
 
     model, processor = clip_model(sizes["aesthetic"], tokenizer)
     return _scorer(AestheticScorer, model=model, processor=processor, head=Head(model.config.projection_dim).eval())

@@ -41,7 +41,7 @@ def main() -> None:
 
     from train.config import load_config
     from train.data.loader import build_dataloader
-    from train.data.mds import count_samples
+    from models.datasets.mds import count_samples
     from train.trainer import build_model
 
     clean_stale_shared_memory()

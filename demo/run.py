@@ -58,7 +58,8 @@ def label(phase: str, ckpt) -> str:
 def prepare_stages(out: Path, p: dict, seed: int, quick: bool, stages: list) -> dict:
     """Data, the tiny parts, the shapes scorer and phase 2's precomputed latents; the scorer's summary."""
     from train.data import precompute_latents
-    from train.shapes import prepare_tiny, train_scorer, write_shapes_dataset
+    from train.shapes import prepare_tiny, write_shapes_dataset
+    from models.shapes import train_scorer
 
     with measured("data: shapes dataset", stages):
         write_shapes_dataset(out / "shapes", p["n"], seed, sizes=(16, 32), n_eval=p["n_eval"], progress=not quick)

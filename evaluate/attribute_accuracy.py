@@ -2,12 +2,12 @@
 
 Each image gets a verdict per attribute the caption asks for (`judge`); verdicts are counted by the kind
 of caption (`AttributeTally`) into the ``attr_<kind>_<attribute>`` columns. The caption grammar, the
-attribute names and the kinds are the shapes domain's (``train.shapes.grammar``); the scorer that reads
-an image's scene is ``train.shapes.scorer``.
+attribute names and the kinds are the shapes domain's (``models.shapes.grammar``); the scorer that reads
+an image's scene is ``models.shapes.scorer``.
 """
 from __future__ import annotations
 
-from train.shapes import ATTRIBUTES, KINDS, Scene, asked_attributes, kinds_of
+from models.shapes import asked_attributes, ATTRIBUTES, KINDS, kinds_of, Scene
 
 PREFIX = "attr_"
 VERDICTS = (*ATTRIBUTES, "all")  # per image: each attribute asked for, and all of them right
@@ -67,7 +67,7 @@ def attribute_values(asked: Scene, verdict: dict[str, bool | None]) -> dict[str,
 
 
 class AttributeTally:
-    """Running GenEval-style accuracies over images, by the kind of caption (``train.shapes.grammar.KINDS``).
+    """Running GenEval-style accuracies over images, by the kind of caption (``models.shapes.KINDS``).
 
     ``single``: one group ("three red circles"); ``object``: the one-group captions that ask for one
     shape ("a red circle"), a subset of ``single``; ``pair``: two groups and their relation; ``all``:

@@ -137,7 +137,7 @@ def cmd_watch(args) -> None:
 
 
 def cmd_train_scorer(args) -> None:
-    from train.shapes import train_scorer
+    from models.shapes import train_scorer
 
     info = train_scorer(args.data, args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, progress=not args.no_progress)
@@ -259,7 +259,7 @@ def _common(p, scoring: bool = True) -> None:
 def _preference_flags(p) -> None:
     """--pickscore, --hps, --imagereward, --aesthetic: alone, the authors' published weights (from the Hugging
     Face cache, or the hub when online); with a value, that file, folder or hub id."""
-    from .config import PREFERENCE_WEIGHTS
+    from .scorers.weights import PREFERENCE_WEIGHTS
 
     for flag, what in (("pickscore", "PickScore (a CLIP-H folder or hub id)"),
                        ("hps", "HPSv2.1 (HPS_v2.1_compressed.pt, its folder or hub id)"),

@@ -22,11 +22,11 @@ import torch
 
 from models.errors import WorkbenchError
 from models.common import write_text_whole
-from train.shapes import parse_caption
+from models.shapes import parse_caption
 
-from .bootstrap import MIN_REPLICATES, interval, p_floor, p_value, prompt_weights, weighted_means
+from .statistics.bootstrap import MIN_REPLICATES, interval, p_floor, p_value, prompt_weights, weighted_means
 from .layout import comparison_file
-from .metrics import FeatureStats
+from .statistics.metrics import FeatureStats
 from .names import IMAGE_QUALITY, PREFERENCE_COLUMNS, difference_range, metric
 from .reference import ReferenceStats
 from .row import FEATURES, VERDICTS, RowImages, mean_values, set_replicates

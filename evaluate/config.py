@@ -20,11 +20,8 @@ from models.common import (NON_NEGATIVE, build_config, check_rules, checked, mer
 GUIDANCE_SWEEP = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5, 8.0)
 INCEPTION_FEATURES = (64, 192, 768, 2048)  # Inception's layers: 2048 is pool3, the standard FID
 GENERATION_DTYPES = ("auto", "fp32", "bf16", "fp16")  # the flag's choices
-# the human-preference scorers' published weights (evaluate/preference.py): what a key or flag given alone loads
 # keys whose key=value overrides are taken as written, not as YAML: YAML reads aspect=16:9 as the base-60 number 969
 TEXT_KEYS = ("aspect",)
-PREFERENCE_WEIGHTS = {"pickscore": "yuvalkirstain/PickScore_v1", "hps": "xswu/HPSv2", "imagereward": "THUDM/ImageReward",
-                      "aesthetic": "sac+logos+ava1-l14-linearMSE.pth"}
 
 
 def positive(n: int) -> str | None:
@@ -69,7 +66,7 @@ class EvalConfig:
     clip: str | None = None  # folder or hub id; None skips CLIP score
     cmmd: bool = False  # CMMD on the CLIP model's image embeddings (needs clip)
     dinov2: str | None = None  # folder or cached hub id of a DINOv2 model: FD-DINOv2, precision/recall/density/coverage
-    # human-preference scores (evaluate/preference.py): each the weights' file, folder or hub id; None skips it
+    # human-preference scores (evaluate/scorers/preference.py): each the weights' file, folder or hub id; None skips it
     pickscore: str | None = None
     hps: str | None = None
     imagereward: str | None = None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from models.common import write_text_whole
 from models.errors import WorkbenchError
-from train.shapes import ATTRIBUTES, KINDS, asked_attributes
+from models.shapes import asked_attributes, ATTRIBUTES, KINDS
 
 from .attribute_accuracy import attr_column
 
@@ -65,7 +65,7 @@ _TABLE = [
     Metric("coverage", "coverage", False, IMAGE_QUALITY, SHARE),
     Metric("clip_score", "CLIP score", False, TEXT_ALIGNMENT, (-100, 100)),  # 100 x cosine, not clipped at 0
     *_attribute_metrics(),
-    # learned from people's choices (evaluate/preference.py): higher is preferred
+    # learned from people's choices (evaluate/scorers/preference.py): higher is preferred
     Metric("pickscore", "PickScore", False, HUMAN_PREFERENCE, (-100, 100)),  # CLIP logit: 100 x cosine
     Metric("hps", "HPSv2.1", False, HUMAN_PREFERENCE, (-1, 1)),  # a cosine
     Metric("imagereward", "ImageReward", False, HUMAN_PREFERENCE, (None, None)),  # standardised, unbounded

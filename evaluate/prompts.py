@@ -15,8 +15,8 @@ from models.generation import Prompt, read_prompt_table  # one table reader, sha
 
 
 def shapes_prompts(limit: int | None = 64, seed: int = 0) -> list[Prompt]:
-    """Captions of the shapes domain's held-out scenes (``train.shapes.prompts``); category = one group or two groups."""
-    from train.shapes import shapes_prompts as held_out_captions
+    """Captions of the shapes domain's held-out scenes (``models.shapes.shapes_prompts``); category = one group or two groups."""
+    from models.shapes import shapes_prompts as held_out_captions
 
     return [Prompt(text, category, i) for i, (text, category) in enumerate(held_out_captions(limit or 64, seed))]
 

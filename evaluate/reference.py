@@ -22,8 +22,8 @@ from tqdm import tqdm
 from models.errors import WorkbenchError
 from models.common import torch_save_whole
 
-from .features import FeatureExtractor, prepare_image, resize_policy, to_batch
-from .metrics import FeatureStats, FrechetReference
+from .scorers.features import FeatureExtractor, prepare_image, resize_policy, to_batch
+from .statistics.metrics import FeatureStats, FrechetReference
 
 log = logging.getLogger("evaluate.reference")
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
@@ -48,7 +48,7 @@ def count_images(path: str | Path) -> int:
     path = Path(path)
     _check(path)
     if _is_mds(path):
-        from train.data import count_samples
+        from models.datasets import count_samples
 
         try:
             return count_samples(path)  # the index checked against its shards
@@ -72,7 +72,7 @@ def iter_captions(path: str | Path, limit: int | None = None) -> Iterator[str]:
     _check(path)
     n = 0
     if _is_mds(path):
-        from train.data import open_local
+        from models.datasets import open_local
 
         ds = open_local(path)
         for i in range(len(ds)):
@@ -95,7 +95,7 @@ def iter_images(path: str | Path, size: int, limit: int | None = None) -> Iterat
     path = Path(path)
     _check(path)
     if _is_mds(path):
-        from train.data import open_local
+        from models.datasets import open_local
 
         ds = open_local(path)
         for i in range(min(len(ds), limit) if limit else len(ds)):

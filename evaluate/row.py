@@ -18,15 +18,15 @@ import numpy as np
 import torch
 
 from models.common import torch_save_whole
-from train.shapes import parse_caption, read_scenes
+from models.shapes import parse_caption, read_scenes
 
 from .attribute_accuracy import VERDICTS, AttributeTally, attribute_values, judge
-from .bootstrap import interval, prompt_weights, weighted_means
-from .fd_infinity import fd_infinity
-from .metrics import FeatureStats, cmmd, cmmd_replicates, kernel_inception_distance, kid_replicates
+from .statistics.bootstrap import interval, prompt_weights, weighted_means
+from .statistics.fd_infinity import fd_infinity
+from .statistics.metrics import FeatureStats, cmmd, cmmd_replicates, kernel_inception_distance, kid_replicates
 from .names import value_range
-from .prdc import prdc
-from .preference import scores_of
+from .statistics.prdc import prdc
+from .scorers.preference import scores_of
 from .prompts import Prompt
 
 FEATURES = "features.pt"

@@ -22,7 +22,7 @@ from models.common import barrier, broadcast_object, gather_objects, global_rank
 from models.errors import CheckpointError, WorkbenchError
 
 from .config import GUIDANCE_SWEEP, EvalConfig, check_eval_config, weights_choice
-from .features import FeatureExtractor, InceptionExtractor, resize_policy
+from .scorers.features import FeatureExtractor, InceptionExtractor, resize_policy
 from .layout import samples_folder
 from .names import PREFERENCE_COLUMNS
 from .prompts import Prompt, load_prompts
@@ -84,7 +84,7 @@ class Evaluator:
             raise WorkbenchError("give either --inception-weights (FID on Inception features) or --scorer (the shapes "
                                  "domain's), not both: each row has one feature extractor")
         if extractor is None and cfg.scorer:
-            from train.shapes import ShapesScorer
+            from models.shapes import ShapesScorer
 
             extractor = self.scorer = ShapesScorer(cfg.scorer, device=self.device)
         elif extractor is None and not cfg.inception_weights:
@@ -95,17 +95,17 @@ class Evaluator:
             raise WorkbenchError("--cmmd needs a CLIP model: give --clip FOLDER_OR_HUB_ID (CMMD compares its image "
                                  "embeddings)")
         if cfg.clip:
-            from .clip import ClipScorer
+            from .scorers.clip import ClipScorer
 
             self.clip = ClipScorer(cfg.clip, device=self.device)
             if cfg.cmmd:
                 self.clip_images = self.clip.image_extractor()
         self.dinov2 = None
         if cfg.dinov2:
-            from .dinov2 import Dinov2Extractor
+            from .scorers.dinov2 import Dinov2Extractor
 
             self.dinov2 = Dinov2Extractor(cfg.dinov2, device=self.device)
-        from .preference import load_preference_scorers
+        from .scorers.preference import load_preference_scorers
 
         self.preference = load_preference_scorers({k: getattr(cfg, k) for k in PREFERENCE_COLUMNS}, self.device,
                                                   clip=cfg.clip)
@@ -131,7 +131,9 @@ class Evaluator:
                                           kid_max=self.cfg.kid_subset_size * 10, progress=self.cfg.progress)
                 except WorkbenchError as e:
                     error = str(e)
-            error = broadcast_object(error)  # the other ranks wait here, and learn of rank 0's error
+            # the other ranks wait here, and learn of rank 0's error: patiently, as rank 0 alone decodes and embeds
+            # every reference image (25 minutes for 50,000 at 1024 px), past the group's timeout
+            error = broadcast_object(error, patient=True)
             if error:
                 raise WorkbenchError(error)
             self._reference[(size, extractor.name)] = ref
@@ -160,7 +162,7 @@ class Evaluator:
             for row in rows:
                 row["seconds_checkpoint"] = round(time.perf_counter() - t0, 3)
             self.store.append_rows(rows)  # one write: a crash never leaves a checkpoint half-recorded
-        barrier()
+        barrier(patient=True)  # rank 0 alone computed the metrics (bootstrap, PRDC) and wrote the samples' files
         return rows
 
     def open(self, checkpoint: Checkpoint | str | Path, model: str | None) -> Opened:

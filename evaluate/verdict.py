@@ -23,7 +23,7 @@ import math
 
 from models.common import interval_text, p_value_text
 
-from .bootstrap import MIN_REPLICATES, SIGNIFICANCE, holm, p_floor
+from .statistics.bootstrap import MIN_REPLICATES, SIGNIFICANCE, holm, p_floor
 from .names import FAMILIES, display_name, metric
 
 # Replicates per metric of a family: at 80 m, an estimate with two of the replicates beyond it still passes

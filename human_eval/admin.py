@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from models.common import p_value_text
 
 from .report import interval_only, results_csv, stopping_lines, study_name, summary, votes_csv, votes_json
-from .resampling import REPORT_BOOTSTRAP
+from .statistics.resampling import REPORT_BOOTSTRAP
 
 COOKIE = "dwb_admin"
 MIN_TOKEN = 16  # characters; shorter tokens (an empty token file opened the pages to anyone) are refused

@@ -3,8 +3,8 @@
 Only main pairs count towards preference rates, Bradley-Terry scores and agreement; gold pairs measure
 raters' attention and repeated pairs their self-consistency. Raters who fail the gold check can be
 left out of everything else (`exclude_failing=True`). The stopping rule and the votes it is predicted
-to take come from `human_eval.allocation`; strengths with and without image covariates from
-`human_eval.style_control`.
+to take come from `human_eval.statistics.allocation`; strengths with and without image covariates from
+`human_eval.statistics.style_control`.
 """
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from statistics import median
 import numpy as np
 from tqdm import tqdm
 
-from .agreement import krippendorff_alpha_nominal
-from .allocation import stopping_point, votes_to_settle
-from .bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
-from .resampling import DESIGN_EFFECT_REPLICATES, DESIGN_EFFECT_SEED, REPORT_BOOTSTRAP
-from .stats import (Z95, bootstrap_rate, decisive_votes_needed, effective_votes, percentile_interval, sign_test,
+from .statistics.agreement import krippendorff_alpha_nominal
+from .statistics.allocation import stopping_point, votes_to_settle
+from .statistics.bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
+from .statistics.resampling import DESIGN_EFFECT_REPLICATES, DESIGN_EFFECT_SEED, REPORT_BOOTSTRAP
+from .statistics.stats import (Z95, bootstrap_rate, decisive_votes_needed, effective_votes, percentile_interval, sign_test,
                     two_way_interval, wilson_interval)
 from .study import Study
-from .style_control import bradley_terry_with_covariates, covariate_differences, interval
+from .statistics.style_control import bradley_terry_with_covariates, covariate_differences, interval
 
 NO_CATEGORY = "(none)"
 

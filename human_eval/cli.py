@@ -82,7 +82,7 @@ def _proxy_address(value: str) -> str:
 
 
 def _covariates(value: str) -> tuple[str, ...]:
-    from .style_control import COVARIATES
+    from .statistics.style_control import COVARIATES
 
     names = COVARIATES if value == "all" else tuple(n.strip() for n in value.split(",") if n.strip())
     unknown = [n for n in names if n not in COVARIATES]
@@ -335,7 +335,7 @@ def _add_links(sub) -> None:
 
 def _add_report(sub) -> None:
     from .chart import DEFAULT_INTERVAL, INTERVALS
-    from .resampling import DESIGN_EFFECT_REPLICATES, REPORT_BOOTSTRAP
+    from .statistics.resampling import DESIGN_EFFECT_REPLICATES, REPORT_BOOTSTRAP
 
     p = sub.add_parser("report", help="preference rates, intervals, Bradley-Terry, agreement; CSV, JSON and PNG")
     p.add_argument("study")

@@ -30,7 +30,7 @@ import numpy as np
 
 from .analysis import NO_CATEGORY, bradley_terry, json_ready
 from .scores import LABELS, METRICS, ROW_KEYS, ScoreRows, join_scores, metric_values
-from .stats import bootstrap_rate, effective_votes, percentile_interval, ratio, wilson_interval
+from .statistics.stats import bootstrap_rate, effective_votes, percentile_interval, ratio, wilson_interval
 from .study import Study
 
 # A prompt bootstrap needs prompts to resample: in a simulation (6 votes a prompt, per-prompt rates spread by

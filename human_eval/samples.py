@@ -43,7 +43,7 @@ SETTINGS = ("guidance", "sampler", "steps", "width", "height")
 # Manifests, results rows and studies written before the sampler had one name call it "scheduler".
 OLD_SAMPLER_KEY = "scheduler"
 # per-image automated scores, kept for joining with human results: CLIP score, attribute verdict, and the
-# human-preference scores (evaluate/preference.py: PickScore, HPSv2.1, ImageReward, aesthetic)
+# human-preference scores (evaluate/scorers/preference.py: PickScore, HPSv2.1, ImageReward, aesthetic)
 METRICS = ("clip_score", "attr_all", "pickscore", "hps", "imagereward", "aesthetic")
 
 

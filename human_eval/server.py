@@ -13,7 +13,7 @@ Rater-facing routes (nothing in them names a model, a checkpoint or a manifest f
 `next` and `vote` need the rater's key in the ``X-Rater-Key`` header (`human_eval.raters`); without it
 they answer 401 whether or not the id exists. Each rater walks the pairs in their own random order
 (`Study.order_for`), or, with adaptive allocation, the next pair of the model pair that needs votes
-most (`human_eval.allocation`); which side image *a* appears on is drawn per impression and stored
+most (`human_eval.statistics.allocation`); which side image *a* appears on is drawn per impression and stored
 with it, so resuming shows the same sides again. Admin routes (token-protected) are in `human_eval.admin`.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from .allocation import Allocator
+from .statistics.allocation import Allocator
 from .errors import HumanEvalError
 from .images import ImageCache
 from .raters import KEY_HEADER, NewRaterLimit, key_matches, new_rater_id, valid_rater_id

@@ -102,7 +102,7 @@ class Study:
     questions: tuple[Question, ...] = QUESTIONS
     per_rater: int | None = None
     model_info: dict[str, dict] = field(default_factory=dict)
-    allocation: str = "uniform"  # uniform | adaptive (human_eval.allocation)
+    allocation: str = "uniform"  # uniform | adaptive (human_eval.statistics.allocation)
     target_width: float = 0.1  # the stopping rule's interval width
     image_size: tuple[int, int] | None = None  # (width, height) of every image; None in studies made before
     by_id: dict[str, Pair] = field(init=False, repr=False)

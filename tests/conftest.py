@@ -139,7 +139,7 @@ def dwb(capsys, monkeypatch):
 def inception_weights(tmp_path_factory) -> Path:
     """The Inception-v3 architecture torch-fidelity uses, seeded random weights with He initialisation (features
     O(0.1-1) that differ between images; see ``write_random_inception``), saved as a state dict."""
-    from evaluate.features import write_random_inception
+    from evaluate.scorers.features import write_random_inception
 
     return write_random_inception(tmp_path_factory.mktemp("inception"))
 

@@ -40,9 +40,9 @@ def test_an_arrow_the_wrong_way_fails_with_the_contracts_name(tmp_path):
     assert done.returncode != 0
     broken = re.findall(r"^(.+) BROKEN$", done.stdout, re.M)
     assert set(broken) == {"The command packages stand above models, and none of them imports another",
-                           "The app and human_eval stand on models alone, never on train",
-                           "Inside models: export above the door, above generation and the families, above the readers "
-                           "and the ground floor",  # grid -> the trainer -> the door: generation above checkpoints
+                           "The app, evaluate and human_eval stand on models alone, never on train",
+                           "Inside models: export above the door, above generation, the families and the shapes domain, "
+                           "above datasets, the readers and the ground floor",  # grid -> the trainer -> the door
                            "models.generation is entered by its face"}
     assert "models.generation.grid -> train.trainer" in done.stdout and "app.xyz -> models.generation.samplers" in done.stdout
     assert "app.cache -> train.data" in done.stdout

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
-from models.checkpoints import ARCHITECTURES
-from models.families import WEIGHTINGS
+from models.checkpoints import ARCHITECTURES, T5_TOKENS
+from models.families import SAMPLINGS, WEIGHTINGS
 from models.errors import WorkbenchError
 from models.common import (Duration, Each, MAX_TIME, PROBABILITY, Range, SEED, build_config, check_rules, checked,
                            merge_config, one_of, parse_overrides, read_config_file, shown)
 
-from .data import StreamConfig
+from models.datasets import StreamConfig
 
 ARCHITECTURE_NAMES = tuple(ARCHITECTURES)  # the architectures a config may name
 PREDICTION_TYPES = ("epsilon", "v_prediction")
@@ -76,12 +76,22 @@ class ModelConfig:
     unet: dict = field(default_factory=dict)  # overrides of the architecture's UNet config
     transformer: dict = field(default_factory=dict)  # overrides of a transformer architecture's config
     # Rectified flow (transformer architectures): t = shifted(sigmoid(logit_mean + logit_std n), flow_shift), n
-    # standard normal (SD3's logit-normal draws; 0 and 1 were its best). flow_shift null: 1 at the architecture's
+    # standard normal (SD3's logit-normal draws; 0 and 1 were its best), or with timestep_sampling uniform
+    # t = shifted(u, flow_shift), u uniform in [0, 1) (MLPerf's Flux.1 reference, with flow_shift 1: logit-normal
+    # shifted by 1.65 put 0.73% of the draws below t = 1/8, uniform 12.5%). flow_shift null: 1 at the architecture's
     # base side and sqrt(pixels / its pixels) above it (SD3's resolution shift); samplers use the same shift.
+    timestep_sampling: str = checked("logit_normal", one_of(*SAMPLINGS))
     logit_mean: float = checked(0.0, Range(-10, 10))
     logit_std: float = checked(1.0, Range(0, 10, low_open=True))
     flow_shift: Optional[float] = checked(None, Range(0.01, 100, note="null follows the resolution"))
     loss_weighting: str = checked("none", one_of(*WEIGHTINGS))
+    # Flux.1: the T5 tokens each caption is padded or cut to. 512 is FluxPipeline's default max_sequence_length, which
+    # a plain pipeline call draws with; MLPerf's reference reads 256. FluxPipeline refuses more than 512.
+    text_tokens: int = checked(T5_TOKENS, Range(1, 512))
+    # A guidance-distilled transformer (Flux.1-dev's guidance_embeds): the guidance it is told in training. 3.5 is
+    # what diffusers' examples/dreambooth/train_dreambooth_flux.py passes (its --guidance_scale default, "the FLUX.1
+    # dev variant is a guidance distilled model") and what Flux.1-dev samples at; unused without guidance_embeds.
+    guidance_scale: float = checked(3.5, Range(0, 100))
 
 
 @dataclass
@@ -169,9 +179,13 @@ class ValidationConfig:
     # null: no validation loss. Read at the training resolution, every `eval_interval`.
     path: Optional[str] = None
     # Each held-out sample is noised to every one of these timesteps with its own fixed noise; reported overall
-    # and per band (low < 333 <= mid < 667 <= high).
-    # Five timesteps and 64 samples: one pass (raw and EMA) costs about 3 training batches of 64 (bench/run_overhead.py).
+    # and per band (low < 333 <= mid < 667 <= high), as the unweighted MSE to the target whatever the training
+    # loss's weighting. Five timesteps and 64 samples: one pass (raw and EMA) costs about 3 training batches of 64
+    # (bench/run_overhead.py).
     timesteps: list[int] = checked(rule=Each(timestep, min_length=1), factory=lambda: [100, 300, 500, 700, 900])
+    # all_timesteps: every sample at every timestep. one_timestep: held-out sample i at timesteps[i mod len(timesteps)]
+    # only, as MLPerf's text_to_image reference evaluates (1/len(timesteps) of the denoiser calls).
+    each_sample_at: str = checked("all_timesteps", one_of("all_timesteps", "one_timestep"))
     max_samples: int = checked(64, COUNT)  # the first this many of the split
     seed: int = checked(0, SEED)  # of the fixed noise
     batch_size: int = checked(64, BATCH)  # held-out samples per UNet call
@@ -240,6 +254,12 @@ class TrainConfig:
     # full: each checkpoint one file, the UNet's state gathered on rank 0; sharded: a folder of
     # torch.distributed.checkpoint parts, each rank writing its own shard (no gather; docs/scale.md)
     fsdp_state_dict_type: str = checked("full", one_of("full", "sharded"))
+    # Seconds a collective may wait for the other ranks before the run is aborted (Composer's dist_timeout; NCCL's
+    # watchdog ends the waiting ranks). The longest such wait is for rank 0 alone writing a full checkpoint while
+    # the others go on to the next step's collective: sdxl-base's is 45 GB (its parts, AdamW's two moments, EMA),
+    # 450 s at a network disk's 100 MB/s, past Composer's default of 300 s; 1800 s is four times that. Autoresume's
+    # check on rank 0 is waited for outside it (docs/scale.md).
+    dist_timeout: float = checked(1800.0, Range(10, 86400))
 
     low_precision_norms: bool = False  # Composer's LowPrecisionGroupNorm + LowPrecisionLayerNorm (GPU)
     # Batches whose loss is NaN or infinite are skipped (no update) and counted; this many in a row abort.

@@ -22,7 +22,7 @@ from models.checkpoints import make_spec
 from models.families import family_or_ours
 
 from .config import TrainConfig, config_to_dict
-from .model import FluxStyleTransformer, LatentDiffusion, MicroConditionedUNet, RectifiedFlowTransformer
+from .recipes import DENOISER_WORDS, LatentDiffusion, build_denoiser, build_model, frozen_parts
 
 log = logging.getLogger(__name__)
 
@@ -86,207 +86,113 @@ def set_attention(denoiser, backend: str, device: str) -> str:
     return "sdpa"
 
 
-def frozen_parts(cfg: TrainConfig):
-    """The VAE, text encoder and tokenizer: from ``model.pretrained``, or random (``pretrained: null``)."""
-    from models.checkpoints import load_frozen_parts, random_text_encoder, random_vae
-
-    m = cfg.model
-    if m.pretrained is not None:
-        return load_frozen_parts(m.pretrained)
-    if m.architecture.startswith("tiny"):
-        raise WorkbenchError(f"config key 'model.pretrained' is required for {m.architecture} (run `dwb prepare` "
-                             "and point it there)")
-    return random_vae(m.architecture), random_text_encoder(m.architecture), None
-
-
-def check_memory(cfg: TrainConfig, device: str) -> None:
-    """One line, before any weight is made, where this machine (or GPU) cannot hold the run's model: its parts
-    counted on the meta device (``models.checkpoints.check_training_memory``)."""
+def check_memory(cfg: TrainConfig, device: str):
+    """One line, before any weight is made, where this machine (or GPU) cannot hold what the run's ranks on it hold:
+    the denoiser counted on the meta device, the frozen parts as ``frozen_size`` counts them, each rank's share as
+    its layout shards it (``models.checkpoints.rank_plan``). Returns this rank's plan (a ``RankPlan``)."""
     from composer.utils import dist
 
     from models.checkpoints import check_training_memory
 
     with torch.device("meta"):
         trained = sum(p.numel() for p in build_denoiser(cfg).parameters())
-        # the parts the run builds (``model.pretrained`` null); pretrained ones are not counted: the plan is a floor
-        built = (*frozen_parts(cfg)[:2], *second_towers(cfg)) if cfg.model.pretrained is None else ()
-        frozen = sum(p.numel() for part in built for p in part.parameters())
-    sharded = cfg.fsdp and cfg.fsdp_sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
-    check_training_memory(trained, frozen, ema=cfg.ema.enabled, shards=dist.get_world_size() if cfg.fsdp else 1,
-                          weights_sharded=sharded, processes=dist.get_local_world_size(),
+    frozen, frozen_bytes = frozen_size(cfg)
+    plan_of = rank_planner(cfg, device, trained, frozen_bytes)
+    rank, local = dist.get_global_rank(), dist.get_local_rank()
+    ranks = [rank] if device == "gpu" else [rank - local + r for r in range(dist.get_local_world_size())]
+    check_training_memory([plan_of(r) for r in ranks], trained, frozen,
                           device=torch.device("cuda" if device == "gpu" else "cpu"),
                           what=f"'{cfg.model.architecture}' ({cfg.run_name})")
+    return plan_of(rank)
 
 
-def denoiser_kind(architecture: str) -> str:
-    """"unet" or "transformer": the part of the architecture's family that denoises."""
-    from models.checkpoints import ARCHITECTURES
+def training_layout(cfg: TrainConfig) -> tuple[str, int]:
+    """(layout, the ranks its FSDP shards over): the FSDP strategy over every rank, HYBRID_SHARD over a node's
+    (``parallelism_config``'s device mesh); "DDP" on several ranks without FSDP, "one process" alone."""
+    from composer.utils import dist
 
-    return family_or_ours(ARCHITECTURES[architecture].get("family")).denoiser
-
-
-def build_denoiser(cfg: TrainConfig):
-    """The architecture's denoiser with random weights, ``model.unet`` or ``model.transformer`` over its config; a
-    key the denoiser does not take is one line."""
-    from models.checkpoints import build_transformer, build_unet
-
-    m = cfg.model
-    kind = denoiser_kind(m.architecture)
-    build, overrides = {"unet": (build_unet, m.unet), "transformer": (build_transformer, m.transformer)}[kind]
-    try:
-        return build(m.architecture, overrides)
-    except TypeError as e:
-        raise WorkbenchError(f"config key 'model.{kind}': {e}") from None
+    if cfg.fsdp:
+        hybrid = cfg.fsdp_sharding_strategy == "HYBRID_SHARD"
+        return cfg.fsdp_sharding_strategy, dist.get_local_world_size() if hybrid else dist.get_world_size()
+    return ("DDP" if dist.get_world_size() > 1 else "one process"), 1
 
 
-def build_model(cfg: TrainConfig) -> LatentDiffusion:
-    """The architecture's Composer model, by its family's pipeline: a UNet on the diffusion schedule (SD 2's, or
-    SDXL's with two text towers and size conditioning), or a transformer on rectified flow."""
-    from models.checkpoints import ARCHITECTURES
+def rank_planner(cfg: TrainConfig, device: str, trained: int, frozen_bytes: int):
+    """rank -> what it holds (``models.checkpoints.rank_plan``). Under FSDP rank 0 draws previews with a full copy of
+    the denoiser in the precision training computes in (``train.callbacks.previews.drawing_dtype``): half precision
+    under a GPU's AMP (``auto`` is amp_bf16 there), float32 on a CPU."""
+    from models.checkpoints import rank_plan
 
-    family = family_or_ours(ARCHITECTURES[cfg.model.architecture].get("family"))
-    return MODEL_BUILDERS[family.pipeline](cfg, *frozen_parts(cfg))
-
-
-def second_towers(cfg: TrainConfig) -> tuple:
-    """The second text tower of an architecture that has one (SDXL's), else none."""
-    from models.checkpoints import ARCHITECTURES, second_text_encoder
-
-    if "text_encoder_2" not in ARCHITECTURES[cfg.model.architecture]:
-        return ()
-    return (second_text_encoder(cfg.model.architecture, cfg.model.pretrained, None),)
+    layout, shards = training_layout(cfg)
+    half = device == "gpu" and cfg.precision in ("auto", "amp_bf16", "amp_fp16")
+    copy = trained * (2 if half else 4) if cfg.fsdp and cfg.preview_interval else 0
+    return lambda rank: rank_plan(trained, frozen_bytes, layout=layout, shards=shards, ema=cfg.ema.enabled,
+                                  preview_bytes=copy if rank == 0 else 0)
 
 
-def prepared_denoiser(cfg: TrainConfig, vae, packed: int = 1):
-    """The run's denoiser, checked against the VAE's latent channels (``packed``: latents per token, Flux.1's 2x2
-    patches take 4), with gradient checkpointing where configured."""
-    m, denoiser = cfg.model, build_denoiser(cfg)
-    channels, latent = denoiser.config.in_channels, vae.config.latent_channels
-    if channels != packed * latent:
-        raise WorkbenchError(f"the {DENOISER_WORDS[denoiser_kind(m.architecture)]} takes {channels} channels but the VAE from '{m.pretrained}' makes {latent}"
-                             + (f", packed 2x2: {packed * latent}" if packed > 1 else ""))
-    if m.gradient_checkpointing:
-        denoiser.enable_gradient_checkpointing()
-    return denoiser
-
-
-def with_recorded_shift(vae):
-    """The VAE with a latent shift in its config: SD's VAEs shift nothing and do not say so, and SD3's and Flux.1's
-    pipelines read the key."""
-    if getattr(vae.config, "shift_factor", None) is None:
-        vae.register_to_config(shift_factor=0.0)
-    return vae
-
-
-def caption_options(cfg: TrainConfig) -> dict:
-    """What every training model takes from the config about its captions and draws: dropout for guidance, the
-    other phrasing's share, and the per-sample seed (``randomness: per_sample``)."""
-    m = cfg.model
-    return dict(caption_dropout=m.caption_dropout, other_phrasing=m.other_phrasing,
-                per_sample_seed=cfg.seed if cfg.randomness == "per_sample" else None)
-
-
-def build_unet_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> LatentDiffusion:
-    m = cfg.model
-    unet = prepared_denoiser(cfg, vae)
-    if unet.config.cross_attention_dim != text_encoder.config.hidden_size:
-        raise WorkbenchError(f"the UNet's cross_attention_dim ({unet.config.cross_attention_dim}) does not match the "
-                             f"text encoder's width ({text_encoder.config.hidden_size}) from '{m.pretrained}'")
-    return LatentDiffusion(unet, vae, text_encoder, tokenizer, prediction_type=m.prediction_type,
-                           min_snr_gamma=m.min_snr_gamma, **caption_options(cfg))
-
-
-def flow_of(cfg: TrainConfig):
-    """The run's rectified flow: the configured draws, and the shift its resolution takes (SD3's sqrt rule)."""
-    from models.checkpoints import ARCHITECTURES
-    from models.families import RectifiedFlow, pixels_shift
+def frozen_size(cfg: TrainConfig) -> tuple[int, int]:
+    """(values, bytes) of the frozen parts every rank holds whole, before any is made: the pretrained ones from their
+    weight files' headers, held in float32 (``models.checkpoints.pretrained_part_values``), and the parts the run
+    builds (``built_frozen_parts``) counted on the meta device at their dtypes. A hub id not in the local cache is
+    counted as the architecture configures its parts (``architecture_part``), before anything is downloaded."""
+    from models.checkpoints import LOADED_VALUE_BYTES, module_size, pretrained_part_values
 
     m = cfg.model
-    base = ARCHITECTURES[m.architecture]["flow_base_resolution"]
-    shift = m.flow_shift if m.flow_shift is not None else pixels_shift(cfg.data.resolution ** 2, base ** 2)
-    return RectifiedFlow(logit_mean=m.logit_mean, logit_std=m.logit_std, shift=shift, weighting=m.loss_weighting)
+    built, loaded = built_frozen_parts(cfg)
+    values = pretrained_part_values(m.pretrained, loaded) if loaded else 0
+    with torch.device("meta"):
+        parts = [make() for make in built]
+        if values is None:
+            parts, values = parts + [architecture_part(m.architecture, part) for part in loaded], 0
+        sizes = [module_size(part) for part in parts]
+    return values + sum(v for v, _ in sizes), values * LOADED_VALUE_BYTES + sum(b for _, b in sizes)
 
 
-def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> RectifiedFlowTransformer:
-    from models.checkpoints import with_projection
+def built_frozen_parts(cfg: TrainConfig) -> tuple[list, tuple[str, ...]]:
+    """(makers of the frozen parts the run builds, the names of those it loads from ``model.pretrained``): the VAE
+    and first text tower are loaded, or random without it; SDXL's second tower and Flux.1's T5 are built where the
+    architecture builds them (with the first tokenizer's vocabulary and ids), else loaded (``text_encoder_2/``)."""
+    from models.checkpoints import ARCHITECTURES, random_t5_encoder, second_text_encoder
 
-    m = cfg.model
-    if cfg.data.precomputed and m.other_phrasing > 0:
-        raise WorkbenchError(f"config key 'model.other_phrasing': {m.architecture} on precomputed latents reads the "
-                             "stored captions, not their other phrasings; set it to 0 or train from images")
-    transformer = prepared_denoiser(cfg, with_recorded_shift(vae))
-    slots = 2  # SD3's pipeline fills two CLIP slots; this model's one tower fills both
-    width = slots * text_encoder.config.hidden_size
-    if transformer.config.joint_attention_dim != width or transformer.config.pooled_projection_dim != width:
-        raise WorkbenchError(f"the transformer's joint_attention_dim and pooled_projection_dim must be {width} (the "
-                             f"text encoder's width {text_encoder.config.hidden_size} in {slots} CLIP slots)")
-    return RectifiedFlowTransformer(transformer, vae, with_projection(text_encoder), tokenizer, flow=flow_of(cfg),
-                                    clip_slots=slots, **caption_options(cfg))
-
-
-def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroConditionedUNet:
-    """SDXL's UNet with two text towers; the second reads its own tokenizer (``tokenizer_2/``) where it loads from
-    ``model.pretrained``, the first tokenizer's ids where the architecture builds it."""
-    from models.checkpoints import second_text_encoder, second_tokenizer
-
-    m = cfg.model
-    if cfg.data.precomputed:
-        raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} is conditioned on each image's original "
-                             "size and crop, which precomputed latents do not store; train it from images")
-    text_encoder_2 = second_text_encoder(m.architecture, m.pretrained, tokenizer)
-    tokenizer_2 = second_tokenizer(m.architecture, m.pretrained)
-    unet = prepared_denoiser(cfg, vae)
-    width = text_encoder.config.hidden_size + text_encoder_2.config.hidden_size
-    added = text_encoder_2.config.projection_dim + 6 * unet.config.addition_time_embed_dim
-    if unet.config.cross_attention_dim != width or unet.config.projection_class_embeddings_input_dim != added:
-        raise WorkbenchError(f"the UNet's cross_attention_dim and projection_class_embeddings_input_dim must be {width} "
-                             f"(both text towers' widths) and {added} (the second's pooled output and 6 time ids)")
-    return MicroConditionedUNet(unet, vae, text_encoder, text_encoder_2, tokenizer, tokenizer_2,
-                                prediction_type=m.prediction_type, min_snr_gamma=m.min_snr_gamma,
-                                **caption_options(cfg))
+    m, arch = cfg.model, ARCHITECTURES[cfg.model.architecture]
+    builds_second = "text_encoder_2" in arch and (arch.get("builds_text_encoder_2") or m.pretrained is None)
+    tokenizer = frozen_tokenizer(cfg) if builds_second or arch.get("builds_t5_encoder") else None
+    built = [] if m.pretrained is not None else [lambda: frozen_parts(cfg)[0], lambda: frozen_parts(cfg)[1]]
+    loaded = () if m.pretrained is None else ("vae", "text_encoder")
+    if builds_second:
+        built.append(lambda: second_text_encoder(m.architecture, None, tokenizer))
+    elif "text_encoder_2" in arch:
+        loaded += ("text_encoder_2",)
+    if arch.get("builds_t5_encoder"):
+        built.append(lambda: random_t5_encoder(m.architecture, len(tokenizer), tokenizer.pad_token_id))
+    elif "t5_encoder" in arch and m.pretrained is not None:
+        loaded += ("text_encoder_2",)
+    return built, loaded
 
 
-def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyleTransformer:
-    """A Flux.1-style transformer on rectified flow at Flux.1's resolution shift (``flux_shift``): its T5 built here
-    and reading the CLIP tokenizer's ids (the tiny architecture), or pretrained with T5's own tokenizer."""
-    from models.checkpoints import ARCHITECTURES, T5_TOKENS, load_t5_parts, random_t5_encoder
+def architecture_part(architecture: str, part: str):
+    """A frozen part as the architecture configures it (its published config for the full-size ones), random."""
+    from transformers import T5Config, T5EncoderModel
 
-    m = cfg.model
-    if cfg.data.precomputed:
-        raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} reads its T5 states from the captions, "
-                             "which precomputed latents do not carry for it; train it from images")
-    if ARCHITECTURES[m.architecture].get("builds_t5_encoder"):
-        text_encoder_2, tokenizer_2 = random_t5_encoder(m.architecture, len(tokenizer), tokenizer.pad_token_id), None
-    elif m.pretrained is None:
-        raise WorkbenchError(f"config key 'model.pretrained': {m.architecture} loads its T5 encoder and T5's tokenizer "
-                             "from a FLUX.1 diffusers folder or hub id (text_encoder_2/, tokenizer_2/); set it")
-    else:  # T5-XXL and its own tokenizer, pretrained
-        text_encoder_2, tokenizer_2 = load_t5_parts(m.pretrained)
-    transformer = prepared_denoiser(cfg, with_recorded_shift(vae), packed=4)
-    c = transformer.config
-    if c.joint_attention_dim != text_encoder_2.config.d_model or c.pooled_projection_dim != text_encoder.config.hidden_size:
-        raise WorkbenchError(f"the transformer's joint_attention_dim and pooled_projection_dim must be "
-                             f"{text_encoder_2.config.d_model} (T5's width) and {text_encoder.config.hidden_size} "
-                             "(the CLIP tower's)")
-    return FluxStyleTransformer(transformer, vae, text_encoder, tokenizer, text_encoder_2, flow=flux_flow(cfg, vae),
-                                text_tokens=T5_TOKENS, tokenizer_2=tokenizer_2, **caption_options(cfg))
+    from models.checkpoints import ARCHITECTURES, random_text_encoder, random_vae
+
+    arch = ARCHITECTURES[architecture]
+    if part == "vae":
+        return random_vae(architecture)
+    if part == "text_encoder_2" and "t5_encoder" in arch:
+        return T5EncoderModel(T5Config(**arch["t5_encoder"]))
+    return random_text_encoder(architecture, part=part)
 
 
-def flux_flow(cfg: TrainConfig, vae):
-    """The run's rectified flow at Flux.1's shift for its images' tokens (2x2 patches of latents), as FluxPipeline
-    shifts its sampling schedule at the same size."""
-    from models.families import RectifiedFlow, patches_shift
+def frozen_tokenizer(cfg: TrainConfig):
+    """The first tokenizer, whose vocabulary and ids the towers a run builds take (``model.pretrained``'s; none
+    without it: the architecture's vocabulary)."""
+    from transformers import CLIPTokenizer
 
-    m = cfg.model
-    latent_side = cfg.data.resolution // 2 ** (len(vae.config.block_out_channels) - 1)
-    shift = m.flow_shift if m.flow_shift is not None else patches_shift((latent_side // 2) ** 2)
-    return RectifiedFlow(logit_mean=m.logit_mean, logit_std=m.logit_std, shift=shift, weighting=m.loss_weighting)
+    from models.checkpoints import load_part
 
-
-DENOISER_WORDS = {"unet": "UNet", "transformer": "transformer"}
-# The Composer model each family's pipeline is trained as
-MODEL_BUILDERS = {"StableDiffusionPipeline": build_unet_model, "StableDiffusion3Pipeline": build_transformer_model,
-                  "StableDiffusionXLPipeline": build_sdxl_model, "FluxPipeline": build_flux_model}
+    return None if cfg.model.pretrained is None else load_part(CLIPTokenizer, cfg.model.pretrained, "tokenizer",
+                                                               "tokenizer")
 
 
 def public_config(config: dict) -> dict:
@@ -385,8 +291,14 @@ def resolve_resume(cfg: TrainConfig, save_folder: str) -> str | None:
     ``weights_only=False``, so nothing else reaches it. Locally the others are set aside
     (``select_resume_checkpoint``); in object storage they are passed over and the newest usable one is
     fetched into the local cache.
+
+    Rank 0 reads every byte of the newest checkpoint (a file's CRCs, with its tensors memory-mapped and never
+    loaded; a sharded folder's values one at a time), or fetches it: minutes at 45 GB, so the other ranks wait for
+    it ``patient``ly (``models.common.broadcast_object``), outside the group's timeout.
     """
     from composer.utils import dist
+
+    from models.common import broadcast_object
 
     if not cfg.autoresume:
         return None
@@ -396,12 +308,10 @@ def resolve_resume(cfg: TrainConfig, save_folder: str) -> str | None:
             found = _newest_remote(save_folder) if "://" in save_folder else _newest_local(cfg, save_folder)
         except WorkbenchError as e:
             problem = str(e)  # said by every rank: the others wait in the broadcast
-    box = [found, problem]
-    if dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
-    if box[1]:
-        raise WorkbenchError(box[1])
-    return box[0]
+    found, problem = broadcast_object((found, problem), patient=True)
+    if problem:
+        raise WorkbenchError(problem)
+    return found
 
 
 def _newest_local(cfg: TrainConfig, save_folder: str) -> str | None:
@@ -467,16 +377,25 @@ def make_scheduler(cfg: TrainConfig):
     return ConstantWithWarmupScheduler(t_warmup=sc.t_warmup)
 
 
+def make_optimizer(cfg: TrainConfig, model: LatentDiffusion) -> torch.optim.AdamW:
+    """AdamW on the denoiser, fused: one kernel per step instead of a dozen foreach ops, and the non-finite guard's
+    skip reaches it as a device flag (``found_inf``) instead of a read on the host every step (``train.guard``)."""
+    o = cfg.optimizer
+    return torch.optim.AdamW(model.denoiser.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                             weight_decay=o.weight_decay, fused=True)
+
+
 def make_algorithms(cfg: TrainConfig) -> list:
-    """The guard against non-finite steps, gradient clipping, EMA and low-precision norms, as configured."""
-    from composer.algorithms import GradientClipping, LowPrecisionGroupNorm, LowPrecisionLayerNorm
+    """The guard against non-finite steps (which clips the gradients: the norm it checks is clipping's), EMA and
+    low-precision norms, as configured."""
+    from composer.algorithms import LowPrecisionGroupNorm, LowPrecisionLayerNorm
 
     from .ema import FusedEMA
     from .guard import NonFiniteGuard
 
-    algorithms = [NonFiniteGuard(cfg.max_consecutive_nonfinite)]  # before clipping, at the same event
-    if cfg.grad_clip_norm is not None:
-        algorithms.append(GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip_norm))
+    # the guard's counters are read once a log interval (in batches; 100 where it is in other units)
+    read_every = batch_count(cfg.log_interval) if cfg.log_interval.endswith("ba") else 100
+    algorithms = [NonFiniteGuard(cfg.max_consecutive_nonfinite, clip_norm=cfg.grad_clip_norm, read_every=read_every)]
     if cfg.ema.enabled:
         algorithms.append(FusedEMA(half_life=None, smoothing=cfg.ema.smoothing, ema_start=cfg.ema.ema_start,
                                    update_interval=cfg.ema.update_interval))
@@ -534,13 +453,22 @@ def make_run_callbacks(cfg: TrainConfig, run_dir: Path, load_path: str | None) -
     v = cfg.validation
     if cfg.eval_interval and v.path:
         callbacks.append(ValidationLoss(v.path, cfg.data.resolution, batch_count(cfg.eval_interval), v.timesteps,
-                                        v.max_samples, v.seed, v.batch_size))
+                                        v.max_samples, v.seed, v.batch_size,
+                                        one_timestep=v.each_sample_at == "one_timestep"))
     if cfg.preview_interval:
         p = cfg.previews
         callbacks.append(Previews(run_dir / "previews", batch_count(cfg.preview_interval), p.prompts, p.seeds,
                                   steps=p.steps, guidance=p.guidance, size=cfg.data.resolution, sampler=p.sampler,
                                   ema=p.ema and cfg.ema.enabled))
     return callbacks
+
+
+def memory_report(run_dir: Path, plan) -> Callback:
+    """Each rank's tensors counted beside its plan, in ``memory/rank{r}.json`` (``train.callbacks.memory``): last
+    among the callbacks, after the previews' copy is made."""
+    from .callbacks import MemoryReport
+
+    return MemoryReport(run_dir / "memory", plan.as_dict())
 
 
 def start_processes(cfg: TrainConfig) -> tuple[str, str]:
@@ -558,7 +486,7 @@ def start_processes(cfg: TrainConfig) -> tuple[str, str]:
         fsdp_on_cpu()
     signal_files_per_node()
     if dist.get_world_size() > 1 and not dist.is_initialized():
-        dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU())
+        dist.initialize_dist(DeviceGPU() if device == "gpu" else DeviceCPU(), timeout=cfg.dist_timeout)
     return device, precision
 
 
@@ -577,7 +505,7 @@ def build_trainer(cfg: TrainConfig):
         if needed and url and "://" in url:
             check_remote_folder(url, key)
     reproducibility.seed_all(cfg.seed)  # the UNet's initial weights follow the run's seed
-    check_memory(cfg, device)
+    plan = check_memory(cfg, device)
     model = build_model(cfg)
     check_save_folder(save_folder, estimate_checkpoint_bytes(model, cfg.ema.enabled))
     attention = set_attention(model.denoiser, cfg.model.attention, device)
@@ -592,12 +520,11 @@ def build_trainer(cfg: TrainConfig):
         model=model,
         train_dataloader=training_dataloader(cfg, model),
         max_duration=cfg.max_duration,
-        optimizers=torch.optim.AdamW(model.denoiser.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.optimizer.betas),
-                                     eps=cfg.optimizer.eps, weight_decay=cfg.optimizer.weight_decay),
+        optimizers=make_optimizer(cfg, model),
         schedulers=make_scheduler(cfg), step_schedulers_every_batch=True,
         algorithms=make_algorithms(cfg),
         callbacks=[SpeedMonitor(window_size=20), LRMonitor(), ModelSpec(spec), restore_rng, EpochInBatch(),
-                   *make_run_callbacks(cfg, run_dir, load_path)],
+                   *make_run_callbacks(cfg, run_dir, load_path), memory_report(run_dir, plan)],
         loggers=make_loggers(cfg, run_dir), run_name=cfg.run_name, progress_bar=cfg.progress_bar,
         log_to_console=False, console_log_interval=cfg.log_interval,
         save_folder=save_folder, save_filename="ep{epoch}-ba{batch}-rank{rank}.pt",
@@ -609,7 +536,7 @@ def build_trainer(cfg: TrainConfig):
         load_path=resume_from if remote_resume else (None if resume_from else load_path),
         load_weights_only=False if remote_resume else cfg.load_weights_only,
         device=device, precision=precision, device_train_microbatch_size=cfg.device_train_microbatch_size,
-        parallelism_config=parallelism_config(cfg),
+        parallelism_config=parallelism_config(cfg), dist_timeout=cfg.dist_timeout,
         seed=cfg.seed, python_log_level=None,
     )
     restore_rng.take_over(trainer)
@@ -630,7 +557,7 @@ def training_dataloader(cfg: TrainConfig, model: LatentDiffusion):
     return build_dataloader(cfg.data, model.tokenizer, cfg.global_train_batch_size // dist.get_world_size(), cfg.seed,
                             other_phrasings=cfg.model.other_phrasing > 0, with_ids=cfg.randomness == "per_sample",
                             captions=model.reads_captions, tokenizer_2=model.tokenizer_2,
-                            max_length_2=model.max_length_2)
+                            max_length_2=model.max_length_2, pin_memory=resolve_device(cfg) == "gpu")
 
 
 class EpochInBatch(Callback):
@@ -638,7 +565,11 @@ class EpochInBatch(Callback):
 
     def after_dataloader(self, state, logger) -> None:
         if isinstance(state.batch, dict) and "sample_id" in state.batch:
-            state.batch["epoch"] = torch.full_like(state.batch["sample_id"], int(state.timestamp.epoch))
+            ids = state.batch["sample_id"]
+            epoch = torch.full_like(ids, int(state.timestamp.epoch))
+            # pinned as the loader pinned the ids: a copy from pageable memory is staged by the driver, which may wait
+            # for the work queued on the GPU before it
+            state.batch["epoch"] = epoch.pin_memory() if ids.is_pinned() else epoch
 
 
 def parallelism_config(cfg: TrainConfig) -> dict | None:

@@ -9,12 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
+from diffusers import AutoencoderKL, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
 from .architectures import ARCHITECTURES, denoiser_config
 from ..errors import WorkbenchError, first_line
-from .schedules import NOISE_SCHEDULE, inference_scheduler
 
 def build_unet(architecture: str, overrides: dict | None = None) -> UNet2DConditionModel:
     return UNet2DConditionModel(**denoiser_config(architecture, overrides))
@@ -100,17 +99,6 @@ def load_frozen_parts(pretrained: str) -> tuple[AutoencoderKL, CLIPTextModel, CL
     return vae, text_encoder, tokenizer
 
 
-def build_pipeline(unet, vae, text_encoder, tokenizer, prediction_type: str) -> StableDiffusionPipeline:
-    """A plain diffusers StableDiffusionPipeline around the parts (no safety checker)."""
-    pipe = StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
-        scheduler=inference_scheduler(prediction_type), safety_checker=None, feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
 def build_transformer(architecture: str, overrides: dict | None = None):
     """The architecture's transformer with random weights, of its family's diffusers class (SD3's
     ``SD3Transformer2DModel``, Flux.1's ``FluxTransformer2DModel``)."""
@@ -134,28 +122,6 @@ def with_projection(text_encoder: CLIPTextModel):
     with torch.no_grad():
         tower.text_projection.weight.copy_(torch.eye(config.hidden_size))
     return tower.eval()
-
-
-def flow_scheduler(shift: float):
-    """The flow sampler SD3's pipeline starts from, at the shift the transformer was trained with."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    # built from a config naming its class, as a folder's is: the samplers tell a flow by it (``make_sampler``)
-    return FlowMatchEulerDiscreteScheduler.from_config({"_class_name": FlowMatchEulerDiscreteScheduler.__name__,
-                                                       "num_train_timesteps": 1000, "shift": shift})
-
-
-def build_flow_pipeline(transformer, vae, text_encoder, tokenizer, shift: float):
-    """A plain diffusers ``StableDiffusion3Pipeline`` around a transformer trained here: its one text tower (with
-    projection) in both CLIP slots, no T5 (sampled with ``max_sequence_length=0``, as it was trained); the VAE's
-    config names its shift (0 for SD's VAEs: `dwb train` sets it, and the spec carries it)."""
-    from diffusers import StableDiffusion3Pipeline
-
-    pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=flow_scheduler(shift), vae=vae,
-                                    text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder,
-                                    tokenizer_2=tokenizer, text_encoder_3=None, tokenizer_3=None)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 SECOND_TOWER_SEED = 1  # the first tower `dwb prepare` builds is seeded 0
@@ -188,23 +154,23 @@ def second_tokenizer(architecture: str, pretrained: str | None) -> CLIPTokenizer
     return load_part(CLIPTokenizer, pretrained, "tokenizer_2", "second tokenizer")
 
 
-# SDXL base's published scheduler (its scheduler/scheduler_config.json): Euler over the training schedule, with
-# "leading" spacing offset by 1; the keys of the other samplers built from it (DDIM's, PNDM's) as it gives them
-SDXL_SCHEDULER = dict(NOISE_SCHEDULE, _class_name="EulerDiscreteScheduler", timestep_spacing="leading", steps_offset=1,
-                      interpolation_type="linear", use_karras_sigmas=False, clip_sample=False, set_alpha_to_one=False,
-                      skip_prk_steps=True, sample_max_value=1.0)
+def assemble_pipeline(family, parts: dict, tokenizers: dict, settings: dict):
+    """A plain diffusers pipeline of ``family`` around parts built here (a spec's, a training run's), as its entry
+    assembles one (``Family.assembly``): ``parts`` by component name (the denoiser, ``vae``, the text encoders it
+    has), ``tokenizers`` beside them (``tokenizer``, ``tokenizer_2``), ``settings`` what the model was trained with
+    (``prediction_type``, ``shift``). A text encoder it lacks is passed as None unless the family shares another's."""
+    import diffusers
 
+    from .schedules import family_scheduler
 
-def build_sdxl_pipeline(unet, vae, text_encoder, text_encoder_2, tokenizer, tokenizer_2, prediction_type: str):
-    """A plain diffusers ``StableDiffusionXLPipeline`` around a UNet trained here: the second tower reads
-    ``tokenizer_2`` (SDXL's own second tokenizer, or the first where the tiny towers share one), and the
-    unconditional branch of guidance is the empty caption's encoding, which caption dropout trained
-    (``force_zeros_for_empty_prompt`` off: SDXL's own zeros were its training's dropout)."""
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
-
-    scheduler = EulerDiscreteScheduler.from_config({**SDXL_SCHEDULER, "prediction_type": prediction_type})
-    pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
-                                     tokenizer=tokenizer, tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler,
-                                     force_zeros_for_empty_prompt=False, add_watermarker=False)
+    assembly = family.assembly
+    components = {name: parts.get(name) for name in (family.denoiser, "vae", *family.text_encoders)}
+    components |= {name.replace("text_encoder", "tokenizer"): tokenizers.get(name.replace("text_encoder", "tokenizer"))
+                   for name in family.text_encoders}
+    for name, source in assembly.shared:
+        if components.get(name) is None:
+            components[name] = components[source]
+    pipe = getattr(diffusers, family.pipeline)(scheduler=family_scheduler(family, settings), **components,
+                                               **assembly.options)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -33,10 +33,6 @@ from .memory import held_configs
 
 # What pads a prompt for each CLIP tokenizer of SDXL: OpenAI CLIP pads with its end token, OpenCLIP with "!".
 SDXL_PADS = {"tokenizer": END, "tokenizer_2": "!"}
-# SDXL's own sampling schedule (the base model's scheduler config): our samplers are built from it.
-SDXL_SCHEDULER = {"_class_name": "EulerDiscreteScheduler", "beta_start": 0.00085, "beta_end": 0.012,
-                  "beta_schedule": "scaled_linear", "num_train_timesteps": 1000, "steps_offset": 1,
-                  "timestep_spacing": "leading", "prediction_type": "epsilon"}
 
 
 def sidecar_folder(path: Path) -> Path:
@@ -115,7 +111,8 @@ def write_family_config_folder(folder: Path, family: Family) -> Path:
         raise CheckpointError(f"a {family.label} single file needs its configs and tokenizers beside it: a diffusers "
                               f"folder of the same model as NAME.config/, or named by --parts (the T5 tokenizer "
                               f"cannot be built offline)")
-    index = {"_class_name": family.pipeline, "scheduler": ["diffusers", SDXL_SCHEDULER["_class_name"]]}
+    scheduler = dict(family.assembly.scheduler, prediction_type="epsilon")  # the base model's: our samplers start there
+    index = {"_class_name": family.pipeline, "scheduler": ["diffusers", scheduler["_class_name"]]}
     for name, part in variant.parts.items():
         index[name] = [part.library, part.cls]
         if part.library == "transformers":
@@ -127,7 +124,7 @@ def write_family_config_folder(folder: Path, family: Family) -> Path:
     for tokenizer, pad in SDXL_PADS.items():
         write_clip_tokenizer(folder / tokenizer, pad_token=pad)
         index[tokenizer] = ["transformers", "CLIPTokenizer"]
-    _write_json(folder / "scheduler" / "scheduler_config.json", SDXL_SCHEDULER)
+    _write_json(folder / "scheduler" / "scheduler_config.json", scheduler)
     _write_json(folder / "model_index.json", index)
     return folder
 

@@ -1,4 +1,4 @@
-"""The parts of a Flux.1-style model `dwb train` trains, and the plain diffusers ``FluxPipeline`` around them.
+"""The parts of a Flux.1-style model `dwb train` trains (its pipeline: ``components.assemble_pipeline``).
 
 Flux.1 conditions on a T5 encoder's states (``text_encoder_2``, its tokenizer ``tokenizer_2``) and CLIP's pooled
 output (``text_encoder``, ``tokenizer``). The tiny architecture's T5 is built here from its config with fixed random
@@ -7,7 +7,7 @@ is the CLIP tokenizer's. FluxPipeline calls ``tokenizer_2`` with ``padding="max_
 ``max_length=max_sequence_length``, which a CLIP tokenizer takes, so the same tokenizer saved in both slots loads in
 plain ``FluxPipeline.from_pretrained``. The full-size architecture loads T5-XXL, CLIP-L and their tokenizers from
 ``model.pretrained`` (FLUX.1-schnell's layout), and the loader tokenizes each caption with both (T5's ids padded to
-``T5_TOKENS``), as the pipeline does.
+the run's ``model.text_tokens``, ``T5_TOKENS`` by default), as the pipeline does.
 """
 from __future__ import annotations
 
@@ -46,24 +46,3 @@ def load_t5_parts(pretrained: str):
             # and the spec keeps it without the key (``spec.tokenizer_files``), so training reads what a reopened
             # checkpoint reads
             load_part(T5TokenizerFast, pretrained, "tokenizer_2", "T5 tokenizer", add_prefix_space=None))
-
-
-def flux_scheduler():
-    """Flux.1's flow sampler with its resolution shift: exp(mu) for mu linear in the image's tokens
-    (``models.families.patches_shift``, what training draws t with), at any size the pipeline draws."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    return FlowMatchEulerDiscreteScheduler.from_config({
-        "_class_name": FlowMatchEulerDiscreteScheduler.__name__, "num_train_timesteps": 1000, "shift": 1.0,
-        "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
-        "max_image_seq_len": 4096})
-
-
-def build_flux_pipeline(transformer, vae, text_encoder, tokenizer, text_encoder_2, tokenizer_2):
-    """A plain diffusers ``FluxPipeline`` around a Flux.1-style transformer trained here."""
-    from diffusers import FluxPipeline
-
-    pipe = FluxPipeline(scheduler=flux_scheduler(), vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe

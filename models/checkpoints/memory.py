@@ -10,6 +10,7 @@ config 4,096 wide beside a file of one value had transformers make up 19 GiB of 
 ``DWB_MEMORY_MB`` caps the memory planned with (a machine shared with other work)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,25 +163,90 @@ def plan_memory(sizes: dict[str, int], device: torch.device, dtype: torch.dtype,
                          f"free; use a machine with more memory" + ("" if device.type == "cuda" else " or a GPU"))
 
 
-# Bytes per trained weight: float32 weights, gradients and AdamW's two moments (EMA adds a copy)
-TRAINED_BYTES, EMA_BYTES, FROZEN_BYTES = 4 * 4, 4, 4
+# The bytes of a trained weight: float32, as are its gradient, AdamW's two moments and its EMA
+WEIGHT_BYTES = 4
+FSDP_STRATEGIES = ("SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
 
 
-def check_training_memory(trained: int, frozen: int, *, ema: bool, shards: int, weights_sharded: bool,
-                          processes: int, device: torch.device, what: str) -> int:
-    """A one-line refusal, before anything is built, where a run cannot hold its model on ``device``: ``trained``
-    weights with their gradients and AdamW state (and EMA copy), the state split over ``shards`` ranks by FSDP (the
-    weights too where ``weights_sharded``: FULL_SHARD), the ``frozen`` parts whole, for each of the ``processes`` on
-    this machine (one on a GPU). Activations come on top: it is a floor. Returns the bytes planned."""
-    shards = max(shards, 1)
-    state = trained * (TRAINED_BYTES - 4 + (EMA_BYTES if ema else 0)) // shards
-    per_process = state + trained * 4 // (shards if weights_sharded else 1) + frozen * FROZEN_BYTES
-    need = per_process * (processes if device.type != "cuda" else 1)
+@dataclass(frozen=True)
+class RankPlan:
+    """What one rank holds while it trains, in bytes: the trained weights, their gradients, AdamW's two moments,
+    the EMA, the frozen parts and the full copy of the denoiser previews are drawn with."""
+    weights: int
+    gradients: int
+    optimizer: int
+    ema: int
+    frozen: int
+    preview: int
+
+    @property
+    def total(self) -> int:
+        return sum(dataclasses.astuple(self))
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def rank_plan(trained: int, frozen_bytes: int, *, layout: str, shards: int, ema: bool, preview_bytes: int = 0,
+              ) -> RankPlan:
+    """What a rank holds (``RankPlan``) training ``trained`` float32 weights beside ``frozen_bytes`` of frozen parts.
+    ``layout``: "one process", "DDP" or an FSDP strategy (``FSDP_STRATEGIES``), sharding over ``shards`` ranks (all of
+    them, a node's with HYBRID_SHARD). Under FSDP the gradients, AdamW's moments and the EMA are a rank's shard, and
+    the weights too but with SHARD_GRAD_OP, which holds them whole through each step; DDP keeps buckets as large as the
+    gradients beside them (``train.patches.fsdp.ddp_bucket_bytes``). ``preview_bytes``: the full copy of the denoiser
+    this rank draws previews with (rank 0 under FSDP). Activations come on top: it is a floor."""
+    whole = trained * WEIGHT_BYTES
+    part = -(-whole // max(shards, 1)) if layout in FSDP_STRATEGIES else whole
+    return RankPlan(weights=whole if layout == "SHARD_GRAD_OP" else part,
+                    gradients=2 * whole if layout == "DDP" else part, optimizer=2 * part, ema=part if ema else 0,
+                    frozen=frozen_bytes, preview=preview_bytes)
+
+
+def module_size(module: torch.nn.Module) -> tuple[int, int]:
+    """(values, bytes) of a module's parameters and buffers, at their dtypes (counted on the meta device as well)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+
+# The bytes of a value of a pretrained frozen part once loaded: ``from_pretrained`` without a dtype holds it in float32
+# (a VAE and a CLIP tower saved in float16 and in bfloat16 loaded as float32: diffusers 0.39, transformers 4.57)
+LOADED_VALUE_BYTES = 4
+
+
+def pretrained_part_values(ref: str, parts: tuple[str, ...]) -> int | None:
+    """The values of the pretrained ``parts`` of ``ref`` (a diffusers folder, a hub id or a single file), from their
+    weight files without reading a weight: what their safetensors headers declare (a ``.bin``'s bytes over 4). A
+    single file's VAE and text tower are read from its safetensors header (a ``.ckpt``'s are not: reading them loads
+    the file). None for a hub id not in the local cache: nothing is downloaded to be planned."""
+    from .components import is_part_folder, names_a_single_file
+    from .hub import is_hub_id, resolve_hub
+    from .single_file import TEXT, VAE, read_shapes
+
+    if names_a_single_file(ref):
+        if Path(ref).suffix != ".safetensors":
+            return 0
+        return sum(_numel(shape) for key, shape in read_shapes(Path(ref)).items() if key.startswith((VAE, TEXT)))
+    if is_part_folder(Path(ref)):
+        return weight_values(Path(ref))[1]
+    try:
+        root = resolve_hub(ref, allow_download=False) if is_hub_id(ref) else Path(ref)
+    except CheckpointError:
+        return None
+    return sum(weight_values(root / part)[1] for part in parts)
+
+
+def check_training_memory(plans: list[RankPlan], trained: int, frozen: int, *, device: torch.device,
+                          what: str) -> int:
+    """A one-line refusal, before anything is built, where ``device`` cannot hold what the ranks it serves hold
+    (``plans``: this rank's on a GPU, every local process's on a CPU), naming the ``trained`` and ``frozen`` values.
+    Returns the bytes planned."""
+    need = sum(plan.total for plan in plans)
     available = available_memory(device)
     if need > available:
+        processes = len(plans)
         where = "this GPU" if device.type == "cuda" else f"this machine for {processes} process{'es' * (processes > 1)}"
-        raise WorkbenchError(f"{what} needs at least {_size(need)} on {where}: weights, gradients and AdamW state of "
-                             f"{trained / 1e6:,.0f}M trained weights and {frozen / 1e6:,.0f}M frozen ones, before "
+        raise WorkbenchError(f"{what} needs at least {_size(need)} on {where}: weights, gradients, AdamW state and EMA "
+                             f"of {trained / 1e6:,.0f}M trained weights and {frozen / 1e6:,.0f}M frozen ones, before "
                              f"activations; {_size(available)} is free (DWB_MEMORY_MB caps it): train it on a GPU, or "
                              f"shard it with fsdp over more ranks")
     return need

@@ -124,16 +124,14 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
     ``settings`` (``prediction_type``, ``latent_scale``) say what a mosaicml/diffusion file does not."""
     import transformers
 
+    from .components import assemble_pipeline  # diffusers' classes: imported when a checkpoint is opened
+
     ckpt = read_checkpoint(path, settings)
     spec = ckpt["spec"]
     family = family_or_ours(spec.get("family"))
-    build, assemble = SPEC_BUILDERS.get(family.pipeline, (None, None))
-    if build is None:
-        raise CheckpointError(f"{path}: a {family.label} model spec; the workbench trains SD 2's and SDXL's UNets "
-                              "and SD3's and Flux.1's transformers")
     weights = model_weights(ckpt, ema=ema)
     _spec_memory_plan(spec, family, weights, path)
-    parts = _spec_built(build, spec, path)
+    parts = _spec_built(lambda s: _spec_parts(s, family), spec, path)
     for name, module in parts.items():
         _load_module(module, weights, name + ".", path)
         module.eval()
@@ -143,7 +141,9 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
     tokenizer_2 = tokenizer_from_files(spec.get("tokenizer_2") or {}, where=str(path),
                                        cls=getattr(transformers, family.second_tokenizer))
     tokenizer_2 = tokenizer if tokenizer_2 is None else tokenizer_2
-    return _spec_built(lambda s: assemble(s, parts, tokenizer, tokenizer_2), spec, path)
+    tokenizers = {"tokenizer": tokenizer, "tokenizer_2": tokenizer_2}
+    return _spec_built(lambda s: assemble_pipeline(family, parts, tokenizers, family.assembly.spec_settings(s)), spec,
+                       path)
 
 
 def _spec_memory_plan(spec: dict, family, weights: dict, path) -> MemoryPlan:
@@ -168,81 +168,28 @@ def _spec_built(step, spec: dict, path):
         raise CheckpointError(f"{path}: its model spec does not build ({type(e).__name__}: {e})") from None
 
 
-def _unet_parts(spec: dict) -> dict:
+def _spec_parts(spec: dict, family) -> dict:
+    """The parts a spec's configs give, each of its family's class (``Part``), without weights: parameters without
+    storage, as a random initialisation the weights replace cost most of the open. A part the family's pipeline
+    needs (``Assembly.needed``) and the spec lacks is a KeyError naming it."""
+    import diffusers
+    import transformers
     from accelerate import init_empty_weights
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
 
+    declared = family.variants[0].parts
+    for name in family.assembly.needed(declared):
+        spec[name]  # noqa: B018 - a KeyError naming the part
+    parts = {}
     with init_empty_weights(include_buffers=False):
-        return {"unet": UNet2DConditionModel.from_config(spec["unet"]), "vae": AutoencoderKL.from_config(spec["vae"]),
-                "text_encoder": CLIPTextModel(CLIPTextConfig.from_dict(spec["text_encoder"]))}
-
-
-def _transformer_parts(spec: dict) -> dict:
-    from accelerate import init_empty_weights
-    from diffusers import AutoencoderKL, SD3Transformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
-    with init_empty_weights(include_buffers=False):
-        return {"transformer": SD3Transformer2DModel.from_config(spec["transformer"]),
-                "vae": AutoencoderKL.from_config(spec["vae"]),
-                "text_encoder": CLIPTextModelWithProjection(CLIPTextConfig.from_dict(spec["text_encoder"]))}
-
-
-def _sdxl_parts(spec: dict) -> dict:
-    from accelerate import init_empty_weights
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
-    parts = _unet_parts(spec)
-    with init_empty_weights(include_buffers=False):
-        parts["text_encoder_2"] = CLIPTextModelWithProjection(CLIPTextConfig.from_dict(spec["text_encoder_2"]))
+        for name, part in declared.items():
+            if name not in spec:
+                continue
+            if part.library == "diffusers":
+                parts[name] = getattr(diffusers, part.cls).from_config(spec[name])
+            else:
+                cls = getattr(transformers, part.cls)
+                parts[name] = cls(cls.config_class.from_dict(spec[name]))
     return parts
-
-
-def _unet_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2):
-    from .components import build_pipeline
-
-    return build_pipeline(parts["unet"], parts["vae"], parts["text_encoder"], tokenizer, spec["prediction_type"])
-
-
-def _sdxl_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2):
-    from .components import build_sdxl_pipeline
-
-    return build_sdxl_pipeline(parts["unet"], parts["vae"], parts["text_encoder"], parts["text_encoder_2"], tokenizer,
-                               tokenizer_2, spec["prediction_type"])
-
-
-def _transformer_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2):
-    from .components import build_flow_pipeline
-
-    return build_flow_pipeline(parts["transformer"], parts["vae"], parts["text_encoder"], tokenizer,
-                               float(spec["flow"]["shift"]))
-
-
-def _flux_parts(spec: dict) -> dict:
-    from accelerate import init_empty_weights
-    from diffusers import AutoencoderKL, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
-    with init_empty_weights(include_buffers=False):
-        return {"transformer": FluxTransformer2DModel.from_config(spec["transformer"]),
-                "vae": AutoencoderKL.from_config(spec["vae"]),
-                "text_encoder": CLIPTextModel(CLIPTextConfig.from_dict(spec["text_encoder"])),
-                "text_encoder_2": T5EncoderModel(T5Config.from_dict(spec["text_encoder_2"]))}
-
-
-def _flux_pipeline(spec: dict, parts: dict, tokenizer, tokenizer_2):
-    from .flux_parts import build_flux_pipeline
-
-    return build_flux_pipeline(parts["transformer"], parts["vae"], parts["text_encoder"], tokenizer,
-                               parts["text_encoder_2"], tokenizer_2)
-
-
-# How a spec becomes its family's pipeline, by the pipeline class: its parts (empty weights), then the pipeline
-SPEC_BUILDERS = {"StableDiffusionPipeline": (_unet_parts, _unet_pipeline),
-                 "StableDiffusionXLPipeline": (_sdxl_parts, _sdxl_pipeline),
-                 "StableDiffusion3Pipeline": (_transformer_parts, _transformer_pipeline),
-                 "FluxPipeline": (_flux_parts, _flux_pipeline)}
 
 
 def _folder_variant(path: Path, family, where: str):

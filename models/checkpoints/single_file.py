@@ -28,6 +28,7 @@ import yaml
 
 from ..common import loads_outside
 from ..errors import CheckpointError, WorkbenchError, first_line
+from ..readers import MAX_HEADER, read_safetensors_head
 from .clip_bpe import END, VOCAB_SIZE, write_clip_tokenizer
 
 if TYPE_CHECKING:
@@ -70,37 +71,12 @@ def _ckpt_state_dict(path: Path) -> dict:
     return ckpt
 
 
-MAX_HEADER = 100_000_000  # bytes: the safetensors library's own limit on a header
-
-
-def _header(path: Path) -> tuple[dict, int]:
-    """A safetensors file's header (8 bytes of length, then a JSON object, read as JSON from outside: a header
-    nested 5,000 deep raised RecursionError, which stopped the app's listing and its start), and the bytes after
-    it (the tensors')."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if size < 8 or not 2 <= n <= min(MAX_HEADER, size - 8):
-            raise ValueError(f"header of {n} bytes in a file of {size}")
-        header = loads_outside(f.read(n), "its safetensors header", max_bytes=MAX_HEADER)
-    if not isinstance(header, dict):
-        raise ValueError(f"its header is a JSON {type(header).__name__}, not an object")
-    return header, size - 8 - n
-
-
 def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """The header alone (8 bytes of length, then JSON: each tensor's dtype, shape and byte range), checked
-    against the file's size. Read directly: the library's ``safe_open`` and a ``get_slice`` per tensor took
-    most of the door's time on a full-size single file (bench/door_cost.py)."""
-    header, data_bytes = _header(path)
-    header.pop("__metadata__", None)
-    shapes, end = {}, 0
-    for name, entry in header.items():
-        shapes[name] = tuple(int(d) for d in entry["shape"])
-        end = max(end, int(entry["data_offsets"][1]))
-    if end > data_bytes:
-        raise ValueError(f"the tensors end at byte {end} of {data_bytes}")
-    return shapes
+    """The header alone (``readers.read_safetensors_head``: each tensor's dtype, shape and byte range, checked
+    against the file). Read directly: the library's ``safe_open`` and a ``get_slice`` per tensor took most of the
+    door's time on a full-size single file (bench/door_cost.py)."""
+    head = read_safetensors_head(path, what=f"cannot read {path}")
+    return {name: tensor.shape for name, tensor in head.tensors.items()}
 
 
 @functools.lru_cache(maxsize=16)
@@ -109,7 +85,7 @@ def _cached_shapes(path: str, size: int, mtime_ns: int) -> dict[str, tuple[int, 
     try:
         return _safetensors_shapes(Path(path))
     except WorkbenchError as e:
-        raise CheckpointError(f"cannot read {path}: {e}") from None
+        raise CheckpointError(str(e)) from None
     except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError, IndexError) as e:
         raise CheckpointError(f"cannot read {path}: truncated or not a safetensors file ({_first_line(e)})") from None
 
@@ -211,9 +187,12 @@ def embedded_spec(path: Path) -> dict | None:
     if path.suffix != ".safetensors":
         return None
     try:
-        metadata = _header(path)[0].get("__metadata__") or {}
-        if SPEC_KEY not in metadata:
-            return None
+        metadata = read_safetensors_head(path, what=f"cannot read {path}'s metadata").metadata
+    except WorkbenchError as e:
+        raise CheckpointError(str(e)) from None
+    if SPEC_KEY not in metadata:
+        return None
+    try:
         spec = loads_outside(metadata[SPEC_KEY], f"its {SPEC_KEY} metadata", max_bytes=MAX_HEADER)
     except (OSError, ValueError, UnicodeDecodeError, TypeError, AttributeError, WorkbenchError) as e:
         raise CheckpointError(f"cannot read {path}'s metadata: {_first_line(e)}") from None

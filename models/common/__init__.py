@@ -10,7 +10,7 @@
 - ``digits``: intervals and p-values printed so that rounding never contradicts the verdict beside them;
 - ``escaping``: text from outside escaped for a spreadsheet cell;
 - ``arguments``: the command line's argparse types: numbers in a range, values a one-line parser reads;
-- ``ranks``: the processes of a launch on ``torch.distributed``: rank, world size, the group, object collectives;
+- ``ranks``: the processes of a launch on ``torch.distributed``: rank, world size, the group, every collective;
 - ``faces``: how a room's face hands on its names (this face too).
 """
 from .faces import face
@@ -22,7 +22,8 @@ __getattr__, __all__ = face(__name__, {
     "arguments": "between from_parser number_from number_text part_of positive positive_number share size_list "
                  "switch_fraction",
     "faces": "face",
-    "ranks": "barrier broadcast_object gather_objects global_rank join_group local_rank world_size",
+    "ranks": "PATIENT_S all_reduce barrier broadcast_object collective_device gather_objects global_rank join_group "
+             "local_rank world_size",
     "outside_json": "MAX_DEPTH load_outside loads_outside nesting_depth",
     "files": "disk_full_error is_disk_full torch_save_whole whole_file whole_folder write_bytes_whole "
              "write_text_whole",

@@ -26,13 +26,12 @@ An SDXL model at the published configs needs none (`dwb` and diffusers build SDX
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..errors import CheckpointError
-from ..families import Family
+from ..families import Family, SingleFile
 from ..checkpoints import DROPPED_SUFFIXES, UNET, VAE, plain_data
 from .original_layout import Entry, unet_entries, vae_entries
 
@@ -298,40 +297,20 @@ def flux_entries(pipe) -> list[Entry]:
 # ---- the families' layouts -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Layout:
-    """A family's published single file: its tensors from a pipeline, the parts whose weights it holds (the config
-    folder holds the others'), and whether `dwb` and diffusers can read it without a config folder where every
-    part's config is the family's published one."""
-
-    entries: Callable[[object], list[Entry]]
-    in_file: tuple[str, ...]
-    reads_published_alone: bool = False
-    # the family's file as also published without its text encoders (SD3's ``sd3_medium.safetensors``), written for
-    # a pipeline that lacks one of them (our MMDiT: no T5); the config folder then holds the text encoders' weights
-    without_text: "Layout | None" = None
+# The tensors of each published layout, by the name a family's entry gives its file (``SingleFile.key_map``)
+KEY_MAPS: dict[str, Callable[[object], list[Entry]]] = {
+    "sdxl-sgm": sdxl_entries, "sd3.5": sd3_entries, "sd3-medium": sd3_core_entries, "flux-bfl": flux_entries}
 
 
-# By the family's pipeline class (``Family.pipeline``), as ``open.SPEC_BUILDERS`` is.
-LAYOUTS = {
-    "StableDiffusionXLPipeline": Layout(sdxl_entries, ("unet", "vae", "text_encoder", "text_encoder_2"),
-                                        reads_published_alone=True),
-    "StableDiffusion3Pipeline": Layout(sd3_entries, ("transformer", "vae", "text_encoder", "text_encoder_2",
-                                                     "text_encoder_3"),
-                                       without_text=Layout(sd3_core_entries, ("transformer", "vae"))),
-    "FluxPipeline": Layout(flux_entries, ("transformer",)),
-}
-
-
-def layout_of(family: Family) -> Layout:
-    layout = LAYOUTS.get(family.pipeline) if family.writes_single_file else None
-    if layout is None:
+def layout_of(family: Family) -> SingleFile:
+    layout = family.single_file
+    if layout is None or layout.key_map not in KEY_MAPS:
         raise CheckpointError(f"a {family.label} checkpoint: `dwb export` writes it as a diffusers folder (an OUT "
                               "without .safetensors); its single-file layout is not written")
     return layout
 
 
-def layout_for(pipe, family: Family) -> Layout:
+def layout_for(pipe, family: Family) -> SingleFile:
     """The family's layout for this pipeline: without its text encoders where the pipeline lacks one of them and the
     family publishes such a file."""
     layout = layout_of(family)
@@ -348,7 +327,7 @@ def family_entries(pipe, family: Family) -> list[Entry]:
     if missing:
         raise CheckpointError(f"the {family.label} single file holds {', '.join(layout.in_file)}; this pipeline has "
                               f"no {', '.join(missing)}: export it as a diffusers folder")
-    return layout.entries(pipe)
+    return KEY_MAPS[layout.key_map](pipe)
 
 
 def _config_of(module) -> dict:

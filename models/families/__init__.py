@@ -12,10 +12,11 @@ entry instead of assuming a UNet.
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "family": "GUIDANCE_KINDS SIZE_FACTOR Family Part Variant",
+    "family": "GUIDANCE_KINDS ORIGINAL_SD SIZE_FACTOR Assembly Family Part SingleFile Variant",
     "flux": "latent_ids pack_latents text_ids unpack_latents",
-    "flow": "TRAIN_TIMESTEPS WEIGHTINGS RectifiedFlow patches_shift pixels_shift shifted",
+    "flow": "SAMPLINGS TRAIN_TIMESTEPS WEIGHTINGS RectifiedFlow patches_shift pixels_shift shifted",
     "full_size": "BYTES_PER_PARAMETER build_on_meta full_size_summary parameter_counts published_count",
     "limits": "built_on_meta check_part_config size_limits",
+    "stable_diffusion": "NOISE_SCHEDULE",
     "registry": "FAMILIES family_named family_of_folder family_of_keys family_of_pipeline family_or_ours",
 })

@@ -59,6 +59,55 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Assembly:
+    """How the family's pipeline is put together around parts built here (a Composer checkpoint's spec, a training
+    run's model): the sampler it starts with and what the pipeline class is handed beyond its parts and tokenizers.
+    Every part of the family's first variant is built, except those another fills (``shared``) and those it may lack
+    (``absent``)."""
+
+    scheduler: dict  # the starting sampler's config, its diffusers class under "_class_name"
+    # (scheduler key, where a model spec keeps it as a dotted path, its type): what a trained model sets
+    settings: tuple[tuple[str, str, type], ...] = ()
+    default_sampler: bool = False  # the sampler becomes the workbench's default one over the schedule (SD 1/2)
+    shared: tuple[tuple[str, str], ...] = ()  # (component, the component that fills it where it is absent)
+    absent: tuple[str, ...] = ()  # text encoders a model built here may lack (SD3's T5): passed as None
+    options: dict = field(default_factory=dict)  # the pipeline class's other arguments
+
+    def needed(self, parts) -> tuple[str, ...]:
+        """Of the family's part names ``parts``, those a model built here must have."""
+        filled = {name for name, _ in self.shared} | set(self.absent)
+        return tuple(name for name in parts if name not in filled)
+
+    def spec_settings(self, spec: dict) -> dict:
+        """The settings a model spec records, by scheduler key (a KeyError or ValueError where it lacks one)."""
+        values = {}
+        for key, path, kind in self.settings:
+            value = spec
+            for step in path.split("."):
+                value = value[step]
+            values[key] = kind(value)
+        return values
+
+
+@dataclass(frozen=True)
+class SingleFile:
+    """The family's published single file, as `dwb export OUT.safetensors` writes it: the key map that lays out its
+    tensors (the export room's, by name), the parts whose weights it holds (the config folder beside it holds the
+    others'), and whether `dwb` and diffusers read it without a config folder where every part has the family's
+    published config."""
+
+    key_map: str
+    in_file: tuple[str, ...]
+    reads_published_alone: bool = False
+    # the file as also published without its text encoders (SD3's ``sd3_medium.safetensors``), written for a
+    # pipeline that lacks one of them (our MMDiT: no T5)
+    without_text: "SingleFile | None" = None
+
+
+ORIGINAL_SD = "original-sd"  # SD 1/2's original layout: its key maps are the checkpoints room's own (both ways)
+
+
+@dataclass(frozen=True)
 class Family:
     name: str  # as commands print it and configs name it: "sdxl"
     label: str  # "Stable Diffusion XL"
@@ -74,10 +123,8 @@ class Family:
     single_file_marks: tuple[str, ...]  # key prefixes that only its single files hold
     single_file_text_marks: tuple[str, ...]  # key prefixes of its text encoders in a single file
     variants: tuple[Variant, ...]
-    writes_single_file: bool = False  # whether `dwb export` writes its original single-file layout
-    # whether its single files are the original Stable Diffusion layout, which the checkpoints room's own key maps
-    # read and write (SD 1/2); the other families' files are read by diffusers' single-file loader
-    original_sd_layout: bool = False
+    assembly: Assembly  # how its pipeline is put together around parts built here
+    single_file: SingleFile | None = None  # None: `dwb export` writes it as a diffusers folder only
     pipeline_options: dict = field(default_factory=dict)  # what its pipeline class is built and loaded with
     latent_packing: int = 1  # latents packed into patches of this side before the denoiser (Flux.1: 2)
     second_tokenizer: str = "CLIPTokenizer"  # the transformers class of its second tower's own tokenizer (Flux.1: T5's)
@@ -86,6 +133,12 @@ class Family:
     # (denoiser config, whether every text encoder is there) -> what its pipeline is called with beyond prompts and
     # guidance (an MMDiT trained on its CLIP states alone takes no T5 tokens); None: nothing
     text_options: object = field(repr=False, default=None)
+
+    @property
+    def original_sd_layout(self) -> bool:
+        """Whether its single files are the original Stable Diffusion layout, which the checkpoints room's own key
+        maps read and write (SD 1/2); the other families' files are read by diffusers' single-file loader."""
+        return self.single_file is not None and self.single_file.key_map == ORIGINAL_SD
 
     @property
     def negative_prompt(self) -> bool:

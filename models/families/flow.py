@@ -4,10 +4,11 @@ noise, and a model that predicts the velocity along it.
 - **Path.** ``x_t = (1 - t) x0 + t eps`` for t in [0, 1] (t = 1 is pure noise), the velocity ``eps - x0`` its
   target (Liu et al. 2022, "Flow straight and fast"; SD3: Esser et al. 2024, arXiv 2403.03206, section 2).
 - **Where t is drawn.** From a logit-normal: ``t = sigmoid(m + s n)``, n standard normal (SD3 section 3.1; m = 0,
-  s = 1 was their best), then shifted towards noise for larger images, ``t' = a t / (1 + (a - 1) t)`` (SD3
-  section 5.3.2, eq. 23, with a = sqrt(m / n) for m pixels against the n it was tuned at; SD3 samples with a = 3).
-  Flux.1 chooses a from the number of latent patches: ``a = exp(mu)``, mu linear from 0.5 at 256 patches to 1.15
-  at 4,096 (its exponential time shift is the same map with a = exp(mu)).
+  s = 1 was their best), or uniform in [0, 1) (the rectified-flow baseline SD3 compares against, and what MLPerf's
+  Flux.1 reference draws, unshifted); then shifted towards noise for larger images, ``t' = a t / (1 + (a - 1) t)``
+  (SD3 section 5.3.2, eq. 23, with a = sqrt(m / n) for m pixels against the n it was tuned at; SD3 samples with
+  a = 3). Flux.1 chooses a from the number of latent patches: ``a = exp(mu)``, mu linear from 0.5 at 256 patches to
+  1.15 at 4,096 (its exponential time shift is the same map with a = exp(mu)).
 - **Weighting.** None (SD3's choice with logit-normal draws), or SD3's ``cosmap`` and ``sigma_sqrt`` options.
 - **Sampling.** One Euler step from t to t' is ``x + (t' - t) v``.
 
@@ -23,6 +24,7 @@ import torch
 
 TRAIN_TIMESTEPS = 1000  # the transformers take t scaled to diffusers' 1,000 training timesteps
 WEIGHTINGS = ("none", "cosmap", "sigma_sqrt")
+SAMPLINGS = ("logit_normal", "uniform")  # how t is drawn before the shift
 
 
 def shifted(t: torch.Tensor, shift: float) -> torch.Tensor:
@@ -48,10 +50,18 @@ class RectifiedFlow:
     logit_std: float = 1.0
     shift: float = 1.0
     weighting: str = "none"
+    sampling: str = "logit_normal"
 
-    def draw_t(self, normal: torch.Tensor) -> torch.Tensor:
-        """Each sample's t from its standard-normal draw: logit-normal, then shifted."""
-        return shifted(torch.sigmoid(self.logit_mean + self.logit_std * normal), self.shift)
+    @property
+    def draws_uniform(self) -> bool:
+        """Whether ``draw_t`` takes uniform draws in [0, 1) (else standard-normal ones)."""
+        return self.sampling == "uniform"
+
+    def draw_t(self, draw: torch.Tensor) -> torch.Tensor:
+        """Each sample's t from its draw, then shifted: logit-normal from a standard-normal draw, or the uniform draw
+        in [0, 1) itself (``draws_uniform``)."""
+        t = draw if self.draws_uniform else torch.sigmoid(self.logit_mean + self.logit_std * draw)
+        return shifted(t, self.shift)
 
     @staticmethod
     def noised(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

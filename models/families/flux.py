@@ -4,7 +4,7 @@ guidance scale as an input (distilled from classifier-free guidance: no negative
 distilled to a few steps and takes none."""
 from __future__ import annotations
 
-from .family import Family, Part, Variant
+from .family import Assembly, Family, Part, SingleFile, Variant
 from .parts import CLIP_L, clip_text, t5_encoder, vae
 
 FLUX_SAMPLERS = ("Euler", "DPM++ 2M", "UniPC")  # the pipeline sets its own sigmas: Heun's scheduler cannot take them
@@ -26,6 +26,15 @@ def _parts(guidance_embeds: bool) -> dict[str, Part]:
             "text_encoder_2": t5_encoder(), "vae": vae(16, 0.3611, shift_factor=0.1159, sample_size=1024)}
 
 
+# Flux.1's flow sampler with its resolution shift: exp(mu) for mu linear in the image's tokens (``flow.patches_shift``,
+# what training draws t with), at any size the pipeline draws
+FLUX_ASSEMBLY = Assembly(scheduler={
+    "_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 1.0,
+    "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
+    "max_image_seq_len": 4096})
+# ``flux1-dev.safetensors``: the transformer alone in Black Forest Labs' names
+FLUX_FILE = SingleFile("flux-bfl", ("transformer",))
+
 # Published: "a 12 billion parameter rectified flow transformer" (both models' cards).
 FLUX = Family(
     name="flux", label="Flux.1", pipeline="FluxPipeline", denoiser="transformer",
@@ -33,7 +42,7 @@ FLUX = Family(
     native_size=1024, size_range=(256, 2048), latent_channels=16, latent_packing=2,
     second_tokenizer="T5TokenizerFast",
     folder_classes=frozenset({"FluxPipeline"}), single_file_marks=("double_blocks.",),
-    single_file_text_marks=("text_encoders.",), writes_single_file=True,
+    single_file_text_marks=("text_encoders.",), assembly=FLUX_ASSEMBLY, single_file=FLUX_FILE,
     variants=(Variant("dev", _parts(True), published_parameters=12e9, published_parts=("transformer",),
                       guidance="distilled", guidance_scale=3.5, steps=28, hub_id="black-forest-labs/FLUX.1-dev"),
               Variant("schnell", _parts(False), published_parameters=12e9, published_parts=("transformer",),

@@ -3,7 +3,7 @@ attention to its first 13 blocks) over 2x2 patches of 16-channel latents, condit
 (penultimate states and pooled outputs) and T5-XXL; trained with rectified flow, sampled along a shifted flow."""
 from __future__ import annotations
 
-from .family import Family, Part, Variant
+from .family import Assembly, Family, Part, SingleFile, Variant
 from .parts import CLIP_L, OPENCLIP_BIGG, clip_text, t5_encoder, vae
 
 FLOW_SAMPLERS = ("Euler", "Heun", "DPM++ 2M", "UniPC")
@@ -36,13 +36,25 @@ def _parts(transformer: Part) -> dict[str, Part]:
             "vae": vae(16, 1.5305, shift_factor=0.0609, sample_size=1024)}
 
 
+# Built here, the flow sampler SD3's pipeline starts from, at the shift the transformer was trained with (its spec's
+# ``flow.shift``); a transformer trained with one CLIP tower (with projection) has it in both CLIP slots and no T5
+# (sampled with ``max_sequence_length=0``, as it was trained: ``clip_only_options``)
+SD3_ASSEMBLY = Assembly(
+    scheduler={"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0},
+    settings=(("shift", "flow.shift", float),),
+    shared=(("text_encoder_2", "text_encoder"), ("tokenizer_2", "tokenizer")), absent=("text_encoder_3",))
+# ``sd3.5_*.safetensors`` with its encoders, or, for a pipeline without all three, ``sd3_medium.safetensors``'s
+# layout: the MMDiT and the VAE alone
+SD3_FILE = SingleFile("sd3.5", ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"),
+                      without_text=SingleFile("sd3-medium", ("transformer", "vae")))
+
 # Published: "8.1 billion parameters" (3.5 Large) and "2.5 billion parameters" (3.5 Medium): the MMDiT's.
 SD3 = Family(
     name="sd3", label="Stable Diffusion 3.5", pipeline="StableDiffusion3Pipeline", denoiser="transformer",
     text_encoders=("text_encoder", "text_encoder_2", "text_encoder_3"), schedule="flow", samplers=FLOW_SAMPLERS,
     native_size=1024, size_range=(512, 1536), latent_channels=16,
     folder_classes=frozenset({"StableDiffusion3Pipeline"}), single_file_marks=("joint_blocks.",),
-    single_file_text_marks=("text_encoders.",), writes_single_file=True,
+    single_file_text_marks=("text_encoders.",), assembly=SD3_ASSEMBLY, single_file=SD3_FILE,
     variants=(Variant("3.5-large", _parts(mmdit(38, 2432, 192)), published_parameters=8.1e9,
                       published_parts=("transformer",), guidance_scale=3.5, steps=28,
                       hub_id="stabilityai/stable-diffusion-3.5-large"),

@@ -3,9 +3,9 @@ the second's pooled output, and the image's original size, crop and target size 
 whose latents are scaled by 0.13025; the discrete diffusion schedule and samplers of SD 1/2."""
 from __future__ import annotations
 
-from .family import Family, Part, Variant
+from .family import Assembly, Family, Part, SingleFile, Variant
 from .parts import CLIP_L, OPENCLIP_BIGG, clip_text, vae
-from .stable_diffusion import DIFFUSION_SAMPLERS, UNET_SIZES
+from .stable_diffusion import DIFFUSION_SAMPLERS, NOISE_SCHEDULE, PREDICTION_TYPE, UNET_SIZES
 
 UNET = Part("diffusers", "UNet2DConditionModel", dict(
     sample_size=128, in_channels=4, out_channels=4, flip_sin_to_cos=True, freq_shift=0,
@@ -40,6 +40,18 @@ def variant_of_unet(config: dict) -> str:
     return "base"
 
 
+# SDXL base's published scheduler (its scheduler/scheduler_config.json): Euler over the training schedule, with
+# "leading" spacing offset by 1; the keys of the other samplers built from it (DDIM's, PNDM's) as it gives them. Built
+# here, the unconditional branch of guidance is the empty caption's encoding, which caption dropout trained
+# (``force_zeros_for_empty_prompt`` off: SDXL's own zeros were its training's dropout); no watermark.
+SDXL_ASSEMBLY = Assembly(
+    scheduler=dict(NOISE_SCHEDULE, _class_name="EulerDiscreteScheduler", timestep_spacing="leading", steps_offset=1,
+                   interpolation_type="linear", use_karras_sigmas=False, clip_sample=False, set_alpha_to_one=False,
+                   skip_prk_steps=True, sample_max_value=1.0),
+    settings=PREDICTION_TYPE, options={"force_zeros_for_empty_prompt": False, "add_watermarker": False})
+# Stability's sgm layout: the UNet, the VAE and both text encoders in one file
+SDXL_FILE = SingleFile("sdxl-sgm", ("unet", "vae", "text_encoder", "text_encoder_2"), reads_published_alone=True)
+
 # Published: "a 3.5B parameter base model" (SDXL 1.0's release): the UNet, both text encoders and the VAE. The
 # refiner's UNet: 2.3B (ours: 2.260B); with bigG and the VAE it is 3.04B, and base and refiner together the
 # release's "6.6B parameter model ensemble pipeline" (ours: 6.51B).
@@ -50,7 +62,7 @@ SDXL = Family(
     # the refiner is saved as an image-to-image pipeline without the first text encoder
     folder_classes=frozenset({"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"}),
     single_file_marks=("conditioner.embedders.",),
-    single_file_text_marks=("conditioner.embedders.",), writes_single_file=True,
+    single_file_text_marks=("conditioner.embedders.",), assembly=SDXL_ASSEMBLY, single_file=SDXL_FILE,
     variants=(Variant("base", {"unet": UNET, "text_encoder": clip_text(CLIP_L),
                                "text_encoder_2": clip_text(OPENCLIP_BIGG, projection=True),
                                "vae": vae(4, 0.13025, sample_size=1024)},

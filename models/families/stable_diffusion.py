@@ -2,13 +2,23 @@
 hidden states, a 4-channel VAE, a discrete diffusion schedule (epsilon, or v for SD 2.x at 768 px)."""
 from __future__ import annotations
 
-from .family import Family, Part, Variant
+from .family import ORIGINAL_SD, Assembly, Family, Part, SingleFile, Variant
 from .parts import CLIP_L, OPENCLIP_H, clip_text, vae
 
 # The keys that size a UNet (``Part.sizes``): SDXL's too
 UNET_SIZES = ("sample_size", "in_channels", "out_channels", "block_out_channels", "layers_per_block",
               "attention_head_dim", "transformer_layers_per_block", "cross_attention_dim", "norm_num_groups",
               "addition_time_embed_dim", "projection_class_embeddings_input_dim", "down_block_types", "up_block_types")
+# The SD2 training noise schedule (SD 1/2's and SDXL's): DDPM, scaled-linear betas 0.00085 to 0.012 over 1000 steps
+NOISE_SCHEDULE = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
+PREDICTION_TYPE = (("prediction_type", "prediction_type", str),)  # a UNet's spec says what it predicts
+# Built here, an SD pipeline starts with the workbench's default sampler over the training schedule, with SD2's
+# timestep spacing: "leading", offset 1 (20 steps: 951, 901, ..., 1); no safety checker
+SD_ASSEMBLY = Assembly(
+    scheduler=dict(NOISE_SCHEDULE, _class_name="DDIMScheduler", clip_sample=False, set_alpha_to_one=False,
+                   steps_offset=1, timestep_spacing="leading"),
+    settings=PREDICTION_TYPE, default_sampler=True,
+    options={"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False})
 DIFFUSION_SAMPLERS = ("DDIM", "Euler", "Euler a", "Heun", "LMS", "DPM++ 2M", "DPM++ 2M Karras", "UniPC", "PNDM")
 
 
@@ -27,7 +37,7 @@ def _sd_family(name: str, label: str, variant: Variant, marks: tuple[str, ...], 
                   text_encoders=("text_encoder",), schedule="diffusion", samplers=DIFFUSION_SAMPLERS, native_size=size,
                   size_range=(256, 1024), latent_channels=4, folder_classes=frozenset({"StableDiffusionPipeline"}),
                   single_file_marks=marks, single_file_text_marks=("cond_stage_model.",), variants=(variant,),
-                  writes_single_file=True, original_sd_layout=True,
+                  assembly=SD_ASSEMBLY, single_file=SingleFile(ORIGINAL_SD, ("unet", "vae", "text_encoder")),
                   # no safety checker: the pipelines warn unless told it is not required
                   pipeline_options={"safety_checker": None, "requires_safety_checker": False})
 

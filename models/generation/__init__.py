@@ -18,5 +18,5 @@ __getattr__, __all__ = face(__name__, {
     "images": "Refiner Settings StepHook Stopped check_refiner generate_images guidance_kind_of native_size sampler_of",
     "png": "SUFFIX_FORMATS ImageRecord as_one_line exif_parameters image_format parameters_from_exif parse_parameters refiner_of save_image save_png settings_line with_metadata",
     "prompts": "PROMPT_SETS Prompt prompt_set_path read_prompt_table",
-    "samplers": "SAMPLERS check_sampler make_sampler sampler_name with_sampler_key",
+    "samplers": "FLOW_SAMPLERS SAMPLERS check_sampler make_sampler sampler_name with_sampler_key",
 })

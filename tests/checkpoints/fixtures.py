@@ -31,7 +31,7 @@ def reduced_pipeline(family: str = "sd2", prediction_type: str = "epsilon", seed
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     from models.checkpoints.clip_bpe import END, VOCAB_SIZE, write_clip_tokenizer
-    from models.checkpoints.components import inference_scheduler
+    from models.checkpoints import inference_scheduler
 
     sd2 = family == "sd2"
     torch.manual_seed(seed)

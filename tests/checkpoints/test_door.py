@@ -251,7 +251,7 @@ def test_a_pickle_column_in_an_mds_dataset_is_refused_by_name(components, tmp_pa
     from evaluate.reference import count_images, iter_images
 
     assert count_images(data) == 16
-    # reference sets, the scorer's and prepare's reads: LocalDataset has no such check; train.data.mds adds it
+    # reference sets, the scorer's and prepare's reads: LocalDataset has no such check; models.datasets.mds adds it
     with pytest.raises(WorkbenchError, match="column 'caption' is stored with pickle \\('pkl'\\), which runs code"):
         next(iter_images(data, 16))
     assert not marker.exists()
@@ -318,7 +318,7 @@ def test_a_mosaicml_diffusion_checkpoint_opens_with_its_architecture_from_the_we
 
     from models.checkpoints import describe
     from models.checkpoints.spec_from_weights import sd2_tokenizer_files
-    from models.checkpoints.components import inference_scheduler
+    from models.checkpoints import inference_scheduler
 
     path, (unet, vae, text_encoder) = mosaicml_checkpoint
     found = find_checkpoint(path)

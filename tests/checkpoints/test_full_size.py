@@ -93,15 +93,16 @@ def write_sd2_base(root: Path) -> None:
     from transformers import CLIPTokenizer
 
     from models.checkpoints.clip_bpe import write_clip_tokenizer
-    from models.checkpoints.components import build_pipeline, build_unet, random_text_encoder, random_vae
+    from models.checkpoints.components import assemble_pipeline, build_unet, random_text_encoder, random_vae
+    from models.families import family_named
 
     from .original_layout import write_single_file
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = CLIPTokenizer.from_pretrained(write_clip_tokenizer(tmp, pad_token="!"))
-    pipe = build_pipeline(build_unet("sd2-base"), random_vae("sd2-base"), random_text_encoder("sd2-base"), tokenizer,
-                          "epsilon")
+    parts = {"unet": build_unet("sd2-base"), "vae": random_vae("sd2-base"), "text_encoder": random_text_encoder("sd2-base")}
+    pipe = assemble_pipeline(family_named("sd2"), parts, {"tokenizer": tokenizer}, {"prediction_type": "epsilon"})
     (root / "checkpoints").mkdir()
     write_single_file(pipe, root / "checkpoints" / "sd2-base.safetensors", "sd2")
     with tempfile.TemporaryDirectory(dir=root) as folder:
@@ -111,7 +112,7 @@ def write_sd2_base(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def sd2(tmp_path_factory) -> SD2Base:
-    from evaluate.features import write_random_inception
+    from evaluate.scorers.features import write_random_inception
     from train.shapes import write_shapes_dataset
 
     root = tmp_path_factory.mktemp("full-size")

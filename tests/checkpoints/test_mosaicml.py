@@ -81,7 +81,7 @@ def reference_pipeline(weights: dict, prediction_type: str):
     from diffusers import StableDiffusionPipeline
     from transformers import CLIPTokenizer
 
-    from models.checkpoints.components import inference_scheduler
+    from models.checkpoints import inference_scheduler
     from models.checkpoints.spec_from_weights import sd2_tokenizer_files
 
     unet, vae, text_encoder = _mosaicml_parts()

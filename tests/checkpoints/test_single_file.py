@@ -202,7 +202,7 @@ def test_the_shipped_2x_base_config_is_the_sd2_base_architecture(tmp_path):
 
     from models.checkpoints.architectures import SD2_BASE
     from models.checkpoints.single_file import CONFIGS, _about
-    from models.checkpoints.components import inference_scheduler
+    from models.checkpoints import inference_scheduler
 
     width, blocks = 1024, 24  # OpenCLIP ViT-H/14: 24 blocks in the file, SD 2.x uses 23
     shapes = {"cond_stage_model.model.token_embedding.weight": (49408, width),

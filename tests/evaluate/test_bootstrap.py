@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from evaluate.bootstrap import interval, p_value, prompt_weights, weighted_means
-from evaluate.fd_infinity import fd_infinity
-from evaluate.metrics import (FeatureStats, FrechetReference, cmmd, cmmd_replicates, fid_from_stats, kid_replicates,
+from evaluate.statistics.bootstrap import interval, p_value, prompt_weights, weighted_means
+from evaluate.statistics.fd_infinity import fd_infinity
+from evaluate.statistics.metrics import (FeatureStats, FrechetReference, cmmd, cmmd_replicates, fid_from_stats, kid_replicates,
                               polynomial_mmd)
 
 DRAWS = 200
@@ -93,7 +93,7 @@ def _expanded(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("batched_max, gram_max", [(256, 4096), (0, 4096), (0, 0)])  # every route to Tr(C^1/2)
 def test_replicates_equal_each_metric_on_the_resampled_set(monkeypatch, batched_max, gram_max):
-    from evaluate import metrics
+    from evaluate.statistics import metrics
 
     monkeypatch.setattr(metrics, "BATCHED_MAX", batched_max)
     monkeypatch.setattr(metrics, "GRAM_MAX", gram_max)

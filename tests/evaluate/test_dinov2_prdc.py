@@ -4,9 +4,9 @@ import pytest
 import torch
 from scipy.spatial.distance import cdist
 
-from evaluate.dinov2 import Dinov2Extractor
-from evaluate.metrics import FeatureStats, FrechetReference
-from evaluate.prdc import prdc
+from evaluate.scorers.dinov2 import Dinov2Extractor
+from evaluate.statistics.metrics import FeatureStats, FrechetReference
+from evaluate.statistics.prdc import prdc
 from models.errors import WorkbenchError
 
 from .test_metrics import _images

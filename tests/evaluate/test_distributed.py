@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from evaluate.metrics import FeatureStats
+from evaluate.statistics.metrics import FeatureStats
 from evaluate.prompts import shapes_prompts
 from evaluate.reference import ReferenceStats
 from evaluate.row import FEATURES, RowScorer, row_metrics

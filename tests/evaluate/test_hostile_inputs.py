@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from evaluate.metrics import FeatureStats
+from evaluate.statistics.metrics import FeatureStats
 from evaluate.store import ResultsStore
 
 from ..html_elements import Elements

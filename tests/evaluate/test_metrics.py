@@ -4,8 +4,8 @@ import pytest
 import scipy.linalg
 import torch
 
-from evaluate.features import InceptionExtractor
-from evaluate.metrics import FeatureStats, FrechetReference, cmmd, fid_from_stats, kernel_inception_distance
+from evaluate.scorers.features import InceptionExtractor
+from evaluate.statistics.metrics import FeatureStats, FrechetReference, cmmd, fid_from_stats, kernel_inception_distance
 from models.errors import WorkbenchError
 
 
@@ -157,7 +157,7 @@ def test_missing_or_wrong_inception_weights_name_the_file(tmp_path):
 def test_clip_score_with_a_tiny_clip_from_config(tiny_clip):
     from transformers import CLIPModel, CLIPProcessor
 
-    from evaluate.clip import ClipScorer
+    from evaluate.scorers.clip import ClipScorer
 
     images, captions = _images(2, n=4), ["a red circle", "two blue squares", "a green triangle", "a red circle"]
     scorer = ClipScorer(tiny_clip)
@@ -176,7 +176,7 @@ def test_clip_score_with_a_tiny_clip_from_config(tiny_clip):
 
 
 def test_missing_clip_folder_is_one_line(tmp_path):
-    from evaluate.clip import ClipScorer
+    from evaluate.scorers.clip import ClipScorer
 
     with pytest.raises(WorkbenchError, match="CLIP model folder not found"):
         ClipScorer(tmp_path / "no-clip")

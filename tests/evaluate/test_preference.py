@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from evaluate.prompts import shapes_prompts
-from evaluate.preference import to_pil
+from evaluate.scorers.preference import to_pil
 from models.errors import WorkbenchError
 
 from .preference_fixtures import (hpsv2_package, test_images, write_hps, write_image_reward,
@@ -59,7 +59,7 @@ def hps(tmp_path_factory):
 
 
 def test_hps_equals_the_hpsv2_package(hps, images, captions):
-    from evaluate.hps import HpsScorer
+    from evaluate.scorers.hps import HpsScorer
 
     reference, factory, path = hps
     model, _, preprocess_val = factory.create_model_and_transforms("tiny-ViT-H-14", None, **hps_args())
@@ -90,7 +90,7 @@ def image_reward(tmp_path_factory):
 
 
 def test_imagereward_equals_the_image_reward_package(image_reward, images, captions):
-    from evaluate.imagereward import ImageRewardScorer
+    from evaluate.scorers.imagereward import ImageRewardScorer
 
     folder, load, sizes = image_reward
     with sizes():
@@ -110,7 +110,7 @@ def tiny_pickscore(components, tmp_path_factory):
 def test_pickscore_equals_its_model_cards_snippet(tiny_pickscore, images, captions):
     from transformers import AutoModel, AutoProcessor
 
-    from evaluate.pickscore import PickScorer
+    from evaluate.scorers.pickscore import PickScorer
 
     processor, model = AutoProcessor.from_pretrained(tiny_pickscore), AutoModel.from_pretrained(tiny_pickscore).eval()
     theirs = []
@@ -195,7 +195,7 @@ def test_aesthetic_equals_the_published_predictor(open_clip_aesthetic, images, c
     """simple_inference.py's path with open_clip in place of OpenAI's ``clip`` package (its ``clip.load``
     returns the same model and preprocessing): each PIL image through open_clip's own transform and
     ``encode_image``, ``normalized``, then the published MLP."""
-    from evaluate.aesthetic import AestheticScorer
+    from evaluate.scorers.aesthetic import AestheticScorer
 
     ref = open_clip_aesthetic
     mlp = PublishedMLP(ref.dim)
@@ -215,10 +215,10 @@ def test_aesthetic_equals_the_published_predictor(open_clip_aesthetic, images, c
 
 
 def test_missing_weights_are_one_line_errors_naming_the_download(tmp_path, monkeypatch):
-    from evaluate.aesthetic import AestheticScorer
-    from evaluate.hps import HpsScorer
-    from evaluate.imagereward import ImageRewardScorer
-    from evaluate.pickscore import PickScorer
+    from evaluate.scorers.aesthetic import AestheticScorer
+    from evaluate.scorers.hps import HpsScorer
+    from evaluate.scorers.imagereward import ImageRewardScorer
+    from evaluate.scorers.pickscore import PickScorer
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cases = [(HpsScorer, tmp_path, "HPS_v2.1_compressed.pt"), (ImageRewardScorer, tmp_path, "ImageReward.pt"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from evaluate.features import InceptionExtractor
+from evaluate.scorers.features import InceptionExtractor
 from evaluate.prompts import shapes_prompts
 from evaluate.reference import reference_stats
 from evaluate.run import EvalConfig, evaluate_checkpoints
@@ -109,8 +109,8 @@ def torch_equal(a, b) -> bool:
 def test_cmmd_on_clip_image_embeddings(tiny_run, shapes_data, inception_weights, tiny_clip, tmp_path):
     from itertools import islice
 
-    from evaluate.clip import ClipScorer
-    from evaluate.metrics import cmmd
+    from evaluate.scorers.clip import ClipScorer
+    from evaluate.statistics.metrics import cmmd
     from evaluate.reference import iter_images
 
     cfg = _cfg(tmp_path, shapes_data, inception_weights, clip=str(tiny_clip), cmmd=True, guidance=(1.5, 8.0))
@@ -410,7 +410,7 @@ def test_ema_weights_are_scored_by_default_raw_on_request_and_older_rows_still_c
 def test_attribute_accuracy_per_image_with_intervals_and_categories(tiny_run, shapes_data, tmp_path):
     """The shapes scorer's verdicts per image in the manifest, intervals on the accuracies, tables per category.
     The scorer is trained for one epoch (its accuracy does not matter here, only how verdicts travel)."""
-    from train.shapes.scorer import train_scorer
+    from models.shapes.scorer import train_scorer
 
     scorer = tmp_path / "scorer.pt"
     train_scorer(shapes_data, scorer, epochs=1, batch_size=64, progress=False)

@@ -30,7 +30,7 @@ def test_drawbench_and_parti_read_with_categories():
 
 
 def test_shapes_prompts_are_the_held_out_captions():
-    from train.shapes import make_sample
+    from models.shapes import make_sample
 
     prompts = shapes_prompts(6, seed=3)
     assert [p.text for p in prompts] == [make_sample(3, "eval", i, (16,))["caption"] for i in range(6)]

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from evaluate.attribute_accuracy import AttributeTally, judge
-from evaluate.metrics import FeatureStats, fid_from_stats
+from evaluate.statistics.metrics import FeatureStats, fid_from_stats
 from evaluate.run import EvalConfig, evaluate_checkpoints
 from models.errors import WorkbenchError
 from train.shapes import write_shapes_dataset
-from train.shapes.grammar import Group, Scene, parse_caption
-from train.shapes.scorer import ShapesScorer, load_split, train_scorer
+from models.shapes.grammar import Group, parse_caption, Scene
+from models.shapes.scorer import load_split, ShapesScorer, train_scorer
 
 from ..conftest import run_dwb
 
@@ -96,7 +96,7 @@ def test_scorer_reads_held_out_images_at_95_percent(trained, scorer_data):
     assert summary["attr_all_all"] >= 0.8, summary
 
     # Blank backgrounds (a sample where nothing was drawn) are seen as empty, so they are never right.
-    from train.shapes import BACKGROUND
+    from models.shapes import BACKGROUND
 
     blank = torch.tensor(BACKGROUND, dtype=torch.uint8).view(1, 3, 1, 1).expand(20, 3, 32, 32).contiguous()
     assert all(scene.layout == "empty" and scene.groups == () for scene in scorer.predict(blank))

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from evaluate.features import InceptionExtractor
+from evaluate.scorers.features import InceptionExtractor
 from evaluate.reference import reference_stats
 from evaluate.store import ResultsStore
 from models.errors import WorkbenchError

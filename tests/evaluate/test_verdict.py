@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from evaluate.bootstrap import holm, interval, p_floor, p_value
+from evaluate.statistics.bootstrap import holm, interval, p_floor, p_value
 from evaluate.compare import compare_rows
-from evaluate.metrics import FeatureStats
+from evaluate.statistics.metrics import FeatureStats
 from evaluate.names import metric
 from evaluate.reference import ReferenceStats
 from evaluate.row import row_metrics
@@ -63,7 +63,7 @@ def write_row(out, model: str, features: np.ndarray, clip: np.ndarray, reference
 @pytest.fixture
 def one_thread():
     """Tiny kernel matrices on one thread: 0.66 s a comparison with torch's two threads on a busy 2-core machine,
-    0.055 s with one (see evaluate.metrics.one_thread)."""
+    0.055 s with one (see evaluate.statistics.metrics.one_thread)."""
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -302,7 +302,7 @@ def test_a_tie_at_the_exact_boundary_reads_the_same_in_the_interval_and_p():
     """Replicates and estimates placed so that the 95% interval's lower bound is 0 in exact arithmetic: in
     floating point the bound landed a few ulps above 0 beside p = 0.05 ("cannot tell" with an interval clear
     of 0), or p a few ulps under 0.05 beside a bound at or below 0. At a tie, both must say the same."""
-    from evaluate.bootstrap import interval as _interval, p_value as _p_value
+    from evaluate.statistics.bootstrap import interval as _interval, p_value as _p_value
     from evaluate.verdict import with_verdicts
 
     rng = np.random.default_rng(0)

@@ -53,3 +53,13 @@ def test_logit_normal_draws_and_weightings_equal_diffusers_sd3_training_utilitie
         expected = compute_loss_weighting_for_sd3(weighting if weighting != "none" else "logit_normal", sigmas=ours)
         torch.testing.assert_close(RectifiedFlow(weighting=weighting).weights(ours), expected.float(), rtol=1e-6,
                                    atol=0)
+
+
+def test_uniform_draws_equal_diffusers_uniform_timestep_density():
+    """``sampling="uniform"`` unshifted is diffusers' ``compute_density_for_timestep_sampling`` for a scheme without a
+    density (u ~ U[0, 1), what its Flux and SD3 trainers draw with ``--weighting_scheme none``): the same numbers from
+    the same generator, and ``draws_uniform`` asks the model for uniform draws."""
+    theirs = compute_density_for_timestep_sampling("none", 64, generator=torch.Generator().manual_seed(5))
+    flow = RectifiedFlow(logit_mean=0.3, logit_std=1.2, sampling="uniform")
+    assert flow.draws_uniform and not RectifiedFlow().draws_uniform
+    assert torch.equal(flow.draw_t(torch.rand(64, generator=torch.Generator().manual_seed(5))), theirs)

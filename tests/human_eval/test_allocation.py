@@ -12,9 +12,9 @@ import httpx
 import numpy as np
 import pytest
 
-from human_eval.allocation import Allocator, settled, stopping_point, votes_to_settle
+from human_eval.statistics.allocation import Allocator, settled, stopping_point, votes_to_settle
 from human_eval.samples import read_manifest
-from human_eval.stats import wilson_interval
+from human_eval.statistics.stats import wilson_interval
 from human_eval.study import build_study, load_study
 
 from .conftest import Server, drawbench, start_rater, write_samples

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from human_eval.allocation import settled
+from human_eval.statistics.allocation import settled
 from human_eval.analysis import analyze
 from human_eval.report import summary
 from human_eval.samples import read_manifest
-from human_eval.stats import sign_test, wilson_interval
+from human_eval.statistics.stats import sign_test, wilson_interval
 from human_eval.store import Store, database_url
 from human_eval.study import GOLD_MODEL, build_study, load_study
-from human_eval.style_control import COVARIATES
+from human_eval.statistics.style_control import COVARIATES
 
 from ..conftest import run_dwb
 from .conftest import drawbench, model_secrets, write_samples

@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from human_eval.agreement import krippendorff_alpha_nominal
-from human_eval.bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
-from human_eval.stats import (bootstrap_rate, clustered_wilson_interval, decisive_votes_needed, design_effect,
+from human_eval.statistics.agreement import krippendorff_alpha_nominal
+from human_eval.statistics.bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
+from human_eval.statistics.stats import (bootstrap_rate, clustered_wilson_interval, decisive_votes_needed, design_effect,
                               percentile_interval, score_test_p, sign_test, two_way_interval, two_way_variance,
                               wilson_interval)
 

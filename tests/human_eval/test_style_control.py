@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from human_eval.style_control import bradley_terry_with_covariates, covariate_differences, fit_logistic
+from human_eval.statistics.style_control import bradley_terry_with_covariates, covariate_differences, fit_logistic
 
 
 def test_newton_fit_matches_a_general_optimiser():

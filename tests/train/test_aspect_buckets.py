@@ -12,10 +12,10 @@ from PIL import Image
 from streaming import StreamingDataset
 
 import dwb
-from train.data import ASPECT_COLUMNS, open_local
+from models.datasets import ASPECT_COLUMNS, open_local
 from models.generation import assign, bucket_set, nearest_bucket
 from train.data.convert import ConvertSummary, convert_to_mds
-from train.data.mds import open_streaming
+from models.datasets.mds import open_streaming
 from models.errors import WorkbenchError
 
 SIZES = [(300, 150), (150, 300), (200, 200), (640, 480), (480, 640), (260, 100), (129, 131), (400, 220),
@@ -43,19 +43,31 @@ def log_gap(size, bucket) -> float:
     return abs(math.log(size[0] / size[1]) - math.log(bucket[0] / bucket[1]))
 
 
-@pytest.mark.parametrize("side,step", [(256, None), (512, None), (1024, None), (512, 32), (128, 8), (768, 64)])
-def test_bucket_set_has_about_the_budget_in_multiples_of_the_step(side, step):
-    buckets = bucket_set(side, step)
+def buckets_by_definition(side: int, step: int, max_aspect: float) -> set[tuple[int, int]]:
+    """Every (width, height) on the step's grid that the module's definition admits, found by trying them all: at
+    most the budget's pixels, the shorter side as long as the budget allows (one step more would exceed it), and
+    sides within ``max_aspect`` of each other."""
+    grid = range(step, int(side * max_aspect) + step, step)
+    return {(w, h) for w in grid for h in grid
+            if w * h <= side * side < (w * (h + step) if w >= h else (w + step) * h)
+            and max(w, h) <= max_aspect * min(w, h)}
+
+
+@pytest.mark.parametrize("side,step,max_aspect", [(256, None, 2.0), (512, None, 2.0), (1024, None, 2.0),
+                                                  (512, 32, 2.0), (128, 8, 2.0), (768, 64, 2.0), (512, 32, 4.0),
+                                                  (64, 8, 4.0)])
+def test_bucket_set_has_about_the_budget_in_multiples_of_the_step(side, step, max_aspect):
+    buckets = bucket_set(side, step, max_aspect)
     step = step or (64 if side >= 512 else 32)
     assert (side, side) in buckets
     for w, h in buckets:
         assert w % step == 0 and h % step == 0
         assert side * side - step * max(w, h) < w * h <= side * side
-        assert 1 / 2 <= w / h <= 2
+        assert 1 / max_aspect <= w / h <= max_aspect
         assert (h, w) in buckets
     ratios = [w / h for w, h in buckets]
     assert ratios == sorted(ratios) and len(set(ratios)) == len(ratios)
-    assert bucket_set.__wrapped__(side, step) == buckets  # the same set when computed afresh
+    assert set(buckets) == buckets_by_definition(side, step, max_aspect)  # none missing, none extra
 
 
 def test_max_aspect_bounds_the_set():

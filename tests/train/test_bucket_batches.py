@@ -20,7 +20,7 @@ from PIL import Image
 from train.config import DataConfig, load_config
 from train.data import convert_to_mds
 from train.data.loader import build_dataloader, make_dataset
-from train.data.mds import open_local
+from models.datasets.mds import open_local
 from models.errors import WorkbenchError
 
 from ..conftest import REPO, kill_once_saved, tiny_overrides
@@ -163,7 +163,7 @@ def run_overrides(bucketed: Path, components: Path, folder: Path) -> list[str]:
 @pytest.fixture
 def batches_seen(monkeypatch) -> list[tuple]:
     """(epoch, image height and width, sample ids) of every batch the model trains on in this process."""
-    from train.model import LatentDiffusion
+    from train.recipes import LatentDiffusion
 
     seen, forward = [], LatentDiffusion.forward
 
@@ -206,7 +206,7 @@ def test_a_run_killed_and_autoresumed_sees_the_same_batches_and_ends_bit_identic
 def test_an_image_not_of_its_buckets_size_is_one_line_naming_it(tmp_path):
     """A bucket folder made by hand (here with Streaming's own writer and merge) whose images are not its size."""
     from train.data.convert import _merge_into
-    from train.data.mds import open_writer
+    from models.datasets.mds import open_writer
 
     budget = tmp_path / "32"
     with open_writer(budget / "40x24" / "0", "png", aspect=True) as writer:

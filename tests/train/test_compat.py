@@ -51,14 +51,26 @@ UPSTREAM = (
              "CheckpointSaver._save_checkpoint", "5ef5d8755130d296", "tests/train/test_remote.py"),
     Upstream("train.patches.composer", "signal_files_per_node", "composer", "utils/dist.py",
              "get_node_signal_file_name", "86c7b7a7e42245d3", "tests/train/test_scale.py (2 nodes x 2)"),
-    Upstream("train.patches.composer", "patch_composer_ema", "composer", "algorithms/ema/ema.py",
-             "get_model_context_manager", "80c691ea7ff28623", "tests/train/test_ema.py, test_scale.py"),
+    Upstream("train.patches.fsdp", "fsdp_flat_params", "torch", "distributed/fsdp/_flat_param.py",
+             "FlatParamHandle._use_sharded_views", "b62ca41d96c70cea", "tests/train/test_scale.py"),
+    Upstream("train.patches.fsdp", "fsdp_drop_gathered", "torch", "distributed/fsdp/_runtime_utils.py",
+             "_post_forward_reshard", "2a493942cc5ba7eb", "tests/train/test_scale.py"),
+    Upstream("train.patches.fsdp", "fsdp_drop_gathered", "torch", "distributed/fsdp/_flat_param.py",
+             "FlatParamHandle.needs_unshard", "6f94ce3efac22920", "tests/train/test_scale.py"),
+    Upstream("train.patches.fsdp", "fsdp_drop_gathered", "torch", "distributed/fsdp/_flat_param.py",
+             "FlatParamHandle.reshard", "eaaab397c55c143e", "tests/train/test_scale.py"),
     Upstream("train.patches.fsdp", "fsdp_full_params", "torch", "distributed/fsdp/fully_sharded_data_parallel.py",
              "FullyShardedDataParallel.summon_full_params", "acae0865b2a4840d", "tests/train/test_scale.py"),
+    Upstream("train.patches.fsdp", "fsdp_full_params", "torch", "distributed/fsdp/_flat_param.py",
+             "FlatParamHandle.uses_sharded_strategy", "512eb49b70840026", "tests/train/test_scale.py"),
     Upstream("train.patches.fsdp", "fsdp_weight_share", "torch", "distributed/fsdp/_flat_param.py",
              "FlatParamHandle._init_shard_metadata", "f43f52f3aeda5ed4", "tests/train/test_scale.py"),
     Upstream("train.patches.fsdp", "fsdp_weight_share", "torch", "distributed/fsdp/_flat_param.py",
              "FlatParameter._init_metadata", "5d566903ebd6e8aa", "tests/train/test_scale.py"),
+    Upstream("train.patches.fsdp", "ddp_bucket_bytes", "torch", "nn/parallel/distributed.py",
+             "DistributedDataParallel._get_ddp_logging_data", "0820ba312c5d9b19", "tests/train/test_multiprocess.py"),
+    Upstream("train.patches.fsdp", "ddp_bucket_bytes", "composer", "distributed/dist_strategy.py",
+             "prepare_ddp_module", "3ab43dc4d359370a", "tests/train/test_multiprocess.py"),
     Upstream("train.patches.fsdp_cpu_ranks", "fsdp_on_cpu", "composer", "distributed/dist_strategy.py",
              "prepare_fsdp_module", "b410c251d755b722", "tests/train/test_scale.py"),
     Upstream("train.patches.fsdp_cpu_ranks", "_keep_cpu_weights_when_offloading", "torch",
@@ -171,17 +183,11 @@ def test_streaming_records_the_epoch_it_iterated_last():
     assert "epoch = self.next_epoch - 1" in inspect.getsource(StreamingDataset.state_dict)
 
 
-def test_composer_ema_gathers_through_the_function_patch_composer_ema_replaces():
-    from composer.algorithms.ema import ema as composer_ema
-
-    import train.ema  # noqa: F401 - applies patch_composer_ema, as training does
-    from train.patches.fsdp import fsdp_full_params
-
-    assert "model.module.summon_full_params" in upstream_source("composer", "algorithms/ema/ema.py",
-                                                                "get_model_context_manager")
-    # Composer's EMA looks this module-level function up at call time, and train.ema replaced it
-    assert "get_model_context_manager(model)" in upstream_source("composer", "algorithms/ema/ema.py", "compute_ema")
-    assert composer_ema.get_model_context_manager is fsdp_full_params
+def test_composer_wraps_ddp_with_gradient_buckets_beside_the_gradients():
+    # no gradient_as_bucket_view: DDP's default, buckets that copy the gradients (ddp_bucket_bytes counts them)
+    source = upstream_source("composer", "distributed/dist_strategy.py", "prepare_ddp_module")
+    assert "DistributedDataParallel(module, find_unused_parameters=find_unused_parameters)" in source
+    assert "gradient_as_bucket_view" not in source
 
 
 def test_composer_checkpoint_saver_waits_30_seconds_where_prompt_remote_latest_shortens_it():

@@ -100,6 +100,7 @@ def test_missing_and_malformed_config_files(tmp_path):
     ("device_train_microbatch_size=0", "'device_train_microbatch_size' must be an integer in [1, 1048576] or 'auto', got 0"),
     ("save_num_checkpoints_to_keep=-2", "'save_num_checkpoints_to_keep' must be in [-1, 16777216] (-1 keeps every checkpoint), got -2"),
     ("max_consecutive_nonfinite=0", "'max_consecutive_nonfinite' must be in [1, 16777216], got 0"),
+    ("dist_timeout=5", "'dist_timeout' must be in [10, 86400], got 5.0"),
     ("seed=-1", "'seed' must be in [0, 4294967295], got -1"),
     ("data.num_workers=-1", "'data.num_workers' must be in [0, 256], got -1"),
     ("data.predownload=-8", "'data.predownload' must be in [0, 16777216], got -8"),
@@ -115,15 +116,38 @@ def test_out_of_range_values_are_refused_with_key_value_and_range(override, refu
     assert str(refused.value) == f"config key {refusal}"
 
 
-@pytest.mark.parametrize("override", [
-    "grad_clip_norm=null", "model.min_snr_gamma=null", "scheduler.t_warmup=0ba", "ema.ema_start=0ba",
-    "model.caption_dropout=0", "model.other_phrasing=1", "optimizer.lr=0", "optimizer.weight_decay=0",
-    "optimizer.betas=[0,0.5]", "scheduler.alpha_f=1", "data.num_workers=0", "data.predownload=0", "save_num_checkpoints_to_keep=-1",
-    "save_interval=0.5dur", "seed=0", "device_train_microbatch_size=auto", "device_train_microbatch_size=16",
-    "save_folder=s3://bucket/run save_num_checkpoints_to_keep=0",
+@pytest.mark.parametrize("override,loaded", [
+    ("grad_clip_norm=null", {"grad_clip_norm": None}),  # no clipping
+    ("model.min_snr_gamma=null", {"model.min_snr_gamma": None}),  # no min-SNR weighting
+    ("scheduler.t_warmup=0ba", {"scheduler.t_warmup": "0ba"}),  # no warm-up
+    ("ema.ema_start=0ba", {"ema.ema_start": "0ba"}),  # EMA from the first batch
+    ("model.caption_dropout=0", {"model.caption_dropout": 0.0}),  # every caption kept
+    ("model.other_phrasing=1", {"model.other_phrasing": 1.0}),  # always the other phrasing
+    ("optimizer.lr=0", {"optimizer.lr": 0.0}),  # weights left as they are
+    ("optimizer.weight_decay=0", {"optimizer.weight_decay": 0.0}),  # no decay
+    ("optimizer.betas=[0,0.5]", {"optimizer.betas": [0.0, 0.5]}),  # no momentum
+    ("scheduler.alpha_f=1", {"scheduler.alpha_f": 1.0}),  # no decay of the lr
+    ("data.num_workers=0", {"data.num_workers": 0}),  # samples read in the training process
+    ("data.predownload=0", {"data.predownload": 0}),  # none fetched ahead
+    ("save_num_checkpoints_to_keep=-1", {"save_num_checkpoints_to_keep": -1}),  # every checkpoint kept
+    ("save_interval=0.5dur", {"save_interval": "0.5dur"}),  # half the run
+    ("seed=0", {"seed": 0}),
+    ("device_train_microbatch_size=auto", {"device_train_microbatch_size": "auto"}),  # Composer finds it
+    ("device_train_microbatch_size=16", {"device_train_microbatch_size": 16}),
+    ("save_folder=s3://bucket/run save_num_checkpoints_to_keep=0",  # none kept here: the bucket keeps them
+     {"save_folder": "s3://bucket/run", "save_num_checkpoints_to_keep": 0}),
 ])
-def test_values_that_mean_off_none_or_all_still_load(override):
-    load_config(CONFIGS / "tiny-phase1.yaml", override.split(" "))
+def test_values_that_mean_off_none_or_all_still_load(override, loaded):
+    """Each loads as the value given, of its own type (0 for "off", null for "none", -1 for "all"), not as the
+    config file's value or a default."""
+    from functools import reduce
+
+    cfg = load_config(CONFIGS / "tiny-phase1.yaml", override.split(" "))
+    for key, value in loaded.items():
+        got = reduce(getattr, key.split("."), cfg)
+        assert got == value and type(got) is type(value), (key, got)
+        if type(value) is list:
+            assert [type(v) for v in got] == [type(v) for v in value], (key, got)
 
 
 def test_microbatches_split_each_process_batch(monkeypatch):

@@ -3,7 +3,7 @@ import torch
 
 from train.config import DataConfig
 from train.data.loader import build_dataloader, predownload_for
-from train.data.mds import count_samples
+from models.datasets.mds import count_samples
 
 
 def test_loader_batches_images_and_token_ids(shapes_data, components):
@@ -12,8 +12,8 @@ def test_loader_batches_images_and_token_ids(shapes_data, components):
     tok = CLIPTokenizer.from_pretrained(components / "tokenizer")
     cfg = DataConfig(path=str(shapes_data / "32"), resolution=32)
     batch = next(iter(build_dataloader(cfg, tok, batch_size=8, seed=0)))
-    assert batch["image"].shape == (8, 3, 32, 32) and batch["image"].dtype == torch.float32
-    assert -1.0 <= batch["image"].min() < batch["image"].max() <= 1.0
+    assert batch["image"].shape == (8, 3, 32, 32) and batch["image"].dtype == torch.uint8  # [-1, 1] in the model
+    assert 0 <= batch["image"].min() < batch["image"].max() <= 255
     assert batch["input_ids"].shape == (8, tok.model_max_length)
     assert (batch["input_ids"][:, 0] == tok.bos_token_id).all()
 
@@ -41,7 +41,7 @@ def test_collate_token_ids_equal_each_caption_and_its_other_phrasing_tokenized_a
     from transformers import CLIPTokenizer
 
     from train.data.loader import TokenizingCollate, other_phrasing
-    from train.shapes import make_sample
+    from models.shapes import make_sample
 
     tok = CLIPTokenizer.from_pretrained(components / "tokenizer")
     samples = []

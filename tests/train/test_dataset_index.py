@@ -59,7 +59,7 @@ def _readers(components):
     from evaluate.reference import count_images, iter_images
     from train.data.precompute import precompute_latents
     from train.shapes.prepare import read_bucket
-    from train.shapes.scorer import load_split
+    from models.shapes.scorer import load_split
 
     return {
         "training": lambda folder: make_dataset(DataConfig(path=str(folder), resolution=16), 8, 0),

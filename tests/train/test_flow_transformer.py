@@ -52,10 +52,14 @@ def runs(shapes_data, components, tmp_path_factory) -> dict:
     train(load_config(PHASE1, over))
 
     phase2 = root / "phase2" / "checkpoints"
-    train(load_config(PHASE2, _over(shapes_data, components, phase2, max_duration="2ba", eval_interval="null",
-                                    preview_interval="null", load_path=straight / "ep0-ba4-rank0.pt",
-                                    **{"data.path": shapes_data / "32", "data.resolution": 32})))
+    train(load_config(PHASE2, _phase2_over(shapes_data, components, phase2, straight / "ep0-ba4-rank0.pt")))
     return {"straight": straight, "killed": killed, "phase2": phase2}
+
+
+def _phase2_over(shapes_data, components, folder, start: Path) -> list[str]:
+    """The module's phase 2: 2 batches at 32 px from the checkpoint ``start``."""
+    return _over(shapes_data, components, folder, max_duration="2ba", eval_interval="null", preview_interval="null",
+                 load_path=start, **{"data.path": shapes_data / "32", "data.resolution": 32})
 
 
 @pytest.fixture(scope="module")
@@ -193,9 +197,30 @@ def test_the_single_file_export_is_sd3s_file_without_text_encoders_and_diffusers
     assert np.array_equal(generate_images(load_pipeline(out), PROMPTS[:1], [7], settings)[0], ours)  # `dwb`'s door
 
 
-def test_phase_2_takes_the_resolution_shift_and_the_phase_1_weights(runs):
+def test_phase_2_takes_the_resolution_shift_and_the_phase_1_weights(runs, model, shapes_data, components, tmp_path):
+    """Phase 2 records SD3's shift at 32 px, and the transformer it trains from (the trainer `dwb train` builds for
+    the module's phase 2, before its first batch) holds phase 1's last weights tensor for tensor: its EMA weights,
+    which Composer saves as the model's (README, "EMA and checkpoints"), not its raw ones nor a fresh transformer at
+    the run's seed."""
+    from models.checkpoints import model_weights
+    from train.trainer import build_trainer
+
     spec = read_checkpoint(runs["phase2"] / "ep0-ba2-rank0.pt")["spec"]
     assert spec["flow"]["shift"] == pytest.approx(2.0) and spec["resolution"] == 32
+    start = runs["straight"] / "ep0-ba4-rank0.pt"
+    ema, raw = ({k: v for k, v in model_weights(read_checkpoint(start), ema=e).items() if k.startswith("transformer.")}
+                for e in (True, False))
+    trainer = build_trainer(load_config(PHASE2, _phase2_over(shapes_data, components, tmp_path / "c", start)))
+    try:
+        starts = {k: v.detach().clone() for k, v in trainer.state.model.state_dict().items()
+                  if k.startswith("transformer.")}
+    finally:
+        trainer.close()
+    fresh = {k: v for k, v in model.state_dict().items() if k.startswith("transformer.")}
+    assert ema and ema.keys() == raw.keys() == starts.keys() == fresh.keys()
+    assert all(torch.equal(ema[k], starts[k]) for k in ema)
+    for other in (raw, fresh):
+        assert not all(torch.equal(other[k], starts[k]) for k in ema)
 
 
 def test_a_unet_checkpoint_is_no_starting_point_for_the_transformer(tiny_run, shapes_data, components, tmp_path):
@@ -233,7 +258,8 @@ def test_the_full_size_mmdit_is_sd3_mediums_two_billion_weights():
 @pytest.mark.slow
 def test_a_full_size_run_the_machine_cannot_hold_is_one_line_before_any_weight():
     """`dwb train` of the full-size MMDiT on a CPU with 4 GiB to spare: refused in one line naming what it needs
-    (2,025M trained weights x 16 bytes), before a weight is made, instead of being killed for memory."""
+    (2,025M trained weights x 16 bytes, and 4 more for the copy rank 0 draws previews with under FSDP), before a
+    weight is made, instead of being killed for memory."""
     import os
 
     from models.checkpoints import build_transformer, random_text_encoder, random_vae
@@ -242,7 +268,7 @@ def test_a_full_size_run_the_machine_cannot_hold_is_one_line_before_any_weight()
         trained = sum(p.numel() for p in build_transformer("mmdit-medium").parameters())
         frozen = sum(p.numel() for m in (random_vae("mmdit-medium"), random_text_encoder("mmdit-medium"))
                      for p in m.parameters())
-    need = (trained * 16 + frozen * 4) / 2**30  # phase 1 has no EMA
+    need = (trained * (16 + 4) + frozen * 4) / 2**30  # phase 1 has no EMA; fsdp and previews are on
     r = subprocess.run([str(BIN / "dwb"), "train", str(REPO / "configs/mmdit-medium-phase1.yaml"),
                         "model.pretrained=null", "low_precision_norms=false", "precision=fp32"],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "DWB_MEMORY_MB": "4096"})

@@ -2,7 +2,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.checkpoints.components import build_pipeline, build_unet, load_frozen_parts
+from models.checkpoints.components import assemble_pipeline, build_unet, load_frozen_parts
+from models.families import family_named
 from models.generation import Settings
 from models.generation.grid import generate, write_grid
 
@@ -10,7 +11,8 @@ from models.generation.grid import generate, write_grid
 def _pipe(components):
     torch.manual_seed(0)
     vae, text_encoder, tokenizer = load_frozen_parts(str(components))
-    return build_pipeline(build_unet("tiny"), vae, text_encoder, tokenizer, "v_prediction")
+    parts = {"unet": build_unet("tiny"), "vae": vae, "text_encoder": text_encoder}
+    return assemble_pipeline(family_named("sd2"), parts, {"tokenizer": tokenizer}, {"prediction_type": "v_prediction"})
 
 
 def test_batched_grid_cells_equal_their_own_single_image_call(components):

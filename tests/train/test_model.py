@@ -5,7 +5,7 @@ import torch
 
 from train.config import load_config
 from models.errors import WorkbenchError
-from train.model import LatentDiffusion, TextConditioning
+from train.recipes import LatentDiffusion, TextConditioning
 from train.trainer import build_model
 
 from ..conftest import REPO, tiny_overrides

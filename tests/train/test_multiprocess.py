@@ -86,6 +86,16 @@ def test_validation_loss_on_two_ranks_equals_one_process(two_rank_run, shapes_da
 
 
 @pytest.mark.slow
+def test_each_ddp_rank_holds_what_its_memory_plan_says(two_rank_run):
+    """DDP on 2 ranks: each rank held the whole UNet, its gradients twice (DDP's buckets copy them), AdamW state, the
+    EMA and the frozen parts, as the plan the run was admitted with said (within 5%)."""
+    from .memory_plan import assert_each_rank_holds_its_plan
+
+    for report in assert_each_rank_holds_its_plan(two_rank_run.parent, 2):
+        assert report["held"]["gradients"] >= 1.9 * report["held"]["weights"]
+
+
+@pytest.mark.slow
 def test_two_process_precompute_equals_one_process(shapes_data, components, tmp_path):
     from streaming import LocalDataset
 

@@ -182,9 +182,10 @@ def flux_folder(shapes_data, tmp_path_factory) -> Path:
     from diffusers import FluxPipeline, FluxTransformer2DModel
     from transformers import T5Config, T5EncoderModel
 
-    from models.checkpoints import flux_scheduler
+    from models.checkpoints import family_scheduler
+    from models.families import family_named
     from models.checkpoints.clip_bpe import END
-    from train.data import open_local
+    from models.datasets import open_local
 
     root = tmp_path_factory.mktemp("flux-own-tokenizers")
     data = open_local(shapes_data / "16")
@@ -194,7 +195,7 @@ def flux_folder(shapes_data, tmp_path_factory) -> Path:
     t5 = T5EncoderModel(T5Config(vocab_size=len(t5_tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                                  feed_forward_proj="gated-gelu", pad_token_id=t5_tokenizer.pad_token_id,
                                  eos_token_id=t5_tokenizer.eos_token_id, decoder_start_token_id=0))
-    FluxPipeline(transformer=FluxTransformer2DModel(**FLUX_TRANSFORMER), scheduler=flux_scheduler(),
+    FluxPipeline(transformer=FluxTransformer2DModel(**FLUX_TRANSFORMER), scheduler=family_scheduler(family_named("flux"), {}),
                  vae=_vae(scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False),
                  text_encoder=_clip(tokenizer, 32), tokenizer=tokenizer, text_encoder_2=t5,
                  tokenizer_2=t5_tokenizer).save_pretrained(root / "flux")
@@ -228,6 +229,30 @@ def test_flux_schnell_reads_t5s_own_tokenizer_as_the_pipeline_does(shapes_data, 
     empty = model.encode_text(model.empty_ids.expand(2, -1), model.empty_ids_2.expand(2, -1))
     want, want_pooled, _ = pipe.encode_prompt(["", ""], prompt_2=None, max_sequence_length=512)
     assert torch.equal(empty.states, want) and torch.equal(empty.pooled, want_pooled)
+
+
+def test_t5_over_256_tokens_reaches_the_transformer_as_256(shapes_data, flux_folder):
+    """``model.text_tokens: 256`` (MLPerf's T5 length): the loader pads T5's ids to 256, a training forward hands the
+    transformer 256 text tokens, and they are FluxPipeline's prompt embeddings at ``max_sequence_length=256``."""
+    from diffusers import FluxPipeline
+
+    cfg = _flux_config(shapes_data, flux_folder, **{"model.text_tokens": 256})
+    model = build_model(cfg).eval()
+    loader = training_dataloader(cfg, model)
+    samples = [loader.dataset[i] for i in range(4)]
+    batch = loader.collate_fn(samples)
+    assert batch["input_ids_2"].shape == (4, 256) and model.empty_ids_2.shape == (1, 256)
+    fed = []
+    hook = model.transformer.register_forward_pre_hook(lambda m, a, kw: fed.append(kw), with_kwargs=True)
+    try:
+        model(batch)  # eval mode: no caption dropout
+    finally:
+        hook.remove()
+    states = fed[0]["encoder_hidden_states"]
+    assert states.shape[:2] == (4, 256) and fed[0]["txt_ids"].shape == (256, 3)
+    pipe = FluxPipeline.from_pretrained(flux_folder, local_files_only=True)
+    want, want_pooled, _ = pipe.encode_prompt(_captions(samples), prompt_2=None, max_sequence_length=256)
+    assert torch.equal(states, want) and torch.equal(fed[0]["pooled_projections"], want_pooled)
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +297,8 @@ def test_the_sdxl_spec_carries_the_second_tokenizer_a_reopened_checkpoint_draws_
     """The spec every checkpoint carries holds tokenizer_2's files; the pipeline a checkpoint is reopened as
     (`dwb sample`, `dwb export`: ``open.pipeline_from_composer``) reads the second tower's prompts with it."""
     from models.checkpoints import make_spec
-    from models.checkpoints.open import SPEC_BUILDERS
+    from models.checkpoints import assemble_pipeline
+    from models.families import family_named
     from models.readers.tokenizer_files import tokenizer_from_files
 
     model, batch, samples, pipe = sdxl
@@ -281,9 +307,10 @@ def test_the_sdxl_spec_carries_the_second_tokenizer_a_reopened_checkpoint_draws_
     assert tokenizer_2.pad_token == "!"
     assert torch.equal(tokenizer_2(_captions(samples), padding="max_length", max_length=77,
                                    return_tensors="pt").input_ids, batch["input_ids_2"])
-    _, assemble = SPEC_BUILDERS["StableDiffusionXLPipeline"]
+    sdxl = family_named("sdxl")
     parts = {name: getattr(model, name) for name in ("unet", "vae", "text_encoder", "text_encoder_2")}
-    reopened = assemble(spec, parts, tokenizer_from_files(spec["tokenizer"], where="spec"), tokenizer_2)
+    tokenizers = {"tokenizer": tokenizer_from_files(spec["tokenizer"], where="spec"), "tokenizer_2": tokenizer_2}
+    reopened = assemble_pipeline(sdxl, parts, tokenizers, sdxl.assembly.spec_settings(spec))
     for ours, theirs in zip(reopened.encode_prompt(_captions(samples), do_classifier_free_guidance=False),
                             pipe.encode_prompt(_captions(samples), do_classifier_free_guidance=False)):
         assert ours is theirs is None or torch.equal(ours, theirs)

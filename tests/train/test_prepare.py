@@ -7,7 +7,7 @@ from ..conftest import REPO
 FIT = """
 import json, sys
 from train.shapes.prepare import fit_tokenizer
-from train.shapes import make_sample
+from models.shapes import make_sample
 captions = [make_sample(0, "train", i, (16,))["caption"] for i in range(1500)]
 tok = fit_tokenizer(captions, max_length=20)
 print(json.dumps({"vocab": tok.get_vocab(), "ids": tok("a red circle above two small blue squares").input_ids,

@@ -12,8 +12,9 @@ batch 1, validation (3 held-out samples one at a time) and a preview grid throug
 - one process to batch 6: the reference;
 - 2 ranks, FSDP SHARD_GRAD_OP (the configs'), to batch 4;
 - 1 node x 4 ranks, FULL_SHARD (rank 3 has no held-out sample), with sharded checkpoints
-  (``fsdp_state_dict_type: sharded``), SIGKILLed while it saves batch 4, then resumed on 2 ranks past a torn
-  newer checkpoint folder to batch 6 (4 -> 2, DCP resharding);
+  (``fsdp_state_dict_type: sharded``), SIGKILLed while its ranks write batch 4's parts, then resumed on 2 ranks
+  from the folder as the kill left it to batch 6 (4 -> 2, DCP resharding; the session's run, ``conftest.py``,
+  whose 2-rank checkpoints ``test_sharded_checkpoints.py`` reads);
 - the 2-rank run's batch 4 (a full checkpoint) resumed on 2 nodes x 2 ranks with HYBRID_SHARD, each node with
   its own /dev/shm, to batch 6 (2 -> 4).
 """
@@ -28,7 +29,8 @@ import pytest
 import torch
 
 from ..conftest import REPO, tiny_overrides
-from ..ranks import BIN, dwb_train_on_ranks, finish, kill_ranks, launch, run_nodes
+from ..ranks import BIN, dwb_train_on_ranks, run_nodes
+from .memory_plan import assert_each_rank_holds_its_plan, memory_reports
 
 CONFIG = REPO / "configs" / "tiny-phase1.yaml"
 WEIGHTS_ATOL = 2e-6  # float sums in another order, over 6 steps of a tiny UNet (1 vs 2 ranks: 1.2e-7 measured)
@@ -77,20 +79,12 @@ def two_ranks(shapes_data, components, tmp_path_factory) -> Run:
 
 
 @pytest.fixture(scope="module")
-def four_ranks_killed(shapes_data, components, tmp_path_factory) -> Run:
+def four_ranks_killed(killed_and_resumed) -> Run:
     """1 node x 4 ranks, FULL_SHARD, each checkpoint a folder of DCP parts written by every rank, SIGKILLed
-    (launcher and ranks) once it has begun to save batch 4, so batch 2's folder is whole."""
-    folder = tmp_path_factory.mktemp("scale") / "four" / "checkpoints"
-    overrides = run_overrides(shapes_data, components, folder, fsdp="true", fsdp_sharding_strategy="FULL_SHARD",
-                              fsdp_state_dict_type="sharded", max_duration="12ba")
-    proc = launch([str(BIN / "dwb"), "train", str(CONFIG), *map(str, overrides)], nproc=4)
-    deadline = time.monotonic() + 240
-    while not (folder / "ep0-ba4").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(0.5)
-    kill_ranks(proc)  # batch 4's folder may be cut short: the resume must choose batch 2 or a whole batch 4
-    assert (folder / "ep0-ba2" / ".metadata").exists(), finish(proc).explain()
-    return Run(folder, overrides, proc.stdout.read() if proc.stdout and not proc.stdout.closed else "")
+    (launcher and ranks) while its ranks write batch 4's parts, so batch 2's folder is whole and batch 4's torn (the
+    session's run, ``conftest.killed_and_resumed``)."""
+    killed = killed_and_resumed["killed"]
+    return Run(Path(killed["folder"]), killed["overrides"])
 
 
 def weights_of(path: Path, ema: bool, denoiser: str = "unet") -> dict[str, torch.Tensor]:
@@ -148,28 +142,48 @@ def test_fsdp_on_two_ranks_equals_one_process(one_process, two_ranks):
 
 
 @pytest.mark.slow
+def test_each_of_two_fsdp_ranks_holds_half_of_the_ema(one_process, two_ranks):
+    """The EMA is sharded where the weights are: the values of the EMA tensors each of the 2 FSDP ranks held, once
+    EMA had started, are half of those one process held (the UNet's weights split in two; the buffers, a
+    thousandth of them, whole on each rank), where each rank held a whole copy before."""
+    [whole] = memory_reports(one_process.folder.parent, 1)
+    for report in memory_reports(two_ranks.folder.parent, 2):
+        share = report["held_values"]["ema"] / whole["held_values"]["ema"]
+        assert abs(share - 0.5) < 0.01, f"rank {report['rank']} held {share:.3f} of the EMA"
+
+
+@pytest.mark.slow
+def test_each_rank_holds_what_its_memory_plan_says(one_process, four_ranks_killed):
+    """One process, and 1 node x 4 ranks with FULL_SHARD: the weights, gradients, AdamW state, EMA, frozen parts
+    (from the pretrained files' headers) and rank 0's preview copy each rank held, counted, are what the plan the
+    run was admitted with said (within 5%)."""
+    assert_each_rank_holds_its_plan(one_process.folder.parent, 1)
+    reports = assert_each_rank_holds_its_plan(four_ranks_killed.folder.parent, 4)
+    assert reports[0]["held"]["preview"] > 0 and not any(r["held"]["preview"] for r in reports[1:])
+
+
+@pytest.mark.slow
 def test_four_ranks_killed_then_resumed_on_two_end_where_one_process_does(one_process, four_ranks_killed,
-                                                                          tmp_path):
+                                                                          killed_and_resumed):
     """4 -> 2 with sharded checkpoints: the killed FULL_SHARD run's batch 2 is a folder of one part per rank (no
     gather on rank 0; rank 3 had no held-out sample, padded) that reads, consolidated, as one process's batch 2.
-    A newer folder whose part was cut short is set aside, and 2 ranks resume from batch 2 (DCP reshards each
-    weight from 4 chunks to 2) to end at batch 6 with the weights, EMA, figures, preview and global position of
-    the uninterrupted process (Streaming's canonical nodes keep the global order; per-sample draws the noise)."""
+    The kill left batch 4's folder torn (parts begun, no index); resumed from the folder as the kill left it, 2 ranks
+    pass it by and start from batch 2 (DCP reshards each weight from 4 chunks to 2), save batch 4 again over the torn
+    one, and end at batch 6 with the weights, EMA, figures, preview and global position of the uninterrupted process
+    (Streaming's canonical nodes keep the global order; per-sample draws the noise)."""
     ba2 = four_ranks_killed.folder / "ep0-ba2"
     assert sorted(p.name for p in ba2.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
     assert_same_weights(ba2, one_process.folder / "ep0-ba2-rank0.pt")
     assert_same_figures(ba2, one_process.folder / "ep0-ba2-rank0.pt")
-    folder = tmp_path / "resumed" / "checkpoints"
-    shutil.copytree(four_ranks_killed.folder, folder, symlinks=True)
-    shutil.rmtree(folder / "ep0-ba4", ignore_errors=True)  # as the kill left it: whole, cut short or not begun
-    torn = Path(shutil.copytree(ba2, folder / "ep0-ba4")) / "__1_0.distcp"
-    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
-    out = on_ranks(run_overrides_like(four_ranks_killed, folder, fsdp_sharding_strategy="SHARD_GRAD_OP",
-                                      max_duration="6ba"), 2)
+    torn = dict(killed_and_resumed["torn"])
+    assert ".metadata" not in torn and any(name.endswith(".distcp") for name in torn), torn
+    assert torn == {p.name: p.stat().st_size for p in (four_ranks_killed.folder / "ep0-ba4").iterdir()}
+    resumed = killed_and_resumed["resumed"]
+    folder, out = Path(resumed["folder"]), resumed["stdout"]
     assert "resuming at batch 2" in out and "(1/2)" in out
-    assert (folder / "ep0-ba4.corrupt").is_dir()
-    assert_same_weights(folder / "ep0-ba6", one_process.folder / "ep0-ba6-rank0.pt")
-    assert_same_figures(folder / "ep0-ba6", one_process.folder / "ep0-ba6-rank0.pt")
+    for name in ("ep0-ba4", "ep0-ba6"):
+        assert_same_weights(folder / name, one_process.folder / f"{name}-rank0.pt")
+        assert_same_figures(folder / name, one_process.folder / f"{name}-rank0.pt")
     assert_same_preview(folder / "ep0-ba6", one_process.folder / "ep0-ba6-rank0.pt", "ba6.png")
 
 
@@ -190,6 +204,8 @@ def test_two_ranks_resumed_on_two_nodes_of_two_with_hybrid_shard(one_process, tw
     assert_same_weights(folder / "ep0-ba6-rank0.pt", one_process.folder / "ep0-ba6-rank0.pt")
     assert_same_figures(folder / "ep0-ba6-rank0.pt", one_process.folder / "ep0-ba6-rank0.pt")
     assert_same_preview(folder / "ep0-ba6-rank0.pt", one_process.folder / "ep0-ba6-rank0.pt", "ba6.png")
+    # HYBRID_SHARD shards over a node's 2 ranks, not the 4 of the run: each rank held half the UNet's state
+    assert_each_rank_holds_its_plan(folder.parent, 4)
 
 
 def run_overrides_like(run: Run, folder: Path, **changes) -> list[str]:
@@ -215,22 +231,46 @@ def test_two_nodes_sharing_dev_shm_are_told_what_is_wrong(shapes_data, component
             node.stderr, node.stderr[-2000:]
 
 
-@pytest.mark.slow
-def test_a_nan_on_one_rank_under_fsdp_skips_the_update_on_every_rank(shapes_data, components, tmp_path):
-    """Rank 1 alone sees a NaN loss at batch 3 of 4: both ranks' guards skip that update (Adam took 3 steps of
-    4 on every shard) and the run goes on; no rank steps alone."""
+GROUP_TIMEOUT_S = 20  # the guard run's dist_timeout; rank 0 looks for a checkpoint to resume from 8 s longer
+
+
+@pytest.fixture(scope="module")
+def guard_run(shapes_data, components, tmp_path_factory) -> dict[int, dict]:
+    """2 ranks, FSDP, 4 batches (``tests/train/fsdp_guard.py``): rank 1 alone sees a NaN loss at batch 3, and rank 0
+    alone looks for a checkpoint to resume from for 28 s in a group whose collectives time out after 20 s; what
+    each rank wrote, by rank."""
     import json
 
     from ..ranks import run_ranks
 
-    overrides = tiny_overrides(shapes_data, components, tmp_path / "c", max_duration="4ba", save_interval="4ba",
-                               global_train_batch_size=16, device_train_microbatch_size=8, fsdp="true")
-    run = run_ranks([str(REPO / "tests" / "train" / "fsdp_guard.py"), str(tmp_path / "guard"), str(CONFIG),
-                     *overrides], nproc=2)
+    folder = tmp_path_factory.mktemp("guard")
+    overrides = tiny_overrides(shapes_data, components, folder / "c", max_duration="4ba", save_interval="4ba",
+                               global_train_batch_size=16, device_train_microbatch_size=8, fsdp="true",
+                               autoresume="true", dist_timeout=GROUP_TIMEOUT_S)
+    run = run_ranks([str(REPO / "tests" / "train" / "fsdp_guard.py"), str(folder / "guard"), str(CONFIG),
+                     *overrides], nproc=2, hang_after=240)
     assert run.returncode == 0 and not run.hung, run.explain()
-    for rank in (0, 1):
-        seen = json.loads((tmp_path / f"guard.rank{rank}").read_text())
-        assert seen == {"skipped": 1, "consecutive": 0, "adam_steps": [3]}, (rank, seen)
+    return {rank: json.loads((folder / f"guard.rank{rank}").read_text()) for rank in (0, 1)}
+
+
+@pytest.mark.slow
+def test_a_nan_on_one_rank_under_fsdp_skips_the_update_on_every_rank(guard_run):
+    """Rank 1 alone sees a NaN loss at batch 3 of 4: both ranks' guards skip that update (Adam took 3 steps of
+    4 on every shard) and the run goes on; no rank steps alone."""
+    for rank, seen in guard_run.items():
+        counted = {k: seen[k] for k in ("skipped", "consecutive", "adam_steps")}
+        assert counted == {"skipped": 1, "consecutive": 0, "adam_steps": [3]}, (rank, seen)
+
+
+@pytest.mark.slow
+def test_ranks_wait_past_the_group_timeout_for_rank_0s_resume_check(guard_run):
+    """Rank 0 alone took 28 s to choose the checkpoint to resume from, in a group whose collectives time out after
+    20 s (``dist_timeout``): rank 1 waited for it longer than that timeout without aborting (the wait is
+    ``patient``), and both ranks trained on to the end."""
+    for rank, seen in guard_run.items():
+        assert seen["group_timeout"] == GROUP_TIMEOUT_S, (rank, seen)
+        [choosing] = seen["resume_choice_seconds"]
+        assert choosing > GROUP_TIMEOUT_S, (rank, seen)
 
 
 @pytest.mark.slow

@@ -24,6 +24,10 @@ from ..conftest import REPO, tiny_overrides
 PHASE1 = REPO / "configs/tiny-sdxl-phase1.yaml"
 PROMPTS = ["a red circle above a blue square", "two green triangles"]
 SDXL_BASE_UNET = 2.567e9  # SDXL's UNet as published (diffusers' stable-diffusion-xl-base-1.0 unet: 2,567,463,684)
+# The weights of stable-diffusion-xl-base-1.0 as published: its UNet, and the parts a run keeps frozen (vae,
+# text_encoder: CLIP ViT-L/14's text tower, text_encoder_2: OpenCLIP ViT-bigG/14's, with its projection)
+SDXL_BASE_WEIGHTS = {"unet": 2_567_463_684, "vae": 83_653_863, "text_encoder": 123_060_480,
+                     "text_encoder_2": 694_659_840}
 
 
 @pytest.fixture(scope="module")
@@ -186,5 +190,11 @@ def test_the_full_size_unet_is_sdxls_and_the_plan_refuses_it_here(monkeypatch):
     with pytest.raises(WorkbenchError) as refused:
         check_memory(configs[0], "cpu")
     line = str(refused.value)
-    assert "\n" not in line and "'sdxl-base' (sdxl-base-phase1) needs at least" in line
-    assert f"{count / 1e6:,.0f}M trained weights" in line and "4.0 GiB is free" in line
+    # float32 weights, gradients and AdamW's two moments of the UNet (phase 1 keeps no EMA copy), the float32 copy of
+    # it rank 0 draws previews with under FSDP on a CPU, float32 frozen parts
+    frozen = sum(n for part, n in SDXL_BASE_WEIGHTS.items() if part != "unet")
+    assert not configs[0].ema.enabled and configs[0].fsdp and configs[0].preview_interval
+    need = SDXL_BASE_WEIGHTS["unet"] * (4 + 4 + 2 * 4 + 4) + frozen * 4
+    assert "\n" not in line and f"'sdxl-base' (sdxl-base-phase1) needs at least {need / 2**30:.1f} GiB" in line
+    assert f"{count / 1e6:,.0f}M trained weights and {frozen / 1e6:,.0f}M frozen ones" in line
+    assert "4.0 GiB is free" in line

@@ -1,10 +1,11 @@
 import numpy as np
 from streaming import LocalDataset
 
-from train.data.mds import count_samples
-from train.shapes import COLORS, RELATIONS, SHAPES, make_sample, write_shapes_dataset
-from train.shapes.grammar import parse_caption, scene_from_meta
-from train.shapes.prompts import shapes_prompts
+from models.datasets.mds import count_samples
+from models.shapes import COLORS, make_sample, RELATIONS, SHAPES
+from train.shapes import write_shapes_dataset
+from models.shapes.grammar import parse_caption, scene_from_meta
+from models.shapes.samples import shapes_prompts
 
 
 def _pixels(sample, size):
@@ -82,7 +83,7 @@ def test_prompt_sets_are_the_held_out_captions():
 
 def test_every_written_caption_is_the_grammars_phrasing():
     """Writing and parsing are one definition: the words a caption is made of are the ones the parser reads."""
-    from train.shapes.grammar import GROUP_SLOTS, captions_for
+    from models.shapes.grammar import captions_for, GROUP_SLOTS
 
     scene = {"groups": [{"count": 2, "size": "large", "color": "white", "shape": "triangle"},
                         {"count": 1, "size": "small", "color": "red", "shape": "circle"}], "relation": "left of"}
@@ -116,7 +117,7 @@ def test_vae_foreground_mask_covers_the_shapes_and_their_edges_only():
     import torch
 
     from train.shapes.prepare import foreground_mask
-    from train.shapes import BACKGROUND, make_sample
+    from models.shapes import BACKGROUND, make_sample
 
     images = [np.asarray(make_sample(4, "train", i, (32,))["images"][32], dtype=np.float32) for i in range(8)]
     x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2) / 127.5 - 1

@@ -6,10 +6,12 @@ import torch
 from streaming import LocalDataset
 
 from models.generation import aspect_bucket, read_prompt_table
-from train.shapes import COLORS, FRAMES, frame_size, framed_prompts, make_sample, regions, write_shapes_dataset
-from train.shapes.dataset import BUCKET_STEP, SOURCE_SCALE, sample_meta
-from train.shapes.grammar import parse_caption, scene_from_meta
-from train.shapes.scorer import letterbox
+from models.shapes import COLORS, frame_size, framed_prompts, FRAMES, make_sample, regions
+from train.shapes import write_shapes_dataset
+from train.shapes.dataset import BUCKET_STEP, SOURCE_SCALE
+from models.shapes.samples import sample_meta
+from models.shapes.grammar import parse_caption, scene_from_meta
+from models.shapes.scorer import letterbox
 
 BUCKETS_32 = {"wide": (40, 24), "tall": (24, 40), "square": (32, 32)}  # 5:3 whole in a 32 px budget on a step of 8
 
@@ -90,7 +92,7 @@ def test_letterbox_centres_a_wide_image_on_its_own_background():
 @pytest.mark.slow  # ~20 s of one core: 2,240 scenes drawn and converted (12 s), a scorer of 93 steps (8 s)
 def test_the_scorer_reads_left_of_and_above_in_wide_and_tall_images(tmp_path):
     from evaluate.attribute_accuracy import judge
-    from train.shapes import ShapesScorer, train_scorer
+    from models.shapes import ShapesScorer, train_scorer
 
     write_shapes_dataset(tmp_path, 2000, seed=5, sizes=(32,), n_eval=240, wide=0.75, workers=1, progress=False)
     info = train_scorer(tmp_path, tmp_path / "scorer.pt", epochs=3, batch_size=64, lr=6e-3, seed=1, progress=False)

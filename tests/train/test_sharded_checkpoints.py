@@ -1,10 +1,10 @@
 """Sharded checkpoints (``fsdp_state_dict_type: sharded``) read as plain data by every reader.
 
-The folders here are written by torch.distributed.checkpoint itself (``dcp.save`` in one process) from the suite's
-tiny run's full checkpoint, so they hold what Composer's sharded save holds: the ``state`` tree and its RNG,
-flattened into DCP's index and parts. The hostile ones are those folders with one thing changed, as an attacker
-who hands over a "checkpoint folder" would change it. The multi-rank runs that write and resume them are in
-``test_scale.py``.
+The folder here is batch 6 of a real 2-rank FSDP run (SHARD_GRAD_OP; each rank wrote its part, rank 0 the index):
+the session's run that ``test_scale.py`` kills and resumes (``conftest.killed_and_resumed``), compared with the
+same folder as one file by PyTorch's own reader. The hostile ones are that folder with one thing changed, as an
+attacker who hands over a "checkpoint folder" would change it; one with a value that runs code is written by
+``dcp.save`` in one process (``write_sharded``), as such an attacker would write it.
 """
 from __future__ import annotations
 
@@ -38,8 +38,24 @@ def write_sharded(full: Path, out: Path, extra: dict | None = None) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sharded(tiny_run, tmp_path_factory) -> Path:
-    return write_sharded(tiny_run / "ep0-ba4-rank0.pt", tmp_path_factory.mktemp("sharded") / "ep0-ba4")
+def sharded(killed_and_resumed) -> Path:
+    """Batch 6 of the session's 2-rank FSDP run, as its ranks wrote it (read only: tests change copies)."""
+    return Path(killed_and_resumed["resumed"]["folder"]) / "ep0-ba6"
+
+
+@pytest.fixture(scope="module")
+def consolidated(sharded, tmp_path_factory) -> Path:
+    """The sharded folder as one file, by PyTorch's own reader (``dcp_to_torch_save``): the ``state`` tree and its
+    RNG, Composer's layout of a full checkpoint."""
+    import warnings
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp_path_factory.mktemp("consolidated") / "ep0-ba6-rank0.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one process without a process group: DCP says it loads alone
+        dcp_to_torch_save(str(sharded), str(out))
+    return out
 
 
 def copy_of(folder: Path, tmp_path: Path) -> Path:
@@ -55,13 +71,6 @@ def rewrite_index(folder: Path, change) -> None:
     (folder / ".metadata").write_bytes(pickle.dumps(meta))
 
 
-def without_empty(tree):
-    """DCP stores leaves only: an empty dict (a text encoder config's ``pruned_heads``) is not kept."""
-    if not isinstance(tree, dict):
-        return tree
-    return {k: without_empty(v) for k, v in tree.items() if not (isinstance(v, dict) and not v)}
-
-
 class _Touch:
     """Unpickled, it creates the file it names: what a folder crafted to run code would do."""
 
@@ -72,33 +81,40 @@ class _Touch:
         return Path.touch, (self.path,)
 
 
-def test_a_sharded_folder_reads_as_its_full_checkpoint(tiny_run, sharded):
-    """Found, listed, read and weighed as the full file it was made from: raw and EMA weights, spec, step."""
+@pytest.mark.slow
+def test_a_sharded_folder_reads_as_its_full_checkpoint(sharded, consolidated):
+    """Found, listed, read and weighed as the full file PyTorch consolidates it into: raw and EMA weights, spec,
+    step; the run's other checkpoints beside it (batch 2 of 4 ranks, batch 4 saved again over the kill's torn
+    folder) are listed with it."""
     from models.checkpoints import discover, find_checkpoint, list_checkpoints, model_weights, read_checkpoint
 
-    full, folder = read_checkpoint(tiny_run / "ep0-ba4-rank0.pt"), read_checkpoint(sharded)
-    assert folder["spec"] == without_empty(full["spec"]) and folder["kind"] == "composer"
+    full, folder = read_checkpoint(consolidated), read_checkpoint(sharded)
+    assert folder["spec"] == full["spec"] and folder["kind"] == full["kind"] == "composer"
     for ema in (False, True):
         a, b = model_weights(full, ema=ema), model_weights(folder, ema=ema)
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert a and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     found = find_checkpoint(sharded)
-    assert (found.kind, found.step) == ("composer", 4)
-    assert [c.path for c in list_checkpoints(sharded.parent)] == [sharded]
-    assert [c.path for c in discover([sharded.parent])] == [sharded]
+    assert (found.kind, found.step) == ("composer", 6) == (find_checkpoint(consolidated).kind, 6)
+    run = sharded.parent
+    assert [(c.path, c.step) for c in list_checkpoints(run)] == [(run / f"ep0-ba{n}", n) for n in (2, 4, 6)]
+    assert [c.path for c in discover([run])] == [run / f"ep0-ba{n}" for n in (2, 4, 6)]
 
 
-def test_dwb_export_consolidates_a_sharded_folder(tiny_run, sharded, tmp_path):
-    """The answer for every tool that wants one file: `dwb export` writes the sharded folder's weights whole."""
+@pytest.mark.slow
+def test_dwb_export_consolidates_a_sharded_folder(sharded, consolidated, tmp_path):
+    """The answer for every tool that wants one file: `dwb export` writes the sharded folder's weights whole, as it
+    writes those of the file PyTorch consolidates the folder into."""
     from safetensors.torch import load_file
 
     from models.export import export_checkpoint
 
     out, fmt = export_checkpoint(sharded, tmp_path / "one.safetensors", ema=True)
-    ref, _ = export_checkpoint(tiny_run / "ep0-ba4-rank0.pt", tmp_path / "ref.safetensors", ema=True)
+    ref, _ = export_checkpoint(consolidated, tmp_path / "ref.safetensors", ema=True)
     a, b = load_file(out), load_file(ref)
     assert fmt == "single-file" and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_an_index_that_runs_code_when_unpickled_is_refused_without_running_it(sharded, tmp_path):
     """PyTorch reads a sharded checkpoint's index with a bare pickle.load: a folder whose ``.metadata`` creates a
     file when unpickled would create it in every reader (the app lists what is under its roots). Refused in one
@@ -134,6 +150,7 @@ def test_a_value_that_runs_code_is_refused_by_readers_and_autoresume(tiny_run, t
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_an_index_naming_a_file_outside_its_folder_is_refused(sharded, tmp_path):
     """A part named ``../secret.distcp`` (or an absolute path) would be read from wherever it points."""
     from models.checkpoints import read_checkpoint
@@ -151,6 +168,7 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused(sharded, tmp_path)
         read_checkpoint(folder)
 
 
+@pytest.mark.slow
 def test_a_declared_size_beyond_the_parts_is_refused_before_anything_is_allocated(sharded, tmp_path):
     """A weight declared as 2**40 floats (4 TiB) would be allocated whole before its chunks are copied in: the
     index's sizes are held to the bytes the parts hold first. Run under a 4 GiB address-space limit."""
@@ -176,6 +194,7 @@ def test_a_declared_size_beyond_the_parts_is_refused_before_anything_is_allocate
     assert "declares" in done.stdout and "more than its parts hold" in done.stdout, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_negative_size_cannot_hide_a_huge_one_in_the_sum(sharded, tmp_path):
     """Two weights declared as 2**40 + a real size and -2**40 sum to what the parts hold: refused by the sign
     before the first is allocated."""
@@ -196,18 +215,20 @@ def test_a_negative_size_cannot_hide_a_huge_one_in_the_sum(sharded, tmp_path):
         read_checkpoint(folder)
 
 
+@pytest.mark.slow
 def test_a_part_cut_short_is_set_aside_by_autoresume(sharded, tmp_path):
-    """A save cut short after its index was written (a part truncated): autoresume sets it aside, never deletes
-    it, and resumes from the checkpoint before."""
+    """A save cut short after its index was written (a part truncated, as a disk that lost its last writes leaves
+    it; a kill leaves no index, ``test_scale.py``): autoresume sets it aside, never deletes it, and resumes from the
+    checkpoint before."""
     from models.checkpoints import select_resume_checkpoint
 
     run = tmp_path / "checkpoints"
     older = Path(shutil.copytree(sharded, run / "ep0-ba2"))
-    newer = Path(shutil.copytree(sharded, run / "ep0-ba6"))
-    part = newer / "__0_0.distcp"
+    newer = Path(shutil.copytree(sharded, run / "ep0-ba8"))
+    part = newer / "__1_0.distcp"
     part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
-    assert select_resume_checkpoint(run) == older  # both hold batch 4; the torn one is named ba6
-    assert (run / "ep0-ba6.corrupt").is_dir() and (run / "latest-rank0.pt").resolve() == older.resolve()
+    assert select_resume_checkpoint(run) == older  # both hold batch 6; the torn one is named ba8
+    assert (run / "ep0-ba8.corrupt").is_dir() and (run / "latest-rank0.pt").resolve() == older.resolve()
 
 
 def test_sharded_needs_fsdp_and_a_local_save_folder(tmp_path):
@@ -223,6 +244,7 @@ def test_sharded_needs_fsdp_and_a_local_save_folder(tmp_path):
     assert load_config(CONFIG, [*base, "fsdp=true", "fsdp_state_dict_type=sharded"]).fsdp_state_dict_type == "sharded"
 
 
+@pytest.mark.slow
 def test_a_run_refuses_a_checkpoint_of_the_other_layout(sharded, tiny_run, tmp_path):
     """Composer's sharded loader fails deep inside on a file, and its full loader on a folder: one line first."""
     from train.config import load_config
@@ -232,7 +254,7 @@ def test_a_run_refuses_a_checkpoint_of_the_other_layout(sharded, tiny_run, tmp_p
     base = tiny_overrides(tmp_path, tmp_path, tmp_path / "c")
     full_run = load_config(CONFIG, [*base, "fsdp=true"])
     sharded_run = load_config(CONFIG, [*base, "fsdp=true", "fsdp_state_dict_type=sharded"])
-    with pytest.raises(WorkbenchError, match=r"ep0-ba4 is a sharded checkpoint folder, which only a run with "
+    with pytest.raises(WorkbenchError, match=r"ep0-ba6 is a sharded checkpoint folder, which only a run with "
                                              r"fsdp=true fsdp_state_dict_type=sharded loads"):
         check_checkpoint_layout(full_run, sharded, "config key 'load_path'")
     with pytest.raises(WorkbenchError, match=r"ep0-ba4-rank0.pt is a full checkpoint file"):

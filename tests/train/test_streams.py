@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 
 from train.config import DataConfig, load_config
-from train.data import StreamConfig
+from models.datasets import StreamConfig
 from train.data.loader import make_dataset
 from models.errors import WorkbenchError
 

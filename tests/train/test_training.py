@@ -162,7 +162,7 @@ def test_gpu_only_features_are_refused_on_cpu(shapes_data, components, tmp_path)
 
 
 def test_empty_dataset_is_refused(components, tmp_path):
-    from train.data.mds import open_writer
+    from models.datasets.mds import open_writer
 
     open_writer(tmp_path / "empty" / "16").finish()
     over = tiny_overrides(tmp_path / "empty", components, tmp_path / "c")

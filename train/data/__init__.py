@@ -17,7 +17,6 @@ from models.common import face
 __getattr__, __all__ = face(__name__, {
     "convert": "ConvertSummary convert_to_mds join_parts",
     "latents": "META check_compatible decode_array read_meta",
-    "loader": "build_dataloader check_remote_access image_to_tensor latent_meta token_ids",
-    "mds": "ASPECT_COLUMNS StreamConfig bucket_dirs count_samples open_local open_writer",
+    "loader": "build_dataloader check_remote_access image_to_tensor latent_meta model_range token_ids",
     "precompute": "precompute_latents",
 })

@@ -51,7 +51,7 @@ from models.generation import (DEFAULT_MAX_ASPECT, assign, bucket_name, bucket_s
 
 from .image_folders import folder_records
 from .layouts import Columns, plan_units
-from .mds import checked_index, image_columns, open_writer
+from models.datasets import checked_index, image_columns, open_writer
 from .records import Filter, ReadCounts, Record
 from .tables import DEFAULT_MAX_ROW_GROUP_BYTES, hf_records, parquet_records
 from .tar_shards import tar_records

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader
 from models.common import load_outside
 from models.errors import WorkbenchError, first_line
 
-from .mds import (StreamConfig, bucket_folders, buckets_of_index, by_aspect, check_safe_columns, count_samples,
-                  open_streaming)
+from models.datasets import (StreamConfig, bucket_folders, buckets_of_index, by_aspect, check_safe_columns,
+                             count_samples, open_streaming)
 
 
 def square_crop(img: Image.Image, resolution: int, center_crop: bool = True,
@@ -49,10 +49,21 @@ def crop_to_array(img: Image.Image, resolution: int, center_crop: bool = True,
     return square_crop(img, resolution, center_crop, rng)[0]
 
 
+def channels_first(pixels: np.ndarray) -> torch.Tensor:
+    """(..., R, R, 3) uint8 -> (..., 3, R, R) uint8, a view of the same bytes: what a training batch ships."""
+    return torch.from_numpy(np.ascontiguousarray(pixels)).movedim(-1, -3)
+
+
+def model_range(images: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels -> float in [-1, 1], where they are (the model calls it on the device: a batch travels as bytes,
+    a quarter of float32's)."""
+    return images.float().div_(127.5).sub_(1.0)
+
+
 def to_model_range(pixels: np.ndarray) -> torch.Tensor:
     """(..., R, R, 3) uint8 -> (..., 3, R, R) float in [-1, 1]; one op per batch, not per image
     (each small-tensor op costs ~0.1 ms on CPU, which made per-image conversion half the loader's time)."""
-    return torch.from_numpy(np.ascontiguousarray(pixels)).movedim(-1, -3).float().div_(127.5).sub_(1.0)
+    return model_range(channels_first(pixels))
 
 
 def image_to_tensor(img: Image.Image, resolution: int, center_crop: bool = True,
@@ -234,8 +245,9 @@ class LatentsAndCaptions:
 
 
 class TokenizingCollate:
-    """Batches samples: images to (B, 3, H, W) in [-1, 1], captions tokenized in one call, and each image's
-    ``original_size`` (height, width) and ``crop_top_left`` (top, left) as (B, 2) long tensors.
+    """Batches samples: images to (B, 3, H, W) uint8 (the model maps them to [-1, 1] on its device: ``model_range``),
+    captions tokenized in one call, and each image's ``original_size`` (height, width) and ``crop_top_left`` (top,
+    left) as (B, 2) long tensors.
 
     ``other_phrasings``: also ``input_ids_alt``, each caption's other phrasing (training that never swaps
     phrasings skips tokenizing them). ``tokenizer_2``: the second text tower's own tokenizer (SDXL's, Flux.1's T5's),
@@ -255,7 +267,7 @@ class TokenizingCollate:
         ids = {"input_ids": token_ids(self.tokenizer, unique)}  # one call per tokenizer
         if self.tokenizer_2 is not None:
             ids["input_ids_2"] = token_ids(self.tokenizer_2, unique, self.max_length_2)
-        out = {"image": to_model_range(np.stack([s["image"] for s in samples])),
+        out = {"image": channels_first(np.stack([s["image"] for s in samples])),
                **{key: table[[row[c] for c in captions]] for key, table in ids.items()}}
         for key in ("original_size", "crop_top_left"):  # SDXL's size and crop conditioning, (B, 2) each
             if key in samples[0]:
@@ -356,18 +368,19 @@ def check_node_shared_memory() -> None:
     line saying what is wrong. Every rank joins (two barriers and a broadcast), once, before the data opens."""
     from composer.utils import dist
 
+    from models.common import barrier, broadcast_object
+
     nodes = dist.get_world_size() // dist.get_local_world_size()
     if nodes < 2 or not SHARED_MEMORY.is_dir():
         return
-    token = [os.urandom(6).hex() if dist.get_global_rank() == 0 else None]
-    dist.broadcast_object_list(token, src=0)
-    mark = SHARED_MEMORY / f"dwb-node-{token[0]}-{dist.get_node_rank()}"
+    token = broadcast_object(os.urandom(6).hex() if dist.get_global_rank() == 0 else None)
+    mark = SHARED_MEMORY / f"dwb-node-{token}-{dist.get_node_rank()}"
     if dist.get_local_rank() == 0:
         mark.touch()
-    dist.barrier()
+    barrier()
     shared = sorted(n for n in range(nodes)
-                    if n != dist.get_node_rank() and (SHARED_MEMORY / f"dwb-node-{token[0]}-{n}").exists())
-    dist.barrier()
+                    if n != dist.get_node_rank() and (SHARED_MEMORY / f"dwb-node-{token}-{n}").exists())
+    barrier()
     if dist.get_local_rank() == 0:
         mark.unlink(missing_ok=True)
     if shared:
@@ -562,10 +575,12 @@ def make_dataset(data_cfg, batch_size: int, seed: int, with_ids: bool = False, c
 
 def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last: bool = True,
                      with_ids: bool = False, other_phrasings: bool = True, captions: bool = False,
-                     tokenizer_2=None, max_length_2: int | None = None) -> DataLoader:
+                     tokenizer_2=None, max_length_2: int | None = None, pin_memory: bool = False) -> DataLoader:
     """``other_phrasings``: batches carry each caption's other phrasing too (``model.other_phrasing`` > 0);
     ``captions``: precomputed latents come with their captions' token ids instead of stored text states;
-    ``tokenizer_2``: the second text tower's own tokenizer, its ids as ``input_ids_2`` padded to ``max_length_2``."""
+    ``tokenizer_2``: the second text tower's own tokenizer, its ids as ``input_ids_2`` padded to ``max_length_2``;
+    ``pin_memory``: batches in page-locked memory (training on a GPU), which Composer's non-blocking copy to the
+    device then overlaps with the step instead of waiting for it."""
     if (captions or not data_cfg.precomputed) and tokenizer is None:
         raise WorkbenchError("training on captions needs a tokenizer: set model.pretrained to a folder with tokenizer/")
     dataset = make_dataset(data_cfg, batch_size, seed, with_ids=with_ids, captions=captions)
@@ -576,4 +591,4 @@ def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last:
         collate = TokenizingCollate(fast_tokenizer(tokenizer), other_phrasings=other_phrasings,
                                     tokenizer_2=fast_tokenizer(tokenizer_2), max_length_2=max_length_2)
     return DataLoader(dataset, batch_size=batch_size, num_workers=data_cfg.num_workers, drop_last=drop_last,
-                      collate_fn=collate, persistent_workers=data_cfg.num_workers > 0)
+                      collate_fn=collate, persistent_workers=data_cfg.num_workers > 0, pin_memory=pin_memory)

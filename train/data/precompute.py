@@ -73,7 +73,7 @@ def encode_batch(vae, text_encoder, tokenizer, pixels: torch.Tensor, captions: l
 
 def _sources(src: str, resolutions: list[int] | None, cache: str | None) -> list[tuple[int, str, str | None]]:
     """(side, local folder, remote) per bucket to encode."""
-    from .mds import bucket_dirs
+    from models.datasets import bucket_dirs
 
     if "://" in src:
         if not resolutions or len(resolutions) != 1:
@@ -103,7 +103,7 @@ def _sources(src: str, resolutions: list[int] | None, cache: str | None) -> list
 def _refuse_aspect_buckets(folder: str) -> None:
     """Latents are stored centre-cropped to one square side: a dataset of aspect-ratio buckets would lose the
     buckets, and its size and crop conditioning, without a word."""
-    from .mds import bucket_folders
+    from models.datasets import bucket_folders
 
     if bucket_folders(folder):
         raise WorkbenchError(f"{folder} holds aspect-ratio buckets (`dwb data convert --aspect-buckets`), which "
@@ -184,7 +184,7 @@ def _open_source(local: str, remote: str | None):
     """The source bucket as a Streaming dataset (a local one's index checked against its shards, columns
     checked, read errors one line naming it), and its sample count."""
     from .loader import NamedStreamingDataset
-    from .mds import check_safe_columns, count_samples, open_streaming
+    from models.datasets import check_safe_columns, count_samples, open_streaming
 
     where = f"the source dataset {remote or local}"
     n = count_samples(local) if remote is None else None
@@ -240,14 +240,14 @@ def _claim(target: Path, meta: dict) -> None:
 
 def encode_bucket(enc: Encoding, side: int, local: str, remote: str | None, target: Path) -> dict:
     """One bucket, chunk by chunk (each rank its share), then merged by rank 0; a summary dict."""
-    from composer.utils import dist
+    from models.common import barrier
 
     t0 = time.perf_counter()
     dataset, n = _open_source(local, remote)
     meta = _bucket_meta(enc, dataset, side, n, remote or str(Path(local).resolve()))
     if enc.rank == 0:
         _claim(target, meta)
-    dist.barrier()
+    barrier()
     summary = {"resolution": side, "out": str(target), "samples": n, "encoded": 0, "resumed_chunks": 0}
     if json.loads((target / META).read_text()).get("complete"):
         return {**summary, "seconds": time.perf_counter() - t0, "already_done": True}
@@ -261,13 +261,13 @@ def encode_bucket(enc: Encoding, side: int, local: str, remote: str | None, targ
         start, stop = k * enc.chunk_size, min(n, (k + 1) * enc.chunk_size)
         summary["encoded"] += encode_chunk(enc, dataset, side, range(start, stop), chunk_dirs[k], cols, bar)
     bar.close()
-    dist.barrier()
+    barrier(patient=True)  # a rank may hold a chunk (2048 samples by default) more: minutes of VAE at 1024 px
     if enc.rank == 0:
         total = _merge_chunks(target, chunk_dirs)
         if total != n:
             raise WorkbenchError(f"{target}: merged {total} samples, expected {n}")
         (target / META).write_text(json.dumps({**meta, "complete": True}))
-    dist.barrier()
+    barrier()
     return {**summary, "resumed_chunks": len(mine) - len(todo), "seconds": time.perf_counter() - t0,
             "already_done": False}
 

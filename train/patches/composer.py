@@ -48,12 +48,6 @@ there at call time.
 Nodes sharing a save folder, as on a shared file system, wrote and deleted one file: node 0's first process
 found it gone (FileNotFoundError) when 2 nodes x 2 processes resumed, as reported upstream in
 mosaicml/llm-foundry#1736. The random part still comes from rank 0; the node part is each node's own.
-
-**EMA under FSDP** (``patch_composer_ema``). Composer summons FSDP's full weights for EMA since
-mosaicml/composer#2157 (EMA + FSDP support); in 0.32.1 ``composer.algorithms.ema.ema.get_model_context_manager``
-does it through ``model.module``, which the workbench's model does not have (its FSDP units are its children).
-That module-level function, which Composer's EMA looks up at call time, is replaced by ``train.patches.fsdp
-.fsdp_full_params``, which gathers them on the whole model (a no-op context without FSDP, as Composer's is).
 """
 from __future__ import annotations
 
@@ -63,8 +57,6 @@ import warnings
 from composer.core import Callback, Event, State
 from composer.loggers import Logger
 from composer.utils import reproducibility
-
-from .fsdp import fsdp_full_params
 
 # The versions this module was written and tested against (`tests/train/test_compat.py` compares them).
 WRITTEN_FOR = {"mosaicml": "0.32.1", "mosaicml-streaming": "0.13.0"}
@@ -135,10 +127,3 @@ def signal_files_per_node() -> None:
 
     name.per_node = True
     composer_dist.get_node_signal_file_name = name
-
-
-def patch_composer_ema() -> None:
-    """Composer's EMA code gathers FSDP weights with ``fsdp_full_params`` (see above; idempotent)."""
-    import composer.algorithms.ema.ema as composer_ema
-
-    composer_ema.get_model_context_manager = fsdp_full_params

@@ -1,8 +1,7 @@
-"""Shapes samples and datasets: a scene, its caption and its images, a pure function of (seed, split, index).
+"""Shapes datasets: the samples of the shapes domain written as MDS datasets, square or in aspect-ratio buckets.
 
-`sample_meta` makes every random draw of a sample (scene, frame, layout, phrasing); `make_sample` renders its
-images, `write_shapes_dataset` writes the MDS buckets and the prompt sets (``prompts.py``) call
-`sample_meta` itself, so a caption is the same wherever it is asked for.
+`write_shapes_dataset` writes each sample `models.shapes.make_sample` draws into the MDS buckets, and the prompt sets
+beside them (``models.shapes``' prompt sets, drawn by the same function).
 
 With a share of wide and tall scenes (``wide``), each split is drawn at a source resolution into an image
 folder (PNG, caption, attributes; a temporary one beside OUT) and converted by `dwb data convert
@@ -15,63 +14,13 @@ import csv
 import json
 from pathlib import Path
 
-import numpy as np
-
 from models.errors import WorkbenchError
+from models.shapes import FRAMES, captions_for, framed_prompts, make_sample
 
-from .grammar import captions_for
-from .scenes import FRAME_OF, FRAMES, layout, render, sample_scene
-
-# Stream ids keep the train and eval splits disjoint for the same seed.
-SPLITS = {"train": 0, "eval": 1}
-FRAME_STREAM = 1  # a sample's frame comes from a stream of its own: its scene and a square dataset stay as they were
 # Conversion of a dataset with wide and tall scenes: buckets on the VAE's step of 8, which is also the size step
 # evaluate and `dwb sample --aspect` draw a bucket on (a step of 32 leaves a 32 px budget only its square).
 BUCKET_STEP = 8
 SOURCE_SCALE = 3  # the source's shorter side: 3 x the largest budget, whole pixels for 5:3 and above every bucket
-
-
-def sample_frame(seed: int, split: str, index: int, relation: str | None, wide: float) -> str:
-    """The sample's frame: with probability ``wide`` the one its relation takes (``FRAME_OF``; one group: wide or
-    tall alike), else square."""
-    if wide <= 0:
-        return "square"
-    rng = np.random.default_rng([seed, SPLITS[split], index, FRAME_STREAM])
-    if rng.random() >= wide:
-        return "square"
-    return FRAME_OF[relation] if relation else ("wide", "tall")[int(rng.integers(2))]
-
-
-def sample_meta(seed: int, split: str, index: int, wide: float = 0.0) -> tuple[str, dict]:
-    """A sample's caption and its stored attributes (``meta``: groups, relation, boxes, every phrasing,
-    with_size, and ``frame`` where it is not square), with no image drawn."""
-    rng = np.random.default_rng([seed, SPLITS[split], index])
-    scene = sample_scene(rng)
-    frame = sample_frame(seed, split, index, scene["relation"], wide)
-    boxes = layout(scene, rng, frame)
-    with_size = bool(rng.random() < 0.5)
-    phrasings = captions_for(scene, with_size)
-    caption = phrasings[rng.integers(len(phrasings))]
-    meta = {**scene, "boxes": boxes, "captions": phrasings, "with_size": with_size}
-    return caption, meta if frame == "square" else {**meta, "frame": frame}
-
-
-def framed_prompts(n: int, seed: int = 0, wide: float = 0.0) -> list[tuple[str, str, str]]:
-    """The captions of the first ``n`` held-out samples, their category ("one group" or "two groups") and their
-    frame ("square", "wide", "tall"; ``wide``: the dataset's share of wide and tall scenes)."""
-    prompts = []
-    for i in range(n):
-        caption, meta = sample_meta(seed, "eval", i, wide)
-        prompts.append((caption, "two groups" if meta["relation"] else "one group", meta.get("frame", "square")))
-    return prompts
-
-
-def make_sample(seed: int, split: str, index: int, sizes: tuple[int, ...], wide: float = 0.0) -> dict:
-    """One sample: images per size (the frame's shorter side), caption and attributes."""
-    caption, meta = sample_meta(seed, split, index, wide)
-    scene = {"groups": meta["groups"], "relation": meta["relation"]}
-    frame = meta.get("frame", "square")
-    return {"images": {s: render(scene, meta["boxes"], s, frame) for s in sizes}, "caption": caption, "meta": meta}
 
 
 def write_shapes_dataset(out, n: int, seed: int, sizes: tuple[int, ...] = (16, 32), n_eval: int = 1000,
@@ -88,7 +37,7 @@ def write_shapes_dataset(out, n: int, seed: int, sizes: tuple[int, ...] = (16, 3
         return write_wide_dataset(out, n, seed, sizes, n_eval, eval_size, wide, progress, workers)
     from tqdm import tqdm
 
-    from ..data import open_writer
+    from models.datasets import open_writer
 
     out = Path(out)
     plan = [("train", n, sizes, lambda s: out / str(s)), ("eval", n_eval, (eval_size,), lambda s: out / "eval" / str(s))]

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from models.errors import WorkbenchError
 
-from ..data import count_samples
+from models.datasets import count_samples
 
 SPECIAL = ["<|startoftext|>", "<|endoftext|>"]
 
@@ -68,7 +68,8 @@ def _canonical_ids(folder: Path) -> None:
 
 def read_bucket(folder: str | Path, resolution: int, limit: int):
     """Up to ``limit`` (images (N, 3, R, R) in [-1, 1], captions) from an MDS bucket, in order."""
-    from ..data import image_to_tensor, open_local  # with Streaming, which imports transformers' auto classes: seconds
+    from ..data import image_to_tensor
+    from models.datasets import open_local  # with Streaming, which imports transformers' auto classes: seconds
 
     n = min(limit, count_samples(folder))
     ds = open_local(folder)

@@ -18,8 +18,8 @@ from models.checkpoints import fingerprint
 from models.errors import WorkbenchError
 
 from .clip import DEFAULT_CLIP, load_clip
-from .config import PREFERENCE_WEIGHTS
 from .preference import Head, load_state, to_pil, weights_file
+from .weights import PREFERENCE_WEIGHTS
 
 AESTHETIC_FILE = PREFERENCE_WEIGHTS["aesthetic"]
 WHERE = "the improved-aesthetic-predictor repository of christophschuhmann on GitHub"

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from models.errors import WorkbenchError, first_line
-from models.common import Range, checked, load_outside
+from ..common import Range, checked, load_outside
+from ..errors import WorkbenchError, first_line
 
-from .storage import outside_root
+from ..readers import outside_root
 
 
 @dataclass

@@ -22,8 +22,8 @@ import torch
 from models.checkpoints import fingerprint
 from models.errors import WorkbenchError
 
-from .config import PREFERENCE_WEIGHTS
 from .preference import load_state, to_pil, weights_file
+from .weights import PREFERENCE_WEIGHTS
 
 HPS_REPO, HPS_FILE = PREFERENCE_WEIGHTS["hps"], "HPS_v2.1_compressed.pt"
 ARCHITECTURE = "ViT-H-14"

@@ -15,8 +15,8 @@ import torch
 
 from models.checkpoints import fingerprint
 
-from .config import PREFERENCE_WEIGHTS
 from .preference import pretrained_folder, to_pil
+from .weights import PREFERENCE_WEIGHTS
 
 DEFAULT_PICKSCORE = PREFERENCE_WEIGHTS["pickscore"]
 PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"

@@ -1,18 +1,16 @@
-"""The Composer models: latent diffusion around a trainable denoiser, a frozen VAE and a frozen text encoder.
+"""The model every recipe trains: latent diffusion around a trainable denoiser, a frozen VAE and frozen text towers.
 
 - ``LatentDiffusion``: a UNet trained on the diffusion schedule (Ho et al. 2020; v-prediction from Salimans & Ho
   2022; min-SNR-gamma weighting from Hang et al. 2023): x0 = VAE latents * scaling_factor, t ~ U{0..999},
   x_t = sqrt(a_t) x0 + sqrt(1 - a_t) eps, and the UNet predicts eps or v = sqrt(a_t) eps - sqrt(1 - a_t) x0.
 - ``RectifiedFlowTransformer``: an MMDiT (diffusers' ``SD3Transformer2DModel``) trained with rectified flow
   (``models.families.RectifiedFlow``): x0 = (latents - shift) * scale, x_t = (1 - t) x0 + t eps with t drawn
-  logit-normal and shifted, and the transformer predicts the velocity eps - x0, conditioned as SD3's pipeline
-  conditions it (CLIP penultimate states and pooled outputs).
-- ``MicroConditionedUNet``: SDXL's UNet on the same diffusion schedule, conditioned as ``StableDiffusionXLPipeline``
-  conditions it: two text towers' penultimate states side by side, the second's pooled projected output, and each
-  image's original size, crop and target size (Podell et al. 2023, "micro-conditioning").
+  logit-normal or uniform and shifted, and the transformer predicts the velocity eps - x0, conditioned as SD3's
+  pipeline conditions it (CLIP penultimate states and pooled outputs). Flux.1's transformer (``flux``) is one.
 
-Every model's ``encode_text`` returns a ``TextConditioning``: the per-token states the denoiser attends to, and the
-pooled output where the family conditions on one; SDXL's ``latents_and_text`` adds each image's time ids to it.
+SDXL's micro-conditioned UNet (``sdxl``) is a ``LatentDiffusion`` too. Every model's ``encode_text`` returns a
+``TextConditioning``: the per-token states the denoiser attends to, and the pooled output where the family conditions
+on one; SDXL's ``latents_and_text`` adds each image's time ids to it.
 
 A model whose second text tower has its own tokenizer (``take_second_tokenizer``: SDXL's ``tokenizer_2``, Flux.1's T5
 tokenizer) reads batches with ``input_ids_2`` beside ``input_ids``; caption dropout and the other phrasing draw one
@@ -20,6 +18,7 @@ mask per sample and apply it to both.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -32,36 +31,58 @@ from models.families import TRAIN_TIMESTEPS
 
 class Draws:
     """A batch's random draws (posterior noise, phrasing, caption dropout, timesteps, noise): from the rank's
-    global generator (``None``: Composer seeds rank r with seed + r, so a sample's draws depend on which rank
-    and microbatch it lands in), or from one generator per sample keyed by the run's seed, the epoch and the
-    sample's index in the dataset: the same draws whatever the number of ranks, nodes or microbatches, which
-    an elastic resume (4 ranks to 2) needs to end where an uninterrupted run does."""
+    global generator (no ``seed``: Composer seeds rank r with seed + r, so a sample's draws depend on which rank
+    and microbatch it lands in), or per sample from a counter-based generator (``philox``) keyed by the run's seed,
+    the epoch and the sample's index in the dataset: the same draws whatever the number of ranks, nodes or
+    microbatches, which an elastic resume (4 ranks to 2) needs to end where an uninterrupted run does.
 
-    def __init__(self, generators: list[torch.Generator] | None = None):
-        self.generators = generators
+    Per-sample draws are computed where the batch is, from its ``epoch`` and ``sample_id`` tensors: nothing is read
+    back to the host. One generator per sample on the CPU took 12 ms of the host a microbatch at SDXL-1024 (2 threads,
+    bench/step_syncs.py), its ids read with ``tolist()`` and its noise copied to the GPU, each a wait for the GPU's
+    queue; on a CPU device Philox costs more (73 ms there). Each call of a method draws from the next stream of every
+    sample (the model makes the same calls in the same order on every rank), so no two calls share numbers."""
+
+    def __init__(self, seed: int | None = None, epoch: torch.Tensor | None = None,
+                 index: torch.Tensor | None = None):
+        self.seed, self.epoch, self.index = seed, epoch, index
+        self.streams = 0
 
     @classmethod
     def of_batch(cls, batch: dict, seed: int | None) -> "Draws":
         if seed is None or "sample_id" not in batch:
             return cls()
-        keys = zip(batch["epoch"].tolist(), batch["sample_id"].tolist())
-        return cls([torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 2_147_483_647 + index)
-                    for epoch, index in keys])
+        return cls(seed, batch["epoch"], batch["sample_id"])
+
+    @property
+    def per_sample(self) -> bool:
+        return self.seed is not None
+
+    def words(self, quads: int, device) -> torch.Tensor:
+        """(B, 4 x quads) 32-bit words of the next stream of each sample."""
+        from .philox import sample_words
+
+        self.streams += 1
+        return sample_words(self.seed, self.epoch.to(device), self.index.to(device), self.streams, quads)
 
     def uniform(self, n: int, device) -> torch.Tensor:
-        if self.generators is None:
+        if not self.per_sample:
             return torch.rand(n, device=device)
-        return torch.stack([torch.rand((), generator=g) for g in self.generators]).to(device)
+        from .philox import uniforms
+
+        return uniforms(self.words(1, device)[:, 0])
 
     def normal(self, shape, device, dtype) -> torch.Tensor:
-        if self.generators is None:
+        if not self.per_sample:
             return torch.randn(shape, device=device, dtype=dtype)
-        return torch.stack([torch.randn(shape[1:], generator=g) for g in self.generators]).to(device, dtype)
+        from .philox import normals_of
+
+        count = math.prod(shape[1:])
+        return normals_of(self.words(-(-count // 4), device), count).view(shape).to(dtype)
 
     def timesteps(self, high: int, n: int, device) -> torch.Tensor:
-        if self.generators is None:
+        if not self.per_sample:
             return torch.randint(0, high, (n,), device=device)
-        return torch.cat([torch.randint(0, high, (1,), generator=g) for g in self.generators]).to(device)
+        return self.words(1, device)[:, 0] % high  # 32 random bits: a bias of high / 2^32 at most
 
 
 @dataclass(frozen=True)
@@ -98,6 +119,7 @@ class LatentDiffusion(ComposerModel):
     reads_captions = False  # precomputed data: its stored text states condition the UNet
     # The trained part's attribute: its parameters' names in state dicts and checkpoints (``unet.*``, ``transformer.*``)
     denoiser_name = "unet"
+    family = "sd2"  # the ``models.families`` entry that assembles its pipeline
     # The second text tower's own tokenizer and the tokens it pads a caption to (``take_second_tokenizer``); None:
     # the second tower, where there is one, reads the first tokenizer's ids
     tokenizer_2 = None
@@ -134,7 +156,7 @@ class LatentDiffusion(ComposerModel):
         self.caption_dropout = caption_dropout
         self.other_phrasing = other_phrasing
         if tokenizer is not None:  # dropped captions become the empty caption (classifier-free guidance)
-            from .data import token_ids
+            from ..data import token_ids
 
             self.register_buffer("empty_ids", token_ids(tokenizer, [""]), persistent=False)
 
@@ -153,7 +175,7 @@ class LatentDiffusion(ComposerModel):
         """The second tower's own tokenizer (SDXL's ``tokenizer_2``, which pads with "!", Flux.1's T5 tokenizer), its
         captions padded to ``max_length`` tokens (its ``model_max_length`` unless given); a dropped caption becomes
         its own empty caption. None: the second tower reads the first tokenizer's ids."""
-        from .data import token_ids
+        from ..data import token_ids
 
         if tokenizer_2 is None:
             return
@@ -173,7 +195,7 @@ class LatentDiffusion(ComposerModel):
 
     def caption_ids(self, captions: list[str]) -> dict[str, torch.Tensor]:
         """The token ids of ``captions`` under ``id_keys``, as the loader's batches carry them."""
-        from .data import token_ids
+        from ..data import token_ids
 
         ids = {"input_ids": token_ids(self.tokenizer, captions)}
         if self.tokenizer_2 is not None:
@@ -206,10 +228,19 @@ class LatentDiffusion(ComposerModel):
         return getattr(self, self.denoiser_name)
 
     def pipeline_with(self, denoiser):
-        """A diffusers pipeline drawing with ``denoiser`` (this model's, or a full copy of it) and the frozen parts."""
-        from models.checkpoints import build_pipeline
+        """A diffusers pipeline drawing with ``denoiser`` (this model's, or a full copy of it) and the frozen parts,
+        as the model's family assembles one (``family``)."""
+        from models.checkpoints import assemble_pipeline
+        from models.families import family_named
 
-        return build_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.prediction_type)
+        parts = {self.denoiser_name: denoiser, "vae": self.vae, "text_encoder": self.text_encoder,
+                 "text_encoder_2": getattr(self, "text_encoder_2", None)}
+        tokenizers = {"tokenizer": self.tokenizer, "tokenizer_2": self.second_tokenizer}
+        return assemble_pipeline(family_named(self.family), parts, tokenizers, self.trained_settings())
+
+    def trained_settings(self) -> dict:
+        """What the pipeline's sampler takes from training: the UNet's prediction type."""
+        return {"prediction_type": self.prediction_type}
 
     @property
     def scaling_factor(self) -> float:
@@ -225,9 +256,14 @@ class LatentDiffusion(ComposerModel):
 
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
-        """(B, 3, H, W) in [-1, 1] -> (B, C, H/f, W/f) scaled latents, sampled from the posterior."""
+        """(B, 3, H, W) in [-1, 1], or uint8 pixels as the loader ships them (mapped to [-1, 1] here, on the
+        device) -> (B, C, H/f, W/f) scaled latents, sampled from the posterior."""
+        if images.dtype == torch.uint8:
+            from ..data import model_range
+
+            images = model_range(images)
         posterior = self.vae.encode(images).latent_dist
-        if draws is None or draws.generators is None:
+        if draws is None or not draws.per_sample:
             return self.scaled(posterior.sample())
         eps = draws.normal(posterior.mean.shape, posterior.mean.device, posterior.mean.dtype)
         return self.scaled(posterior.mean + posterior.std * eps)
@@ -313,11 +349,12 @@ class LatentDiffusion(ComposerModel):
         """The UNet's output on noised latents at timesteps ``t``, conditioned on ``text``."""
         return self.unet(noisy, t, encoder_hidden_states=text.states).sample
 
-    def per_sample_loss(self, outputs) -> torch.Tensor:
-        """The training objective of each sample: MSE, weighted by min-SNR-gamma where configured."""
+    def per_sample_loss(self, outputs, weighted: bool = True) -> torch.Tensor:
+        """The training objective of each sample: MSE, weighted by min-SNR-gamma where configured (``weighted``;
+        validation reports the plain MSE)."""
         pred, target, t = outputs
         per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
-        if self.min_snr_gamma is not None:
+        if weighted and self.min_snr_gamma is not None:
             snr = self.alphas_cumprod.to(t.device)[t] / (1 - self.alphas_cumprod.to(t.device)[t])
             clipped = snr.clamp(max=self.min_snr_gamma)
             per_sample = per_sample * (clipped / snr if self.prediction_type == "epsilon" else clipped / (snr + 1))
@@ -340,6 +377,7 @@ class RectifiedFlowTransformer(LatentDiffusion):
     ``1000 t`` for t in [0, 1]: integers at validation's fixed timesteps, any real number in training."""
 
     denoiser_name = "transformer"
+    family = "sd3"
 
     def __init__(self, transformer, vae, text_encoder, tokenizer, *, flow, clip_slots: int = 2,
                  caption_dropout: float = 0.1, other_phrasing: float = 0.0, per_sample_seed: int | None = None):
@@ -352,10 +390,9 @@ class RectifiedFlowTransformer(LatentDiffusion):
     def take_schedule(self) -> None:
         """No DDPM schedule: the rectified flow (``flow``) draws the timesteps and noises the latents."""
 
-    def pipeline_with(self, denoiser):
-        from models.checkpoints import build_flow_pipeline
-
-        return build_flow_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.flow.shift)
+    def trained_settings(self) -> dict:
+        """What the pipeline's sampler takes from training: the flow's shift."""
+        return {"shift": self.flow.shift}
 
     def fsdp_wrap_fn(self, module: torch.nn.Module) -> bool:
         """Each joint transformer block is its own FSDP unit (the transformer itself is the outer one)."""
@@ -383,7 +420,8 @@ class RectifiedFlowTransformer(LatentDiffusion):
         return latents - self.shift_factor * self.scaling_factor, self.encode_text(*self.drop_captions(ids, draws))
 
     def draw_timesteps(self, draws: Draws, n: int, device) -> torch.Tensor:
-        return self.flow.draw_t(draws.normal((n,), device, torch.float32)) * TRAIN_TIMESTEPS
+        draw = draws.uniform(n, device) if self.flow.draws_uniform else draws.normal((n,), device, torch.float32)
+        return self.flow.draw_t(draw) * TRAIN_TIMESTEPS
 
     def denoise(self, latents: torch.Tensor, text: TextConditioning, noise: torch.Tensor, t: torch.Tensor):
         """(velocity predicted, velocity, t in [0, 1]) for the latents noised to ``t / 1000``."""
@@ -393,120 +431,9 @@ class RectifiedFlowTransformer(LatentDiffusion):
                                 pooled_projections=text.pooled).sample
         return pred, self.flow.velocity(latents, noise), sigma
 
-    def per_sample_loss(self, outputs) -> torch.Tensor:
-        """The MSE to the velocity, weighted by the flow's weighting at each sample's t."""
+    def per_sample_loss(self, outputs, weighted: bool = True) -> torch.Tensor:
+        """The MSE to the velocity, weighted by the flow's weighting at each sample's t (``weighted``; validation
+        reports the plain MSE: sigma_sqrt's weight 1 / t^2 is infinite at t = 0)."""
         pred, target, sigma = outputs
         per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
-        return per_sample * self.flow.weights(sigma).to(per_sample.device)
-
-
-def time_ids(original_size: torch.Tensor, crop_top_left: torch.Tensor, target_size: tuple[int, int]) -> torch.Tensor:
-    """(B, 6) float: SDXL's added time ids of each image in the order ``StableDiffusionXLPipeline._get_add_time_ids``
-    lays them out: original (height, width), crop (top, left), target (height, width)."""
-    target = torch.tensor(target_size, device=original_size.device).expand(len(original_size), 2)
-    return torch.cat([original_size, crop_top_left, target], dim=1).float()
-
-
-class MicroConditionedUNet(LatentDiffusion):
-    """SDXL's UNet ("text_time" added conditioning) on the diffusion schedule. Each batch of images carries
-    ``original_size`` and ``crop_top_left`` (the loader's: SDXL's c_size and c_crop), the target size is the image's;
-    caption dropout empties the caption for both towers. The second tower reads its own tokenizer's ids where the model
-    has one (SDXL's ``tokenizer_2``, which pads with "!"), else the first's (the tiny architecture's towers share
-    one). Held-out batches (validation) carry no sizes: they are conditioned as the pipeline conditions a
-    sample, original size = target size, no crop."""
-
-    def __init__(self, unet, vae, text_encoder, text_encoder_2, tokenizer, tokenizer_2=None, **options):
-        super().__init__(unet, vae, text_encoder, tokenizer, **options)
-        self.take_second_tower(text_encoder_2)
-        self.take_second_tokenizer(tokenizer_2)
-
-    def pipeline_with(self, denoiser):
-        from models.checkpoints import build_sdxl_pipeline
-
-        return build_sdxl_pipeline(denoiser, self.vae, self.text_encoder, self.text_encoder_2, self.tokenizer,
-                                   self.second_tokenizer, self.prediction_type)
-
-    @torch.no_grad()
-    def encode_text(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor | None = None) -> TextConditioning:
-        """(B, L) token ids (and the second tokenizer's, where the second tower has its own) -> both towers'
-        penultimate states side by side (B, L, D1 + D2) and the second's pooled, projected output (B, P), as
-        ``StableDiffusionXLPipeline.encode_prompt`` builds them."""
-        first = self.text_encoder(input_ids, output_hidden_states=True)
-        second = self.text_encoder_2(input_ids if input_ids_2 is None else input_ids_2, output_hidden_states=True)
-        return TextConditioning(torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1),
-                                second.text_embeds)
-
-    def latents_and_text(self, batch: dict, draws: Draws = Draws()) -> tuple[torch.Tensor, TextConditioning]:
-        """Scaled latents, and the text states, pooled output and time ids of each image."""
-        latents, text = super().latents_and_text(batch, draws)
-        if "original_size" not in batch or "crop_top_left" not in batch:
-            raise RuntimeError("an image batch for SDXL's micro-conditioning carries original_size and crop_top_left")
-        ids = time_ids(batch["original_size"], batch["crop_top_left"], tuple(batch["image"].shape[-2:]))
-        return latents, replace(text, time_ids=ids.to(text.states.dtype))
-
-    def predict(self, noisy: torch.Tensor, t: torch.Tensor, text: TextConditioning) -> torch.Tensor:
-        sizes = text.time_ids
-        if sizes is None:  # held out: as a sample is drawn at this size
-            side = [d * self.vae_scale for d in noisy.shape[-2:]]
-            zeros = torch.zeros(len(noisy), 2, dtype=torch.long, device=noisy.device)
-            sizes = time_ids(torch.tensor(side, device=noisy.device).expand(len(noisy), 2), zeros, side)
-        added = {"text_embeds": text.pooled, "time_ids": sizes.to(text.states.dtype)}
-        return self.unet(noisy, t, encoder_hidden_states=text.states, added_cond_kwargs=added).sample
-
-    @property
-    def vae_scale(self) -> int:
-        """Pixels per latent along a side (the pipeline's ``vae_scale_factor``)."""
-        return 2 ** (len(self.vae.config.block_out_channels) - 1)
-
-
-class FluxStyleTransformer(RectifiedFlowTransformer):
-    """Flux.1's transformer (diffusers' ``FluxTransformer2DModel``) trained with rectified flow, conditioned as
-    ``FluxPipeline`` conditions it: T5's states over ``text_tokens`` tokens and CLIP's pooled output, the latents
-    packed 2x2 into tokens with their position ids (``models.families.pack_latents``), the timestep t in [0, 1].
-    The T5 reads its own tokenizer's ids (``tokenizer_2``: Flux.1's T5 tokenizer, ``text_tokens`` tokens), or, where
-    the model has none (the tiny architecture: ``flux_parts``), the CLIP tokenizer's ids padded to ``text_tokens``."""
-
-    def __init__(self, transformer, vae, text_encoder, tokenizer, text_encoder_2, *, flow, text_tokens: int,
-                 tokenizer_2=None, caption_dropout: float = 0.1, other_phrasing: float = 0.0,
-                 per_sample_seed: int | None = None):
-        super().__init__(transformer, vae, text_encoder, tokenizer, flow=flow, clip_slots=1,
-                         caption_dropout=caption_dropout, other_phrasing=other_phrasing,
-                         per_sample_seed=per_sample_seed)
-        self.take_second_tower(text_encoder_2)
-        self.take_second_tokenizer(tokenizer_2, text_tokens)
-        self.text_tokens = text_tokens
-
-    def pipeline_with(self, denoiser):
-        from models.checkpoints import build_flux_pipeline
-
-        return build_flux_pipeline(denoiser, self.vae, self.text_encoder, self.tokenizer, self.text_encoder_2,
-                                   self.second_tokenizer)
-
-    def fsdp_wrap_fn(self, module: torch.nn.Module) -> bool:
-        """Each double-stream and single-stream block is its own FSDP unit (the transformer is the outer one)."""
-        blocks = (*self.transformer.transformer_blocks, *self.transformer.single_transformer_blocks)
-        return any(module is block for block in blocks)
-
-    @torch.no_grad()
-    def encode_text(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor | None = None) -> TextConditioning:
-        """(B, L) CLIP token ids (and T5's own, (B, text_tokens), where the model has T5's tokenizer) -> T5's states
-        (B, text_tokens, D) and CLIP's pooled output (B, P), as ``FluxPipeline.encode_prompt`` builds them (without
-        T5's own ids: the CLIP ids padded to ``text_tokens``, as the pipeline pads them with the one tokenizer)."""
-        pooled = self.text_encoder(input_ids, output_hidden_states=False).pooler_output
-        if input_ids_2 is None:
-            pad = self.text_tokens - input_ids.shape[1]
-            input_ids_2 = F.pad(input_ids, (0, pad), value=self.tokenizer.pad_token_id)
-        return TextConditioning(self.text_encoder_2(input_ids_2, output_hidden_states=False)[0], pooled)
-
-    def denoise(self, latents: torch.Tensor, text: TextConditioning, noise: torch.Tensor, t: torch.Tensor):
-        """(velocity predicted, velocity, t in [0, 1]) for the latents noised to ``t / 1000``, packed as tokens."""
-        from models.families import latent_ids, pack_latents, text_ids, unpack_latents
-
-        states, pooled = text.states, text.pooled
-        sigma = t.float() / TRAIN_TIMESTEPS
-        noisy = pack_latents(self.flow.noised(latents, noise, sigma))
-        height, width = latents.shape[-2:]
-        out = self.transformer(hidden_states=noisy, timestep=sigma.to(noisy.dtype), pooled_projections=pooled,
-                               encoder_hidden_states=states, txt_ids=text_ids(states.shape[1]).to(noisy),
-                               img_ids=latent_ids(height, width).to(noisy)).sample
-        return unpack_latents(out, height, width), self.flow.velocity(latents, noise), sigma
+        return per_sample * self.flow.weights(sigma).to(per_sample.device) if weighted else per_sample

@@ -191,7 +191,7 @@ def load_split(folder: str | Path, limit: int | None = None, progress: bool = Fa
 def read_split(folder: str | Path, limit: int | None = None,
                progress: bool = False) -> tuple[torch.Tensor, list[Scene], torch.Tensor]:
     """`load_split`'s images and scenes, and which images were square ((N,) bool)."""
-    from ..data import open_local
+    from ..datasets import open_local
     from tqdm import tqdm
 
     folder = Path(folder)

@@ -19,6 +19,7 @@ import torch
 
 from models.errors import WorkbenchError, first_line
 
+
 # config key -> (the scorer's module, its class): the keys are the results' column names (names.py)
 SCORERS = {"pickscore": ("pickscore", "PickScorer"), "hps": ("hps", "HpsScorer"),
            "imagereward": ("imagereward", "ImageRewardScorer"), "aesthetic": ("aesthetic", "AestheticScorer")}

@@ -22,8 +22,8 @@ from models.checkpoints import fingerprint
 from models.common import load_outside
 from models.errors import WorkbenchError
 
-from .config import PREFERENCE_WEIGHTS
 from .preference import Head, is_hub_id, load_state, pretrained_folder, to_pil, weights_file
+from .weights import PREFERENCE_WEIGHTS
 
 IMAGEREWARD_REPO, IMAGEREWARD_FILE, MED_CONFIG = PREFERENCE_WEIGHTS["imagereward"], "ImageReward.pt", "med_config.json"
 TOKENIZER = "bert-base-uncased"

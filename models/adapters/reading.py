@@ -1,0 +1,225 @@
+"""An adapter file from elsewhere judged before any tensor of it is read: ``check_adapter_file``.
+
+What it refuses, each in one line naming the file (tests/adapters/test_hostile_adapters.py, one test each):
+
+- a pickle (``.pt``, ``.ckpt``, ``.bin``, ...): never opened, since unpickling runs whatever code the file names;
+- a symbolic link or anything but a regular file (a link named ``style.safetensors`` can lead anywhere on the disk:
+  ``models.readers.outside_root``), and a file over ``max_bytes``;
+- a header out of bounds (``models.readers.read_safetensors_head``: its length, its JSON, each tensor's byte range
+  and declared size against the file);
+- a key that names no layer of the denoiser (text encoders' keys too: adapters apply to the denoiser here), or a
+  suffix no adapter kind writes;
+- a tensor whose shape does not fit its layer, and a "rank bomb": a rank above the layer's full rank
+  (``min(inputs, outputs)``), a tensor larger than the layer's weight, found from the header's shapes, so
+  nothing is allocated for it.
+
+The layouts it takes are the ones ``write_adapter`` writes and the ones they stand for elsewhere: ``unet.`` /
+``transformer.`` keys with peft's or diffusers' names (``lora_A``/``lora_B``, ``lora.down``/``lora.up``,
+``lora_magnitude_vector``, LoHa's ``hada_*``, LoKr's ``lokr_*``), and kohya's ``lora_unet_`` keys (``lora_down``,
+``lora_up``, ``alpha``, LyCORIS' ``dora_scale``, ``hada_*``, ``lokr_*``) under diffusers' names, the original UNet's
+``input_blocks``/``middle_block``/``output_blocks`` names of the attention blocks, or Flux.1's fused layers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import WorkbenchError
+from ..families import family_named
+from ..readers import outside_root, read_safetensors_head
+from .adding import denoiser_layers
+from .kohya import PREFIX, flux_kohya_name, flux_members
+from .writing import PEFT_CONFIG_KEY
+
+MAX_ADAPTER_BYTES = 4 << 30  # 4 GiB: a rank-128 LoRA on all of Flux.1's layers is 1.2 GB in float32
+PICKLES = (".pt", ".pth", ".ckpt", ".bin", ".pkl", ".pickle")
+FLOATS = ("F16", "BF16", "F32", "F64")
+# suffix -> its role; the longest suffixes first, so "lora.down.weight" is not taken for "down.weight"
+ROLES = {"lora_A.weight": "down", "lora_B.weight": "up", "lora.down.weight": "down", "lora.up.weight": "up",
+         "lora_down.weight": "down", "lora_up.weight": "up", "lora_magnitude_vector": "magnitude",
+         "dora_scale": "magnitude", "alpha": "alpha", **{f"hada_w{i}_{ab}": "hada" for i in (1, 2) for ab in "ab"},
+         **{f"lokr_{w}": "lokr" for w in ("w1", "w2", "w1_a", "w1_b", "w2_a", "w2_b")}}
+SUFFIXES = sorted(ROLES, key=len, reverse=True)
+
+
+@dataclass(frozen=True)
+class AdapterFile:
+    path: Path
+    layout: str  # "diffusers", "kohya" or "peft"
+    kind: str  # "lora", "dora", "loha", "lokr" (several joined by "+")
+    rank: int  # the largest
+    layers: int  # the denoiser's layers it adapts
+    nbytes: int
+    metadata: dict
+
+
+def _ldm_names(denoiser: torch.nn.Module) -> dict[str, str]:
+    """The original UNet's names (``input_blocks.4.1``) of a diffusers UNet's attention blocks, which kohya's SDXL
+    LoRAs use; the inverse of diffusers' ``_maybe_map_sgm_blocks_to_diffusers``."""
+    per = denoiser.config.layers_per_block
+    per = per if isinstance(per, int) else per[0]
+    names = {}
+    for b, block in enumerate(getattr(denoiser, "down_blocks", [])):
+        for j in range(len(getattr(block, "attentions", []) or [])):
+            names[f"down_blocks.{b}.attentions.{j}"] = f"input_blocks.{1 + b * (per + 1) + j}.1"
+    for b, block in enumerate(getattr(denoiser, "up_blocks", [])):
+        for j in range(len(getattr(block, "attentions", []) or [])):
+            names[f"up_blocks.{b}.attentions.{j}"] = f"output_blocks.{b * (per + 1) + j}.1"
+    if getattr(getattr(denoiser, "mid_block", None), "attentions", None):
+        names["mid_block.attentions.0"] = "middle_block.1"
+    return names
+
+
+def _kohya_table(denoiser: torch.nn.Module, family: str, layers: dict) -> dict[str, list[str]]:
+    """kohya's layer name (``lora_unet_...``) -> the module paths it stands for (several for Flux.1's fused)."""
+    table = {}
+    if family == "flux":
+        for path in layers:
+            found = flux_kohya_name(path)
+            if found is not None:
+                table[found[0]] = flux_members(found[0]) if found[1] is not None else [path]
+        return {name: paths for name, paths in table.items() if all(p in layers for p in paths)}
+    ldm = _ldm_names(denoiser) if hasattr(denoiser, "down_blocks") else {}
+    for path in layers:
+        table[PREFIX + path.replace(".", "_")] = [path]
+        for block, original in ldm.items():
+            if path.startswith(block + "."):
+                table[PREFIX + (original + path[len(block):]).replace(".", "_")] = [path]
+    return table
+
+
+def _split(key: str, path: Path) -> tuple[str, str]:
+    for suffix in SUFFIXES:
+        if key.endswith("." + suffix):
+            return key[:-len(suffix) - 1], suffix
+    raise WorkbenchError(f"{path}: key {key[:160]!r} is no adapter weight (no suffix any adapter kind writes)")
+
+
+def _group(head, denoiser, family, layers: dict, path: Path) -> tuple[str, dict[tuple[str, ...], dict]]:
+    """(layout, {module paths: {suffix: TensorEntry}}), every key placed on layers of ``denoiser``."""
+    prefix = f"{family.denoiser}."
+    kohya = any(k.startswith(PREFIX) for k in head.tensors)
+    table = _kohya_table(denoiser, family.name, layers) if kohya else {}
+    groups: dict[tuple[str, ...], dict] = {}
+    for key, entry in head.tensors.items():
+        if key.startswith(("lora_te", "text_encoder")):
+            raise WorkbenchError(f"{path}: key {key[:160]!r} adapts a text encoder; adapters apply to the "
+                                 f"{type(denoiser).__name__} here")
+        module, suffix = _split(key, path)
+        if kohya and module in table:
+            paths = tuple(table[module])
+        elif not kohya and module.startswith(prefix) and module[len(prefix):] in layers:
+            paths = (module[len(prefix):],)
+        else:
+            raise WorkbenchError(f"{path}: key {key[:160]!r} names no layer of the {type(denoiser).__name__}")
+        if entry.dtype not in FLOATS:
+            raise WorkbenchError(f"{path}: tensor {key[:160]!r} is {entry.dtype}, not floating point")
+        groups.setdefault(paths, {})[suffix] = entry
+    layout = "kohya" if kohya else "peft" if PEFT_CONFIG_KEY in head.metadata else "diffusers"
+    return layout, groups
+
+
+def _sizes(layers: dict, paths: tuple[str, ...]) -> tuple[int, int, int]:
+    """(inputs, outputs, the weight's elements) of the layer the module paths make together."""
+    mods = [layers[p] for p in paths]
+    ins = {m.in_features if isinstance(m, torch.nn.Linear) else m.in_channels for m in mods}
+    outs = sum(m.out_features if isinstance(m, torch.nn.Linear) else m.out_channels for m in mods)
+    return ins.pop(), outs, sum(m.weight.numel() for m in mods)
+
+
+def _check_lora(roles: dict, inputs: int, outputs: int, name: str) -> int:
+    down, up = roles.get("down"), roles.get("up")
+    if down is None or up is None:
+        raise WorkbenchError(f"{name}: holds {'an up' if down is None else 'a down'} weight without its pair")
+    rank = down.shape[0] if down.shape else 0
+    if len(down.shape) < 2 or down.shape[1] != inputs or not 1 <= rank <= min(inputs, outputs):
+        raise WorkbenchError(f"{name}: down weight of shape {down.shape} for a layer of {inputs} inputs and "
+                             f"{outputs} outputs (its rank may be 1 to {min(inputs, outputs)})")
+    if len(up.shape) < 2 or up.shape[:2] != (outputs, rank):
+        raise WorkbenchError(f"{name}: up weight of shape {up.shape}, not ({outputs}, {rank}) for this layer")
+    magnitude = roles.get("magnitude")
+    if magnitude is not None and math.prod(magnitude.shape) not in (outputs, inputs):
+        raise WorkbenchError(f"{name}: magnitude of shape {magnitude.shape} for a layer of {outputs} outputs")
+    return rank
+
+
+def _check_lokr(suffixes: dict, inputs: int, outputs: int, name: str) -> int:
+    """The largest rank of LoKr's factors, whose Kronecker product must make the layer: ``w1`` (a, b) or
+    ``w1_a @ w1_b``, and ``w2`` (c, d, ...) or ``w2_a @ w2_b``, with a * c outputs and b * d inputs."""
+    sides, ranks = [], [0]
+    for w in ("w1", "w2"):
+        whole, a, b = (suffixes.get(f"lokr_{w}{part}") for part in ("", "_a", "_b"))
+        if whole is not None and len(whole.shape) >= 2:
+            sides.append(whole.shape[:2])
+        elif a is not None and b is not None and len(a.shape) == 2 and len(b.shape) >= 2 \
+                and a.shape[1] == b.shape[0]:
+            sides.append((a.shape[0], b.shape[1]))
+            ranks.append(a.shape[1])
+        else:
+            raise WorkbenchError(f"{name}: LoKr's {w} is neither whole nor two factors that multiply")
+    (a, b), (c, d) = sides
+    if a * c != outputs or b * d != inputs or max(ranks) > min(inputs, outputs):
+        raise WorkbenchError(f"{name}: LoKr factors make a ({a * c}, {b * d}) layer of rank {max(ranks)}, not "
+                             f"({outputs}, {inputs}) of rank at most {min(inputs, outputs)}")
+    return max(ranks)
+
+
+def _check_group(suffixes: dict, inputs: int, outputs: int, weight: int, name: str) -> tuple[str, int]:
+    """(kind, rank) of one layer's adapter tensors, each shape checked against the layer."""
+    roles = {}
+    for suffix, entry in suffixes.items():
+        if math.prod(entry.shape) > weight:
+            raise WorkbenchError(f"{name}: {suffix} of shape {entry.shape} is larger than the layer it adapts "
+                                 f"({weight:,} weights)")
+        role = ROLES[suffix]
+        if role in roles and role in ("down", "up", "magnitude", "alpha"):
+            raise WorkbenchError(f"{name}: holds two {role} tensors ({suffix} and another name for it)")
+        roles.setdefault(role, entry)
+    alpha = roles.get("alpha")
+    if alpha is not None and math.prod(alpha.shape) != 1:
+        raise WorkbenchError(f"{name}: alpha of shape {alpha.shape}, not one number")
+    if "hada" in roles:
+        for w in (1, 2):
+            a, b = suffixes.get(f"hada_w{w}_a"), suffixes.get(f"hada_w{w}_b")
+            fits = a is not None and b is not None and len(a.shape) == len(b.shape) == 2 and a.shape[0] == outputs \
+                and b.shape[1] == inputs and a.shape[1] == b.shape[0] <= min(inputs, outputs)
+            if not fits:
+                raise WorkbenchError(f"{name}: LoHa factors that do not make a ({outputs}, {inputs}) layer")
+        return "loha", suffixes["hada_w1_a"].shape[1]
+    if "lokr" in roles:
+        return "lokr", _check_lokr(suffixes, inputs, outputs, name)
+    rank = _check_lora(roles, inputs, outputs, name)
+    return ("dora" if "magnitude" in roles else "lora"), rank
+
+
+def check_adapter_file(path: str | Path, denoiser: torch.nn.Module, family: str,
+                       max_bytes: int = MAX_ADAPTER_BYTES) -> AdapterFile:
+    """The adapter file ``path`` judged against ``denoiser`` (of the family named ``family``) from its header
+    alone; a one-line WorkbenchError naming the file and the problem where it may not be loaded."""
+    path = Path(path)
+    if path.suffix.lower() in PICKLES:
+        raise WorkbenchError(f"{path}: a pickle file ({path.suffix}) is never opened (unpickling runs the code it "
+                             "names); adapters are read from .safetensors only")
+    if path.suffix.lower() != ".safetensors":
+        raise WorkbenchError(f"{path}: adapters are read from .safetensors files only")
+    problem = outside_root(path.parent, path.name)
+    if problem:
+        raise WorkbenchError(f"{path}: {problem}")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise WorkbenchError(f"{path}: {size:,} bytes, over the limit of {max_bytes:,} for an adapter file")
+    head = read_safetensors_head(path)
+    if not head.tensors:
+        raise WorkbenchError(f"{path}: holds no tensors")
+    layers = denoiser_layers(denoiser)
+    layout, groups = _group(head, denoiser, family_named(family), layers, path)
+    kinds, ranks = set(), []
+    for paths, suffixes in groups.items():
+        kind, rank = _check_group(suffixes, *_sizes(layers, paths), f"{path}: layer {paths[0]}")
+        kinds.add(kind)
+        ranks.append(rank)
+    return AdapterFile(path, layout, "+".join(sorted(kinds)), max(ranks), sum(len(p) for p in groups),
+                       sum(t.nbytes for t in head.tensors.values()), head.metadata)
