@@ -11,7 +11,8 @@ Here nothing is read that way:
   index rewrote ``pathlib``'s containment and link checks for the whole process), and what it builds is held to
   ``INDEX_OBJECTS_PER_BYTE`` times the index's byte limit;
 - each value's slice bounded before it is read (a tensor by its declared shape and dtype, anything else by
-  ``MAX_VALUE_BYTES``, whatever the part's size), its zip checked (``ziphead.stored_zip_problem``: every member
+  ``_value_bound``: its pickle held to ``MAX_VALUE_BYTES``, its tensors to the model's, whatever the part's size),
+  its zip checked (``ziphead.stored_zip_problem``: every member
   stored, within the slice, not overlapping: a deflated ``data.pkl`` of 3 MiB inflated to 3 GiB), then loaded with
   ``torch.load(weights_only=True)``;
 - a part only by a plain file name in the folder (``__0_0.distcp``, no separator, no link), at an offset and
@@ -51,8 +52,11 @@ DEFAULT_MAX_INDEX_MB = 256
 INDEX_OBJECTS_PER_BYTE = 8
 # A value that is no tensor (a spec entry, a timestamp, a callback's state) is a ``torch.save`` zip of plain data:
 # in a tiny run's sharded save, 1,261 to 5,229 bytes (numpy's RNG state); the checkpoint saver's list of saved
-# checkpoints grows about 300 bytes a checkpoint.
+# checkpoints grows about 300 bytes a checkpoint. Its pickle is held to this; its tensors, if any, to the model's:
+# the EMA is one such value (``state.algorithms``: the denoiser's weights whole, 4.4 MB for the tiny UNet, 10 GB
+# for an SDXL-class one), so a value may hold tensors up to the model's declared bytes (``_value_bound``).
 MAX_VALUE_BYTES = 16 << 20
+MODEL_PREFIX = "state.model."  # the model's weights in a Composer checkpoint's index
 # A tensor's zip holds its bytes and, measured, 1,545 to 1,577 bytes more (its pickle, version records, 64-byte
 # alignment), whatever its size.
 TENSOR_ZIP_BYTES = 64 << 10
@@ -121,20 +125,29 @@ def _tensor_bytes(md: TensorEntry) -> int:
     return math.prod(md.size) * md.properties.dtype.itemsize
 
 
+def _value_bound(tensors: dict) -> int:
+    """What a value other than a tensor may take: its pickle, and tensors no larger than the model's (an EMA copy
+    of its weights), each with its zip's records."""
+    model = sum(_tensor_bytes(md) for fqn, md in tensors.items() if fqn.startswith(MODEL_PREFIX))
+    count = sum(1 for fqn in tensors if fqn.startswith(MODEL_PREFIX))
+    return MAX_VALUE_BYTES + model + count * TENSOR_ZIP_BYTES
+
+
 def _check_layout(folder: Path, meta: Index, sizes: dict[str, int]) -> None:
     """Every value inside its part and no longer than it may be (a tensor its declared bytes and
-    ``TENSOR_ZIP_BYTES``, anything else ``MAX_VALUE_BYTES``), and the tensors declared no larger than the parts'
+    ``TENSOR_ZIP_BYTES``, anything else ``_value_bound``), and the tensors declared no larger than the parts'
     bytes in all: checked before anything is read or allocated."""
     tensors = {fqn: md for fqn, md in meta.state_dict_metadata.items() if isinstance(md, TensorEntry)}
     if any(int(d) < 0 for md in tensors.values() for d in md.size):  # a negative size would hide a huge one in a sum
         raise CheckpointError(f"sharded checkpoint {folder}: its index declares a tensor of negative size")
+    value_bound = _value_bound(tensors)
     for index, info in meta.storage_data.items():
         offset, length = int(info.offset), int(info.length)
         if offset < 0 or length < 0 or offset + length > sizes[info.relative_path]:
             raise CheckpointError(f"sharded checkpoint {folder}: {index.fqn} lies past the end of "
                                   f"{info.relative_path} (cut short?)")
         md = tensors.get(index.fqn)
-        bound = MAX_VALUE_BYTES if md is None else _tensor_bytes(md) + TENSOR_ZIP_BYTES
+        bound = value_bound if md is None else _tensor_bytes(md) + TENSOR_ZIP_BYTES
         if length > bound:
             what = "a value other than a tensor" if md is None else "its declared shape and dtype"
             raise CheckpointError(f"sharded checkpoint {folder}: {index.fqn} is stored as {length:,} bytes, more "
@@ -154,7 +167,7 @@ def _read_slice(folder: Path, info) -> bytes:
 def _load_value(raw: bytes):
     """One stored value as plain data, its zip checked first (``ziphead.stored_zip_problem``): a compressed or
     overlapping member would make PyTorch's reader allocate what it declares."""
-    if problem := stored_zip_problem(raw):
+    if problem := stored_zip_problem(raw, max_pickle=MAX_VALUE_BYTES):
         raise ValueError(problem)
     with torch.serialization.safe_globals(SAFE_TYPES):
         return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)

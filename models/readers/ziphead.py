@@ -259,11 +259,13 @@ def check_inflation(path: str | Path) -> None:
         pass
 
 
-def stored_zip_problem(data: bytes) -> str | None:
+def stored_zip_problem(data: bytes, max_pickle: int | None = None) -> str | None:
     """Why the zip archive ``data`` (a value of a sharded checkpoint: ``torch.save``'s zip, every member stored as
     it is) could make PyTorch's reader allocate more than it holds, or is damaged; None when every member is stored,
-    within the archive, no two overlapping (their sizes sum to no more than it holds), each with its CRC-32. The
-    directory is read where PyTorch's reader reads it (at the offset its end record gives)."""
+    within the archive, no two overlapping (their sizes sum to no more than it holds), each with its CRC-32, and its
+    pickle (``data.pkl``) no longer than ``max_pickle``: the tensors' bytes are allocated as they are stored, the
+    objects a pickle builds grow with its length. The directory is read where PyTorch's reader reads it (at the
+    offset its end record gives)."""
     f = io.BytesIO(data)
     try:
         members = _fast_members(f, len(data))
@@ -278,6 +280,8 @@ def stored_zip_problem(data: bytes) -> str | None:
                 return f"zip member {member.name} declares {member.size:,} bytes, more than it holds"
             if zlib.crc32(memoryview(data)[start:start + member.size]) != member.crc:
                 return f"bad CRC-32 for zip member {member.name}"
+            if max_pickle is not None and member.name.endswith(".pkl") and member.size > max_pickle:
+                return f"its pickle {member.name} is {member.size:,} bytes, more than plain data may take ({max_pickle:,})"
     except (zipfile.BadZipFile, struct.error, UnicodeDecodeError, ValueError, IndexError) as e:
         return f"a damaged zip directory ({type(e).__name__})"
     if sum(member.size for member in members) > len(data):

@@ -45,6 +45,15 @@ def adapted(family_folders):
     return get
 
 
+def _draws_as_adapted(path, family: str, got: dict) -> None:
+    """Plain diffusers, given the file on a fresh copy of the base, draws the adapted image at strength 1 and 0.5."""
+    loaded = fresh(got["pipe"], family, got["base"])
+    loaded.load_lora_weights(path, adapter_name="style")
+    np.testing.assert_allclose(draw(loaded, family), got["full"], atol=ATOL)
+    loaded.set_adapters("style", adapter_weights=0.5)
+    np.testing.assert_allclose(draw(loaded, family), got["half"], atol=ATOL)
+
+
 @pytest.mark.parametrize("family", ["sd1", "sd2", "sdxl", "sd3", "flux"])
 def test_the_diffusers_file_draws_the_adapted_image_in_plain_diffusers_at_full_and_half_strength(
         family, adapted, tmp_path):
@@ -52,11 +61,7 @@ def test_the_diffusers_file_draws_the_adapted_image_in_plain_diffusers_at_full_a
     path = write_adapter(denoiser_of(got["pipe"], family), family, tmp_path / f"{family}.safetensors")
     assert check_adapter_file(path, got["base"], family).layout == "diffusers"
 
-    loaded = fresh(got["pipe"], family, got["base"])
-    loaded.load_lora_weights(path, adapter_name="style")
-    np.testing.assert_allclose(draw(loaded, family), got["full"], atol=ATOL)
-    loaded.set_adapters("style", adapter_weights=0.5)
-    np.testing.assert_allclose(draw(loaded, family), got["half"], atol=ATOL)
+    _draws_as_adapted(path, family, got)
 
 
 @pytest.mark.parametrize("family", ["sd1", "sd2", "sdxl"])
@@ -66,11 +71,7 @@ def test_the_kohya_file_read_by_diffusers_kohya_converter_draws_the_adapted_imag
                          layout="kohya")
     assert check_adapter_file(path, got["base"], family).layout == "kohya"
 
-    loaded = fresh(got["pipe"], family, got["base"])
-    loaded.load_lora_weights(path, adapter_name="style")
-    np.testing.assert_allclose(draw(loaded, family), got["full"], atol=ATOL)
-    loaded.set_adapters("style", adapter_weights=0.5)
-    np.testing.assert_allclose(draw(loaded, family), got["half"], atol=ATOL)
+    _draws_as_adapted(path, family, got)
 
 
 def test_the_flux_kohya_file_with_fused_qkv_draws_the_adapted_image(family_folders, tmp_path):

@@ -267,3 +267,38 @@ def test_an_index_whose_keys_all_hash_alike_is_refused_at_once(sharded, tmp_path
     message = str(e.value)
     assert "\n" not in message and str(folder) in message, message
     assert "dict keys other than names and records" in message, message
+
+
+def _dcp_save(folder: Path, algorithms) -> Path:
+    """A sharded checkpoint written by DCP itself, shaped as Composer's: the model's weights (24 MiB) under
+    ``state.model``, and ``algorithms`` as the one non-tensor value Composer saves its EMA in."""
+    import torch.distributed.checkpoint as dcp
+
+    weights = {"unet.weight": torch.randn(6 << 20, generator=torch.Generator().manual_seed(0))}
+    dcp.save({"state": {"model": weights, "algorithms": algorithms, "run_name": "run"}},
+             checkpoint_id=str(folder), no_dist=True)
+    return folder
+
+
+def test_a_runs_ema_larger_than_any_plain_value_reads_back_whole(tmp_path):
+    """Composer keeps the EMA in one non-tensor value (``state.algorithms``): the denoiser's weights whole. Held to
+    the 16 MiB of a plain value, every sharded checkpoint of a model past 4M weights with EMA was refused, and
+    autoresume set each one aside. It may hold tensors up to the model's bytes, and reads back equal."""
+    from models.readers import load_sharded_state, sharded_problem
+
+    ema = {"ema_model": {"unet.weight": torch.randn(6 << 20, generator=torch.Generator().manual_seed(1))}}
+    folder = _dcp_save(tmp_path / "ep0-ba2", [("EMA", ema)])
+    assert sharded_problem(folder) is None
+    state = load_sharded_state(folder, skip=())
+    assert torch.equal(state["algorithms"][0][1]["ema_model"]["unet.weight"], ema["ema_model"]["unet.weight"])
+
+
+def test_a_value_whose_pickle_is_past_plain_datas_bound_is_refused_in_one_line(tmp_path):
+    """Tensors may be as large as the model's; a value's pickle, which builds an object per few bytes, may not pass
+    16 MiB, whatever the model's size."""
+    from models.readers import sharded_problem
+
+    folder = _dcp_save(tmp_path / "ep0-ba2", [("EMA", {"names": [f"layer {i:08d}" for i in range(1_500_000)]})])
+    problem = sharded_problem(folder)
+    assert problem is not None and "\n" not in problem and "state.algorithms" in problem, problem
+    assert "pickle" in problem and "more than plain data may take" in problem, problem
