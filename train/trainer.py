@@ -494,7 +494,7 @@ def build_trainer(cfg: TrainConfig):
     """Composer's Trainer for one phase: every check that can fail runs before it is built."""
     from composer import Trainer
     from composer.callbacks import LRMonitor, SpeedMonitor
-    from composer.utils import dist, reproducibility
+    from composer.utils import reproducibility
 
     from .callbacks import ModelSpec
     from .patches.composer import RestoreRNG, align_dataset_epoch, prompt_remote_latest

@@ -1,7 +1,7 @@
 """The samplers a pipeline built here starts with (each family's ``Assembly``), and the DDPM schedule a UNet trains on."""
 from __future__ import annotations
 
-from diffusers import DDIMScheduler, DDPMScheduler
+from diffusers import DDPMScheduler
 
 from ..families import NOISE_SCHEDULE, Family, family_named
 from ..generation import DEFAULT_SAMPLER, make_sampler
