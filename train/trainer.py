@@ -152,10 +152,10 @@ def built_frozen_parts(cfg: TrainConfig) -> tuple[list, tuple[str, ...]]:
     """(makers of the frozen parts the run builds, the names of those it loads from ``model.pretrained``): the VAE
     and first text tower are loaded, or random without it; SDXL's second tower and Flux.1's T5 are built where the
     architecture builds them (with the first tokenizer's vocabulary and ids), else loaded (``text_encoder_2/``)."""
-    from models.checkpoints import ARCHITECTURES, random_t5_encoder, second_text_encoder
+    from models.checkpoints import ARCHITECTURES, builds_second_tower, random_t5_encoder, second_text_encoder
 
     m, arch = cfg.model, ARCHITECTURES[cfg.model.architecture]
-    builds_second = "text_encoder_2" in arch and (arch.get("builds_text_encoder_2") or m.pretrained is None)
+    builds_second = "text_encoder_2" in arch and builds_second_tower(m.architecture, m.pretrained)
     tokenizer = frozen_tokenizer(cfg) if builds_second or arch.get("builds_t5_encoder") else None
     built = [] if m.pretrained is not None else [lambda: frozen_parts(cfg)[0], lambda: frozen_parts(cfg)[1]]
     loaded = () if m.pretrained is None else ("vae", "text_encoder")

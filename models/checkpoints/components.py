@@ -127,13 +127,19 @@ def with_projection(text_encoder: CLIPTextModel):
 SECOND_TOWER_SEED = 1  # the first tower `dwb prepare` builds is seeded 0
 
 
+def builds_second_tower(architecture: str, pretrained: str | None) -> bool:
+    """Whether a run builds its second text tower (random, with the first tokenizer's vocabulary and ids) rather than
+    load it from ``pretrained``'s ``text_encoder_2/``: where the architecture builds it, or nothing is pretrained."""
+    return bool(ARCHITECTURES[architecture].get("builds_text_encoder_2")) or pretrained is None
+
+
 def second_text_encoder(architecture: str, pretrained: str | None, tokenizer):
     """SDXL's second text tower (``CLIPTextModelWithProjection``): built from the architecture's config, random and
     with the tokenizer's vocabulary and start, end and padding ids, where the architecture builds it or no
     ``pretrained`` is given; else ``pretrained``'s ``text_encoder_2/``."""
     from transformers import CLIPTextModelWithProjection
 
-    if ARCHITECTURES[architecture].get("builds_text_encoder_2") or pretrained is None:
+    if builds_second_tower(architecture, pretrained):
         ids = {} if tokenizer is None else {"bos_token_id": tokenizer.bos_token_id,
                                             "eos_token_id": tokenizer.eos_token_id,
                                             "pad_token_id": tokenizer.pad_token_id}
@@ -149,7 +155,7 @@ def second_tokenizer(architecture: str, pretrained: str | None) -> CLIPTokenizer
     """The second text tower's own tokenizer where ``second_text_encoder`` loads the tower: ``pretrained``'s
     ``tokenizer_2/`` (SDXL's pads with "!", its first with the end token); None where the architecture builds the
     tower (it reads the first tokenizer's ids)."""
-    if ARCHITECTURES[architecture].get("builds_text_encoder_2") or pretrained is None:
+    if builds_second_tower(architecture, pretrained):
         return None
     return load_part(CLIPTokenizer, pretrained, "tokenizer_2", "second tokenizer")
 
