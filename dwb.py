@@ -16,7 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     from models import cli as models_cli
     from train import cli as train_cli
 
-    parser = argparse.ArgumentParser(prog="dwb", description="diffusion-workbench: train, score, rate and serve SD2 models.")
+    parser = argparse.ArgumentParser(prog="dwb", description="diffusion-workbench: train, score, rate and serve "
+                                     "text-to-image models (SD 1/2, SDXL, SD3, Flux.1).")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and library warnings")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cli.register(sub)

@@ -15,7 +15,8 @@ from PIL import Image
 from models.errors import WorkbenchError
 from models.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,  # noqa: F401 - app's names
                                DEFAULT_REFINER_SWITCH, MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE,
-                               ImageRecord, Refiner, Settings, StepHook, Stopped, check_sampler, generate_images)
+                               MAX_CLIP_SKIP, HiresFix, ImageRecord, InitImage, Refiner, Settings, StepHook, Stopped,
+                               check_sampler, generate_images)
 
 
 # What a million pixel-steps cost, for the refusal's estimate, measured with SD2-base's UNet (classifier-free
@@ -75,8 +76,13 @@ class LimitError(WorkbenchError):
 
 
 def pixel_steps(params: GenerationParams, images: int | None = None) -> int:
-    """What a request costs: width x height x steps for each of its images (``batch_size`` unless given)."""
-    return params.width * params.height * params.steps * (params.batch_size if images is None else images)
+    """What a request costs: width x height x steps for each of its images (``batch_size`` unless given), and a hires
+    fix's second draw at its enlarged size and its steps."""
+    cost = params.width * params.height * params.steps
+    if params.hires is not None:
+        width, height = params.hires.target(params.width, params.height, 8)
+        cost += width * height * params.hires.steps_of(params.steps)
+    return cost * (params.batch_size if images is None else images)
 
 
 def check_pixel_steps(cost: int, limits: Limits) -> int:
@@ -139,6 +145,9 @@ class GenerationParams:
     batch_size: int = 1
     refiner: str = ""  # a refiner checkpoint's name (SDXL's), or "" for the base alone
     refiner_switch: float = DEFAULT_REFINER_SWITCH
+    init: InitImage | None = None  # image to image or inpainting from it (``app.modes``); None: from the prompt alone
+    hires: HiresFix | None = None  # a hires fix of the text-to-image draw; None: drawn once
+    clip_skip: int = 1  # A1111's Clip skip (``models.generation.Settings``)
 
     def seeds(self) -> list[int]:
         """Image i of the batch uses ``seed + i`` (call after ``validate``, which fixes a random seed)."""
@@ -204,7 +213,8 @@ def validate(params: GenerationParams, limits: Limits, *, need_prompt: bool = Tr
     refiner = checkpoint_name(params.refiner or "").strip()
     checked = GenerationParams(prompt, negative, params.sampler, steps, guidance, sizes["width"], sizes["height"],
                                seed, batch, refiner, refiner_switch(params.refiner_switch) if refiner else
-                               DEFAULT_REFINER_SWITCH)
+                               DEFAULT_REFINER_SWITCH, params.init, params.hires,
+                               whole_number("clip skip", params.clip_skip, 1, MAX_CLIP_SKIP))
     check_pixel_steps(pixel_steps(checked), limits)
     return checked
 
@@ -225,7 +235,8 @@ def settings_of(params: GenerationParams, refiner: Refiner | None = None) -> Set
     """The generation settings (``models.generation``) of validated request parameters, with the refiner their
     ``refiner`` names, opened."""
     return Settings(steps=params.steps, guidance=params.guidance, width=params.width, height=params.height,
-                    sampler=params.sampler, negative_prompt=params.negative_prompt, refiner=refiner)
+                    sampler=params.sampler, negative_prompt=params.negative_prompt, refiner=refiner, init=params.init,
+                    hires=params.hires, clip_skip=params.clip_skip)
 
 
 def generate(pipe, params: GenerationParams, *, on_step: StepHook | None = None,

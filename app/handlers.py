@@ -11,17 +11,20 @@ import inspect
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 import gradio as gr
 import pandas as pd
 
 from models.checkpoints import content_hash, recommended_settings
-from models.common import interval_text
+from models.common import flip_text, interval_text
 from models.errors import WorkbenchError, first_line
 from models.families import family_or_ours
-from models.generation import DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, PROMPT_SETS, read_prompt_table, recommended_line
+from models.generation import (DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, PROMPT_SETS, drawable_sides, read_prompt_table,
+                               recommended_line)
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
+from .modes import hires_of, init_of
 from .png_info import read_png, settings_from
 from .results_files import page_url
 from .score_plot import score_plot
@@ -152,15 +155,11 @@ class Handlers:
         return note, *(self.size_slider(info, recommended.get("size")) for _ in range(2))  # width, height
 
     def size_slider(self, info, recommended_size: int | None):
-        """A size slider for the checkpoint's family: its sides (the family's range scaled to the model's trained
-        size) within the app's limits, in steps of what every model of the family draws sides in multiples of
-        (``Family.sides``: 8, or 16 for SD3 and Flux.1); set to the recommended or trained size, the nearest side
-        on the slider where it is not one."""
-        lo, hi, step = family_or_ours(info.family).sides(info.resolution)
-        least, most = -(-self.limits.min_size // step) * step, self.limits.max_size // step * step  # on its steps
-        lo, hi = max(lo, least), min(hi, most)
-        if lo > hi:  # the family's sides and the app's limits do not meet: the limits, on the family's steps
-            lo, hi = least, most
+        """A size slider for the checkpoint's family: the sides the one size rule lets a request ask for (the app's
+        limits, in steps of what every model of the family draws sides in multiples of: 8, or 16 for SD3 and
+        Flux.1; ``models.generation.drawable_sides``), set to the recommended or trained size, the nearest side on
+        the slider where it is not one."""
+        lo, hi, step = drawable_sides(family_or_ours(info.family), self.limits.min_size, self.limits.max_size)
         size = recommended_size or info.resolution or lo
         return gr.update(minimum=lo, maximum=hi, step=step, value=min(hi, max(lo, round(size / step) * step)))
 
@@ -226,7 +225,8 @@ class Handlers:
                  else f"{100 * rate:.0f}%")
         verdict = "" if lo is None else f": {first} is preferred" if lo > 0.5 else " (cannot tell yet: the interval " \
             "holds 50%)"
-        return f"{first} over {second}, {share} of {w.decisive} decisive votes{verdict}"
+        flips = f", {flip_text(w.flip, True, 'vote')}" if w.flip and lo is not None and lo > 0.5 else ""
+        return f"{first} over {second}, {share} of {w.decisive} decisive votes{verdict}{flips}"
 
     def default_size(self, labels: list[str]) -> int:
         """The training resolution of the newest readable checkpoint (512 without one)."""
@@ -257,15 +257,21 @@ class Handlers:
 
     def generate(self, checkpoint: str, weights: str, prompt: str, negative_prompt: str, sampler: str, steps: int,
                  guidance_scale: float, width: int, height: int, seed: int, batch_size: int, parts: str | None = None,
-                 refiner: str | None = None, refiner_switch: float | None = None, request: gr.Request = None,
-                 progress=gr.Progress()):
+                 refiner: str | None = None, refiner_switch: float | None = None, mode: str | None = None,
+                 init_image=None, editor=None, strength: float | None = None, mask_blur: int | None = None,
+                 hires_scale: float | None = None, hires_steps: int | None = None, hires_upscaler: str | None = None,
+                 clip_skip: int | None = None, request: gr.Request = None, progress=gr.Progress()):
         """Images from one checkpoint (a single file's other parts from ``parts``, where given; finished by
-        ``refiner`` from ``refiner_switch`` of the steps, where given); image i of the batch uses seed + i. Returns
-        (gallery, parameters)."""
+        ``refiner`` from ``refiner_switch`` of the steps, where given), in ``mode`` (``app.modes``: from the prompt
+        with a hires fix where ``hires_scale`` is above 1, from ``init_image``, or inpainting what is painted on
+        ``editor``, at ``strength``); image i of the batch uses seed + i. Returns (gallery, parameters)."""
         params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed, batch_size,
                            refiner, refiner_switch)
         progress(0, desc="loading checkpoint")
         try:
+            params = replace(params, init=init_of(mode, init_image, editor, strength, mask_blur),
+                             hires=hires_of(mode, hires_scale, hires_steps, hires_upscaler, strength),
+                             clip_skip=1 if clip_skip is None else clip_skip)
             result = self.service.generate(checkpoint, weights, params, session=session_of(request),
                                            client=client_of(request), on_step=steps_progress(progress),
                                            parts=parts or "")
@@ -294,9 +300,12 @@ class Handlers:
 
     def xyz_plot(self, checkpoint: str, weights: str, prompt: str, negative_prompt: str, sampler: str, steps: int,
                  guidance_scale: float, width: int, height: int, seed: int, x_type: str, x_values: str,
-                 y_type: str, y_values: str, z_type: str, z_values: str, batch_size: int,
-                 request: gr.Request, progress=gr.Progress()):
-        """An X/Y/Z plot: one labelled grid per Z value, and every cell as a PNG with its own parameters.
+                 y_type: str, y_values: str, z_type: str, z_values: str, batch_size: int, mode: str | None = None,
+                 init_image=None, editor=None, strength: float | None = None, mask_blur: int | None = None,
+                 hires_scale: float | None = None, hires_steps: int | None = None, hires_upscaler: str | None = None,
+                 clip_skip: int | None = None, request: gr.Request = None, progress=gr.Progress()):
+        """An X/Y/Z plot: one labelled grid per Z value, and every cell as a PNG with its own parameters, each cell
+        drawn in the Generate tab's mode (its init image, mask or hires fix: a strength axis varies its strength).
         Returns (grids, cells, parameters)."""
         params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed)
         axes = [(x_type, x_values), (y_type, y_values), (z_type, z_values)]
@@ -305,6 +314,9 @@ class Handlers:
             progress(fraction, desc=f"cells {done} of {n}")
 
         try:
+            params = replace(params, init=init_of(mode, init_image, editor, strength, mask_blur),
+                             hires=hires_of(mode, hires_scale, hires_steps, hires_upscaler, strength),
+                             clip_skip=1 if clip_skip is None else clip_skip)
             plot = self.service.xyz_plot(checkpoint, weights, params, axes, batch_size, session=session_of(request),
                                          client=client_of(request), on_progress=on_progress)
         except Exception as e:  # noqa: BLE001
@@ -318,9 +330,12 @@ class Handlers:
     # here, and its handler says what is wrong when it runs.
 
     def generate_cost(self, checkpoint, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width,
-                      height, seed, batch_size, parts, refiner, refiner_switch) -> int:
-        return self.service.generate_cost(params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width,
-                                                    height, seed, batch_size, refiner, refiner_switch))
+                      height, seed, batch_size, parts, refiner, refiner_switch, mode, init_image, editor, strength,
+                      mask_blur, hires_scale, hires_steps, hires_upscaler, clip_skip) -> int:
+        params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed, batch_size,
+                           refiner, refiner_switch)
+        return self.service.generate_cost(replace(params, hires=hires_of(mode, hires_scale, hires_steps,
+                                                                         hires_upscaler, strength)))
 
     def compare_cost(self, checkpoints, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width,
                      height, seed) -> int:
@@ -328,8 +343,10 @@ class Handlers:
                                                                 guidance_scale, width, height, seed))
 
     def plot_cost(self, checkpoint, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width, height,
-                  seed, x_type, x_values, y_type, y_values, z_type, z_values, batch_size) -> int:
-        params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed)
+                  seed, x_type, x_values, y_type, y_values, z_type, z_values, batch_size, mode, init_image, editor,
+                  strength, mask_blur, hires_scale, hires_steps, hires_upscaler, clip_skip) -> int:
+        params = replace(params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed),
+                         hires=hires_of(mode, hires_scale, hires_steps, hires_upscaler, strength))
         return self.service.plot_cost(checkpoint, weights, params,
                                       [(x_type, x_values), (y_type, y_values), (z_type, z_values)])
 
@@ -417,9 +434,13 @@ class Handlers:
                    for k in ("checkpoint", "weights", "prompt", "negative_prompt", "sampler", "steps", "guidance",
                              "width", "height", "seed")]
         note = self.checkpoint_note(values["checkpoint"])[0] if values.get("checkpoint") else gr.update()
-        second = [gr.update(value=values[k]) if values.get(k) is not None else gr.update()
-                  for k in ("refiner", "refiner_switch")]
-        return (*updates, gr.update(value=1), note, gr.Tabs(selected="generate-tab"), *second)
+        modes, second = ([gr.update(value=values[k]) if values.get(k) is not None else gr.update() for k in keys]
+                         for keys in (("mode", "strength", "mask_blur", "hires_scale", "hires_steps", "hires_upscaler",
+                                       "clip_skip"),
+                                      ("refiner", "refiner_switch")))
+        # the mode's own tab shown: an image to image or inpainting draw needs its image uploaded there again
+        tab = gr.Tabs(selected=values["mode"]) if values.get("mode") else gr.update()
+        return (*updates, gr.update(value=1), note, gr.Tabs(selected="generate-tab"), *modes, tab, *second)
 
     # -- Scores ----------------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from PIL import Image
 
 from models.errors import WorkbenchError
-from models.generation import SAMPLERS, ImageRecord, parameters_from_exif, parse_parameters, refiner_of
+from models.generation import (HIRES_UPSCALERS, SAMPLERS, ImageRecord, modes_of, parameters_from_exif, parse_parameters,
+                               refiner_of)
 
 MAX_PIXELS = 4096 * 4096
 # Our text is two prompts of at most 2,000 characters and a settings line of a few hundred; AUTOMATIC1111's with
@@ -136,7 +137,8 @@ def fields_of(record: ImageRecord) -> dict:
     return {"prompt": record.prompt, "negative_prompt": record.negative_prompt, "Sampler": record.sampler,
             "Steps": record.steps, "CFG scale": record.guidance, "Size": f"{record.width}x{record.height}",
             "Seed": record.seed, "Model hash": record.checkpoint_hash, "Model": record.checkpoint,
-            "Weights": {"ema": "EMA"}.get(record.weights, record.weights), **dict(record.refiner_fields())}
+            "Weights": {"ema": "EMA"}.get(record.weights, record.weights), **dict(record.refiner_fields()),
+            **dict(record.mode_fields()), **({"Clip skip": record.clip_skip} if record.clip_skip > 1 else {})}
 
 
 def _guidance(parsed: dict, notes: list[str]) -> float | None:
@@ -169,7 +171,34 @@ def settings_from(text: str, label_of_hash: Callable[[str], str | None],
             notes.append(f"no checkpoint under the app's folders has the model hash {digest}{model}; "
                          "the current one is kept")
     values.update(_refiner(parsed, label_of_hash, notes))
+    values.update(_modes(parsed, notes))
     return values, notes
+
+
+def _modes(parsed: dict, notes: list[str]) -> dict:
+    """What the image was drawn from (``models.generation.modes_of``) as the Generate tab's mode controls: the mode's
+    tab, the denoising strength, mask blur and hires fix (an upscale of 1, no hires fix, for an image drawn without
+    one: a stale one would draw another image); a note where the image to start from must be uploaded again."""
+    mode = modes_of(parsed)["mode"] or "txt2img"
+    values = {"mode": mode, "strength": _number(parsed, "Denoising strength", float, notes), "mask_blur": None,
+              "hires_scale": 1.0, "hires_steps": 0, "hires_upscaler": None,
+              "clip_skip": _number(parsed, "Clip skip", int, notes) or 1}  # A1111 writes it only above 1
+    if values["strength"] is not None and not 0 < values["strength"] <= 1:
+        notes.append(f"Denoising strength {values['strength']:g} is not in (0, 1]; the current one is kept")
+        values["strength"] = None
+    if mode == "inpaint":
+        values["mask_blur"] = _number(parsed, "Mask blur", int, notes)
+    if mode != "txt2img":
+        notes.append(f"drawn {'by inpainting' if mode == 'inpaint' else 'from an image'}: upload that image in "
+                     f"Generate's {'Inpaint' if mode == 'inpaint' else 'Image to image'} tab to draw it again")
+    elif "Hires upscale" in parsed or "Hires upscaler" in parsed:
+        upscaler = parsed.get("Hires upscaler")
+        values.update(hires_scale=_number(parsed, "Hires upscale", float, notes),
+                      hires_steps=_number(parsed, "Hires steps", int, notes) or 0,
+                      hires_upscaler=upscaler if upscaler in HIRES_UPSCALERS else None)
+        if upscaler not in HIRES_UPSCALERS:
+            notes.append(f"hires upscaler {str(upscaler)[:40]!r} is not one of this app's; the current one is kept")
+    return values
 
 
 def _refiner(parsed: dict, label_of_hash: Callable[[str], str | None], notes: list[str]) -> dict:

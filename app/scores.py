@@ -225,6 +225,7 @@ class WinRate:
     lo: float | None
     hi: float | None
     decisive: int
+    flip: int | None = None  # the leading side's votes whose removal makes the interval hold 50%, where it does not
 
 
 class ScoreFiles:
@@ -378,7 +379,9 @@ def _win_rates(results: dict, digest: str) -> list[WinRate]:
             if c.get(side) in mine:
                 lo, hi = _interval(c, flip)
                 rate = 1 - c["rate_a"] if flip else c["rate_a"]
+                flips = c.get("flip") if isinstance(c.get("flip"), dict) else {}
+                count = _number(flips.get("count"))
                 out.append(WinRate(str(results.get("study", "")), str(c.get("question", "")),
                                    hashes.get(c.get(other)) or str(c.get(other)), rate, lo, hi,
-                                   int(_number(c.get("decisive")) or 0)))
+                                   int(_number(c.get("decisive")) or 0), None if count is None else int(count)))
     return out

@@ -27,8 +27,9 @@ from PIL import Image
 
 from models.errors import WorkbenchError, first_line
 from models.checkpoints import Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint, weights_of
-from models.generation import (WEIGHT_CHOICES, ImageRecord, Refiner, generate_images, guidance_kind_of, save_png,
-                               with_metadata)
+from models.families import family_or_ours
+from models.generation import (WEIGHT_CHOICES, ImageRecord, Refiner, check_drawable, generate_images, guidance_kind_of,
+                               save_png, with_metadata)
 
 from .cache import PipelineCache
 from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, checkpoint_name, generate,
@@ -163,6 +164,14 @@ class Service:
         ckpt = self.open(text)
         return ckpt, describe(ckpt)
 
+    def check_size(self, ckpt: Checkpoint, width: int, height: int) -> None:
+        """The one size rule (``models.generation.check_drawable``) for the checkpoint's family, before its weights
+        are read: the app refuses the sizes `dwb sample` refuses (the app's limits are ``validate``'s)."""
+        try:
+            check_drawable(family_or_ours(describe(ckpt).family), (width, height), "the size", limits=None)
+        except WorkbenchError as e:
+            raise WorkbenchError(f"{ckpt.label}: {e}") from None
+
     def weights_of(self, ckpt: Checkpoint, weights: str) -> str:
         """What a record says of the weights a choice ("auto", "ema", "raw") opens: "ema" or "raw" of a Composer
         checkpoint, "stored" for the kinds that hold one set (``models.checkpoints.weights_of``)."""
@@ -249,6 +258,7 @@ class Service:
         given); every parameter validated first."""
         params = validate(params, self.limits)
         ckpt = self.open(checkpoint, parts)
+        self.check_size(ckpt, params.width, params.height)
 
         def step(k: int, done: int, total: int) -> None:
             if on_step is not None:
@@ -264,6 +274,8 @@ class Service:
         ckpts = [self.open(c) for c in names]
         if len({c.path for c in ckpts}) < len(ckpts):
             raise WorkbenchError("the same checkpoint is chosen twice: choose different ones")
+        for ckpt in ckpts:
+            self.check_size(ckpt, params.width, params.height)
 
         def step(k: int, done: int, total: int) -> None:
             if on_step is not None:
@@ -291,6 +303,8 @@ class Service:
         for chosen in {c.weights for c in made.cells}:
             check_weights(chosen)
         ckpts = {name: self.open(name) for name in dict.fromkeys(c.checkpoint for c in made.cells)}
+        for name, width, height in dict.fromkeys((c.checkpoint, c.params.width, c.params.height) for c in made.cells):
+            self.check_size(ckpts[name], width, height)
         return self._run(session, client, made.pixel_steps(), self._plot, made, ckpts, batch,
                          on_progress or (lambda *a: None))
 

@@ -18,12 +18,15 @@ from pathlib import Path
 import gradio as gr
 from starlette.middleware import Middleware
 
-from models.generation import DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS, SAMPLERS
+from models.generation import (DEFAULT_HIRES_UPSCALER, DEFAULT_MASK_BLUR, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER,
+                               DEFAULT_STEPS, DEFAULT_STRENGTH, DEFAULT_WEIGHTS, HIRES_UPSCALERS, MAX_CLIP_SKIP,
+                               MAX_HIRES_SCALE, MAX_MASK_BLUR, SAMPLERS)
 from models.common import allow_open_files, deadline_protocol
 
 from .generate import DEFAULT_GUIDANCE, MAX_CHECKPOINT_CHARS, MAX_SEED
 from .gradio_patches import calm_gradio_queue, queue_jobs, serialize_queue_joins, serve_gradio_with
 from .handlers import OPEN_IN_GENERATE, Handlers, as_markdown, queue_validator
+from .modes import MODE_TABS
 from .results_files import ResultsFiles
 from .scores import STEP_AXIS
 from .service import Service
@@ -155,9 +158,47 @@ class UI:
                     self.g = settings_controls("", self.limits, self.size)
                     self.batch = gr.Slider(1, self.limits.max_batch, value=1, step=1, label="Batch size",
                                            elem_id="batch")
+                    self.mode_controls()
                     self.run, self.stop = run_buttons("", "Generate", "generate")
                 with gr.Column(scale=1):
                     self.gallery, self.parameters, self.texts = results_column("")
+
+    def mode_controls(self) -> None:
+        """Text to image (with a hires fix), image to image (an upload) and inpainting (a mask painted over an upload)
+        as tabs, and their denoising strength: the tab chosen is the request's mode (``app.modes``), kept in a hidden
+        radio the API sets as it sets any other input."""
+        self.mode = gr.Radio([(label, mode) for label, mode in MODE_TABS], value="txt2img", visible=False,
+                             label="Mode", elem_id="mode")
+        with gr.Tabs(elem_id="mode-tabs") as self.mode_tabs:
+            with gr.Tab("Text to image", id="txt2img") as txt2img:
+                with gr.Row():
+                    self.hires_scale = gr.Slider(1, MAX_HIRES_SCALE, value=1, step=0.05, elem_id="hires-scale",
+                                                 label="Hires upscale (1: no hires fix)")
+                    self.hires_steps = gr.Slider(0, self.limits.max_steps, value=0, step=1, elem_id="hires-steps",
+                                                 label="Hires steps (0: as many as Steps)")
+                    self.hires_upscaler = gr.Dropdown(list(HIRES_UPSCALERS), value=DEFAULT_HIRES_UPSCALER,
+                                                      label="Hires upscaler", elem_id="hires-upscaler")
+            with gr.Tab("Image to image", id="img2img") as img2img:
+                self.init_image = gr.Image(label="Init image (resized to Width x Height)", type="filepath",
+                                           sources=["upload", "clipboard"], format="png", elem_id="init-image")
+            with gr.Tab("Inpaint", id="inpaint") as inpaint:
+                self.editor = gr.ImageMask(label="Image: paint what to redraw", type="filepath", format="png",
+                                           sources=["upload", "clipboard"], elem_id="inpaint-editor",
+                                           brush=gr.Brush(colors=["#ffffff"], color_mode="fixed"))
+                self.mask_blur = gr.Slider(0, MAX_MASK_BLUR, value=DEFAULT_MASK_BLUR, step=1, label="Mask blur",
+                                           elem_id="mask-blur")
+        with gr.Row():
+            self.strength = gr.Slider(0.01, 1, value=DEFAULT_STRENGTH, step=0.01, elem_id="strength", scale=3,
+                                      label="Denoising strength (image to image, inpainting, the hires fix)")
+            self.clip_skip = gr.Slider(1, MAX_CLIP_SKIP, value=1, step=1, elem_id="clip-skip", scale=1,
+                                       label="Clip skip (1: the text towers' usual layer)")
+        for tab, mode in ((txt2img, "txt2img"), (img2img, "img2img"), (inpaint, "inpaint")):
+            tab.select(None, None, self.mode, js=f"() => '{mode}'", queue=False, api_visibility="private")
+
+    def mode_inputs(self) -> list:
+        """The mode controls in the order ``Handlers.generate`` takes them."""
+        return [self.mode, self.init_image, self.editor, self.strength, self.mask_blur, self.hires_scale,
+                self.hires_steps, self.hires_upscaler, self.clip_skip]
 
     def compare_tab(self) -> None:
         with gr.Tab("Compare", id="compare-tab"):
@@ -239,7 +280,8 @@ class UI:
 
 def wire_generation(ui: UI) -> None:
     h, common, admitted = ui.h, ui.common, ui.admitted
-    gen_inputs = [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.parts, ui.refiner, ui.refiner_switch]
+    gen_inputs = [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.parts, ui.refiner, ui.refiner_switch,
+                  *ui.mode_inputs()]
     ui.events.append(ui.run.click(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],
                                   api_name="generate", **common, **admitted[h.generate]))
     ui.events.append(ui.g.prompt.submit(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],
@@ -248,7 +290,8 @@ def wire_generation(ui: UI) -> None:
                                     [ui.c_gallery, ui.c_slider, ui.c_parameters, ui.c_texts], api_name="compare",
                                     **common, **admitted[h.compare]))
     axes = [c for kind, values, _ in ui.axes for c in (kind, values)]
-    ui.events.append(ui.x_run.click(h.xyz_plot, [ui.x_checkpoint, ui.x_weights, *ui.x.inputs(), *axes, ui.x_batch],
+    ui.events.append(ui.x_run.click(h.xyz_plot, [ui.x_checkpoint, ui.x_weights, *ui.x.inputs(), *axes, ui.x_batch,
+                                                 *ui.mode_inputs()],
                                     [ui.x_grids, ui.x_gallery, ui.x_parameters, ui.x_texts], api_name="xyz_plot",
                                     **common, **admitted[h.xyz_plot]))
     for k, button in enumerate((ui.stop, ui.c_stop, ui.x_stop)):
@@ -281,8 +324,9 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     ui.prompt_set.input(h.prompt_set, [ui.prompt_set, *kinds], [*kinds, *texts], **private)
     ui.png.upload(h.png_info, ui.png, [ui.png_text, ui.png_values, ui.png_notes], api_name="png_info")
     carry_settings(ui, ui.send.click(h.send_to_generate, ui.png_values,
-                                     [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs, ui.refiner,
-                                      ui.refiner_switch], **private))
+                                     [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs, ui.mode,
+                                      ui.strength, ui.mask_blur, ui.hires_scale, ui.hires_steps, ui.hires_upscaler,
+                                      ui.clip_skip, ui.mode_tabs, ui.refiner, ui.refiner_switch], **private))
     scores = [ui.s_plot, ui.s_table, ui.s_note, ui.s_pages, ui.s_x]
     for chooser in (ui.metric, ui.s_x):
         chooser.input(h.scores_table, [ui.metric, ui.s_x], scores, **private)

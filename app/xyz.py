@@ -1,7 +1,8 @@
 """The X/Y/Z plot's plan, without Gradio: axes, the cells they make, and the batches those are generated in.
 
-Up to three axes, each over one setting: checkpoint, guidance, steps, sampler, seed or prompt. Every other
-setting comes from the base request. A cell is one image; one grid is drawn per Z value (``app.grid``).
+Up to three axes, each over one setting: checkpoint, guidance, steps, sampler, seed, prompt or denoising strength
+(of the Generate tab's mode: its init image, or its hires fix).
+Every other setting comes from the base request. A cell is one image; one grid is drawn per Z value (``app.grid``).
 
 **Order.** Checkpoint is always the outer loop (each is loaded once, whatever the axes' order); within a
 checkpoint, cells that share every setting of a pipeline call (weights, steps, sampler, guidance, size,
@@ -16,12 +17,13 @@ import itertools
 from dataclasses import dataclass, replace
 
 from models.errors import WorkbenchError
-from models.generation import check_sampler
+from models.generation import check_sampler, check_strength
 
 from .generate import (MAX_SEED, GenerationParams, Limits, check_pixel_steps, checkpoint_name, pixel_steps, shown, text,
                        validate, whole_number)
+from .modes import with_strength
 
-AXES = ("checkpoint", "guidance", "steps", "sampler", "seed", "prompt")
+AXES = ("checkpoint", "guidance", "steps", "sampler", "seed", "prompt", "strength")
 NONE = "none"
 WEIGHTS_SUFFIXES = ("(ema)", "(raw)")  # "label (raw)": one checkpoint's raw weights
 
@@ -46,7 +48,8 @@ class Cell:
     def call_key(self) -> tuple:
         """Cells with the same key can share one pipeline call."""
         p = self.params
-        return self.checkpoint, self.weights, p.steps, p.sampler, p.guidance, p.width, p.height, p.negative_prompt
+        return (self.checkpoint, self.weights, p.steps, p.sampler, p.guidance, p.width, p.height, p.negative_prompt,
+                None if p.init is None else p.init.strength, p.hires)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,11 @@ def _value(name: str, kind: str, item: str, limits: Limits, weights: str):
     if kind == "sampler":
         check_sampler(item)
         return item
+    if kind == "strength":
+        try:
+            return check_strength(item)
+        except WorkbenchError as e:
+            raise WorkbenchError(f"{name}: {e}") from None
     return text(f"{name}: prompt", item, limits.max_prompt_chars)
 
 
@@ -131,7 +139,7 @@ def _label(kind: str, value) -> str:
         label, weights = value
         return f"{label} ({weights})" if weights else label
     return {"guidance": lambda: f"CFG {value:g}", "steps": lambda: f"{value} steps",
-            "seed": lambda: f"seed {value}"}.get(kind, lambda: str(value))()
+            "seed": lambda: f"seed {value}", "strength": lambda: f"strength {value:g}"}.get(kind, lambda: str(value))()
 
 
 def plan(checkpoint: str, weights: str, base: GenerationParams, axes: tuple[Axis, Axis, Axis],
@@ -152,7 +160,9 @@ def plan(checkpoint: str, weights: str, base: GenerationParams, axes: tuple[Axis
                 ckpt, chosen = axis.values[i][0], axis.values[i][1] or weights
             elif axis.kind != NONE:
                 changes[axis.kind] = axis.values[i]  # the axis kinds are GenerationParams' field names
-        cells.append(Cell((x, y, z), ckpt, chosen, replace(base, **changes)))
+        strength = changes.pop("strength", None)
+        params = replace(base, **changes)
+        cells.append(Cell((x, y, z), ckpt, chosen, params if strength is None else with_strength(params, strength)))
     if "checkpoint" not in kinds and not (isinstance(checkpoint, str) and checkpoint.strip()):
         raise WorkbenchError("no checkpoint chosen: pick one, or put checkpoints on an axis")
     made = Plan(tuple(axes), cells)

@@ -17,7 +17,13 @@ caption) of Gaussian embeddings, 2 images a prompt whose caption and strength th
 Carlo; the paired difference of two checkpoints' CLIP scores (and of their FIDs) is compare's interval,
 whose words must agree with its p-value in every draw.
 
-  python bench/coverage.py [--sims 1000 --metric-sims 400]      # about 8 minutes on 2 busy cores
+Sizes (``--sizes-only`` runs these alone): per-image means and paired differences at 4, 8, 12, 20, 50 and 250
+prompts x 1, 2 and 4 images a prompt x normal and skewed prompt effects, 1,000 draws a line, numpy over all draws
+at once: the t-interval on per-prompt contributions and the percentile bootstrap, and which one the workbench uses
+at that size; FID and KID of 2 images a prompt at the same prompt counts.
+
+  python bench/coverage.py --sizes-only                         # about 3.5 CPU-minutes (14 minutes on 2 busy cores)
+  python bench/coverage.py [--sims 1000 --metric-sims 400]      # about 8 minutes on 2 busy cores, and the sizes
   python bench/coverage.py --smoke                              # seconds: a few draws of small cases
 
 Writes OUT/coverage.json (default bench/out) and prints the tables as Markdown before it.
@@ -112,7 +118,7 @@ class Gaussians:
 
 
 def set_metric_coverage(g: Gaussians, name: str, shift: float, scale: float, images: int, replicates: int,
-                        sims: int, truth_draws: int, truth: float | None = None) -> dict:
+                        sims: int, truth_draws: int, truth: float | None = None, per_prompt: int = 1) -> dict:
     """One set metric's interval (``bootstrap.interval`` with its range) against ``truth``, by default E[metric at
     this N | reference] from ``truth_draws`` sets. KID is the full set's unbiased estimate (a row's point averages
     subsets of it); its replicates are a row's."""
@@ -126,7 +132,7 @@ def set_metric_coverage(g: Gaussians, name: str, shift: float, scale: float, ima
     widths = []
     for i in range(sims):
         x = g.draw(images, shift, scale)
-        reps = g.metric(name, x, prompt_weights(np.arange(images), replicates, seed=i))
+        reps = g.metric(name, x, prompt_weights(np.arange(images) // per_prompt, replicates, seed=i))
         point = g.metric(name, x, ones)[0]
         lo, hi = interval(point, reps, bounds=value_range(name))
         raw_lo, _ = interval(point, reps)
@@ -201,6 +207,98 @@ def fid_difference_coverage(g: Gaussians, images: int, replicates: int, sims: in
             "truth": truth["b"] - truth["a"], "coverage": covered / sims, "verdict_agrees_with_p": agree / sims}
 
 
+SIZES, PER_PROMPT, EFFECTS = (4, 8, 12, 20, 50, 250), (1, 2, 4), ("normal", "skewed")
+
+
+def prompt_effects(rng, shape: tuple, effect: str) -> np.ndarray:
+    """Per-prompt effects of mean 0 and sd 1: normal, or skewed (an exponential less 1: skewness 2, a few prompts
+    far above the rest, as a gain that holds on a handful of captions)."""
+    return rng.standard_normal(shape) if effect == "normal" else rng.exponential(1.0, shape) - 1.0
+
+
+def mean_lines(rng, draws: int, prompts: int, per_prompt: int, effect: str, replicates: int) -> dict:
+    """One line of the size table, ``draws`` at once: a per-image mean (one checkpoint's; truth 0) and a paired
+    difference B - A (A's per-prompt difficulty shared, B's gain per prompt drawn; truth 0.3), each image with noise
+    of sd 1. Coverage of the t-interval on per-prompt means (``bootstrap.t_interval``: with as many images on every
+    prompt, ``prompt_contributions`` are those means) and of the percentile bootstrap over prompts
+    (``bootstrap.interval``), and which of the two the workbench uses at this size. The first draw of each line is
+    checked against ``bootstrap.mean_interval`` itself."""
+    from scipy import stats
+
+    from evaluate.statistics.bootstrap import SMALL_PROMPTS, mean_interval, prompt_weights, weighted_means
+
+    shape = (draws, prompts, per_prompt)
+    single = prompt_effects(rng, shape[:2], effect)[:, :, None] + rng.standard_normal(shape)
+    difficulty = 3.0 * rng.standard_normal(shape[:2])[:, :, None]
+    a = difficulty + rng.standard_normal(shape)
+    b = difficulty + 0.3 + prompt_effects(rng, shape[:2], effect)[:, :, None] + rng.standard_normal(shape)
+    line = {"prompts": prompts, "per_prompt": per_prompt, "effect": effect,
+            "rule": "t" if prompts < SMALL_PROMPTS else "bootstrap"}
+    t_crit = stats.t.ppf(1 - (1 - LEVEL) / 2, prompts - 1)
+    for name, values, truth, base in (("mean", single, 0.0, None), ("difference", b - a, 0.3, (a, b))):
+        c = values.mean(2)  # (draws, prompts): each prompt's mean
+        mean, se = c.mean(1), c.std(1, ddof=1) / np.sqrt(prompts)
+        t_cover = np.abs(mean - truth) <= t_crit * se
+        counts = rng.multinomial(prompts, np.full(prompts, 1.0 / prompts), size=(draws, replicates))
+        reps = np.einsum("drp,dp->dr", counts, c) / prompts  # equal images per prompt: the weighted image mean
+        low, high = np.quantile(reps - reps.mean(1, keepdims=True), [(1 - LEVEL) / 2, (1 + LEVEL) / 2], axis=1)
+        p_cover = (mean + low <= truth) & (truth <= mean + high)
+        ids = np.repeat(np.arange(prompts), per_prompt)
+        first = values[0].ravel() if base is None else base[1][0].ravel()
+        w = prompt_weights(ids, replicates, seed=0)
+        rep0 = weighted_means(first, w) - (0 if base is None else weighted_means(base[0][0].ravel(), w))
+        got = mean_interval(ids, first, None if base is None else base[0][0].ravel(), float(mean[0]), rep0)
+        if got["rule"] == "t" and not np.allclose([got["lo"], got["hi"]], [mean[0] - t_crit * se[0],
+                                                                           mean[0] + t_crit * se[0]]):
+            raise SystemExit(f"coverage: check failed: the t-interval of {name} differs from mean_interval's")
+        line[name] = {"t": float(t_cover.mean()), "percentile": float(p_cover.mean()),
+                      "width_t": float(np.median(2 * t_crit * se))}
+    return line
+
+
+def mean_size_table(rng, draws: int, replicates: int, sizes=SIZES) -> list[dict]:
+    chunk = 250  # draws x replicates x prompts counts held at once: 250 x 200 x 250 int64 is 100 MB
+    lines = []
+    for prompts in sizes:
+        for per_prompt in PER_PROMPT:
+            for effect in EFFECTS:
+                parts = [mean_lines(rng, min(chunk, draws - i), prompts, per_prompt, effect, replicates)
+                         for i in range(0, draws, chunk)]
+                line = {**parts[0], "draws": draws}
+                for name in ("mean", "difference"):
+                    line[name] = {k: float(np.average([q[name][k] for q in parts],
+                                                      weights=[min(chunk, draws - i) for i in range(0, draws, chunk)]))
+                                  for k in parts[0][name]}
+                lines.append(line)
+    return lines
+
+
+def set_size_table(g: "Gaussians", sims: int, replicates: int, truth_draws: int, sizes=SIZES,
+                   per_prompt: int = 2) -> list[dict]:
+    """FID and KID of ``per_prompt`` images a prompt at each size: their interval's coverage of E[metric at that
+    size], as ``set_metric_coverage`` measures it (its prompts resampled as a row's are)."""
+    lines = []
+    for prompts in sizes:
+        images = prompts * per_prompt
+        for name in ("fid", "kid_mean"):
+            found = set_metric_coverage(g, name, 0.2, 1.1, images, replicates, sims, truth_draws, per_prompt=per_prompt)
+            lines.append({"prompts": prompts, "per_prompt": per_prompt, **found})
+    return lines
+
+
+def size_markdown(means: list[dict], sets: list[dict]) -> str:
+    lines = ["| prompts | images a prompt | prompt effects | mean: t | mean: percentile | B - A: t | "
+             "B - A: percentile | rule used |", "|---|---|---|---|---|---|---|---|"]
+    for r in means:
+        lines.append(f"| {r['prompts']} | {r['per_prompt']} | {r['effect']} | "
+                     + " | ".join(f"{100 * r[n][k]:.1f}" for n in ("mean", "difference") for k in ("t", "percentile"))
+                     + f" | {r['rule']} |")
+    lines += ["", "| prompts | images | metric | coverage % | interval holds 0 % |", "|---|---|---|---|---|"]
+    lines += [f"| {r['prompts']} | {r['prompts'] * r['per_prompt']} | {r['metric']} | {100 * r['coverage']:.1f} | "
+              f"{100 * r['covers_zero']:.1f} |" for r in sets]
+    return "\n".join(lines)
+
+
 def markdown(win_rates: list[dict], metrics: list[dict]) -> str:
     head = "| votes | prompts | true rate | " + " | ".join(WIN_INTERVALS) + " |"
     lines = [head, "|" + "---|" * (3 + len(WIN_INTERVALS))]
@@ -229,12 +327,24 @@ def main() -> None:
                     help="replicates of a metric's interval (evaluate's default)")
     ap.add_argument("--prompts", type=int, default=250, help="prompts of a CLIP-score row (2 images each)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--size-draws", type=int, default=1000, help="draws per line of the per-image mean size table")
+    ap.add_argument("--set-size-sims", type=int, default=200, help="draws per line of the set-metric size table")
+    ap.add_argument("--sizes-only", action="store_true", help="only the size tables (per-image means, set metrics)")
     args = parse_args(ap, smoke=dict(sims=10, bootstrap=50, metric_sims=4, truth_draws=20, images=40, reference=60,
-                                     dim=4, replicates=40, prompts=30))
+                                     dim=4, replicates=40, prompts=30, size_draws=20, set_size_sims=4))
     import torch
 
     torch.set_num_threads(1)  # small matrices: one thread is several times faster on a busy 2-core machine
     t = time.perf_counter()
+    sizes = (4, 20) if args.smoke else SIZES
+    means = mean_size_table(np.random.default_rng(args.seed + 2), args.size_draws, args.replicates, sizes)
+    sets = set_size_table(Gaussians(np.random.default_rng(args.seed + 3), args.dim, args.reference),
+                          args.set_size_sims, args.replicates, args.truth_draws, sizes)
+    print(size_markdown(means, sets))
+    sized = {"means_by_size": means, "sets_by_size": sets, "seconds_sizes": round(time.perf_counter() - t, 1)}
+    if args.sizes_only:
+        report("coverage", {"level": LEVEL, "settings": {k: v for k, v in vars(args).items() if k != "out"}, **sized})
+        return
     votes, rates = ((5, 50), (0.7,)) if args.smoke else (VOTES, RATES)
     win_rates = win_rate_coverage(args.sims, args.bootstrap, args.votes_per_prompt, args.prompt_sd, votes, rates,
                                   args.seed)
@@ -253,7 +363,7 @@ def main() -> None:
     print(markdown(win_rates, metrics))
     report("coverage", {"level": LEVEL, "settings": {k: v for k, v in vars(args).items() if k != "out"},
                         "seconds": {"win_rates": round(seconds_votes, 1), "all": round(time.perf_counter() - t, 1)},
-                        "win_rates": win_rates, "metrics": metrics})
+                        "win_rates": win_rates, "metrics": metrics, **sized})
 
 
 if __name__ == "__main__":

@@ -21,10 +21,27 @@ overruns or fails records its one-line error, and the run goes on to the next):
   Inception-v3 and ViT-L/14-sized CLIP, a shapes reference at 512², DDIM, 25 steps, batch 64, bf16), on fewer
   images (``--score-images``, default 128) and scored twice: the first row includes the reference statistics,
   the second is the steady state.
+- ``nccl_rule``: NCCL's rule rehearsed on the one GPU: two ranks (each told it is local rank 0 of its own "node", so
+  both hold ``cuda:0``) in a group that serves CUDA tensors only, as NCCL's does (``"cuda:gloo"``: gloo behind
+  NCCL's device map; NCCL itself refuses two ranks on one GPU). First each collective the project makes is tried on
+  CUDA tensors (which gloo serves there is recorded); then a `dwb train` run of phase 1 on random SD2-base, FULL_SHARD
+  FSDP with a sharded checkpoint, EMA from the first batch, validation loss and preview grids due every
+  ``rule_every`` batches, ``rule_batches`` batches in all. Where gloo serves none of FSDP's collectives on CUDA
+  (``reduce_scatter_tensor``), the run is DDP and the JSON's ``rehearsed`` leaves FSDP and the sharded save out,
+  naming the collective (``not_rehearsed``). A tensor kept on the CPU and handed to a collective fails here as it
+  would under NCCL (``No backend type associated with device type cpu``).
+- ``mmdit_medium``: configs/mmdit-medium-phase1.yaml's transformer (random weights, one GPU, one process, its
+  microbatch 16 at 256², amp_bf16, EMA as configured) stepped ``mmdit_steps`` batches: the peak GPU memory against
+  the memory plan that admitted it (``train.trainer.check_memory``'s ``RankPlan``: weights, gradients, AdamW, EMA,
+  frozen parts in bf16; activations come on top) and against what the run counted it held
+  (``memory/rank0.json``).
 
 GPU:     python bench/device_check.py --out bench/out/device_check.json      (BENCHMARKS.md: The one-shot GPU check)
-Dry run: python bench/device_check.py --dry-run --out /tmp/dc.json            (CPU, tiny architecture, well under
-         a minute of CPU; the same parts and JSON with "dry_run": true; --smoke is the same, for tests/test_bench.py)
+         (the first five parts fill 8 minutes: on a lent GPU of 15 minutes run them, then
+         ``--parts nccl_rule mmdit_medium --out bench/out/device_check_scale.json``, about 5 minutes)
+Dry run: python bench/device_check.py --dry-run --out /tmp/dc.json            (CPU, tiny architecture, a few
+         minutes of CPU; the same parts and JSON with "dry_run": true, ``nccl_rule`` on two CPU ranks in a
+         ``"cpu:gloo"`` group, ``mmdit_medium`` on tiny-mmdit; --smoke is the same, for tests/test_bench.py)
 Exit status 1 when a part failed (the JSON is written all the same, after every part).
 """
 from __future__ import annotations
@@ -81,6 +98,12 @@ class Plan:
     score_batch: int
     score_passes: int
     score_inception_features: int | None  # None: `dwb evaluate`'s (2048, the standard FID)
+    rule_batches: int  # batches of the two-rank rehearsal of NCCL's rule
+    rule_every: int  # validation, previews and the sharded save every this many batches of it
+    mmdit_config: str  # the MMDiT stepped for its peak memory (configs/NAME.yaml)
+    mmdit_resolution: int
+    mmdit_batch: int  # its global batch (microbatches of the config's 16, or ``microbatch``)
+    mmdit_steps: int
     budgets: dict = field(default_factory=dict)  # part -> seconds
 
 
@@ -94,14 +117,22 @@ GPU = Plan(device="cuda", arch="sd2-base", resolutions={"phase1": 256, "phase2":
            warmup=5, steps=20, workers=None, fsdp_phase="phase1", fsdp_batches=12, fsdp_every=6, held_out=64,
            preview_steps=None, sample_size=512, sample_steps=50, sample_rounds=3, score_images=128, score_size=512,
            score_steps=25, score_batch=64, score_passes=2, score_inception_features=None,
-           budgets={"train_256": 95, "train_512": 55, "fsdp": 120, "sampling": 55, "scoring": 115})
+           rule_batches=4, rule_every=2, mmdit_config="mmdit-medium-phase1", mmdit_resolution=256, mmdit_batch=32,
+           mmdit_steps=4,
+           # the rehearsal: two ranks each building random SD2-base (about 40 s), 4 batches, two validation passes
+           # and preview grids, a sharded save; mmdit-medium: building 2B random weights on the CPU (about 60 s)
+           budgets={"train_256": 95, "train_512": 55, "fsdp": 120, "sampling": 55, "scoring": 115,
+                    "nccl_rule": 150, "mmdit_medium": 150})
 # The same parts on the CPU at tiny size: 16 and 32 px stand for 256² and 512². Inception's first feature layer
 # (64), where its forward stops: its 2048-d pool ran at 1.6 images/s on one thread here, 30 s of a 75 s dry run.
 DRY_RUN = Plan(device="cpu", arch="tiny", resolutions={"phase1": 16, "phase2": 32}, batch=8, microbatch=4,
                warmup=1, steps=2, workers=0, fsdp_phase="phase1", fsdp_batches=4, fsdp_every=2, held_out=4,
                preview_steps=2, sample_size=32, sample_steps=2, sample_rounds=1, score_images=8, score_size=32,
                score_steps=2, score_batch=8, score_passes=2, score_inception_features=64,
-               budgets={"train_256": 240, "train_512": 240, "fsdp": 240, "sampling": 240, "scoring": 240})
+               rule_batches=2, rule_every=2, mmdit_config="tiny-mmdit-phase1", mmdit_resolution=16, mmdit_batch=4,
+               mmdit_steps=2,
+               budgets={"train_256": 240, "train_512": 240, "fsdp": 240, "sampling": 240, "scoring": 240,
+                        "nccl_rule": 240, "mmdit_medium": 240})
 DRY_RUN_TOTAL_S = 900
 
 
@@ -375,6 +406,203 @@ def fsdp_run(plan: Plan) -> dict:
             "peak_memory_gib": peak_memory_gib(plan)}
 
 
+# ---------------------------------------------------------------------------------------------- NCCL's rule, at scale
+
+# A group that serves the device's tensors only: NCCL's device map with gloo behind it on the GPU (NCCL refuses two
+# ranks on one GPU), its CPU twin in the dry run
+RULE_BACKENDS = {"cuda": "cuda:gloo", "cpu": "cpu:gloo"}
+# What the project's collectives call (``models.common.ranks``, FSDP, DDP, Composer's dist), tried one by one
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_object",
+               "barrier")
+FSDP_COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor")
+# Each rank is a "node" of one process (both then hold cuda:0), and a node's Streaming state lives in its /dev/shm,
+# which two nodes must not share (``train.data.loader.check_node_shared_memory``): each gets its own, as
+# tests/ranks.py gives the suite's two-node runs
+PRIVATE_SHM = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"]
+
+
+def try_collectives(device: str) -> dict:
+    """Each of ``COLLECTIVES`` on a tensor of ``device`` in the joined group: "served", or the error in one line."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    one = lambda: torch.ones(4, device=device)  # noqa: E731
+    calls = {"all_reduce": lambda: dist.all_reduce(one()),
+             "broadcast": lambda: dist.broadcast(one(), src=0),
+             "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.empty(4 * world, device=device),
+                                                                           one()),
+             "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.empty(4, device=device),
+                                                                         torch.ones(4 * world, device=device)),
+             "all_gather_object": lambda: dist.all_gather_object([None] * world, {"rank": dist.get_rank()}),
+             "barrier": dist.barrier}
+    served = {}
+    for name in COLLECTIVES:
+        try:
+            calls[name]()
+            served[name] = "served"
+        except (RuntimeError, ValueError, NotImplementedError) as e:
+            served[name] = one_line(e)
+    return served
+
+
+def rule_config(plan: Plan, folder: Path, fsdp: bool):
+    """Phase 1 with FSDP (FULL_SHARD, sharded checkpoint) or DDP, EMA from the first batch, validation, previews and
+    a save every ``rule_every`` batches: every path that meets a collective, due within ``rule_batches``."""
+    resolution = plan.resolutions["phase1"]
+    every = f"{plan.rule_every}ba"
+    extra = [f"max_duration={plan.rule_batches}ba", f"save_interval={every}", f"eval_interval={every}",
+             f"preview_interval={every}", f"validation.path={held_out(resolution, plan.held_out)}",
+             f"validation.max_samples={plan.held_out}", f"validation.batch_size={min(64, plan.held_out)}",
+             "ema.enabled=true", "ema.ema_start=0ba", "dist_timeout=600"]
+    extra += (["fsdp=true", "fsdp_sharding_strategy=FULL_SHARD", "fsdp_state_dict_type=sharded"] if fsdp
+              else ["fsdp=false"])
+    if plan.preview_steps is not None:
+        extra.append(f"previews.steps={plan.preview_steps}")
+    return phase_config(plan, "phase1", folder, *extra)
+
+
+def rule_rank(plan: Plan) -> dict:
+    """One rank of ``nccl_rule`` (its process is started by ``nccl_rule``): the group joined with
+    ``RULE_BACKENDS``, the collectives tried, then the run."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from train.callbacks.validation import ema_of, unwrap
+    from train.trainer import build_trainer, run_dir_of
+
+    from composer.devices import DeviceCPU, DeviceGPU
+
+    if plan.device == "cuda":
+        torch.cuda.set_device(0)
+    backend = RULE_BACKENDS[plan.device]
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=600))
+    # Composer's Trainer joins the group its device names ("nccl", "gloo") and refuses one joined under another
+    # name: its device is told this group's, which stands in for NCCL's
+    (DeviceGPU if plan.device == "cuda" else DeviceCPU).dist_backend = backend
+    device = "cuda:0" if plan.device == "cuda" else "cpu"
+    served = try_collectives(device)
+    fsdp = all(served[name] == "served" for name in FSDP_COLLECTIVES)
+    folder = RUN.out / "device-check-nccl-rule" / "checkpoints"
+    cfg = rule_config(plan, folder, fsdp)
+    trainer = build_trainer(cfg)
+    callbacks = {type(c).__name__: c for c in trainer.state.callbacks}
+    model = unwrap(trainer.state.model)
+    trainer.fit()
+    batches = int(trainer.state.timestamp.batch)
+    ema = ema_of(trainer.state)
+    counted = run_dir_of(cfg) / "memory" / f"rank{dist.get_rank()}.json"  # what this rank held, EMA shards too
+    out = {"rank": dist.get_rank(), "backend": str(dist.get_backend()), "collectives": served, "fsdp": fsdp,
+           "sharding_strategy_used": getattr(getattr(model.denoiser, "sharding_strategy", None), "name", None),
+           "batches_run": batches, "validation_loss": dict(callbacks["ValidationLoss"].last).get("validation/loss"),
+           "previews_written": len(list((run_dir_of(cfg) / "previews").glob("*.png"))),
+           "ema_started": bool(ema is not None and ema.ema_started),
+           "held": json.loads(counted.read_text()) if counted.is_file() else None,
+           "checkpoints": sorted(p.name for p in folder.iterdir()) if folder.is_dir() else [],
+           "peak_memory_gib": peak_memory_gib(plan)}
+    trainer.close()
+    dist.destroy_process_group()
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def nccl_rule(plan: Plan) -> dict:
+    """Two ranks on the one device in a group serving only its tensors (``rule_rank`` each), their reports joined:
+    which collectives gloo served there, and which parts of a run the rehearsal covered."""
+    resolution = plan.resolutions["phase1"]
+    parts_and_latents(plan, resolution)  # built once here, before two ranks read them
+    held_out(resolution, plan.held_out)
+    folder = RUN.out / "device-check-nccl-rule"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    port, procs = free_port(), []
+    try:
+        for rank in range(2):  # each rank local rank 0 of its own "node": both hold cuda:0
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                   "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            argv = [sys.executable, str(Path(__file__).resolve()), "--rule-rank", "--out",
+                    str(folder / f"rank{rank}.json"), "--work", str(RUN.out), *(["--dry-run"] * RUN.smoke)]
+            with open(folder / f"rank{rank}.log", "w") as log:
+                procs.append(subprocess.Popen(PRIVATE_SHM + argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(codes):
+        tail = (folder / f"rank{codes.index(next(c for c in codes if c))}.log").read_text().strip().splitlines()
+        raise RuntimeError(f"a rank exited {max(codes)}: {tail[-1] if tail else 'no output'}")
+    return rehearsal([json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)], plan)
+
+
+def rehearsal(ranks: list[dict], plan: Plan) -> dict:
+    """The ranks' reports (``rule_rank``'s) joined: what the group refused, which parts of a run were rehearsed,
+    and, for those that were not, why."""
+    first = ranks[0]
+    refused = {name: why for name, why in first["collectives"].items() if why != "served"}
+    rehearsed = ["collectives", "validation", "previews", "ema"] + (["fsdp", "sharded_save"] if first["fsdp"] else
+                                                                   ["ddp"])
+    not_rehearsed = {} if first["fsdp"] else {
+        "fsdp": f"the group does not serve {', '.join(n for n in FSDP_COLLECTIVES if n in refused)} on {plan.device}",
+        "sharded_save": "written by FSDP only"}
+    return {"backend": first["backend"], "ranks": len(ranks), "device": plan.device,
+            "collectives": first["collectives"], "refused": refused, "rehearsed": rehearsed,
+            "not_rehearsed": not_rehearsed, "completed": all(r["batches_run"] == plan.rule_batches for r in ranks),
+            "batches": plan.rule_batches, "every": plan.rule_every, "per_rank": ranks}
+
+
+def mmdit_medium(plan: Plan) -> dict:
+    """configs/{mmdit_config}.yaml stepped on random weights: peak memory against the memory plan it was admitted
+    with and against what the run counted it held (``memory/rank0.json``)."""
+    from _common import fit_batch_end_times
+    from train.config import load_config
+    from train.trainer import build_trainer, check_memory, resolve_device, run_dir_of
+    from train_throughput import make_latents
+
+    base = load_config(ROOT / f"configs/{plan.mmdit_config}.yaml")
+    arch, res = base.model.architecture, plan.mmdit_resolution
+    parts = RUN.out / f"device-check-parts-{arch}"
+    data = make_latents(arch, res, plan.mmdit_batch * (plan.mmdit_steps + 1), parts, RUN.out / "device-check-latents")
+    folder = RUN.out / "device-check-mmdit" / "checkpoints"
+    overrides = [f"model.pretrained={parts}", f"data.path={data}", "data.precomputed=true", f"data.resolution={res}",
+                 f"global_train_batch_size={plan.mmdit_batch}", f"save_folder={folder}", "save_interval=1000000ba",
+                 "eval_interval=null", "preview_interval=null", "progress_bar=false", "loggers=[]",
+                 "autoresume=false", "load_path=null", "fsdp=false", "model.other_phrasing=0"]
+    if plan.microbatch is not None:
+        overrides.append(f"device_train_microbatch_size={plan.microbatch}")
+    if plan.workers is not None:
+        overrides.append(f"data.num_workers={plan.workers}")
+    if plan.device == "cpu":
+        overrides += ["device=cpu", "precision=fp32", "low_precision_norms=false"]
+    cfg = load_config(ROOT / f"configs/{plan.mmdit_config}.yaml", overrides)
+    planned = check_memory(cfg, resolve_device(cfg))  # on the meta device: what build_trainer checks again
+    trainer = build_trainer(cfg)
+    times = fit_batch_end_times(trainer, plan.mmdit_steps, sync=lambda: sync(plan))
+    trainer.close()
+    counted = run_dir_of(cfg) / "memory" / "rank0.json"
+    held = json.loads(counted.read_text()) if counted.is_file() else None
+    peak = peak_memory_gib(plan)
+    gib = lambda n: round(n / 2**30, 3)  # noqa: E731
+    return {"config": f"configs/{plan.mmdit_config}.yaml", "architecture": arch, "resolution": res,
+            "batch": cfg.global_train_batch_size, "microbatch": cfg.device_train_microbatch_size,
+            "precision": cfg.precision, "ema": cfg.ema.enabled, "steps": plan.mmdit_steps,
+            "seconds_per_batch": round((times[-1] - times[0]) / max(1, len(times) - 1), 3),
+            "plan_gib": {k: gib(v) for k, v in planned.as_dict().items()}, "plan_total_gib": gib(planned.total),
+            "held": held, "peak_memory_gib": peak,
+            "peak_over_plan": round(peak / gib(planned.total), 3) if peak else None}
+
+
 # ---------------------------------------------------------------------------------------------- generation
 
 
@@ -500,6 +728,8 @@ PARTS = {
     "fsdp": fsdp_run,
     "sampling": sampling,
     "scoring": scoring,
+    "nccl_rule": nccl_rule,
+    "mmdit_medium": mmdit_medium,
 }
 
 
@@ -555,6 +785,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--batch", type=int, help="global batch of the training parts (default 64; dry run 8)")
     ap.add_argument("--score-images", type=int, help="images `dwb evaluate run` scores (default 128; dry run 8)")
     ap.add_argument("--pins", action="store_true", help="print the pins to carry as wheels to a GPU machine, and exit")
+    ap.add_argument("--rule-rank", action="store_true", help=argparse.SUPPRESS)  # one rank of nccl_rule: --out its JSON
     return ap.parse_args()
 
 
@@ -599,6 +830,9 @@ def main() -> None:
     from diffusers.utils import logging as diffusers_logging
 
     diffusers_logging.set_verbosity_error()  # dtype-cast notices, as `dwb` silences them
+    if args.rule_rank:
+        write_report(out, rule_rank(plan))
+        return
     total = DRY_RUN_TOTAL_S if args.dry_run else TOTAL_BUDGET_S
     report = {"benchmark": NAME, **({"smoke": True} if args.dry_run else {}), "dry_run": args.dry_run,
               "date": time.strftime("%Y-%m-%d"), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

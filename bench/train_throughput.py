@@ -64,6 +64,7 @@ def make_latents(arch: str, res: int, n: int, parts: Path, folder: Path) -> Path
     from models.checkpoints.architectures import ARCHITECTURES
     from train.data.latents import LATENTS_FORMAT, META, latent_columns, encode_array
     from models.checkpoints.hashing import fingerprint
+    from train.data.precompute import part_fingerprints
 
     out = folder / f"{arch}-{res}"
     if (out / META).is_file():
@@ -77,10 +78,13 @@ def make_latents(arch: str, res: int, n: int, parts: Path, folder: Path) -> Path
             text = rng.standard_normal(txt, dtype=np.float32).astype(np.float16)
             w.write({"latent_mean": rng.standard_normal(lat, dtype=np.float32).astype(np.float16),
                      "latent_std": np.full(lat, 0.01, np.float16), "text": text, "text_alt": text,
-                     "caption": f"sample {i}"})
+                     "caption": f"sample {i}", "original_size": np.array([res, res]),
+                     "crop_top_left": np.zeros(2, np.int64)})
     meta = {"format": LATENTS_FORMAT, "complete": True, "resolution": res, "dtype": "float16", "samples": n,
             "scaling_factor": float(vae.config.scaling_factor), "latent_shape": list(lat), "text_shape": list(txt),
-            "vae": {"fingerprint": fingerprint(vae)}, "text_encoder": {"fingerprint": fingerprint(te)},
+            # every dtype a run holds its frozen parts in (a GPU's bfloat16 too): what training checks them against
+            "vae": {"fingerprint": fingerprint(vae), "fingerprints": part_fingerprints(vae)},
+            "text_encoder": {"fingerprint": fingerprint(te), "fingerprints": part_fingerprints(te)},
             "empty_text": encode_array(np.zeros(txt, np.float16)), "center_crop": True}
     (out / META).write_text(json.dumps(meta))
     return out

@@ -24,7 +24,8 @@ from models.errors import WorkbenchError
 from models.common import write_text_whole
 from models.shapes import parse_caption
 
-from .statistics.bootstrap import MIN_REPLICATES, interval, p_floor, p_value, prompt_weights, weighted_means
+from .statistics.bootstrap import (MIN_REPLICATES, SET_MIN_PROMPTS, flip, interval, mean_interval, p_floor, p_value,
+                                   prompt_contributions, prompt_weights, set_too_few, weighted_means)
 from .layout import comparison_file
 from .statistics.metrics import FeatureStats
 from .names import IMAGE_QUALITY, PREFERENCE_COLUMNS, difference_range, metric
@@ -32,7 +33,7 @@ from .reference import ReferenceStats
 from .row import FEATURES, VERDICTS, RowImages, mean_values, set_replicates
 from .samples import MANIFEST, read_manifest
 from .store import ATTRIBUTE_COLUMNS, ResultsStore
-from .verdict import family_replicates, overall, with_verdicts
+from .verdict import family_replicates, overall, sentence, with_verdicts
 
 MUST_MATCH = ("prompts", "n_images", "size", "aspect", "extractor", "n_reference", "dinov2")
 
@@ -118,7 +119,8 @@ def _metrics(a: dict, b: dict) -> list[str]:
     return [n for n in names if a.get(n) is not None and b.get(n) is not None]
 
 
-def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed: int = 0) -> dict:
+def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed: int = 0,
+                 set_flips: bool = False) -> dict:
     """Each metric's difference B - A with its paired bootstrap interval and p-value, the verdicts in words,
     and the overall verdict per metric family (``verdict.overall``). Each family gets ``replicates``, or more
     where it has several metrics (``verdict.family_replicates``); every family reads the first rows of one draw."""
@@ -134,24 +136,104 @@ def compare_rows(out: str | Path, a: dict, b: dict, replicates: int = 200, seed:
     counts = {family: family_replicates(replicates, n) for family, n in sizes.items()}
     weights = prompt_weights(ia.prompts, max(counts.values()), seed)  # one draw for both checkpoints: paired
     set_weights = weights[:counts.get(IMAGE_QUALITY, replicates)]  # the costly ones: a Gram matrix per replicate
-    reps = []
-    for images in (ia, ib):
-        means = {k: weighted_means(v, weights) for k, v in mean_values(images, captions).items()}
-        reps.append({**set_replicates(images, references, set_weights), **means})
+    reps, values = [], [mean_values(images, captions) for images in (ia, ib)]
+    for images, means in zip((ia, ib), values):
+        reps.append({**set_replicates(images, references, set_weights),
+                     **{k: weighted_means(v, weights) for k, v in means.items()}})
     metrics = with_verdicts([metric_difference(name, a[name], b[name], (reps[1][name] - reps[0][name])[
-        :counts[metric(name).family]]) for name in names])
+        :counts[metric(name).family]], per_image(name, ia.prompts, values), len(np.unique(ia.prompts)))
+        for name in names])
+    metrics = with_flips(metrics, ia.prompts, values, lambda w, name: set_differences(ia, ib, references, w, name),
+                         counts.get(IMAGE_QUALITY, replicates), seed, set_flips)
     return {"a": a["model"], "b": b["model"], "guidance": a["guidance"], **scored_settings(a, b),
             "n_images": a["n_images"], "n_prompts": int(len(np.unique(ia.prompts))), "bootstrap": replicates,
             "replicates": counts, "seed": seed, "metrics": metrics, "overall": overall(metrics)}
 
 
-def metric_difference(name: str, a: float, b: float, replicates: np.ndarray) -> dict:
-    """One metric's B - A with its interval and p from the paired replicates of the difference, and how many of
-    them are ``defined`` (a replicate that drew no image the metric judges is NaN: it does not count)."""
+def per_image(name: str, prompts: np.ndarray, values: list[dict]) -> tuple | None:
+    """(prompt ids, B's values, A's values) of a per-image mean metric; None for a set metric."""
+    return (prompts, values[1][name], values[0][name]) if name in values[0] and name in values[1] else None
+
+
+def metric_difference(name: str, a: float, b: float, replicates: np.ndarray, images: tuple | None = None,
+                      n_prompts: int | None = None) -> dict:
+    """One metric's B - A with its interval and p, and how many replicates are ``defined`` (a replicate that drew
+    no image the metric judges is NaN: it does not count). A per-image mean (``images``: prompt ids, B's values,
+    A's values) takes ``bootstrap.mean_interval`` (the t-interval below ``SMALL_PROMPTS`` prompts); a set metric,
+    the paired replicates' interval, and below ``SET_MIN_PROMPTS`` prompts none (``unmeasured``)."""
     diff = float(b - a)
+    counted = {"metric": name, "a": a, "b": b, "difference": diff, "replicates": len(replicates),
+               "defined": int(np.isfinite(replicates).sum())}
+    if images is not None:
+        return {**counted, **mean_interval(*images, diff, replicates, bounds=difference_range(name))}
+    if n_prompts is not None and n_prompts < SET_MIN_PROMPTS:
+        return {**counted, "lo": None, "hi": None, "p": None, "rule": "bootstrap", "too_few": set_too_few(n_prompts)}
     lo, hi = interval(diff, replicates, bounds=difference_range(name))
-    return {"metric": name, "a": a, "b": b, "difference": diff, "lo": lo, "hi": hi, "p": p_value(diff, replicates),
-            "replicates": len(replicates), "defined": int(np.isfinite(replicates).sum())}
+    return {**counted, "lo": lo, "hi": hi, "p": p_value(diff, replicates), "rule": "bootstrap"}
+
+
+def with_flips(metrics: list[dict], prompts: np.ndarray, values: list[dict], set_difference, replicates: int,
+               seed: int, set_flips: bool = False) -> list[dict]:
+    """Each metric's ``flip``: for a verdict that is not "cannot tell", the fewest prompts whose removal makes its
+    interval reach 0 (``count``) and which (``prompts``, their indices); ``exact`` False where the count is an upper
+    bound. A per-image mean: ``bootstrap.flip`` on the per-prompt contributions, exact where every prompt has as
+    many images with a value (otherwise by the contributions, ``exact`` False); a set metric: ``set_flip`` where
+    ``set_flips`` asks (``count`` None otherwise: its search costs some ten bootstraps of the metric)."""
+    out = []
+    for m in metrics:
+        if m["better"] is None:
+            out.append({**m, "flip": None})
+            continue
+        images = per_image(m["metric"], prompts, values)
+        if images is None:
+            found = (set_flip(m, prompts, set_difference, replicates, seed) if set_flips
+                     else {"count": None, "prompts": [], "exact": False})
+        else:
+            ids, contributions = prompt_contributions(*images)
+            found = {**flip(ids, contributions, m["lo"] > 0), "exact": _same_counts(*images)}
+        m = {**m, "flip": found}
+        out.append({**m, "sentence": sentence(m, m["holm_over"])})  # the line names the count beside the interval
+    return out
+
+
+def _same_counts(prompts: np.ndarray, *sides: np.ndarray) -> bool:
+    """Whether every prompt has the same number of images with a value, on each side."""
+    counts = [np.unique(np.asarray(prompts)[~np.isnan(v)], return_counts=True)[1] for v in sides]
+    return all(len(c) and c.min() == c.max() for c in counts)
+
+
+def set_flip(m: dict, prompts: np.ndarray, set_difference, replicates: int, seed: int) -> dict:
+    """A greedy upper bound for a set metric: prompts ordered by how far leaving each one out moves B - A towards 0,
+    then the fewest of that order whose removal makes the recomputed interval (the bootstrap over the prompts left,
+    ``replicates`` of them) reach 0, found by bisection. Fewer than ``SET_MIN_PROMPTS`` prompts left have no interval,
+    so that many removals always flip it. ``set_difference(weights, name)`` gives the metric's B - A per weight row.
+
+    Each bisection step is one more bootstrap of the metric: at 0.18 s a FID replicate (1,000 images, 2,048-d, 2 CPU
+    cores; docs/evaluate.md) about 8 steps of 200 paired replicates and 250 left-out sets add some 10 minutes per set
+    metric with a verdict, estimated, not measured end to end."""
+    ids = np.unique(prompts)
+    sign = 1.0 if m["lo"] > 0 else -1.0
+    left_out = (prompts[None, :] != ids[:, None]).astype(np.float64)  # (P, N): each prompt left out once
+    order = ids[np.argsort(sign * set_difference(left_out, m["metric"]), kind="stable")]
+    reached, not_reached = max(1, len(ids) - SET_MIN_PROMPTS + 1), 0
+    while reached - not_reached > 1:
+        k = (reached + not_reached) // 2
+        keep = ~np.isin(prompts, order[:k])
+        weights = np.zeros((replicates, len(prompts)))
+        weights[:, keep] = prompt_weights(prompts[keep], replicates, seed)
+        point = float(set_difference(keep[None, :].astype(np.float64), m["metric"])[0])
+        lo, hi = interval(point, set_difference(weights, m["metric"]), bounds=difference_range(m["metric"]))
+        if sign * (lo if sign > 0 else hi) <= 0:
+            reached = k
+        else:
+            not_reached = k
+    return {"count": reached, "prompts": [int(p) for p in order[:reached]], "exact": False}
+
+
+def set_differences(a: RowImages, b: RowImages, references: dict, weights: np.ndarray, name: str) -> np.ndarray:
+    """Set metric ``name``'s B - A for each row of image ``weights``."""
+    ra, rb = set_replicates(a, references, weights, (name,)), set_replicates(b, references, weights, (name,))
+    return rb[name] - ra[name]
 
 
 SCORED = ("sampler", "steps", "weights", "checkpoint_hash")  # what each side's images were made with, as rows record it
@@ -176,8 +258,10 @@ def check_replicates(replicates: int) -> None:
                              f"needs one in each 2.5% tail; 200 resolve p-values down to {p_floor(200):.2g})")
 
 
-def compare_store(out: str | Path, a: str, b: str, replicates: int = 200, seed: int = 0) -> list[dict]:
-    """Compare A and B at every (guidance, sampler) both were scored at in ``OUT``'s store."""
+def compare_store(out: str | Path, a: str, b: str, replicates: int = 200, seed: int = 0,
+                  set_flips: bool = False) -> list[dict]:
+    """Compare A and B at every (guidance, sampler) both were scored at in ``OUT``'s store; ``set_flips``: search
+    the set metrics' flip counts too."""
     check_replicates(replicates)
     rows = ResultsStore(out).rows()
     ra, rb = rows_of(rows, a), rows_of(rows, b)
@@ -187,4 +271,4 @@ def compare_store(out: str | Path, a: str, b: str, replicates: int = 200, seed: 
     common = sorted(set(ra) & set(rb), key=lambda k: (k[0], str(k[1])))
     if not common:
         raise WorkbenchError(f"{a} and {b} share no guidance scale and sampler in {Path(out) / 'results.jsonl'}")
-    return [compare_rows(out, ra[k], rb[k], replicates, seed) for k in common]
+    return [compare_rows(out, ra[k], rb[k], replicates, seed, set_flips) for k in common]

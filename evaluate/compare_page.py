@@ -30,7 +30,7 @@ from .layout import comparison_page
 from .samples import MANIFEST, read_manifest
 from .store import ResultsStore
 from .study_votes import CHOICES, Counts, StudyVotes, check_studies, pair_votes, raters_preference
-from .verdict import interval_shown, own_p_shown, p_shown, replicates_text, scored_text, verdict_shown
+from .verdict import flip_shown, interval_shown, own_p_shown, p_shown, replicates_text, scored_text, verdict_shown
 
 MAX_PAIRS = 48  # image pairs shown per guidance scale
 SHOWN_SIZE = (128, 256)  # an image is shown at its own side, enlarged to the first or shrunk to the second
@@ -121,7 +121,8 @@ def order_sentence(pairs: list[ImagePair]) -> str:
     return f"Pairs where A's and B's images differ most first: by {by} (largest first), then in prompt order."
 
 
-VERDICT_COLUMNS = ("metric", "A", "B", "B - A [95% interval]", "p, Holm-adjusted", "its own p", "verdict")
+VERDICT_COLUMNS = ("metric", "A", "B", "B - A [95% interval]", "prompts that would flip it", "p, Holm-adjusted",
+                   "its own p", "verdict")
 
 
 def overall_part(result: dict) -> str:
@@ -137,7 +138,7 @@ def verdict_row(m: dict) -> str:
     """One metric: A, B, B - A with its interval, the p its verdict rests on (after Holm's adjustment within its
     family), its own p, the verdict and the sentence, each printed by ``verdict.py`` as `compare` prints it."""
     cells = ((m.get("name") or m["metric"], "name"), (_number(m["a"]), None), (_number(m["b"]), None),
-             (interval_shown(m), "interval"), (p_shown(m), "p"), (own_p_shown(m), "own-p"),
+             (interval_shown(m), "interval"), (flip_shown(m), "flip"), (p_shown(m), "p"), (own_p_shown(m), "own-p"),
              (verdict_shown(m), "verdict"), (m["sentence"], "sentence"))
     tds = "".join(f"<td class='{kind}'>{_text(value)}</td>" if kind else f"<td>{value}</td>" for value, kind in cells)
     return f"<tr class='better-{_text(m.get('better_holm') or 'none')}' data-metric='{_text(m['metric'])}'>{tds}</tr>"

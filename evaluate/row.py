@@ -21,7 +21,7 @@ from models.common import torch_save_whole
 from models.shapes import parse_caption, read_scenes
 
 from .attribute_accuracy import VERDICTS, AttributeTally, attribute_values, judge
-from .statistics.bootstrap import interval, prompt_weights, weighted_means
+from .statistics.bootstrap import interval, mean_interval, prompt_weights, weighted_means
 from .statistics.fd_infinity import fd_infinity
 from .statistics.metrics import FeatureStats, cmmd, cmmd_replicates, kernel_inception_distance, kid_replicates
 from .names import value_range
@@ -157,14 +157,21 @@ class RowImages:
         return out
 
 
-def set_replicates(images: RowImages, references: dict, weights: np.ndarray) -> dict[str, np.ndarray]:
-    """Bootstrap replicates of the set metrics: the weighted generated features against the fixed reference."""
-    f = images.features["fid"]
-    reps = {"fid": references["fid"].frechet.replicates(f, weights),
-            "kid_mean": kid_replicates(references["fid"].stats.features(), f, weights)}
-    if "cmmd" in images.features:
+SET_METRICS = ("fid", "kid_mean", "cmmd", "fd_dinov2")
+
+
+def set_replicates(images: RowImages, references: dict, weights: np.ndarray,
+                   names: tuple[str, ...] = SET_METRICS) -> dict[str, np.ndarray]:
+    """Bootstrap replicates of the set metrics (those of ``names`` the row has): the weighted generated features
+    against the fixed reference."""
+    f, reps = images.features["fid"], {}
+    if "fid" in names:
+        reps["fid"] = references["fid"].frechet.replicates(f, weights)
+    if "kid_mean" in names:
+        reps["kid_mean"] = kid_replicates(references["fid"].stats.features(), f, weights)
+    if "cmmd" in images.features and "cmmd" in names:
         reps["cmmd"] = cmmd_replicates(references["cmmd"].stats.features(), images.features["cmmd"], weights)
-    if "fd_dinov2" in images.features:
+    if "fd_dinov2" in images.features and "fd_dinov2" in names:
         reps["fd_dinov2"] = references["fd_dinov2"].frechet.replicates(images.features["fd_dinov2"], weights)
     return reps
 
@@ -180,10 +187,17 @@ def mean_values(images: RowImages, captions: dict[int, str]) -> dict[str, np.nda
     return values
 
 
-def _intervals(points: dict, replicates: dict[str, np.ndarray], digits: dict[str, int]) -> dict:
+def _intervals(points: dict, replicates: dict[str, np.ndarray], digits: dict[str, int], prompts: np.ndarray,
+               values: dict[str, np.ndarray]) -> dict:
+    """``<name>_lo`` and ``<name>_hi`` of each metric: a per-image mean's by ``bootstrap.mean_interval`` (the
+    t-interval on per-prompt contributions at few prompts), a set metric's by ``bootstrap.interval``."""
     out = {}
     for name, reps in replicates.items():
-        lo, hi = interval(points.get(name), reps, bounds=value_range(name))
+        if name in values and points.get(name) is not None:
+            found = mean_interval(prompts, values[name], None, points[name], reps, bounds=value_range(name))
+            lo, hi = found["lo"], found["hi"]
+        else:
+            lo, hi = interval(points.get(name), reps, bounds=value_range(name))
         d = digits.get(name)
         out[f"{name}_lo"], out[f"{name}_hi"] = (lo, hi) if d is None or lo is None else (round(lo, d), round(hi, d))
     return out
@@ -204,7 +218,8 @@ def category_table(images: RowImages, values: dict[str, np.ndarray], bootstrap: 
                 continue
             row[name] = round(float(np.nanmean(v)), 4)
             if weights is not None:
-                row.update(_intervals(row, {name: weighted_means(v, weights)}, {name: 4}))
+                row.update(_intervals(row, {name: weighted_means(v, weights)}, {name: 4}, images.prompts[idx],
+                                      {name: v}))
         table.append(row)
     return table
 
@@ -252,7 +267,7 @@ def row_metrics(parts: list[dict], references: dict, prompts: list[Prompt], *, k
     if bootstrap:
         weights = prompt_weights(images.prompts, bootstrap, seed)
         reps = {**set_replicates(images, references, weights), **{k: weighted_means(v, weights) for k, v in values.items()}}
-        cols.update(_intervals(cols, reps, {k: 4 for k in values if k.startswith("attr_")}))
+        cols.update(_intervals(cols, reps, {k: 4 for k in values if k.startswith("attr_")}, images.prompts, values))
     cols["categories"] = category_table(images, values, bootstrap, seed)
     cols["bootstrap"] = bootstrap
     cols["seconds_bootstrap"] = round(time.perf_counter() - t, 3)

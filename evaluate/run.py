@@ -196,7 +196,7 @@ class Evaluator:
         (``size``) or shared out to buckets that the family cannot draw is one line (the native side is the model's
         own: a tiny model's VAE may draw sides the full-size family does not)."""
         if self.aspects or self.cfg.size is not None:
-            check_drawable(family, (side, side), "size", within_range=False)
+            check_drawable(family, (side, side), "size", limits=None)
         buckets = {a: aspect_bucket(a, side, family.size_step()) for a in set(self.aspects.values())}
         return {index: buckets[a] for index, a in self.aspects.items()}
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from models.common import interval_text, p_value_text
+from models.common import flip_text, interval_text, p_value_text
 
 from .statistics.bootstrap import MIN_REPLICATES, SIGNIFICANCE, holm, p_floor
 from .names import FAMILIES, display_name, metric
@@ -90,6 +90,8 @@ def unmeasured(m: dict) -> str | None:
     NaN: with 35 of 40 left, the interval of the rest cleared 0 while their p, at least 2 / 36, could not)."""
     if not math.isfinite(m["difference"]):
         return "not finite"
+    if m.get("too_few"):
+        return m["too_few"]
     if defined(m) < MIN_REPLICATES or m["lo"] is None or m["p"] is None:
         return (f"{defined(m)} of {m['replicates']} replicates drew an image it judges; a 95% interval needs "
                 f"{MIN_REPLICATES}")
@@ -122,6 +124,26 @@ def interval_shown(m: dict) -> str:
     return interval_text(m["difference"], m["lo"], m["hi"], signed=True)
 
 
+def flip_shown(m: dict) -> str:
+    """How many prompts would flip the metric's verdict, as every surface prints it beside the interval: "flips
+    without 3 prompts (4, 17, 22)", "without at most 5 prompts (...)" where the count is an upper bound (a set
+    metric's greedy search); "" for a verdict of "cannot tell" or a comparison written before flips were counted; a
+    set metric's count not searched names the option that searches it."""
+    found = m.get("flip")
+    if not found:
+        return ""
+    n = found["count"]
+    if n is None:
+        return "its flip count with --set-flips"  # a set metric's search, only when asked
+    if n == 0:
+        return "on the edge: the t-interval of its prompts reaches 0"
+    shown = ", ".join(str(p) for p in found["prompts"][:FLIP_NAMED]) + (", ..." if n > FLIP_NAMED else "")
+    return f"{flip_text(n, found['exact'], 'prompt')} ({shown})"
+
+
+FLIP_NAMED = 5  # prompts named in a line; the JSON lists them all
+
+
 def own_p_shown(m: dict) -> str:
     """The metric's own p as every surface prints it ("p <= 0.01"); "" without one."""
     return "" if m["p"] is None else p_text(m["p"], defined(m))
@@ -152,7 +174,8 @@ def claim(m: dict) -> str:
         return f"cannot tell on {name}: B - A = {interval_shown(m)}"
     flip = (m["better"] == "A") != metric(m["metric"]).lower_is_better  # the gain is -(B - A)
     gain, lo, hi = (-m["difference"], -m["hi"], -m["lo"]) if flip else (m["difference"], m["lo"], m["hi"])
-    return f"{m['better']} is better on {name} by {interval_text(gain, lo, hi)}"
+    flips = flip_shown(m)
+    return f"{m['better']} is better on {name} by {interval_text(gain, lo, hi)}" + (f", {flips}" if flips else "")
 
 
 def brief(m: dict) -> str:
@@ -165,14 +188,16 @@ def sentence(m: dict, n_family: int) -> str:
     """One metric's line, led by its verdict after Holm's adjustment within its family of ``n_family`` tested
     metrics, then its own p: "B is better on FID by 301 [208, 411] (Holm-adjusted over the 2 image quality
     metrics: p <= 0.02; its own p <= 0.01)"; where the adjustment takes a verdict back, "cannot tell on ... after
-    Holm's adjustment over the 14 attribute accuracy metrics (p = 0.096); alone: B is better on ... (p = 0.048)"."""
+    Holm's adjustment over the 14 attribute accuracy metrics (p = 0.096); alone: B is better on ... (p = 0.048)". A
+    t-interval's small-size warning (``bootstrap.skew_warning``) ends the line."""
+    warned = f"; {m['warning']}" if m.get("warning") and not m.get("unmeasured") else ""
     if n_family <= 1 or m.get("unmeasured"):
-        return brief(m)
+        return brief(m) + warned
     over = f"over the {n_family} {m['family']} metrics"
     if m["better_holm"] != m["better"]:
         return (f"cannot tell on {display_name(m['metric'])} after Holm's adjustment {over} ({p_shown(m)}); "
-                f"alone: {brief(m)}")
-    return f"{claim(m)} (Holm-adjusted {over}: {p_shown(m)}; its own {own_p_shown(m)})"
+                f"alone: {brief(m)}{warned}")
+    return f"{claim(m)} (Holm-adjusted {over}: {p_shown(m)}; its own {own_p_shown(m)}){warned}"
 
 
 def holm_within_families(metrics: list[dict]) -> tuple[list[float | None], list[int]]:
@@ -228,12 +253,23 @@ def overall(metrics: list[dict]) -> dict:
                        "its metric's own p second):" if adjusted else "overall:"}
 
 
+def tied(m: dict) -> bool:
+    """Whether a metric's comparison is an exact tie: B - A is 0 and so is each end of its interval (models that
+    draw the same images)."""
+    return not m.get("unmeasured") and m["difference"] == 0 and m["lo"] == 0 and m["hi"] == 0
+
+
 def comparison_lines(result: dict) -> list[str]:
     """A comparison as `dwb evaluate compare` prints it and the report shows it: what was scored, each metric's
     sentence, the overall verdict per family."""
     n_prompts = f" of {result['n_prompts']} prompts" if result.get("n_prompts") else ""
+    ties = [m for m in result["metrics"] if tied(m)]
+    folded = ties if len(ties) > 1 else []
     lines = [f"A = {result['a']}, B = {result['b']}, {scored_text(result)}, {result['n_images']} images{n_prompts}, "
-             f"{replicates_text(result)}:", *(f"  {m['sentence']}" for m in result["metrics"])]
+             f"{replicates_text(result)}:", *(f"  {m['sentence']}" for m in result["metrics"] if m not in folded)]
+    if folded:  # two models that draw alike tie on every metric: one line, not one "+0 [+0, +0] (p = 1)" each
+        lines.append(f"  cannot tell on {len(folded)} metrics, tied: B - A = 0 [0, 0] on each "
+                     f"({', '.join(display_name(m['metric']) for m in folded)})")
     verdict = result.get("overall") or {}  # comparisons written before the overall verdict have none
     if verdict:
         lines += [f"  {verdict['heading']}", *(f"    {f['sentence']}" for f in verdict["families"])]

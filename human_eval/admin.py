@@ -24,7 +24,8 @@ from starlette.concurrency import run_in_threadpool
 
 from models.common import p_value_text
 
-from .report import interval_only, results_csv, stopping_lines, study_name, summary, votes_csv, votes_json
+from .report import (both_bad_text, interval_only, results_csv, stopping_lines, study_name, summary, votes_csv,
+                     votes_flip_text, votes_json)
 from .statistics.resampling import REPORT_BOOTSTRAP
 
 COOKIE = "dwb_admin"
@@ -55,10 +56,10 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def _preference_table(comparisons: list[dict]) -> str:
     """Each comparison's votes and the interval the verdicts use."""
     return _table(["question", "model a", "model b", "votes", "a wins", "b wins", "ties", "rate a",
-                   "95% Wilson on effective votes", "design effect", "p"],
+                   "95% Wilson on effective votes", "votes that would flip it", "design effect", "p"],
                   [[c["question"], c["model_a"], c["model_b"], c["votes"], c["wins_a"], c["wins_b"], c["ties"],
-                    _fmt(c["rate_a"]), _interval(c["clustered_wilson"]), _fmt(c["design_effect"], pct=False),
-                    p_value_text(c["score_test_p"])] for c in comparisons])
+                    _fmt(c["rate_a"]), _interval(c["clustered_wilson"]), votes_flip_text(c.get("flip")),
+                    _fmt(c["design_effect"], pct=False), p_value_text(c["score_test_p"])] for c in comparisons])
 
 
 def _other_intervals_table(comparisons: list[dict]) -> str:
@@ -94,11 +95,17 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
                [[c["question"], c["model_a"], c["model_b"], cat["category"], cat["votes"], _fmt(cat["rate_a"]),
                  _interval(cat["wilson"]), _fmt(cat["tie_rate"])] for c in results["comparisons"] for cat in c["categories"]]),
     ]
+    for q, found in results.get("both_bad", {}).items():
+        parts += [f"<h2>Both bad: {escape(q)}</h2>", _table(
+            ["model", "category", "votes", "both bad", "share both bad, 95% Wilson on effective votes"],
+            [[r["model"], r["category"], r["votes"], r["both_bad"], both_bad_text(r)] for r in found["models"]]),
+            _table(["prompts most often judged both bad", "category", "both bad", "votes"],
+                   [[p["text"], p["category"], p["both_bad"], p["votes"]] for p in found["prompts"]])]
     for q, rows in results.get("bradley_terry", {}).items():
         parts += [f"<h2>Bradley-Terry: {escape(q)}</h2>", _table(
-            ["rank", "model", "score", "95% bootstrap by prompt"],
-            [[r["rank"], r["model"], f"{r['score']:+.3f}", f"[{r['interval'][0]:+.3f}, {r['interval'][1]:+.3f}]"]
-             for r in sorted(rows, key=lambda r: r["rank"])])]
+            ["rank", "model", "score", "95% bootstrap by prompt", "votes that would flip it"],
+            [[r["rank"], r["model"], f"{r['score']:+.3f}", f"[{r['interval'][0]:+.3f}, {r['interval'][1]:+.3f}]",
+              votes_flip_text(r.get("flip"))] for r in sorted(rows, key=lambda r: r["rank"])])]
     parts += ["<h2>Agreement, checks and planning</h2>", f"<pre>{escape(summary(results))}</pre>",
               "<h2>Raters</h2>", _table(
                   ["rater", "label", "votes", "median response (ms)", "gold pass rate", "self-consistency", "excluded"],

@@ -18,10 +18,11 @@ from tqdm import tqdm
 
 from .statistics.agreement import krippendorff_alpha_nominal
 from .statistics.allocation import stopping_point, votes_to_settle
-from .statistics.bradley_terry import bootstrap_bradley_terry, fit_bradley_terry, win_matrices
+from .statistics.bradley_terry import (bootstrap_bradley_terry, bradley_terry_flip, exposure_weights, fit_bradley_terry,
+                                      win_matrices)
 from .statistics.resampling import DESIGN_EFFECT_REPLICATES, DESIGN_EFFECT_SEED, REPORT_BOOTSTRAP
-from .statistics.stats import (Z95, bootstrap_rate, decisive_votes_needed, effective_votes, percentile_interval, sign_test,
-                    two_way_interval, wilson_interval)
+from .statistics.stats import (Z95, bootstrap_rate, decisive_votes_needed, effective_votes, is_decisive, percentile_interval,
+                               sign_test, two_way_interval, vote_flip, wilson_interval)
 from .study import Study
 from .statistics.style_control import bradley_terry_with_covariates, covariate_differences, interval
 
@@ -62,7 +63,7 @@ def clustered(votes: list[dict], study: Study, n_boot: int, rng: np.random.Gener
                 "two_way": (math.nan, math.nan), "design_effect": math.nan, "clustered_wilson": (math.nan, math.nan),
                 "score_test_p": 1.0}
     wins = np.array([v["choice"] == "a" for v in votes], dtype=float)
-    decisive = np.array([v["choice"] != "none" for v in votes], dtype=float)
+    decisive = np.array([is_decisive(v["choice"]) for v in votes], dtype=float)
     prompts = np.array([study.by_id[v["pair_id"]].prompt for v in votes])
     raters = np.array([v["rater_id"] for v in votes])
     effective = effective_votes(wins, decisive, prompts, raters)
@@ -121,22 +122,31 @@ def _holding(point: float, interval: tuple[float, float]) -> tuple[float, float]
 
 def bradley_terry(votes: list[dict], study: Study, n_boot: int, rng: np.random.Generator) -> list[dict]:
     index = {m: i for i, m in enumerate(study.models)}
-    decisive = [v for v in votes if v["choice"] != "none"]
+    decisive = [v for v in votes if is_decisive(v["choice"])]
     if not decisive:
         return []
     a = np.array([index[study.images[study.by_id[v["pair_id"]].a].model] for v in decisive])
     b = np.array([index[study.images[study.by_id[v["pair_id"]].b].model] for v in decisive])
     a_won = np.array([v["choice"] == "a" for v in decisive])
-    prompts = np.unique([study.by_id[v["pair_id"]].prompt for v in decisive], return_inverse=True)[1]
-    per_prompt = win_matrices(a, b, a_won, prompts, len(study.models))  # (P, K, K)
+    prompt_ids, prompts = np.unique([study.by_id[v["pair_id"]].prompt for v in decisive], return_inverse=True)
+    counted = win_matrices(a, b, a_won, prompts, len(study.models))  # (P, K, K)
+    per_prompt = counted * exposure_weights(counted)  # each pair weighs as under equal exposure
     scores = fit_bradley_terry(per_prompt.sum(0))
     replicates = bootstrap_bradley_terry(per_prompt, n_boot, rng)
     order = np.argsort(-scores)
     rank = {int(i): r + 1 for r, i in enumerate(order)}
-    return [{"model": m, "score": scores[i], "interval": _holding(scores[i], percentile_interval(replicates[:, i])),
-             "rank": rank[i],
-             "wins": int(per_prompt.sum(0)[i].sum()), "losses": int(per_prompt.sum(0)[:, i].sum())}
+    intervals = [_holding(scores[i], percentile_interval(replicates[:, i])) for i in range(len(study.models))]
+    return [{"model": m, "score": scores[i], "interval": intervals[i], "rank": rank[i],
+             "wins": int(counted.sum(0)[i].sum()), "losses": int(counted.sum(0)[:, i].sum()),
+             "flip": _named_flip(bradley_terry_flip(counted, i, n_boot), prompt_ids, study.models)
+             if intervals[i][0] > 0 or intervals[i][1] < 0 else None}
             for i, m in enumerate(study.models)]
+
+
+def _named_flip(found: dict, prompt_ids: np.ndarray, models: list[str]) -> dict:
+    """``bradley_terry_flip``'s votes named by prompt and opponent model."""
+    return {**found, "votes": [{"prompt": json_ready(prompt_ids[g].item()), "opponent": models[j]}
+                               for g, j in found["votes"]]}
 
 
 def stopping(main: list[dict], study: Study, comparisons: list[dict], target_width: float) -> dict:
@@ -152,7 +162,7 @@ def stopping(main: list[dict], study: Study, comparisons: list[dict], target_wid
 
 def style_control(votes: list[dict], study: Study, names: tuple[str, ...]) -> dict:
     """Model scores with and without the image covariates `names`, from one question's decisive main votes."""
-    decisive = [v for v in votes if v["choice"] != "none"]
+    decisive = [v for v in votes if is_decisive(v["choice"])]
     pairs = [study.by_id[v["pair_id"]] for v in decisive]
     if not decisive or any(not study.images[t].covariates for p in pairs for t in (p.a, p.b)):
         return {}
@@ -227,6 +237,7 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
         "comparisons": comparisons, "bradley_terry": bt, "style_control": {q: r for q, r in controlled.items() if r},
         "stopping": stopping(main, study, comparisons, target_width), "agreement": agreement, "gold": gold,
         "consistency": consistency, "raters": raters,
+        **({"ties": study.ties, "both_bad": both_bad(main, study)} if study.ties != "one" else {}),
     })
 
 
@@ -241,14 +252,87 @@ def _comparisons(main: list[dict], study: Study, n_boot: int, rng: np.random.Gen
     keys = [(q, a, b) for q in study.question_ids for a, b in model_pairs]
     for q, a, b in tqdm(keys, desc="comparisons", disable=None if progress else True):
         group = groups.get((q, a, b), [])
-        result = {"question": q, "model_a": a, "model_b": b, **preference(group), **clustered(group, study, n_boot, rng)}
+        result = {"question": q, "model_a": a, "model_b": b, **preference(group), **clustered(group, study, n_boot, rng),
+                  **_tie_kinds(group, study)}
         result["plan"] = sample_size_plan(result, target_width)
+        result["flip"] = comparison_flip(group, study, result)
         by_category: dict[str, list[dict]] = defaultdict(list)
         for v in group:
             by_category[study.prompts[study.by_id[v["pair_id"]].prompt].category or NO_CATEGORY].append(v)
-        result["categories"] = [{"category": c, **preference(vs)} for c, vs in sorted(by_category.items())]
+        result["categories"] = [{"category": c, **preference(vs), **_tie_kinds(vs, study)}
+                                for c, vs in sorted(by_category.items())]
         comparisons.append(result)
     return comparisons
+
+
+def _tie_kinds(votes: list[dict], study: Study) -> dict:
+    """A good_bad study's ties split into "both good" and "both bad" votes (nothing for other studies)."""
+    if study.ties != "good_bad":
+        return {}
+    return {"both_good": sum(v["choice"] == "good" for v in votes), "both_bad": sum(v["choice"] == "bad" for v in votes)}
+
+
+def comparison_flip(group: list[dict], study: Study, result: dict) -> dict | None:
+    """The fewest of the preferred image's votes whose removal makes the headline interval reach 50%
+    (``stats.vote_flip``); None where it cannot tell."""
+    if not result["decisive"]:
+        return None
+    side = "a" if result["wins_a"] * 2 > result["decisive"] else "b"
+    leading = [v for v in group if v["choice"] == side]
+    return vote_flip(leading, [study.by_id[v["pair_id"]].prompt for v in leading], result["wins_a"],
+                     result["decisive"], result["design_effect"])
+
+
+BOTH_BAD_PROMPTS = 5  # the prompts the report names as most often judged both bad, per question
+
+
+def both_bad(main: list[dict], study: Study) -> dict:
+    """Per question: each model's share of its main votes judged "both bad", overall and per category, with the
+    headline interval of every human-eval share (``stats.effective_votes``: Wilson on the effective votes, clustered
+    by prompt and rater); and the prompts most often judged both bad. A both-bad vote counts against both models of
+    its pair. Empty for studies whose ties are not good_bad (their raters were never asked)."""
+    if study.ties != "good_bad":
+        return {}
+    return {q: {"models": _both_bad_rates([v for v in main if v["question"] == q], study),
+                "prompts": _both_bad_prompts([v for v in main if v["question"] == q], study)}
+            for q in study.question_ids}
+
+
+def _both_bad_rates(votes: list[dict], study: Study) -> list[dict]:
+    """One row per model and category ("all" first): votes, both-bad votes, their share and its interval."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for v in votes:
+        pair = study.by_id[v["pair_id"]]
+        category = study.prompts[pair.prompt].category or NO_CATEGORY
+        for model in study.models_of(pair):
+            groups[(model, "all")].append(v)
+            groups[(model, category)].append(v)
+    rows = []
+    for model in study.models:
+        for category in ["all", *sorted({c for m, c in groups if m == model and c != "all"})]:
+            group = groups.get((model, category), [])
+            bad = np.array([v["choice"] == "bad" for v in group], dtype=float)
+            prompts = np.array([study.by_id[v["pair_id"]].prompt for v in group])
+            raters = np.array([v["rater_id"] for v in group])
+            found = effective_votes(bad, np.ones_like(bad), prompts, raters) if group else {}
+            rows.append({"model": model, "category": category, "votes": len(group), "both_bad": int(bad.sum()),
+                         "rate": bad.mean() if group else math.nan,
+                         "interval": found.get("clustered_wilson", (math.nan, math.nan)),
+                         "design_effect": found.get("design_effect", math.nan)})
+    return rows
+
+
+def _both_bad_prompts(votes: list[dict], study: Study) -> list[dict]:
+    """The prompts with the most both-bad votes (then the highest share of them), at most ``BOTH_BAD_PROMPTS``."""
+    per: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # prompt -> both-bad votes, votes
+    for v in votes:
+        counts = per[study.by_id[v["pair_id"]].prompt]
+        counts[0] += v["choice"] == "bad"
+        counts[1] += 1
+    ranked = sorted((p for p, (bad, _) in per.items() if bad), key=lambda p: (-per[p][0], -per[p][0] / per[p][1], p))
+    return [{"prompt": p, "text": study.prompts[p].text, "category": study.prompts[p].category or NO_CATEGORY,
+             "both_bad": per[p][0], "votes": per[p][1], "rate": per[p][0] / per[p][1]}
+            for p in ranked[:BOTH_BAD_PROMPTS]]
 
 
 def _agreement(votes: list[dict]) -> dict:

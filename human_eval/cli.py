@@ -117,7 +117,7 @@ def cmd_create(args) -> None:
     study, summary = build_study(samples, args.study, gold=args.gold, repeats=args.repeats, per_rater=args.per_rater,
                                  images_per_prompt=args.images_per_prompt, seed=args.seed, allocation=args.allocation,
                                  target_width=args.target_width, image_size=args.image_size,
-                                 max_megapixels=args.max_megapixels)
+                                 max_megapixels=args.max_megapixels, ties=args.ties)
     per_pair = ", ".join(f"{k}: {v}" for k, v in summary["pairs_per_model_pair"].items())
     print(f"study {study.folder}: {len(summary['models'])} models, {summary['prompts']} prompts, {summary['pairs']} pairs "
           f"({per_pair}), {summary['gold']} gold, {summary['repeats']} repeated; {summary['images_written']} images "
@@ -289,6 +289,9 @@ def _add_create(sub) -> None:
                         "from 50%% (default: uniform)")
     p.add_argument("--target-width", type=_fraction, default=0.1,
                    help="the stopping rule's interval width, e.g. 0.1 for +-5 points (default)")
+    p.add_argument("--ties", choices=("one", "good_bad"), default="one",
+                   help="one: a tie is 'no preference', as in DrawBench (default); good_bad: raters say 'both good' "
+                        "or 'both bad' instead, and the report gives each model's both-bad rate")
     p.add_argument("--image-size", type=_image_size, metavar="N|WxH",
                    help="the one size every image is shown at, so that size tells no model apart (default: the "
                         f"largest image's, shrunk to fit {MAX_SIDE}x{MAX_SIDE}; others are resized with Lanczos)")

@@ -30,7 +30,8 @@ import numpy as np
 
 from .analysis import NO_CATEGORY, bradley_terry, json_ready
 from .scores import LABELS, METRICS, ROW_KEYS, ScoreRows, join_scores, metric_values
-from .statistics.stats import bootstrap_rate, effective_votes, percentile_interval, ratio, wilson_interval
+from .statistics.stats import (bootstrap_rate, effective_votes, is_decisive, percentile_interval, ratio, vote_flip,
+                               wilson_interval)
 from .study import Study
 
 # A prompt bootstrap needs prompts to resample: in a simulation (6 votes a prompt, per-prompt rates spread by
@@ -49,16 +50,19 @@ def win_rate(votes: list[dict], model: str, study: Study, n_boot: int, rng: np.r
     report's headline interval, from the same function (``stats.effective_votes``: prompts and raters clustered, its
     own fixed draws), so a model of a two-model study reads here as in the report and on the admin page."""
     mine = [v for v in votes if model in study.models_of(study.by_id[v["pair_id"]])]
-    won = np.array([v["choice"] != "none" and study.models_of(study.by_id[v["pair_id"]])["ab".index(v["choice"])] == model
+    won = np.array([is_decisive(v["choice"]) and study.models_of(study.by_id[v["pair_id"]])["ab".index(v["choice"])] == model
                     for v in mine], dtype=float)
-    decisive = np.array([v["choice"] != "none" for v in mine], dtype=float)
+    decisive = np.array([is_decisive(v["choice"]) for v in mine], dtype=float)
     prompts = np.array([study.by_id[v["pair_id"]].prompt for v in mine], dtype=np.int64)
     raters = np.array([v["rater_id"] for v in mine])
     wins, n = int(won.sum()), int(decisive.sum())
     enough = len(np.unique(prompts[decisive > 0])) >= MIN_PROMPTS
     effective = effective_votes(won, decisive, prompts, raters) if mine else {
         "design_effect": math.nan, "clustered_wilson": (math.nan, math.nan), "score_test_p": 1.0}
-    return {"votes": len(mine), "decisive": n, "wins": wins, "win_rate": wins / n if n else math.nan,
+    leading = [v for v, w, d in zip(mine, won, decisive) if d and bool(w) == (2 * wins > n)]  # the side ahead
+    flip = vote_flip(leading, [study.by_id[v["pair_id"]].prompt for v in leading], wins, n,
+                     effective["design_effect"]) if n else None
+    return {"votes": len(mine), "decisive": n, "wins": wins, "win_rate": wins / n if n else math.nan, "flip": flip,
             "wilson": wilson_interval(wins, n), **{k: effective[k] for k in ("design_effect", "clustered_wilson",
                                                                               "score_test_p")},
             "bootstrap_prompt": percentile_interval(bootstrap_rate(won, decisive, prompts, n_boot, rng)) if enough
@@ -83,7 +87,7 @@ class PromptTable:
         self.decisive = np.zeros_like(self.wins_a)  # (P, K)
         for v in votes:
             pair = study.by_id[v["pair_id"]]
-            if v["choice"] != "none":
+            if is_decisive(v["choice"]):
                 k = col[study.models_of(pair)]
                 self.decisive[self.row[pair.prompt], k] += 1
                 self.wins_a[self.row[pair.prompt], k] += v["choice"] == "a"
@@ -175,7 +179,7 @@ def image_pair_agreement(votes: list[dict], study: Study, n_boot: int, rng: np.r
         for v in votes:
             pair = study.by_id[v["pair_id"]]
             a, b = study.images[pair.a].metrics.get(name), study.images[pair.b].metrics.get(name)
-            if v["choice"] == "none" or a is None or b is None:
+            if not is_decisive(v["choice"]) or a is None or b is None:
                 continue
             if a == b:
                 ties += 1
@@ -209,7 +213,8 @@ def model_table(votes: list[dict], study: Study, rows: dict[str, dict | None], n
         bt = {r["model"]: r for r in bradley_terry(mine, study, n_boot, rng)}
         for m in study.models:
             human[m][q] = {**win_rate(mine, m, study, n_boot, rng), "bt_score": bt.get(m, {}).get("score", math.nan),
-                           "bt_interval": bt.get(m, {}).get("interval", (math.nan, math.nan))}
+                           "bt_interval": bt.get(m, {}).get("interval", (math.nan, math.nan)),
+                           "bt_flip": bt.get(m, {}).get("flip")}
     return [{"model": m, "checkpoint_hash": study.model_info.get(m, {}).get("checkpoint_hash", ""),
              "study_settings": {k: study.model_info.get(m, {}).get(k) for k in ("guidance", "sampler")},
              "row": {k: rows[m].get(k) for k in ROW_KEYS} if rows.get(m) else None,
@@ -229,7 +234,7 @@ def humans_beside_metrics(study: Study, votes: list[dict], scores: ScoreRows, *,
         "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "results": scores.sources,
         "questions": {q.id: q.text for q in study.questions}, "models": study.models,
         "settings": {"bootstrap": n_boot, "seed": seed, "excluded_raters": sorted(excluded)},
-        "counts": {"main_votes": len(main), "decisive": sum(v["choice"] != "none" for v in main)},
+        "counts": {"main_votes": len(main), "decisive": sum(is_decisive(v["choice"]) for v in main)},
         "notes": notes, "table": model_table(main, study, rows, n_boot, rng),
         "agreement": {q: {"model_pairs": model_pair_agreement(PromptTable(study, vs), rows, n_boot, rng),
                           "image_pairs": image_pair_agreement(vs, study, n_boot, rng)} for q, vs in per_question.items()},

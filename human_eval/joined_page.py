@@ -12,7 +12,7 @@ from pathlib import Path
 
 from models.common import p_value_text
 
-from .report import csv_text, share_text, study_name
+from .report import csv_text, share_text, study_name, votes_flip_text
 from .scores import LABELS, METRICS
 
 FILES = ("joined.html", "joined.json", "joined_models.csv", "joined_agreement.csv", "joined_categories.csv")
@@ -60,11 +60,13 @@ def _model_section(joined: dict, q: str) -> str:
     for r in joined["table"]:
         h = r["human"][q]
         p = "n/a" if h.get("score_test_p") is None else p_value_text(h["score_test_p"])
-        rows.append([r["model"], _with_interval(h["bt_score"], h["bt_interval"], 2),
-                     _share(h["win_rate"], h["clustered_wilson"]), p, h["decisive"],
+        bt_flip = votes_flip_text(h.get("bt_flip"))
+        rows.append([r["model"], _with_interval(h["bt_score"], h["bt_interval"], 2) + (f" ({bt_flip})" if bt_flip else ""),
+                     _share(h["win_rate"], h["clustered_wilson"]), votes_flip_text(h.get("flip")), p, h["decisive"],
                      *(_with_interval(r["metrics"][m]["value"], (r["metrics"][m]["lo"], r["metrics"][m]["hi"]))
                        if m in r["metrics"] else "no row" if r["row"] is None else "n/a" for m in metrics)])
-    return _table(["model", "Bradley-Terry [95%]", "win rate [95% Wilson, effective votes]", "p (50/50)",
+    return _table(["model", "Bradley-Terry [95%]", "win rate [95% Wilson, effective votes]", "votes that would flip it",
+                   "p (50/50)",
                    "decisive votes", *(LABELS[m] + " [95%]" for m in metrics)], rows)
 
 

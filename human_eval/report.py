@@ -11,7 +11,7 @@ import math
 import time
 from pathlib import Path
 
-from models.common import interval_text, p_value_text, spreadsheet_cell
+from models.common import flip_text, interval_text, p_value_text, spreadsheet_cell
 
 from .chart import DEFAULT_INTERVAL, INTERVALS
 from .study import Study
@@ -93,6 +93,12 @@ def interval_only(lo: float | None, hi: float | None) -> str:
     return share_text(lo, lo, hi).partition(" ")[2]  # the same digits: the estimate does not move the bounds
 
 
+def votes_flip_text(flip: dict | None) -> str:
+    """How many votes would flip a verdict, as every human-eval surface prints it beside the interval (the report, the
+    admin page, joined.html): "flips without 7 of its votes"; "" where it cannot tell (or results written before)."""
+    return flip_text(flip["count"], flip["exact"], "vote") if flip else ""
+
+
 def _pct(x) -> str:
     return "  n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:5.1f}"
 
@@ -113,6 +119,8 @@ def preference_line(c: dict, interval: str = DEFAULT_INTERVAL) -> str:
         return f"{c['question']:>10}  {first} vs {second}: no decisive votes ({c['votes']} votes)"
     rate = 1 - c["rate_a"] if flip else c["rate_a"]
     verdict = f"{first} is preferred" if lo > 0.5 or hi < 0.5 else "cannot tell yet (the interval holds 50%)"
+    flips = votes_flip_text(c.get("flip"))
+    verdict += f", {flips}" if flips else ""
     other = ""
     if interval != DEFAULT_INTERVAL:
         olo, ohi = _flipped(c[interval], flip)
@@ -138,10 +146,12 @@ def summary(results: dict, interval: str = DEFAULT_INTERVAL) -> str:
              + (f"; excluded: {', '.join(results['counts']['excluded_raters'])}" if results['counts']['excluded_raters'] else "")
              + ")"]
     lines += [preference_line(c, interval) for c in results["comparisons"]]
+    lines += both_bad_lines(results)
     for q, rows in results.get("bradley_terry", {}).items():
         ranked = sorted(rows, key=lambda r: r["rank"])
         lines.append(f"{q:>10}  Bradley-Terry: " + ", ".join(
-            f"{r['model']} {r['score']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}]" for r in ranked))
+            f"{r['model']} {r['score']:+.2f} [{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}]"
+            + (f" ({votes_flip_text(r['flip'])})" if r.get("flip") else "") for r in ranked))
     for q, a in results["agreement"].items():
         alpha = a["krippendorff_alpha"]
         lines.append(f"{q:>10}  Krippendorff's alpha {'n/a' if alpha is None else f'{alpha:.3f}'} "
@@ -154,6 +164,37 @@ def summary(results: dict, interval: str = DEFAULT_INTERVAL) -> str:
     if cons["repeats"]:
         lines.append(f"self-consistency: {cons['agreed']}/{cons['repeats']} repeated answers agree")
     return "\n".join(lines + planner_lines(results) + style_lines(results) + stopping_lines(results))
+
+
+def both_bad_text(row: dict) -> str:
+    """A model's both-bad share with its interval: "12.5 [6.01, 24.1]% of 40 votes" ("no votes" without any)."""
+    lo, hi = row["interval"]
+    if lo is None or row["rate"] is None:
+        return "no votes"
+    return f"{share_text(row['rate'], lo, hi)} of {row['votes']} votes"
+
+
+def both_bad_lines(results: dict) -> list[str]:
+    """A good_bad study's both-bad shares per question and model, overall and per category, and the prompts most
+    often judged both bad (nothing for other studies)."""
+    lines = []
+    for q, found in results.get("both_bad", {}).items():
+        for model in results["models"]:
+            rows = [r for r in found["models"] if r["model"] == model]
+            per_category = "; ".join(f"{r['category']} {both_bad_text(r)}" for r in rows if r["category"] != "all")
+            lines.append(f"{q:>10}  both bad, {model}: {both_bad_text(rows[0])} (95%, {SHORT[DEFAULT_INTERVAL]})"
+                         + (f"; by category: {per_category}" if per_category else ""))
+        named = ", ".join(f"{json.dumps(p['text'])} ({p['both_bad']} of {p['votes']} votes)" for p in found["prompts"])
+        lines.append(f"{q:>10}  prompts most often judged both bad: {named or 'none'}")
+    return lines
+
+
+def both_bad_csv(results: dict) -> str:
+    """One row per question, model and category ("all" first): votes, both-bad votes, share and interval."""
+    header = ("question", "model", "category", "votes", "both_bad", "rate", "lo", "hi", "design_effect")
+    rows = [[q, r["model"], r["category"], r["votes"], r["both_bad"], r["rate"], *r["interval"], r["design_effect"]]
+            for q, found in results.get("both_bad", {}).items() for r in found["models"]]
+    return csv_text(header, rows)
 
 
 def planner_lines(results: dict) -> list[str]:
@@ -201,7 +242,8 @@ def stopping_lines(results: dict) -> list[str]:
 
 def write_report(study: Study, votes: list[dict], results: dict, out: str | Path, interval: str = DEFAULT_INTERVAL,
                  labels: dict[str, str] | None = None) -> dict[str, Path]:
-    """results.json, results.csv, votes.csv, votes.json and preference.png in `out`; returns their paths."""
+    """results.json, results.csv, votes.csv, votes.json and preference.png in `out`, and both_bad.csv for a study whose
+    ties are good_bad; returns their paths."""
     from .chart import plot_preferences
 
     out = Path(out)
@@ -212,4 +254,7 @@ def write_report(study: Study, votes: list[dict], results: dict, out: str | Path
     paths["votes.csv"].write_text(votes_csv(study, votes, labels))
     paths["votes.json"].write_text(votes_json(study, votes, labels))
     plot_preferences(results, paths["preference.png"], interval)
+    if "both_bad" in results:
+        paths["both_bad.csv"] = out / "both_bad.csv"
+        paths["both_bad.csv"].write_text(both_bad_csv(results))
     return paths

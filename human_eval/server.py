@@ -7,7 +7,8 @@ Rater-facing routes (nothing in them names a model, a checkpoint or a manifest f
     POST /api/session      {"rater": typed id or null} -> a new rater {"rater", "label", "key", "resumed"};
                            {"rater": id, "key": key} -> that rater again (a returning browser, a rater link)
     GET  /api/next         ?rater=ID -> the rater's next pair (or the unfinished one), or {"done": true}
-    POST /api/vote         {"rater", "pair", "question", "answer": "A"|"B"|"none", "response_ms"}
+    POST /api/vote         {"rater", "pair", "question", "answer": "A"|"B"|"none"|"good"|"bad", "response_ms"}
+                           (the study's answers only: "none", or "good" and "bad" where its ties are good_bad)
     GET  /img/{token}      an image by opaque token: PNG pixels only, at the study's one size, no metadata
 
 `next` and `vote` need the rater's key in the ``X-Rater-Key`` header (`human_eval.raters`); without it
@@ -36,7 +37,7 @@ from .errors import HumanEvalError
 from .images import ImageCache
 from .raters import KEY_HEADER, NewRaterLimit, key_matches, new_rater_id, valid_rater_id
 from .store import Impression, Store
-from .study import Study
+from .study import ANSWERS, Study
 
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 NEW_RATERS_PER_MINUTE = 60  # per client address
@@ -65,7 +66,7 @@ class VoteIn(BaseModel):
     rater: str = Field(max_length=64)
     pair: str = Field(max_length=64)
     question: str = Field(max_length=32)
-    answer: Literal["A", "B", "none"]
+    answer: Literal[ANSWERS]  # any study's; the study's own are checked per vote
     response_ms: int | None = Field(None, ge=0, le=86_400_000)
 
 
@@ -213,7 +214,7 @@ class RatingService:
             "done": False, "pair": pair.id, "prompt": self.study.prompts[pair.prompt].text,
             "images": [f"/img/{left}", f"/img/{right}"],
             "questions": [{"id": q.id, "text": q.text} for q in self.study.questions],
-            "answered": imp.answers, "progress": {"completed": completed, "total": self.cap},
+            "answers": list(self.study.answers), "answered": imp.answers, "progress": {"completed": completed, "total": self.cap},
         }
 
     def vote(self, v: VoteIn) -> dict:
@@ -221,6 +222,9 @@ class RatingService:
             raise HTTPException(404, "unknown pair")
         if v.question not in self.study.question_ids:
             raise HTTPException(422, f"unknown question (expected one of: {', '.join(self.study.question_ids)})")
+        if v.answer not in self.study.answers:
+            raise HTTPException(422, f"this study does not offer the answer {v.answer} "
+                                     f"(expected one of: {', '.join(self.study.answers)})")
         outcome, detail = self.store.vote(v.rater, v.pair, v.question, v.answer, v.response_ms)
         if outcome == "not_shown":
             raise HTTPException(409, "this pair was not shown to this rater")

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from .errors import HumanEvalError
+from .study import ANSWERS
 
 metadata = MetaData()
 
@@ -51,8 +52,8 @@ votes = Table(
     Column("rater_id", String(64), nullable=False),
     Column("pair_id", String(64), nullable=False),
     Column("question", String(32), nullable=False),
-    Column("answer", String(8), nullable=False),  # as displayed: A (left), B (right), none
-    Column("choice", String(8), nullable=False),  # the pair's image: a, b, none
+    Column("answer", String(8), nullable=False),  # as displayed: A (left), B (right), none, good (both), bad (both)
+    Column("choice", String(8), nullable=False),  # the pair's image: a, b; a tie as answered: none, good, bad
     Column("swapped", Boolean, nullable=False),
     Column("client_ms", Integer),  # the browser's time from showing the question to the answer
     Column("server_ms", Integer, nullable=False),  # the server's time from the impression to this vote
@@ -202,12 +203,15 @@ class Store:
     # votes
 
     def vote(self, rater: str, pair: str, question: str, answer: str, client_ms: int | None) -> tuple[str, str | None]:
-        """Append one vote: ("recorded", the image chosen: a, b or none), ("duplicate", None) for the same
-        answer again, ("conflict", first answer) for a different one, or ("not_shown", None)."""
+        """Append one vote: ("recorded", the image chosen: a, b, or the tie as answered: none, good, bad),
+        ("duplicate", None) for the same answer again, ("conflict", first answer) for a different one, or
+        ("not_shown", None). Which answers a study offers is the server's to check (``Study.answers``)."""
+        if answer not in ANSWERS:
+            raise HumanEvalError(f"unknown answer {answer[:16]!r} (expected one of: {', '.join(ANSWERS)})")
         imp = self.impression(rater, pair)
         if imp is None:
             return "not_shown", None
-        choice = "none" if answer == "none" else ("a" if (answer == "A") != imp.swapped else "b")
+        choice = answer if answer not in ("A", "B") else ("a" if (answer == "A") != imp.swapped else "b")
         now = time.time()
         try:
             with self._write, self.engine.begin() as conn:

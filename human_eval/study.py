@@ -56,7 +56,11 @@ QUESTIONS = (
     Question("quality", "Which image is of higher quality?"),
     Question("alignment", "Which image better represents the text caption?"),
 )
-ANSWERS = ("A", "B", "none")  # as displayed: the left image, the right image, no preference
+# A study's tie answers (its `ties` setting): "one", DrawBench's single "no preference", the default and what
+# studies made before the setting read as; or "good_bad", GenAI-Arena's "both good" and "both bad", which also say
+# whether the prompt was handled well, a tie alone not.
+TIES = {"one": ("none",), "good_bad": ("good", "bad")}
+ANSWERS = ("A", "B", "none", "good", "bad")  # as displayed: left image, right image, no preference, both good, both bad
 
 
 @dataclass(frozen=True)
@@ -105,10 +109,18 @@ class Study:
     allocation: str = "uniform"  # uniform | adaptive (human_eval.statistics.allocation)
     target_width: float = 0.1  # the stopping rule's interval width
     image_size: tuple[int, int] | None = None  # (width, height) of every image; None in studies made before
+    ties: str = "one"  # which tie answers raters get (TIES)
     by_id: dict[str, Pair] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.by_id = {p.id: p for p in self.pairs}
+        if self.ties not in TIES:
+            raise ValueError(f"ties must be one of {', '.join(TIES)}, not {str(self.ties)[:20]!r}")
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        """The answers a rater may give in this study, as displayed: A, B and its tie answers."""
+        return ("A", "B", *TIES[self.ties])
 
     @property
     def question_ids(self) -> tuple[str, ...]:
@@ -147,6 +159,7 @@ class Study:
             "questions": [asdict(q) for q in self.questions], "per_rater": self.per_rater,
             "models": self.models, "model_info": self.model_info, "allocation": self.allocation,
             "target_width": self.target_width, "image_size": list(self.image_size) if self.image_size else None,
+            "ties": self.ties,
             "prompts": [asdict(p) for p in self.prompts],
             "images": {token: asdict(image) for token, image in self.images.items()},
             "pairs": [asdict(p) for p in self.pairs],
@@ -186,7 +199,7 @@ def _study_of(folder: Path, data: dict) -> Study:
         per_rater=data.get("per_rater"),
         model_info={m: with_sampler_key(dict(info)) for m, info in data.get("model_info", {}).items()},
         allocation=data.get("allocation", "uniform"), target_width=data.get("target_width", 0.1),
-        image_size=tuple(data["image_size"]) if data.get("image_size") else None,
+        image_size=tuple(data["image_size"]) if data.get("image_size") else None, ties=data.get("ties", "one"),
     )
 
 
@@ -369,7 +382,8 @@ def _gold_pairs(main: list[Pair], n: int, by_model: dict, keys: dict[str, tuple]
 def build_study(samples: list[Sample], folder: str | Path, *, gold: int = 0, repeats: int = 0,
                 per_rater: int | None = None, images_per_prompt: int | None = None, seed: int = 0,
                 allocation: str = "uniform", target_width: float = 0.1, image_size: tuple[int, int] | None = None,
-                max_megapixels: float = DEFAULT_MAX_MEGAPIXELS, progress: bool = True) -> tuple[Study, dict]:
+                max_megapixels: float = DEFAULT_MAX_MEGAPIXELS, ties: str = "one",
+                progress: bool = True) -> tuple[Study, dict]:
     """Write a study folder from samples of two or more models; returns the study and a summary.
 
     Every image is brought to `image_size` (width, height), by default the largest of the study's images shrunk
@@ -380,6 +394,8 @@ def build_study(samples: list[Sample], folder: str | Path, *, gold: int = 0, rep
         raise HumanEvalError(f"{folder} already holds a study; choose a new folder (its votes refer to these pairs)")
     if allocation not in ALLOCATIONS:
         raise HumanEvalError(f"allocation must be one of {', '.join(ALLOCATIONS)}, got {allocation!r}")
+    if ties not in TIES:
+        raise HumanEvalError(f"ties must be one of {', '.join(TIES)}, got {ties!r}")
     if images_per_prompt is not None:
         samples = [s for s in samples if s.image_index < images_per_prompt]
     by_model = _by_model(samples)
@@ -409,7 +425,7 @@ def build_study(samples: list[Sample], folder: str | Path, *, gold: int = 0, rep
         folder=folder, id=_token(12), secret=secrets.token_hex(32), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         models=models, prompts=prompts, images=images.images, pairs=pairs, per_rater=per_rater,
         model_info={m: _model_info(list(by_model[m].values())) for m in models}, allocation=allocation,
-        target_width=target_width, image_size=size,
+        target_width=target_width, image_size=size, ties=ties,
     )
     study.save()
     summary = {"models": models, "prompts": len(prompts), "pairs": len(main), "pairs_per_model_pair": counts,

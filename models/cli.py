@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .common import between, from_parser, positive, switch_fraction
+from .errors import WorkbenchError
 from .generation import (DEFAULT_GUIDANCE, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,
                          MAX_ASPECT, MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE, RECOMMENDED_KEYS, SAMPLERS,
                          SIZE_STEP, WEIGHT_CHOICES, parse_aspect, parse_size)
@@ -12,24 +13,27 @@ from .generation import (DEFAULT_GUIDANCE, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPL
 
 def cmd_export(args) -> None:
     from .checkpoints import absent_parts, find_checkpoint, weights_of
-    from .export import config_folder, export_checkpoint
+    from .export import adapter_of, export_adapter, export_checkpoint, single_file_readers
     from .generation import parse_recommended
 
     settings = {k: v for k, v in (("prediction_type", args.prediction_type), ("latent_scale", args.latent_scale))
                 if v is not None}
     recommended = parse_recommended(args.settings) if args.settings else {}
     chosen = weights_of(find_checkpoint(args.checkpoint), "ema" if args.ema else args.weights)
+    if args.layout or adapter_of(find_checkpoint(args.checkpoint)) is not None:
+        written = export_adapter(args.checkpoint, args.out, layout=args.layout or "diffusers", ema=chosen == "ema")
+        print(f"exported the adapter ({'EMA' if chosen == 'ema' else 'raw'} weights) of {args.checkpoint} to "
+              f"{written} in the {args.layout or 'diffusers'} layout (docs/adapters.md: which tools read it)")
+        return
     out, fmt = export_checkpoint(args.checkpoint, args.out, fmt=args.format, ema=chosen == "ema", half=args.half,
                                  settings=settings, results=args.results or [], studies=args.study or [],
                                  recommended=recommended)
     named = {"ema": "EMA", "raw": "raw", "stored": "the"}[chosen]
     weights = f"{named} weights ({'float16' if args.half else 'float32'})"
     if fmt == "single-file":
-        config, original = config_folder(out), out.with_suffix(".yaml")
+        original = out.with_suffix(".yaml")
         beside = f" and its original config {original}" if original.exists() else ""  # SD 1/2's alone
-        reader = f"from_single_file('{out}'" + (f", config='{config}'" if config.exists() else "") + ")"
-        print(f"exported {weights} of {args.checkpoint} to {out}{beside} (AUTOMATIC1111, ComfyUI, Forge; "
-              f"diffusers' {reader})")
+        print(f"exported {weights} of {args.checkpoint} to {out}{beside} ({single_file_readers(out)})")
     else:
         absent = "".join(f", {name}=None" for name in absent_parts(out) if name.startswith(("text_encoder", "tokenizer")))
         print(f"exported {weights} of {args.checkpoint} to {out} with its model card {out / 'README.md'} "
@@ -50,8 +54,6 @@ def first_seed(seed: int, n: int) -> int:
     """``seed``, or a random one for -1, such that the ``n`` seeds from it stay 32-bit, as in the app."""
     import random
 
-    from .errors import WorkbenchError
-
     if seed == -1:
         return random.randint(0, MAX_SEED - n + 1)
     if seed + n - 1 > MAX_SEED:
@@ -64,66 +66,133 @@ def cmd_sample(args) -> None:
 
     from .checkpoints import (content_hash, describe, find_checkpoint, load_pipeline, native_size_of,
                                recommended_settings, weights_of)
-    from .errors import WorkbenchError
+    from .adapters import apply_adapters
     from .families import family_or_ours
-    from .generation import (DEMO_PROMPTS, Refiner, Settings, drawn_native_side, image_format, starting_settings,
-                             write_grid)
+    from .generation import Refiner, Settings, drawn_native_side, image_format, starting_settings, write_rows
 
     seed = first_seed(args.seed, args.seeds)
     image_format(args.out)  # before the checkpoint is opened: an output that would carry no parameters
+    prompts = sample_prompts(args)  # a prompt file read and checked before the checkpoint is opened
+    init, hires = modes_of_args(args)  # the init image and mask read (bounded) before the checkpoint is opened
     if isinstance(args.size, tuple) and args.aspect:
         raise WorkbenchError("give --size WIDTHxHEIGHT or --aspect W:H (with --size SIDE as its budget), not both")
     ckpt = find_checkpoint(args.checkpoint, parts=args.parts)
     weights = weights_of(ckpt, "ema" if args.ema else args.weights)
     given = {"guidance": args.guidance, "steps": args.steps, "sampler": args.sampler, "size": args.size}
     chosen, recommended = starting_settings(given, recommended_settings(ckpt))
+    if init is not None and args.size is None:
+        chosen["size"] = init.image.size  # image to image draws at its init image's size unless --size says
     info = describe(ckpt)
     family = family_or_ours(info.family)
     # before the weights are read: a size the family cannot draw is one line (the native size, where only the
     # pipeline knows it, is the model's own)
-    size = sample_size(chosen["size"] or drawn_native_side(info.resolution, ckpt.label), args.aspect, family,
-                       info.resolution, given=args.size)
-    if recommended:
-        print(recommended)
-    pipe = load_pipeline(ckpt, ema=weights == "ema")
+    size = sample_size(chosen["size"] or drawn_native_side(info.resolution, ckpt.label), args.aspect, family)
+    row_sizes = {row.size: sample_size(row.size, args.aspect, family) for row in prompts if row.size is not None}
+    pipe = load_pipeline(ckpt, ema=weights == "ema")  # a refiner given as the checkpoint is refused here
+    applied = apply_adapters(pipe, args.lora or [])  # every file judged against the denoiser before any is read
     refiner = None
     if args.refiner:
         ref = find_checkpoint(args.refiner)
         refiner = Refiner(load_pipeline(ref, refiner=True), ref.label, content_hash(ref), args.refiner_switch)
-    width, height = size or sample_size(native_size_of(ckpt, pipe), args.aspect, family, info.resolution)
+    if recommended:  # said once what it applies to has opened
+        print(recommended)
+    width, height = size or sample_size(native_size_of(ckpt, pipe), args.aspect, family)
     settings = Settings(steps=chosen["steps"], guidance=chosen["guidance"], width=width, height=height,
-                        sampler=chosen["sampler"], negative_prompt=args.negative_prompt, refiner=refiner)
+                        sampler=chosen["sampler"], negative_prompt=args.negative_prompt, refiner=refiner,
+                        init=init, hires=hires, clip_skip=args.clip_skip,
+                        loras=tuple((a.name, a.hash, a.strength) for a in applied))
     out = Path(args.out)
     images_to = (out.with_suffix("") if out.suffix else out.with_name(f"{out.name}-images")) if args.per_image else None
-    out = write_grid(pipe, out, args.prompt or DEMO_PROMPTS, seeds=range(seed, seed + args.seeds),
-                     title=f"{ckpt.label} ({content_hash(ckpt)}) {weights} weights", settings=settings,
+    out = write_rows(pipe, out, grid_rows(prompts, settings, seed, args.seeds, row_sizes),
+                     title=f"{ckpt.label} ({content_hash(ckpt)}) {weights} weights",
                      checkpoint=ckpt.label, checkpoint_hash=content_hash(ckpt), weights=weights, images_to=images_to)
     print(f"wrote {out}: {weights} weights, guidance {settings.guidance:g}, {settings.steps} steps, "
           f"{settings.sampler}, {width if width == height else f'{width}x{height}'} px, seeds {seed} to {seed + args.seeds - 1}"
           + (f"; refined by {refiner.name} from {refiner.switch:g} of the steps" if refiner else "")
-          + (f"; each image in {images_to}" if images_to else ""))
+          + (f"; {len(prompts)} prompts from {args.prompts} (a row's own seed, size and negative prompt where it "
+             "gives them)" if args.prompts else "")
+          + (f"; each image in {images_to}" if images_to else "")
+          + "".join(f"; {a.kind} {a.name} ({a.hash}, {a.layout} layout) at {a.strength:g}" for a in applied))
 
 
-def sample_size(size, aspect, family, resolution: int | None, given=None) -> tuple[int, int] | None:
+def modes_of_args(args):
+    """(init image, hires fix) of `dwb sample`'s flags (``models.generation``), each None where not asked for; the
+    images read within bounds, and a one-line WorkbenchError for flags that do not go together."""
+    from .generation import DEFAULT_HIRES_STRENGTH, DEFAULT_STRENGTH, HiresFix, InitImage, read_image
+
+    if args.mask and not args.init_image:
+        raise WorkbenchError("--mask marks what to redraw of an --init-image: give both")
+    if args.init_image and args.hires_scale:
+        raise WorkbenchError("--hires-scale enlarges a drawing from text: give it without --init-image")
+    init = hires = None
+    if args.init_image:
+        mask = read_image(args.mask, "--mask") if args.mask else None
+        init = InitImage(read_image(args.init_image, "--init-image"), args.strength or DEFAULT_STRENGTH, mask,
+                         args.mask_blur)
+    if args.hires_scale:
+        hires = HiresFix(args.hires_scale, args.hires_steps, args.hires_upscaler,
+                         args.strength or DEFAULT_HIRES_STRENGTH)
+    elif args.strength is not None and not args.init_image:
+        raise WorkbenchError("--strength is how much of an --init-image (or a --hires-scale draw) is redrawn: give one")
+    return init, hires
+
+
+def sample_prompts(args) -> list:
+    """The rows `dwb sample` draws (``models.generation.PromptRow``): each ``--prompt``, or each row of ``--prompts
+    FILE`` with its own first seed, size and negative prompt where the file gives them (a seed whose ``--seeds``
+    columns would pass the last seed is one line here), or the demo prompts."""
+    from .generation import DEMO_PROMPTS, PromptRow, read_sample_prompts
+
+    if args.prompts and args.prompt:
+        raise WorkbenchError("give --prompt (repeatable) or --prompts FILE, not both")
+    if not args.prompts:
+        return [PromptRow(prompt) for prompt in args.prompt or DEMO_PROMPTS]
+    rows = read_sample_prompts(args.prompts)
+    for row in rows:
+        if row.seed is not None:
+            first_seed(row.seed, args.seeds)
+    return rows
+
+
+def grid_rows(prompts: list, settings, seed: int, n: int, sizes: dict) -> list:
+    """Each row as a grid row (``models.generation.GridRow``): ``n`` seeds from its own first seed (else ``seed``), at
+    its own size (``sizes``: as drawn) and with its own negative prompt over the command's ``settings``; rows with
+    none of their own share ``settings``, so they are drawn in one batch as a grid of --prompt rows is."""
+    from dataclasses import replace
+
+    from .generation import GridRow
+
+    rows = []
+    for row in prompts:
+        first = seed if row.seed is None else row.seed
+        own = {} if row.size is None else dict(zip(("width", "height"), sizes[row.size]))
+        if row.negative_prompt is not None:
+            own["negative_prompt"] = row.negative_prompt
+        rows.append(GridRow(row.prompt, tuple(range(first, first + n)), replace(settings, **own) if own else settings))
+    return rows
+
+
+def sample_size(size, aspect, family) -> tuple[int, int] | None:
     """(width, height) `dwb sample` draws at: ``size`` as WIDTHxHEIGHT, a square of its side, or with ``aspect`` the
     bucket of that aspect on the budget side x side (``models.generation.aspect_bucket``, on the family's size step, so
-    the family draws it); None where ``size`` is (the native side, known once the pipeline is open). A size given on
-    the command line (``given``) and a bucket are checked against the family's step and sides (one line)."""
-    from .generation import aspect_bucket
-    from .generation import check_drawable
+    the family draws it); None where ``size`` is (the native side, known once the pipeline is open). Each is held to
+    the one size rule (``models.generation.check_drawable``); an aspect whose bucket is the square is one line."""
+    from .generation import aspect_bucket, check_drawable
 
     if size is None:
         return None
     if isinstance(size, tuple):
-        check_drawable(family, size, "--size", resolution)
+        check_drawable(family, size, "--size")
         return size
-    if given is not None:
-        check_drawable(family, (size, size), "--size", resolution)
+    check_drawable(family, (size, size), "--size" if aspect is None else "--aspect's budget")
     if aspect is None:
         return size, size
-    check_drawable(family, (size, size), "--aspect's budget", resolution, within_range=False)
     bucket = aspect_bucket(aspect, size, family.size_step())
-    check_drawable(family, bucket, f"the {aspect[0]:g}:{aspect[1]:g} bucket of {size} px", resolution)
+    where = f"the {aspect[0]:g}:{aspect[1]:g} bucket of {size} px"
+    if bucket[0] == bucket[1] and aspect[0] != aspect[1]:
+        raise WorkbenchError(f"{where} on {family.label}'s step of {family.size_step()} is the square {size}x{size}: "
+                             "no bucket of that budget is nearer the aspect; give a larger --size")
+    check_drawable(family, bucket, where)
     return bucket
 
 
@@ -140,6 +209,10 @@ def register_export(sub) -> None:
     p.add_argument("out", help="a folder (diffusers), or NAME.safetensors (one file in the original SD layout, "
                                "NAME.yaml and NAME.config/ beside it)")
     p.add_argument("--format", choices=("diffusers", "single-file"), help="default: from OUT's suffix")
+    p.add_argument("--layout", choices=("diffusers", "kohya", "peft"),
+                   help="an adapter checkpoint (a run with an adapter: section) to OUT.safetensors in this layout: "
+                        "diffusers (load_lora_weights), kohya (kohya, AUTOMATIC1111, ComfyUI), peft (every kind); "
+                        "default for an adapter checkpoint: diffusers")
     weights = p.add_mutually_exclusive_group()
     weights.add_argument("--weights", choices=WEIGHT_CHOICES, default=DEFAULT_WEIGHTS,
                          help="a Composer checkpoint's EMA or raw weights (default auto: EMA where it holds them, as "
@@ -172,6 +245,10 @@ def register_sample(sub) -> None:
                         "from: a diffusers folder of the same model or a hub id in the local cache (default: "
                         "NAME.config/ beside NAME.safetensors)")
     p.add_argument("--prompt", action="append", help="repeatable; default: the demo prompts")
+    p.add_argument("--prompts", metavar="FILE",
+                   help="the rows from a file: a .csv or .tsv with a prompt column and optional seed, size (SIDE or "
+                        "WxH) and negative_prompt columns, each row's own where its cell is not empty; any other file "
+                        "one prompt a line (# starts a comment line)")
     p.add_argument("--negative-prompt", default="", help="what to steer away from (default: none)")
     p.add_argument("--seed", type=between(-1, MAX_SEED), default=0,
                    help="the first column's seed; column j uses seed + j, as image j of a batch in the app (default 0; "
@@ -184,9 +261,9 @@ def register_sample(sub) -> None:
                         f"recommended, else {DEFAULT_GUIDANCE:g})")
     p.add_argument("--size", type=from_parser(parse_size), metavar="SIDE|WIDTHxHEIGHT",
                    help=f"image side (a square) or WIDTHxHEIGHT (768x512), each side {MIN_SIZE} to {MAX_SIZE}, a "
-                        f"multiple of {SIZE_STEP} and of the family's step (16 for SD3 and Flux.1), within the sides "
-                        "its family draws at the checkpoint's resolution (default: the checkpoint's recommended size, "
-                        "else its native size, the resolution it was trained at where it records one)")
+                        f"multiple of {SIZE_STEP} and of the family's step (16 for SD3 and Flux.1) (default: the "
+                        "checkpoint's recommended size, else its native size, the resolution it was trained at where "
+                        "it records one)")
     p.add_argument("--aspect", type=from_parser(parse_aspect), metavar="W:H",
                    help=f"draw at this aspect ratio (16:9, 2:1, 1:2; up to {MAX_ASPECT:g}:1): the aspect bucket nearest "
                         "it on a budget of --size x --size pixels (default: the native size), as `dwb data convert "
@@ -205,4 +282,56 @@ def register_sample(sub) -> None:
     weights.add_argument("--weights", choices=WEIGHT_CHOICES, default=DEFAULT_WEIGHTS,
                          help="a Composer checkpoint's EMA or raw weights (default auto: EMA where it holds them)")
     weights.add_argument("--ema", action="store_true", help="the same as --weights ema")
+    p.add_argument("--lora", action="append", type=from_parser(_adapter_arg), metavar="FILE[:STRENGTH]",
+                   help="repeatable: an adapter file applied at STRENGTH (default 1; several stack): LoRA in the "
+                        "diffusers, kohya/AUTOMATIC1111 or peft layout, DoRA, LoHa, LoKr (docs/adapters.md)")
+    register_modes(p)
     p.set_defaults(func=cmd_sample)
+
+
+def _adapter_arg(text: str):
+    from .adapters import parse_adapter_arg
+
+    return parse_adapter_arg(text)
+
+
+def register_modes(p) -> None:
+    """`dwb sample`'s image to image, inpainting and hires fix (``models.generation.modes``), and clip skip."""
+    from .generation import (DEFAULT_HIRES_STRENGTH, DEFAULT_HIRES_UPSCALER, DEFAULT_MASK_BLUR, DEFAULT_STRENGTH,
+                             HIRES_UPSCALERS, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_MASK_BLUR)
+
+    p.add_argument("--init-image", metavar="IMAGE",
+                   help="draw from this PNG, JPEG or WebP (image to image), at its size unless --size says another "
+                        "(it is resized to it)")
+    p.add_argument("--mask", metavar="IMAGE", help="inpaint: white redraws, black keeps (the init image's size)")
+    p.add_argument("--strength", type=from_parser(_strength), metavar="F",
+                   help=f"denoising strength in (0, 1]: the share of the steps redrawn (default {DEFAULT_STRENGTH:g} "
+                        f"for --init-image, {DEFAULT_HIRES_STRENGTH:g} for --hires-scale)")
+    p.add_argument("--mask-blur", type=between(0, MAX_MASK_BLUR), default=DEFAULT_MASK_BLUR, metavar="PX",
+                   help=f"the mask's Gaussian blur in pixels (default {DEFAULT_MASK_BLUR})")
+    p.add_argument("--hires-scale", type=from_parser(_hires_scale), metavar="F",
+                   help=f"hires fix: draw at --size, enlarge F times (up to {MAX_HIRES_SCALE:g}) and redraw at "
+                        "--strength")
+    p.add_argument("--hires-steps", type=between(0, MAX_STEPS), default=0, metavar="N",
+                   help="the hires fix's redrawing steps (default 0: as many as --steps)")
+    p.add_argument("--hires-upscaler", choices=HIRES_UPSCALERS, default=DEFAULT_HIRES_UPSCALER, metavar="NAME",
+                   help=f"one of: {', '.join(HIRES_UPSCALERS)} (default {DEFAULT_HIRES_UPSCALER}: the latents)")
+    p.add_argument("--clip-skip", type=between(1, MAX_CLIP_SKIP), default=1, metavar="N",
+                   help="condition on the CLIP towers' layer N from the end (AUTOMATIC1111's Clip skip; default 1: "
+                        "the usual one; SD 1/2, SDXL, SD3)")
+
+
+def _strength(text: str) -> float:
+    from .generation import check_strength
+
+    return check_strength(text)
+
+
+def _hires_scale(text: str) -> float:
+    from .generation import HiresFix
+
+    try:
+        scale = float(text)
+    except ValueError:
+        raise WorkbenchError(f"hires upscale must be a number, got {text[:40]!r}") from None
+    return HiresFix(scale=scale).scale

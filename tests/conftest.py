@@ -201,6 +201,17 @@ def family_folders(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def sd2_folder(tmp_path_factory) -> Path:
+    """The reduced SD 2 pipeline (tests/checkpoints/fixtures.py, predicting v) as a diffusers folder written by
+    diffusers' save_pretrained: a base to fine-tune or adapt (``model.init_from``)."""
+    from .checkpoints.fixtures import reduced_pipeline
+
+    out = tmp_path_factory.mktemp("sd2-base") / "sd2"
+    reduced_pipeline("sd2", prediction_type="v_prediction").save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """A local S3-compatible store: moto's server on 127.0.0.1, with test credentials in the environment."""
     port = free_port()

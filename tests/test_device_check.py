@@ -80,3 +80,23 @@ def test_every_carried_distribution_has_a_pin_in_the_lock(device_check):
     not on the machine."""
     pins = device_check.carried_pins()
     assert [p.split("==")[0] for p in pins] == device_check.CARRIED and all(p.split("==")[1] for p in pins)
+
+
+def test_the_rehearsal_names_what_a_cuda_only_group_refuses_and_what_it_did_not_rehearse(device_check):
+    """In a group that serves CUDA tensors only (NCCL's rule, here "cuda:gloo" on a machine without a GPU), every
+    collective on CPU tensors is refused in one line; the report then leaves FSDP and the sharded save out of what it
+    rehearsed, naming the collective FSDP needs."""
+    import torch.distributed as dist
+
+    dist.init_process_group("cuda:gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        tried = device_check.try_collectives("cpu")
+    finally:
+        dist.destroy_process_group()
+    assert set(tried) == set(device_check.COLLECTIVES)
+    for name in ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"):
+        assert "No backend type associated with device type cpu" in tried[name] and "\n" not in tried[name]
+    rank = {"backend": "cuda:gloo", "collectives": tried, "fsdp": False, "batches_run": 2}
+    report = device_check.rehearsal([rank, rank], dataclasses.replace(device_check.DRY_RUN, rule_batches=2))
+    assert "fsdp" not in report["rehearsed"] and "sharded_save" not in report["rehearsed"]
+    assert "reduce_scatter_tensor" in report["not_rehearsed"]["fsdp"] and report["completed"]

@@ -57,7 +57,7 @@ def test_each_command_starts_from_the_defaults_or_says_in_its_help_where_it_diff
     assert sampled == evaluated == defaults
 
     blocks, _ = build_ui(Service([tiny_run], cache_size=1))
-    control = {c.elem_id: c.value for c in blocks.blocks.values() if getattr(c, "elem_id", None)}
+    control = {c.elem_id: c.value for c in blocks.blocks.values() if getattr(c, "elem_id", None) and hasattr(c, "value")}
     ckpt = find_checkpoint(str(tiny_run / control["checkpoint"]))
     app = {"guidance": control["guidance"], "steps": control["steps"], "sampler": control["sampler"],
            "weights": weights_of(ckpt, control["weights"]), "size": control["width"]}

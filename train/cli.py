@@ -42,17 +42,67 @@ def cmd_join(args) -> None:
     print(join_parts(args.out).line())
 
 
+def cmd_dreambooth(args) -> None:
+    from .data import ClassPrompt, write_dreambooth
+    from models.errors import WorkbenchError
+
+    given = [k for k in ("base", "class_images") if getattr(args, k) is not None]
+    if args.class_prompt is None and given:
+        raise WorkbenchError(f"--{given[0].replace('_', '-')} is for prior preservation, which --class-prompt turns on")
+    prior = None
+    if args.class_prompt is not None:
+        if args.base is None or args.class_images is None:
+            raise WorkbenchError("prior preservation draws class images with the base model: give --base (the model "
+                                 "you fine-tune) and --class-images N beside --class-prompt")
+        prior = ClassPrompt(args.base, args.class_prompt, args.class_images, max(args.sizes), seed=args.class_seed,
+                            steps=args.class_steps, guidance=args.class_guidance, sampler=args.class_sampler)
+    summary = write_dreambooth(args.folder, args.out, sizes=args.sizes, template=args.template,
+                               class_word=args.class_word, repeats=args.repeats, masks=args.masks,
+                               alpha_mask=args.alpha_mask,
+                               hold_out=args.hold_out, validation=args.validation, prior=prior,
+                               class_cache=args.class_cache, device=args.device, image_format=args.image_format,
+                               **({"max_megapixels": args.max_megapixels} if args.max_megapixels else {}))
+    side = max(args.sizes)
+    print(f"{summary.line()}; train with data.path={args.out}/{side} data.resolution={side}"
+          + (f" validation.path={args.out}/eval/{side}" if summary.held_out else ""))
+
+
+def run_encoder(config: str, overrides: list[str]) -> tuple[object, dict]:
+    """The run's model with its denoiser on the meta device and its frozen parts in float32 (``frozen_model``): what
+    its training encodes, for `dwb data precompute --config`; and where each frozen part comes from."""
+    from dataclasses import replace
+
+    from .config import load_config
+    from .recipes import frozen_model
+
+    cfg = load_config(config, overrides)
+    model = frozen_model(replace(cfg, precision="fp32"))  # stored in float32 or float16, encoded in float32
+    where = cfg.model.pretrained or f"built ({cfg.model.architecture})"
+    return model.eval(), {name: where for name in model.frozen_components()}
+
+
 def cmd_precompute(args) -> None:
+    from models.errors import WorkbenchError
+
     from .data import precompute_latents
 
     vae = args.vae or args.pretrained
     text_encoder = args.text_encoder or args.pretrained
-    if not vae or not text_encoder:
-        from models.errors import WorkbenchError
-
-        raise WorkbenchError("give --pretrained ROOT (a diffusers folder or hub id), or both --vae and --text-encoder")
-    summaries = precompute_latents(args.src, args.out, vae_ref=vae, text_encoder_ref=text_encoder,
-                           tokenizer_ref=args.tokenizer or (args.pretrained if not args.text_encoder else None),
+    if args.config and (vae or text_encoder or args.tokenizer):
+        raise WorkbenchError("--config encodes with the run's own parts: give it without --pretrained, --vae, "
+                             "--text-encoder or --tokenizer")
+    if args.set and not args.config:
+        raise WorkbenchError("--set overrides a --config; give the config")
+    if args.config:
+        encoder, refs = run_encoder(args.config, args.set or [])
+        parts = {"encoder": encoder, "refs": refs}
+    elif not vae or not text_encoder:
+        raise WorkbenchError("give --config RUN.yaml (a training config), --pretrained ROOT (a diffusers folder or hub "
+                             "id), or both --vae and --text-encoder")
+    else:
+        parts = {"vae_ref": vae, "text_encoder_ref": text_encoder,
+                 "tokenizer_ref": args.tokenizer or (args.pretrained if not args.text_encoder else None)}
+    summaries = precompute_latents(args.src, args.out, **parts,
                            resolutions=args.resolution, batch_size=args.batch_size, dtype=args.dtype,
                            device=args.device, chunk_size=args.chunk_size, cache=args.cache)
     from composer.utils import dist
@@ -221,11 +271,16 @@ def register_data(sub) -> None:
     p = data_sub.add_parser("join", help="merge the parts of a `dwb data convert --part i/N` run into one dataset")
     p.add_argument("out", help="the OUT every part wrote into (or each part's OUT copied into one)")
     p.set_defaults(func=cmd_join)
+    register_dreambooth(data_sub)
 
     p = data_sub.add_parser("precompute", help="encode an MDS dataset once: VAE latents and text states per bucket")
     p.add_argument("src", help="an MDS folder of resolution buckets (OUT/256, OUT/512), one MDS dataset, or s3://...")
     p.add_argument("out")
-    p.add_argument("--pretrained", help="diffusers-layout folder or hub id with vae/, text_encoder/, tokenizer/")
+    p.add_argument("--config", help="a training config: encode with its model's frozen parts, as it reads them "
+                   "(every family: SDXL's two towers and pooled output, Flux.1's T5 states and CLIP pooled output)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="an override of --config (repeatable)")
+    p.add_argument("--pretrained", help="diffusers-layout folder or hub id with vae/, text_encoder/, tokenizer/ "
+                   "(one CLIP tower's states: SD 1/2)")
     p.add_argument("--vae", help="the VAE's folder (or a diffusers root); overrides --pretrained")
     p.add_argument("--text-encoder", help="the text encoder's folder (or a diffusers root); overrides --pretrained")
     p.add_argument("--tokenizer", help="default: next to the text encoder")
@@ -237,6 +292,42 @@ def register_data(sub) -> None:
     p.add_argument("--chunk-size", type=positive, default=2048, help="samples per resumable unit of work")
     p.add_argument("--cache", help="local cache folder for a remote SRC")
     p.set_defaults(func=cmd_precompute)
+
+
+def register_dreambooth(data_sub) -> None:
+    p = data_sub.add_parser("dreambooth", help="a small folder of images (with captions, a trigger word, masks) -> "
+                                               "an MDS dataset as DreamBooth trains on it, class images included")
+    p.add_argument("folder", help="the images, with NAME.txt captions beside them and masks in masks/NAME.png")
+    p.add_argument("out")
+    p.add_argument("--sizes", type=size_list, default=(512,), help="resolution buckets (default 512)")
+    p.add_argument("--template", help='every image\'s caption where it has no NAME.txt, e.g. "a photo of sks {class}" '
+                                      '({caption}: its NAME.txt in that place, for every image)')
+    p.add_argument("--class-word", help="what {class} stands for in --template and --class-prompt, e.g. dog")
+    p.add_argument("--repeats", type=positive, default=1, help="each image this many times per epoch (default 1)")
+    p.add_argument("--masks", metavar="FOLDER", help="the masks' folder, NAME.png for NAME.jpg (kohya's "
+                   "conditioning_data_dir; default FOLDER/masks): white trains, black is left out, grey in between")
+    p.add_argument("--alpha-mask", action="store_true",
+                   help="an image's alpha channel is its mask for the loss (where masks/ has none)")
+    p.add_argument("--hold-out", type=int, default=0, metavar="N",
+                   help="the folder's last N images (by name) held out for validation.path, never trained on")
+    p.add_argument("--validation", metavar="FOLDER", help="or: a folder of held-out images (captioned the same way)")
+    p.add_argument("--class-prompt", help='prior preservation: the prompt class images are drawn with, e.g. '
+                                          '"a photo of a {class}"')
+    p.add_argument("--class-images", type=positive, metavar="N", help="class images to draw (kohya: as many as "
+                   "images x repeats, one class image per instance sample)")
+    p.add_argument("--base", help="the model that draws them: the one you fine-tune (a folder, hub id, single file or "
+                                  "checkpoint)")
+    p.add_argument("--class-cache", help="where class images are kept, by base and prompt (default: class-images "
+                                         "beside OUT)")
+    p.add_argument("--class-seed", type=int, default=0, help="class image i is drawn from this seed + i (default 0)")
+    p.add_argument("--class-steps", type=positive, help="sampling steps (default: the generation default)")
+    p.add_argument("--class-guidance", type=positive_number, help="guidance (default: the generation default)")
+    p.add_argument("--class-sampler", help="sampler (default: the generation default)")
+    p.add_argument("--device", default="auto", help="where class images are drawn: auto, cpu or cuda")
+    p.add_argument("--image-format", choices=("jpeg", "png"), default="png")
+    p.add_argument("--max-megapixels", type=positive_number,
+                   help="refuse images with more pixels to decode (default 64: today's camera photos)")
+    p.set_defaults(func=cmd_dreambooth)
 
 
 def register_model(sub) -> None:

@@ -63,6 +63,11 @@ class ModelConfig:
     # stabilityai/stable-diffusion-xl-base-1.0 (text_encoder_2/ too; `tiny-sdxl` builds its second tower).
     # None builds every component with random weights (benchmarks, shape tests).
     pretrained: Optional[str] = None
+    # Fine-tune a model the checkpoint door opens (a diffusers folder, a hub id, a single file or one of our Composer
+    # checkpoints), of any family the workbench trains: its denoiser's weights, frozen parts, tokenizers and noise
+    # schedule (prediction type) come from it, and architecture, pretrained, unet, transformer and prediction_type
+    # are not read. null: the architecture, random or from load_path.
+    init_from: Optional[str] = None
     prediction_type: str = checked("epsilon", one_of(*PREDICTION_TYPES))
     # 1 would drop every caption: the model would never see one
     caption_dropout: float = checked(0.1, Range(0, 1, high_open=True))
@@ -94,6 +99,22 @@ class ModelConfig:
     guidance_scale: float = checked(3.5, Range(0, 100))
 
 
+ADAPTER_TYPES = ("lora", "dora", "loha", "lokr")  # models.adapters.KINDS, through peft
+
+
+@dataclass
+class AdapterConfig:
+    """An adapter trained on the denoiser of ``model.init_from`` instead of the denoiser itself (docs/adapters.md):
+    the base frozen and never saved; checkpoints hold the adapter, its optimizer state and EMA, and name the base
+    by its content hash. null values take the family's preset (``models.adapters.PRESETS``)."""
+    type: Optional[str] = checked(None, one_of(*ADAPTER_TYPES, None))  # null: no adapter, the whole denoiser trains
+    rank: Optional[int] = checked(None, Range(1, 4096, note="null takes the family's preset"))
+    alpha: Optional[float] = checked(None, Range(0, 1e6, low_open=True, note="null takes the family's preset"))
+    dropout: Optional[float] = checked(None, Range(0, 0.99, note="null takes the family's preset"))
+    targets: Optional[list[str]] = None  # peft's target_modules; null: the family's preset
+    text_encoders: bool = False  # adapters on the text towers too (not trained here yet: refused)
+
+
 @dataclass
 class DataConfig:
     path: Optional[str] = ""  # an MDS folder written by `dwb data shapes`, `convert` or `precompute` (the cache, with `remote`)
@@ -119,6 +140,12 @@ class DataConfig:
     # divisible by the number of nodes.
     num_canonical_nodes: int = checked(1, Range(1, 65536))
     shuffle_algo: str = checked("py1e", one_of(*SHUFFLE_ALGOS))
+    # DreamBooth data (`dwb data dreambooth`): each class image's loss counts this many times an instance image's
+    # (prior preservation; 1.0 is diffusers' and kohya's default); 0 trains on the instance images alone.
+    prior_loss_weight: float = checked(1.0, Range(0, 1000))
+    # Where the data holds masks (`dwb data dreambooth`, from masks/ or the alpha channel): each latent cell's loss
+    # weighed by the mask over its pixels, each sample's loss their weighted mean. False: masks are not read.
+    masked_loss: bool = True
 
 
 @dataclass
@@ -221,6 +248,7 @@ class TrainConfig:
     run_name: str = "run"
     seed: int = checked(17, SEED)
     model: ModelConfig = field(default_factory=ModelConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -283,6 +311,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Every key within its field's rule (``check_rules``), then the rules that tie keys together."""
     check_rules(cfg)
     _check_data(cfg.data)
+    _check_adapter(cfg)
     _check_batch_split(cfg)
     from models.generation import check_recommended
 
@@ -300,6 +329,22 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                              f"the local save_folder {cfg.resolved_save_folder()} as soon as it is written; 0 is for a remote "
                              f"save_folder (s3://...), -1 keeps all")
     return cfg
+
+
+def _check_adapter(cfg: TrainConfig) -> None:
+    """An adapter adapts a model the run starts from (``model.init_from``); its text-tower half is not built yet."""
+    a = cfg.adapter
+    if a.type is None:
+        return
+    if cfg.model.init_from is None:
+        raise WorkbenchError("config key 'adapter.type': an adapter adapts a model you hold; set model.init_from to "
+                             "its folder, hub id, single file or checkpoint")
+    if a.text_encoders:
+        raise WorkbenchError("config key 'adapter.text_encoders': adapters on the text towers are not trained yet; "
+                             "set it to false (the denoiser's adapter trains alone)")
+    if cfg.load_path:
+        raise WorkbenchError("config key 'load_path': an adapter run starts from model.init_from and resumes by "
+                             "autoresume; leave load_path empty")
 
 
 def _check_batch_split(cfg: TrainConfig) -> None:

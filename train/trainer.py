@@ -90,19 +90,32 @@ def check_memory(cfg: TrainConfig, device: str):
     """One line, before any weight is made, where this machine (or GPU) cannot hold what the run's ranks on it hold:
     the denoiser counted on the meta device, the frozen parts as ``frozen_size`` counts them, each rank's share as
     its layout shards it (``models.checkpoints.rank_plan``). Returns this rank's plan (a ``RankPlan``)."""
+    with torch.device("meta"):
+        trained = sum(p.numel() for p in build_denoiser(cfg).parameters())
+    return checked_plan(cfg, device, trained, *frozen_size(cfg))
+
+
+def check_built_memory(cfg: TrainConfig, device: str, model: LatentDiffusion):
+    """``check_memory`` for a model built from ``model.init_from`` (the door planned its loading): what it trains and
+    what it holds frozen (an adapter's base denoiser too), counted from the model itself."""
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    return checked_plan(cfg, device, trained, sum(p.numel() for p in frozen),
+                        sum(p.numel() * p.element_size() for p in frozen))
+
+
+def checked_plan(cfg: TrainConfig, device: str, trained: int, frozen: int, frozen_bytes: int):
+    """This rank's plan (a ``RankPlan``), after one line where the ranks on this machine cannot hold theirs."""
     from composer.utils import dist
 
     from models.checkpoints import check_training_memory
 
-    with torch.device("meta"):
-        trained = sum(p.numel() for p in build_denoiser(cfg).parameters())
-    frozen, frozen_bytes = frozen_size(cfg)
     plan_of = rank_planner(cfg, device, trained, frozen_bytes)
     rank, local = dist.get_global_rank(), dist.get_local_rank()
     ranks = [rank] if device == "gpu" else [rank - local + r for r in range(dist.get_local_world_size())]
     check_training_memory([plan_of(r) for r in ranks], trained, frozen,
                           device=torch.device("cuda" if device == "gpu" else "cpu"),
-                          what=f"'{cfg.model.architecture}' ({cfg.run_name})")
+                          what=f"'{cfg.model.init_from or cfg.model.architecture}' ({cfg.run_name})")
     return plan_of(rank)
 
 
@@ -123,29 +136,35 @@ def rank_planner(cfg: TrainConfig, device: str, trained: int, frozen_bytes: int)
     under a GPU's AMP (``auto`` is amp_bf16 there), float32 on a CPU."""
     from models.checkpoints import rank_plan
 
+    from .recipes import frozen_dtype
+
     layout, shards = training_layout(cfg)
-    half = device == "gpu" and cfg.precision in ("auto", "amp_bf16", "amp_fp16")
-    copy = trained * (2 if half else 4) if cfg.fsdp and cfg.preview_interval else 0
+    copy = trained * frozen_dtype(device, cfg.precision).itemsize if cfg.fsdp and cfg.preview_interval else 0
     return lambda rank: rank_plan(trained, frozen_bytes, layout=layout, shards=shards, ema=cfg.ema.enabled,
                                   preview_bytes=copy if rank == 0 else 0)
 
 
-def frozen_size(cfg: TrainConfig) -> tuple[int, int]:
-    """(values, bytes) of the frozen parts every rank holds whole, before any is made: the pretrained ones from their
-    weight files' headers, held in float32 (``models.checkpoints.pretrained_part_values``), and the parts the run
-    builds (``built_frozen_parts``) counted on the meta device at their dtypes. A hub id not in the local cache is
-    counted as the architecture configures its parts (``architecture_part``), before anything is downloaded."""
-    from models.checkpoints import LOADED_VALUE_BYTES, module_size, pretrained_part_values
+def frozen_size(cfg: TrainConfig, dtype: torch.dtype | None = None) -> tuple[int, int]:
+    """(values, bytes) of the frozen parts every rank holds whole, before any is made, in the dtype the run holds
+    them in (``recipes.run_frozen_dtype``: a GPU's autocast precision, float32 on a CPU): the pretrained ones from
+    their weight files' headers (``models.checkpoints.pretrained_part_values``), and the parts the run builds
+    (``built_frozen_parts``) counted on the meta device (``models.checkpoints.held_bytes``). A hub id not in the
+    local cache is counted as the architecture configures its parts (``architecture_part``), before anything is
+    downloaded. T5's ``wo`` projections, which stay float32 under float16, are counted at float16 when loaded.
+    ``dtype``: counted as held in that dtype instead."""
+    from models.checkpoints import held_bytes, module_size, pretrained_part_values
 
-    m = cfg.model
+    from .recipes import run_frozen_dtype
+
+    m, dtype = cfg.model, dtype or run_frozen_dtype(cfg)
     built, loaded = built_frozen_parts(cfg)
     values = pretrained_part_values(m.pretrained, loaded) if loaded else 0
     with torch.device("meta"):
         parts = [make() for make in built]
         if values is None:
             parts, values = parts + [architecture_part(m.architecture, part) for part in loaded], 0
-        sizes = [module_size(part) for part in parts]
-    return values + sum(v for v, _ in sizes), values * LOADED_VALUE_BYTES + sum(b for _, b in sizes)
+        sizes = [(module_size(part)[0], held_bytes(part, dtype)) for part in parts]
+    return values + sum(v for v, _ in sizes), values * dtype.itemsize + sum(b for _, b in sizes)
 
 
 def built_frozen_parts(cfg: TrainConfig) -> tuple[list, tuple[str, ...]]:
@@ -230,6 +249,10 @@ def checked_load_path(cfg: TrainConfig, spec: dict) -> str | None:
         from models.checkpoints import fetch
 
         local = str(fetch(local))
+    if (Path(local) / "model_index.json").is_file() or Path(local).suffix in (".safetensors", ".ckpt"):
+        raise WorkbenchError(f"config key 'load_path' takes a Composer checkpoint of this workbench (a .pt file or a "
+                             f"sharded checkpoint folder); {cfg.load_path} is an exported model: start from it with "
+                             f"model.init_from={cfg.load_path}")
     try:
         other = read_checkpoint(local)["spec"]
     except WorkbenchError as e:
@@ -352,16 +375,20 @@ def _newest_remote(save_folder: str) -> str | None:
 
 
 def attach_latents(cfg: TrainConfig, model: LatentDiffusion) -> dict | None:
-    """Precomputed data: refuse latents of another VAE/text encoder, and hand the model the empty caption."""
+    """Precomputed data: refuse latents of another VAE, text tower or family's conditioning, and hand the model the
+    empty caption's states and pooled output."""
     if not cfg.data.precomputed:
         return None
     from .data import check_compatible, decode_array, latent_meta
 
     meta = latent_meta(cfg.data)
-    check_compatible(meta, vae=model.vae, text_encoder=None if model.reads_captions else model.text_encoder,
-                     resolution=cfg.data.resolution, where="config key 'data.precomputed'")
+    towers = {name: part for name, part in model.frozen_components().items() if name != "vae"}
+    check_compatible(meta, vae=model.vae, resolution=cfg.data.resolution, where="config key 'data.precomputed'",
+                     **({} if model.reads_captions else {"towers": towers, "family": model.family}))
     if not model.reads_captions:
-        model.set_empty_text(torch.from_numpy(decode_array(meta["empty_text"])))
+        pooled = meta.get("empty_pooled")
+        model.set_empty_text(torch.from_numpy(decode_array(meta["empty_text"])),
+                             None if pooled is None else torch.from_numpy(decode_array(pooled)))
     return meta
 
 
@@ -381,7 +408,8 @@ def make_optimizer(cfg: TrainConfig, model: LatentDiffusion) -> torch.optim.Adam
     """AdamW on the denoiser, fused: one kernel per step instead of a dozen foreach ops, and the non-finite guard's
     skip reaches it as a device flag (``found_inf``) instead of a read on the host every step (``train.guard``)."""
     o = cfg.optimizer
-    return torch.optim.AdamW(model.denoiser.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+    trained = [p for p in model.denoiser.parameters() if p.requires_grad]  # an adapter's, where the base is frozen
+    return torch.optim.AdamW(trained, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                              weight_decay=o.weight_decay, fused=True)
 
 
@@ -505,14 +533,16 @@ def build_trainer(cfg: TrainConfig):
         if needed and url and "://" in url:
             check_remote_folder(url, key)
     reproducibility.seed_all(cfg.seed)  # the UNet's initial weights follow the run's seed
-    plan = check_memory(cfg, device)
+    plan = check_memory(cfg, device) if cfg.model.init_from is None else None
     model = build_model(cfg)
+    plan = plan or check_built_memory(cfg, device, model)
     check_save_folder(save_folder, estimate_checkpoint_bytes(model, cfg.ema.enabled))
     attention = set_attention(model.denoiser, cfg.model.attention, device)
-    spec = make_spec(model, cfg.model.architecture, cfg.data.resolution, training_record(cfg), cfg.previews.recommended())
+    spec = run_spec(cfg, model)
     load_path = checked_load_path(cfg, spec)
     attach_latents(cfg, model)
     resume_from = resolve_resume(cfg, save_folder)
+    check_resumed_base(resume_from, spec)
     remote_resume = resume_from is not None and "://" in save_folder
     run_dir = run_dir_of(cfg)
     restore_rng = RestoreRNG()
@@ -546,6 +576,35 @@ def build_trainer(cfg: TrainConfig):
     log.info("attention backend: %s, device: %s, precision: %s", attention, device, precision)
     write_run_config(cfg, run_dir)
     return trainer
+
+
+def run_spec(cfg: TrainConfig, model: LatentDiffusion) -> dict:
+    """The spec every checkpoint carries: a run from ``model.init_from`` names its source (kind, family, content hash)
+    and its family for the architecture; an adapter run adds its adapter (kind, rank, alpha, targets, peft's
+    config), its base being the source by that hash."""
+    source = getattr(model, "source", None)
+    architecture = cfg.model.architecture if source is None else source["family"]
+    spec = make_spec(model, architecture, cfg.data.resolution, training_record(cfg), cfg.previews.recommended(),
+                     family=None if source is None else source["family"])
+    if source is not None:
+        spec["source"] = dict(source)
+    if getattr(model, "adapter", None) is not None:
+        spec["adapter"] = {**model.adapter, "base": dict(source)}
+    return spec
+
+
+def check_resumed_base(resume_from: str | None, spec: dict) -> None:
+    """An adapter run resumes only on the base it was trained on: its checkpoint holds the adapter alone, and the
+    base it names by content hash must be the one ``model.init_from`` opens now."""
+    if resume_from is None or "adapter" not in spec:
+        return
+    from models.checkpoints import read_summary
+
+    saved = (read_summary(resume_from)["spec"].get("adapter") or {}).get("base") or {}
+    if saved.get("content_hash") != spec["adapter"]["base"]["content_hash"]:
+        raise WorkbenchError(f"autoresume: {resume_from} holds an adapter of the base with content hash "
+                             f"{saved.get('content_hash')}, and model.init_from {spec['source']['init_from']} is "
+                             f"{spec['source']['content_hash']}: resume with the base it was trained on")
 
 
 def training_dataloader(cfg: TrainConfig, model: LatentDiffusion):

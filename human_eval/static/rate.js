@@ -3,8 +3,19 @@
 "use strict";
 (() => {
   const $ = (id) => document.getElementById(id);
-  const KEYS = { ArrowLeft: "A", a: "A", A: "A", ArrowRight: "B", b: "B", B: "B", ArrowDown: "none", n: "none", N: "none" };
-  const LABELS = [["A", "Image A"], ["none", "No preference"], ["B", "Image B"]];
+  // Each key's answers, the first the study offers wins: the down arrow is the study's "neither" answer,
+  // no preference or both bad.
+  const KEYS = {
+    ArrowLeft: ["A"], a: ["A"], A: ["A"], ArrowRight: ["B"], b: ["B"], B: ["B"],
+    ArrowDown: ["none", "bad"], n: ["none"], N: ["none"], ArrowUp: ["good"], g: ["good"], G: ["good"],
+    x: ["bad"], X: ["bad"],
+  };
+  // Buttons in page order; a study offers A, B and either no preference or both good and both bad.
+  const LABELS = [["A", "Image A"], ["good", "Both good"], ["none", "No preference"], ["bad", "Both bad"], ["B", "Image B"]];
+  const HINTS = {
+    A: "\u2190/A image A", good: "\u2191/G both good", none: "\u2193/N no preference", bad: "\u2193/X both bad",
+    B: "\u2192/B image B",
+  };
   // The server's key for this rater goes with every request; it is kept in this browser only, so the
   // same rater id typed elsewhere starts a new rater instead of continuing this one.
   const state = { rater: null, key: null, pair: null, answered: {}, active: null, activeSince: 0, busy: false };
@@ -60,7 +71,7 @@
       const text = document.createElement("p");
       text.textContent = q.text;
       div.append(text);
-      for (const [answer, label] of LABELS) {
+      for (const [answer, label] of LABELS.filter(([a]) => state.pair.answers.includes(a))) {
         const button = document.createElement("button");
         button.type = "button";
         button.textContent = label;
@@ -97,6 +108,7 @@
     state.pair = p;
     state.answered = { ...p.answered };
     $("prompt").textContent = p.prompt;
+    $("keys").textContent = LABELS.filter(([a]) => p.answers.includes(a)).map(([a]) => HINTS[a]).join(" \u00b7 ");
     await Promise.all([loadImage($("img-left"), p.images[0]), loadImage($("img-right"), p.images[1])]);
     renderQuestions();
     show("rate");
@@ -153,7 +165,7 @@
 
   document.addEventListener("keydown", (event) => {
     if (event.target instanceof HTMLInputElement || event.ctrlKey || event.metaKey || event.altKey) return;
-    const answer = KEYS[event.key];
+    const answer = state.pair && (KEYS[event.key] || []).find((a) => state.pair.answers.includes(a));
     if (answer && state.active && !$("rate").hidden) {
       event.preventDefault();
       vote(state.active, answer);

@@ -1,4 +1,4 @@
-"""Inter-rater agreement: Krippendorff's alpha for nominal answers (a, b, none).
+"""Inter-rater agreement: Krippendorff's alpha for nominal answers (a, b, and ties as answered: none, good, bad).
 
 alpha = 1 - D_o / D_e, observed over expected disagreement, from the coincidence matrix of values
 given to the same unit (Krippendorff 2011, "Computing Krippendorff's Alpha-Reliability"). It allows

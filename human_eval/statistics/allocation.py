@@ -20,7 +20,7 @@ import math
 import threading
 from collections import Counter, defaultdict
 
-from .stats import Z95, clustered_wilson_interval, decisive_votes_needed
+from .stats import Z95, clustered_wilson_interval, decisive_votes_needed, is_decisive
 
 ModelPair = tuple[str, str]
 
@@ -127,7 +127,7 @@ def stopping_point(votes: list[dict], model_pair_of: dict[str, ModelPair], quest
             continue
         spent += 1
         key = (v["question"], *pair)
-        if v["choice"] != "none":
+        if is_decisive(v["choice"]):
             counts[key][0] += v["choice"] == "a"
             counts[key][1] += 1
         if settled(*counts[key], target_width, deff.get(key, 1.0)):
@@ -160,8 +160,8 @@ class Allocator:
             if pair_id in self.model_pair_of:
                 c = counts[self.model_pair_of[pair_id], question]
                 c[0] += n * (choice == "a")
-                c[1] += n * (choice != "none")
-                c[2] += n * (choice == "none")
+                c[1] += n * is_decisive(choice)
+                c[2] += n * (not is_decisive(choice))
         with self._lock:
             self.counts = counts
 
@@ -177,8 +177,8 @@ class Allocator:
         with self._lock:
             c = self.counts[pair, question]
             c[0] += choice == "a"
-            c[1] += choice != "none"
-            c[2] += choice == "none"
+            c[1] += is_decisive(choice)
+            c[2] += not is_decisive(choice)
             self.pending[pair] = max(0, self.pending[pair] - 1)
 
     def _score(self, pair: ModelPair) -> tuple[bool, float]:

@@ -1,7 +1,8 @@
 """Preference rates and their uncertainty: Wilson intervals, clustered bootstraps, the sign test, planning.
 
-A *decisive* vote prefers one image; a tie is "no preference". The preference rate of model a over b
-is wins_a / decisive, as in Imagen's DrawBench evaluation and the SD2 replication's comparison.
+A *decisive* vote prefers one image; a tie is "no preference", or, in a study that asks, "both good" or "both
+bad" (``DECISIVE``). The preference rate of model a over b is wins_a / decisive, as in Imagen's DrawBench
+evaluation and the SD2 replication's comparison: ties of every kind are left out of it.
 
 Votes on the same prompt, or by the same rater, are correlated, so an interval that treats every vote
 as independent (Wilson) is too narrow when prompts or raters differ. The clustered bootstraps resample
@@ -23,6 +24,12 @@ from scipy.stats import binomtest, norm
 from .resampling import DESIGN_EFFECT_REPLICATES, DESIGN_EFFECT_SEED
 
 Z95 = float(norm.ppf(0.975))  # 1.959964...
+DECISIVE = ("a", "b")  # the choices that prefer an image; "none", "good" and "bad" are ties
+
+
+def is_decisive(choice: str) -> bool:
+    """Whether a vote's choice prefers one of the two images (a tie of any kind does not)."""
+    return choice in DECISIVE
 
 
 def wilson_interval(k: float, n: float, z: float = Z95) -> tuple[float, float]:
@@ -173,3 +180,35 @@ def decisive_votes_needed(width: float, p: float = 0.5, z: float = Z95) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+def votes_to_flip(k: float, n: float, deff: float = 1.0) -> int | None:
+    """The fewest decisive votes whose removal makes ``clustered_wilson_interval`` of k wins in n reach 50% (the
+    design effect held at the study's), or None where it already holds 50%. Removing one of the leading side's wins
+    moves the share towards 50% and removing one of its losses away from it, so the fewest are the leading side's
+    wins alone, and the count is exact: the smallest m with ``score_test_p(k - m, n - m)`` >= 0.05 (none left: no
+    interval, so all of its wins always flip it)."""
+    lead = max(k, n - k)
+    if n == 0 or score_test_p(lead, n, deff) >= 0.05:
+        return None
+    for m in range(1, int(lead) + 1):
+        if n - m == 0 or score_test_p(lead - m, n - m, deff) >= 0.05 or lead - m <= (n - m) / 2:
+            return m
+    return int(lead)
+
+
+def vote_flip(leading: list[dict], prompts: list, k: float, n: float, deff: float) -> dict | None:
+    """``votes_to_flip`` of k wins in n as results keep it: ``count``, the ``votes`` that would do it (``pair_id``
+    and ``rater_id`` of the leading side's votes, those on the prompts it won most often first; any as many of
+    its votes do the same) and ``exact`` (True: the design effect held at the study's). ``leading``: the leading
+    side's votes, ``prompts`` their prompts; None where the interval already holds 50%."""
+    count = votes_to_flip(k, n, deff)
+    if count is None:
+        return None
+    per_prompt: dict = {}
+    for p in prompts:
+        per_prompt[p] = per_prompt.get(p, 0) + 1
+    order = sorted(range(len(leading)), key=lambda i: (-per_prompt[prompts[i]], str(prompts[i]),
+                                                       leading[i]["pair_id"], leading[i]["rater_id"]))
+    return {"count": count, "votes": [{"pair_id": leading[i]["pair_id"], "rater_id": leading[i]["rater_id"]}
+                                      for i in order[:count]], "exact": True}

@@ -28,6 +28,12 @@ def _number(value, low: float, high: float, what: str, integer: bool = False):
 ADAPTER_PARTS = ("lora_", "hada_", "lokr_")  # peft's own submodules' names: no base model has a module so named
 
 
+def is_adapter_key(key: str) -> bool:
+    """Whether a parameter or state-dict key names an adapter's weight (a peft submodule's, DoRA's magnitudes too),
+    not the base model's."""
+    return any(part.startswith(ADAPTER_PARTS) for part in key.split("."))
+
+
 def denoiser_layers(denoiser: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """Module path -> each Linear and Conv2d of ``denoiser`` an adapter may adapt; where peft already wraps one
     (another adapter is loaded), the path of its wrapper, mapped to the layer it wraps (``base_layer``)."""

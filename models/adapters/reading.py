@@ -17,7 +17,8 @@ The layouts it takes are the ones ``write_adapter`` writes and the ones they sta
 ``transformer.`` keys with peft's or diffusers' names (``lora_A``/``lora_B``, ``lora.down``/``lora.up``,
 ``lora_magnitude_vector``, LoHa's ``hada_*``, LoKr's ``lokr_*``), and kohya's ``lora_unet_`` keys (``lora_down``,
 ``lora_up``, ``alpha``, LyCORIS' ``dora_scale``, ``hada_*``, ``lokr_*``) under diffusers' names, the original UNet's
-``input_blocks``/``middle_block``/``output_blocks`` names of the attention blocks, or Flux.1's fused layers.
+``input_blocks``/``middle_block``/``output_blocks`` names of the attention blocks, or Flux.1's fused layers; and
+ComfyUI's ``diffusion_model.`` keys, the same names with their dots (``comfyui_as_kohya_name``).
 """
 from __future__ import annotations
 
@@ -37,18 +38,20 @@ from .writing import PEFT_CONFIG_KEY
 MAX_ADAPTER_BYTES = 4 << 30  # 4 GiB: a rank-128 LoRA on all of Flux.1's layers is 1.2 GB in float32
 PICKLES = (".pt", ".pth", ".ckpt", ".bin", ".pkl", ".pickle")
 FLOATS = ("F16", "BF16", "F32", "F64")
+INTEGERS = ("I8", "I16", "I32", "I64", "U8")  # an alpha alone may be one: diffusers' convert_state_dict_to_kohya
 # suffix -> its role; the longest suffixes first, so "lora.down.weight" is not taken for "down.weight"
 ROLES = {"lora_A.weight": "down", "lora_B.weight": "up", "lora.down.weight": "down", "lora.up.weight": "up",
          "lora_down.weight": "down", "lora_up.weight": "up", "lora_magnitude_vector": "magnitude",
          "dora_scale": "magnitude", "alpha": "alpha", **{f"hada_w{i}_{ab}": "hada" for i in (1, 2) for ab in "ab"},
          **{f"lokr_{w}": "lokr" for w in ("w1", "w2", "w1_a", "w1_b", "w2_a", "w2_b")}}
 SUFFIXES = sorted(ROLES, key=len, reverse=True)
+COMFYUI_PREFIX = "diffusion_model."  # ComfyUI's layout: the original model's module paths, dots kept
 
 
 @dataclass(frozen=True)
 class AdapterFile:
     path: Path
-    layout: str  # "diffusers", "kohya" or "peft"
+    layout: str  # "diffusers", "kohya", "comfyui" or "peft"
     kind: str  # "lora", "dora", "loha", "lokr" (several joined by "+")
     rank: int  # the largest
     layers: int  # the denoiser's layers it adapts
@@ -91,6 +94,12 @@ def _kohya_table(denoiser: torch.nn.Module, family: str, layers: dict) -> dict[s
     return table
 
 
+def comfyui_as_kohya_name(module: str) -> str:
+    """kohya's name of a layer ComfyUI's layout names (``diffusion_model.`` and the original model's module path,
+    dots kept: ``diffusion_model.input_blocks.4.1.proj_in``, ``diffusion_model.double_blocks.0.img_attn.qkv``)."""
+    return PREFIX + module[len(COMFYUI_PREFIX):].replace(".", "_")
+
+
 def _split(key: str, path: Path) -> tuple[str, str]:
     for suffix in SUFFIXES:
         if key.endswith("." + suffix):
@@ -101,7 +110,8 @@ def _split(key: str, path: Path) -> tuple[str, str]:
 def _group(head, denoiser, family, layers: dict, path: Path) -> tuple[str, dict[tuple[str, ...], dict]]:
     """(layout, {module paths: {suffix: TensorEntry}}), every key placed on layers of ``denoiser``."""
     prefix = f"{family.denoiser}."
-    kohya = any(k.startswith(PREFIX) for k in head.tensors)
+    comfyui = any(k.startswith(COMFYUI_PREFIX) for k in head.tensors)
+    kohya = comfyui or any(k.startswith(PREFIX) for k in head.tensors)
     table = _kohya_table(denoiser, family.name, layers) if kohya else {}
     groups: dict[tuple[str, ...], dict] = {}
     for key, entry in head.tensors.items():
@@ -109,16 +119,18 @@ def _group(head, denoiser, family, layers: dict, path: Path) -> tuple[str, dict[
             raise WorkbenchError(f"{path}: key {key[:160]!r} adapts a text encoder; adapters apply to the "
                                  f"{type(denoiser).__name__} here")
         module, suffix = _split(key, path)
+        if module.startswith(COMFYUI_PREFIX):
+            module = comfyui_as_kohya_name(module)
         if kohya and module in table:
             paths = tuple(table[module])
         elif not kohya and module.startswith(prefix) and module[len(prefix):] in layers:
             paths = (module[len(prefix):],)
         else:
             raise WorkbenchError(f"{path}: key {key[:160]!r} names no layer of the {type(denoiser).__name__}")
-        if entry.dtype not in FLOATS:
+        if entry.dtype not in FLOATS and not (suffix == "alpha" and entry.dtype in INTEGERS):
             raise WorkbenchError(f"{path}: tensor {key[:160]!r} is {entry.dtype}, not floating point")
         groups.setdefault(paths, {})[suffix] = entry
-    layout = "kohya" if kohya else "peft" if PEFT_CONFIG_KEY in head.metadata else "diffusers"
+    layout = "comfyui" if comfyui else "kohya" if kohya else "peft" if PEFT_CONFIG_KEY in head.metadata else "diffusers"
     return layout, groups
 
 

@@ -89,12 +89,19 @@ def load_part(cls, ref: str, subfolder: str, what: str, **options):
         raise WorkbenchError(f"cannot load pretrained {what} from '{folder}': {first_line(e)}") from None
 
 
-def load_frozen_parts(pretrained: str) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
-    """VAE, text encoder and tokenizer from a diffusers-layout folder, a hub id or a single file."""
+def load_frozen_parts(pretrained: str, dtype: torch.dtype | None = None,
+                      ) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTokenizer]:
+    """VAE, text encoder and tokenizer from a diffusers-layout folder, a hub id or a single file; ``dtype``: the
+    VAE and text encoder loaded in it (``frozen.hold_in``'s rule), else in float32."""
+    from .frozen import hold_in, load_options
+
     if names_a_single_file(pretrained):
-        return single_file_parts(pretrained)
-    vae = load_part(AutoencoderKL, pretrained, "vae", "VAE")
-    text_encoder = load_part(CLIPTextModel, pretrained, "text_encoder", "text encoder")
+        vae, text_encoder, tokenizer = single_file_parts(pretrained)
+        return (vae, text_encoder, tokenizer) if dtype is None else (hold_in(vae, dtype), hold_in(text_encoder, dtype),
+                                                                     tokenizer)
+    vae = load_part(AutoencoderKL, pretrained, "vae", "VAE", **load_options(AutoencoderKL, dtype))
+    text_encoder = load_part(CLIPTextModel, pretrained, "text_encoder", "text encoder",
+                             **load_options(CLIPTextModel, dtype))
     tokenizer = load_part(CLIPTokenizer, pretrained, "tokenizer", "tokenizer")
     return vae, text_encoder, tokenizer
 
@@ -121,7 +128,7 @@ def with_projection(text_encoder: CLIPTextModel):
     tower.text_model.load_state_dict(text_encoder.text_model.state_dict())
     with torch.no_grad():
         tower.text_projection.weight.copy_(torch.eye(config.hidden_size))
-    return tower.eval()
+    return tower.to(text_encoder.dtype).eval()  # held as the tower it wraps (a GPU run's half precision)
 
 
 SECOND_TOWER_SEED = 1  # the first tower `dwb prepare` builds is seeded 0
@@ -133,10 +140,10 @@ def builds_second_tower(architecture: str, pretrained: str | None) -> bool:
     return bool(ARCHITECTURES[architecture].get("builds_text_encoder_2")) or pretrained is None
 
 
-def second_text_encoder(architecture: str, pretrained: str | None, tokenizer):
+def second_text_encoder(architecture: str, pretrained: str | None, tokenizer, dtype: torch.dtype | None = None):
     """SDXL's second text tower (``CLIPTextModelWithProjection``): built from the architecture's config, random and
     with the tokenizer's vocabulary and start, end and padding ids, where the architecture builds it or no
-    ``pretrained`` is given; else ``pretrained``'s ``text_encoder_2/``."""
+    ``pretrained`` is given; else ``pretrained``'s ``text_encoder_2/``, loaded in ``dtype`` where given."""
     from transformers import CLIPTextModelWithProjection
 
     if builds_second_tower(architecture, pretrained):
@@ -148,7 +155,10 @@ def second_text_encoder(architecture: str, pretrained: str | None, tokenizer):
     if names_a_single_file(pretrained):
         raise WorkbenchError(f"config key 'model.pretrained': {architecture} takes its frozen parts from a diffusers "
                              f"folder or hub id with text_encoder_2/ (SDXL's), not a single file")
-    return load_part(CLIPTextModelWithProjection, pretrained, "text_encoder_2", "second text encoder")
+    from .frozen import load_options
+
+    return load_part(CLIPTextModelWithProjection, pretrained, "text_encoder_2", "second text encoder",
+                     **load_options(CLIPTextModelWithProjection, dtype))
 
 
 def second_tokenizer(architecture: str, pretrained: str | None) -> CLIPTokenizer | None:
@@ -158,6 +168,19 @@ def second_tokenizer(architecture: str, pretrained: str | None) -> CLIPTokenizer
     if builds_second_tower(architecture, pretrained):
         return None
     return load_part(CLIPTokenizer, pretrained, "tokenizer_2", "second tokenizer")
+
+
+def with_max_length(tokenizer, tokens: int):
+    """``tokenizer``, or a copy of it, whose ``model_max_length`` is ``tokens``: a second tokenizer telling a pipeline
+    call how many tokens its tower was trained on (``Family.text_length``), without changing the first it may be a
+    copy of (the tiny Flux.1's T5 reads the CLIP tokenizer's ids, padded to ``model.text_tokens``)."""
+    import copy
+
+    if tokenizer is None or tokenizer.model_max_length == tokens:
+        return tokenizer
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.model_max_length = tokens
+    return tokenizer
 
 
 def assemble_pipeline(family, parts: dict, tokenizers: dict, settings: dict):

@@ -319,6 +319,14 @@ def _natural(text: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
+def _holds_denoiser(folder: Path) -> bool:
+    """Whether a pipeline folder holds the weights of a denoiser of any family (``unet/``, ``transformer/``): an SD3
+    or Flux.1 folder, our own exports included, as well as a UNet's."""
+    from ..families import FAMILIES
+
+    return any(any((folder / name).glob("diffusion_pytorch_model*")) for name in {f.denoiser for f in FAMILIES})
+
+
 def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
     """Every checkpoint under the roots: Composer files (any name), single files and diffusers folders.
 
@@ -334,7 +342,7 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
             here = Path(dirpath)
             depth = len(here.relative_to(root).parts)
             if "model_index.json" in filenames:
-                if any((here / "unet").glob("diffusion_pytorch_model*")) and _reads_inside(here, roots):
+                if _holds_denoiser(here) and _reads_inside(here, roots):
                     found.setdefault(here, Checkpoint(str(here), "diffusers", label_under(here, roots), here))
                 dirnames[:] = []  # a pipeline's subfolders hold its parts, not more checkpoints
                 continue

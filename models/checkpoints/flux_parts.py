@@ -29,18 +29,21 @@ def random_t5_encoder(architecture: str, vocab_size: int, pad_token_id: int, see
     return T5EncoderModel(config).eval()
 
 
-def load_t5_parts(pretrained: str):
-    """T5 encoder and its tokenizer from a FLUX.1 layout (``text_encoder_2/``, ``tokenizer_2/``)."""
+def load_t5_parts(pretrained: str, dtype: torch.dtype | None = None):
+    """T5 encoder and its tokenizer from a FLUX.1 layout (``text_encoder_2/``, ``tokenizer_2/``); the encoder in
+    ``dtype`` where given (its ``wo`` projections stay float32 under float16, as transformers keeps them)."""
     from transformers import T5EncoderModel, T5TokenizerFast
 
     from ..errors import WorkbenchError
     from .components import load_part, names_a_single_file
+    from .frozen import load_options
 
     if names_a_single_file(pretrained):
         raise WorkbenchError(f"config key 'model.pretrained': T5's encoder and tokenizer load from a FLUX.1 diffusers "
                              f"folder or hub id (text_encoder_2/, tokenizer_2/), not a single file ({pretrained})")
 
-    return (load_part(T5EncoderModel, pretrained, "text_encoder_2", "T5 text encoder"),
+    return (load_part(T5EncoderModel, pretrained, "text_encoder_2", "T5 text encoder",
+                      **load_options(T5EncoderModel, dtype)),
             # FLUX.1's tokenizer config sets add_prefix_space, which makes transformers rebuild the tokenizer from its
             # SentencePiece model (and the sentencepiece package); its tokenizer.json holds that pre-tokenizer already,
             # and the spec keeps it without the key (``spec.tokenizer_files``), so training reads what a reopened

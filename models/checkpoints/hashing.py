@@ -94,14 +94,21 @@ def content_hash(ckpt) -> str:
     return (folder_hash(path) if path.is_dir() else file_hash(path))[:SHORT]
 
 
-def fingerprint(module: torch.nn.Module) -> str:
+def fingerprint(module: torch.nn.Module, held_in: torch.dtype | None = None) -> str:
     """A hash of a module's weights (names, dtypes, shapes and bytes), independent of the file format: what
-    precomputed latents and the scoring models' results name their weights by."""
+    precomputed latents and the scoring models' results name their weights by. ``held_in``: the hash the module
+    would have once held in that dtype (``frozen.held_dtype``: a frozen part in a GPU run's half precision), each
+    tensor cast on its own, never the whole module at once."""
     import torch
+
+    from .frozen import held_dtype
 
     h = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
+        t = tensor.detach().cpu()
+        if held_in is not None:
+            t = t.to(held_dtype(module, name, t, held_in))
+        t = t.contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-d tensors too
     return h.hexdigest()[:16]

@@ -208,11 +208,6 @@ def module_size(module: torch.nn.Module) -> tuple[int, int]:
     return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
 
 
-# The bytes of a value of a pretrained frozen part once loaded: ``from_pretrained`` without a dtype holds it in float32
-# (a VAE and a CLIP tower saved in float16 and in bfloat16 loaded as float32: diffusers 0.39, transformers 4.57)
-LOADED_VALUE_BYTES = 4
-
-
 def pretrained_part_values(ref: str, parts: tuple[str, ...]) -> int | None:
     """The values of the pretrained ``parts`` of ``ref`` (a diffusers folder, a hub id or a single file), from their
     weight files without reading a weight: what their safetensors headers declare (a ``.bin``'s bytes over 4). A

@@ -124,7 +124,7 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
     ``settings`` (``prediction_type``, ``latent_scale``) say what a mosaicml/diffusion file does not."""
     import transformers
 
-    from .components import assemble_pipeline  # diffusers' classes: imported when a checkpoint is opened
+    from .components import assemble_pipeline, with_max_length  # diffusers' classes: imported when one is opened
 
     ckpt = read_checkpoint(path, settings)
     spec = ckpt["spec"]
@@ -141,6 +141,8 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
     tokenizer_2 = tokenizer_from_files(spec.get("tokenizer_2") or {}, where=str(path),
                                        cls=getattr(transformers, family.second_tokenizer))
     tokenizer_2 = tokenizer if tokenizer_2 is None else tokenizer_2
+    if spec.get("text_tokens"):  # the T5 tokens it trained with, which a call reads off its tokenizer
+        tokenizer_2 = with_max_length(tokenizer_2, int(spec["text_tokens"]))
     tokenizers = {"tokenizer": tokenizer, "tokenizer_2": tokenizer_2}
     return _spec_built(lambda s: assemble_pipeline(family, parts, tokenizers, family.assembly.spec_settings(s)), spec,
                        path)
@@ -201,6 +203,16 @@ def _folder_variant(path: Path, family, where: str):
     return family.variant_of(config if isinstance(config, dict) else {})
 
 
+def is_refiner(ckpt: Checkpoint) -> bool:
+    """Whether the checkpoint is a second stage (SDXL's refiner: a diffusers folder or hub id whose denoiser's
+    config says so), which opens only as a refiner (``load_pipeline(..., refiner=True)``)."""
+    if ckpt.kind not in ("diffusers", "hub"):
+        return False
+    path = Path(ckpt.path)
+    check_pipeline_folder(path, ckpt.label)
+    return _folder_variant(path, family_of_folder(path, ckpt.label), ckpt.label).refiner
+
+
 def absent_parts(folder: Path) -> dict:
     """The parts a folder's ``model_index.json`` lists as absent (``[null, null]``: an SD3 without T5), passed as
     None: diffusers' loader refuses a folder that leaves out a part it is not told is absent."""
@@ -222,10 +234,13 @@ def pipeline_from_folder(path: Path, where: str, dtype: torch.dtype = torch.floa
     denoiser_files = {p.name for p in (path / family.denoiser).glob("diffusion_pytorch_model*")}
     if denoiser_files and all(".fp16." in name for name in denoiser_files):
         variant = "fp16"
+    from .single_file import no_loading_bars
+
     try:
-        pipe = getattr(diffusers, pipeline).from_pretrained(path, variant=variant, torch_dtype=dtype,
-                                                            local_files_only=True,
-                                                            **{**absent_parts(path), **family.pipeline_options})
+        with no_loading_bars():
+            pipe = getattr(diffusers, pipeline).from_pretrained(path, variant=variant, torch_dtype=dtype,
+                                                                local_files_only=True,
+                                                                **{**absent_parts(path), **family.pipeline_options})
     except Exception as e:  # noqa: BLE001 - missing parts, unreadable weights
         first = first_line(e)
         raise CheckpointError(f"cannot load the pipeline in {where}: {first}") from None
@@ -304,7 +319,8 @@ def export_pipeline(ref: str | Path | Checkpoint, out: str | Path, ema: bool = F
         raise WorkbenchError(f"export folder {out} is a link: remove it or choose another name")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise WorkbenchError(f"export folder {out} is not empty")
-    pipe = load_pipeline(ref, ema=ema, settings=settings)
+    ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref)
+    pipe = load_pipeline(ckpt, ema=ema, settings=settings, refiner=is_refiner(ckpt))  # a refiner exports as itself
     if half:  # part by part: a whole float16 pipeline on the CPU makes diffusers warn that it cannot run
         for part in pipe.components.values():
             if isinstance(part, torch.nn.Module):

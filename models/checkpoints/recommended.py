@@ -2,8 +2,9 @@
 into exports.
 
 Where they live: a Composer checkpoint's spec (``spec["recommended"]``, from `dwb train`'s ``previews`` section);
-a single file `dwb export` wrote, the spec in its metadata; a diffusers folder, ``recommended_settings.json`` in its
-root (``models.generation.RECOMMENDED_FILE``), a file diffusers' loaders never read. A checkpoint from elsewhere
+a single file `dwb export` wrote, the spec in its metadata (a newer family's file, ``RECOMMENDED_KEY`` there); a
+diffusers folder, ``recommended_settings.json`` in its root (``models.generation.RECOMMENDED_FILE``), a file
+diffusers' loaders never read. A checkpoint from elsewhere
 recommends what its family's published model is sampled at (SDXL, SD3.5, Flux.1), or nothing. Values are checked
 as a user's would be (``models.generation.check_recommended``): a checkpoint may come from anyone.
 """
@@ -29,9 +30,11 @@ def recommended_settings(ckpt: Checkpoint) -> dict:
 
         stored = read_summary(ckpt.path)["spec"].get("recommended")
     elif ckpt.kind == "single-file":
-        from .single_file import embedded_spec
+        from .single_file import embedded_spec, exported_recommended
 
         stored = (embedded_spec(Path(ckpt.path)) or {}).get("recommended")
+        if stored is None:  # a newer family's file keeps them beside its published layout, not in a spec
+            stored = exported_recommended(Path(ckpt.path))
     elif Path(ckpt.path).is_dir() and (Path(ckpt.path) / RECOMMENDED_FILE).is_file():
         try:
             stored = load_outside(Path(ckpt.path) / RECOMMENDED_FILE, where, max_bytes=MAX_FILE_BYTES)

@@ -36,7 +36,13 @@ if TYPE_CHECKING:
 
 SUFFIXES = (".safetensors", ".ckpt")
 SPEC_KEY = "dwb.spec"  # the metadata entry holding the model spec of a file `dwb export` wrote
+# Where a newer family's file `dwb export` wrote (no spec: its layout is the family's published one) keeps the
+# generation settings it recommends, its trained size among them, as JSON
+RECOMMENDED_KEY = "dwb.recommended"
 UNET, VAE, TEXT = "model.diffusion_model.", "first_stage_model.", "cond_stage_model."
+# A UNet's input channels: 4 latent ones (text to image), or the inpainting model's 9 (the latents, the masked
+# image's latents and the mask; sd-v1-5-inpainting, 512-inpainting-ema), which the family's inpainting pipeline draws
+UNET_INPUTS = (4, 9)
 SD1_TEXT = "cond_stage_model.transformer.text_model."  # OpenAI CLIP, transformers' CLIPTextModel keys
 SD2_TEXT = "cond_stage_model.model."  # OpenCLIP
 CONFIGS = Path(__file__).parent / "configs"
@@ -110,10 +116,10 @@ def _family(shapes: dict, path: Path) -> str:
         raise CheckpointError(f"{path} is not a single-file Stable Diffusion checkpoint (no {UNET}* and "
                               f"{VAE}* weights)")
     conv_in = shapes.get(UNET + "input_blocks.0.0.weight")
-    if conv_in is None or conv_in[1] != 4:
+    if conv_in is None or conv_in[1] not in UNET_INPUTS:
         channels = "no" if conv_in is None else conv_in[1]
-        raise CheckpointError(f"{path}: unknown architecture (UNet with {channels} input channels; text-to-image "
-                              "SD 1.x/2.x have 4: inpainting and other variants are not supported)")
+        raise CheckpointError(f"{path}: unknown architecture (UNet with {channels} input channels; SD 1.x/2.x have 4, "
+                              "their inpainting models 9: other variants are not supported)")
     if SD1_TEXT + "embeddings.token_embedding.weight" in shapes:
         return "sd1"
     if SD2_TEXT + "token_embedding.weight" in shapes:
@@ -203,6 +209,19 @@ def embedded_spec(path: Path) -> dict | None:
     return spec
 
 
+def exported_recommended(path: Path):
+    """The recommended settings a newer family's exported file keeps in its metadata (``RECOMMENDED_KEY``), as
+    read (None where it keeps none): checked by the caller as any checkpoint's are."""
+    if path.suffix != ".safetensors":
+        return None
+    try:
+        metadata = read_safetensors_head(path, what=f"cannot read {path}'s metadata").metadata
+        text = metadata.get(RECOMMENDED_KEY)
+        return None if text is None else loads_outside(text, f"its {RECOMMENDED_KEY} metadata", max_bytes=MAX_HEADER)
+    except WorkbenchError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def _inspect(path: Path) -> tuple[dict, str, dict | None, dict]:
     """(tensor shapes, family, original config, description) of a single file, or a one-line refusal. A file
     ``dwb export`` wrote is described by the spec in its metadata (the description's ``spec``)."""
@@ -278,6 +297,11 @@ def write_config_folder(folder: Path, shapes: dict, family: str, config: dict, a
     unet = create_unet_diffusers_config_from_ldm(config, {})
     vae = create_vae_diffusers_config_from_ldm(config, {})
     unet["sample_size"] = resolution // 2 ** (len(vae["block_out_channels"]) - 1)
+    # the weights say what the UNet takes: an inpainting model's 9 channels where a config from elsewhere (or the
+    # shipped one, without a sidecar) says 4
+    conv_in = shapes.get(UNET + "input_blocks.0.0.weight")
+    if conv_in is not None:
+        unet["in_channels"] = conv_in[1]
     vae["sample_size"] = resolution
     _write_json(folder / "unet" / "config.json", {"_class_name": "UNet2DConditionModel", **unet})
     _write_json(folder / "vae" / "config.json", {"_class_name": "AutoencoderKL", **vae})
@@ -322,20 +346,36 @@ def _missing_weights(pipe) -> list[str]:
 
 
 @contextlib.contextmanager
+def no_loading_bars():
+    """No progress bar while diffusers loads a pipeline's parts (and transformers its text encoders' shards): every
+    folder load printed diffusers' "Loading pipeline components" bar between a command's own lines. Each library's
+    setting is put back as it was."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    on = [lib for lib in (diffusers_logging, transformers_logging) if lib.is_progress_bar_enabled()]
+    for lib in on:
+        lib.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for lib in on:
+            lib.enable_progress_bar()
+
+
+@contextlib.contextmanager
 def _quiet_diffusers():
     """No progress bar or notes from diffusers' loader: its note on unused keys (the OpenCLIP block SD 2.x
     does not use) is expected, and the caller reports what matters in one line."""
     from diffusers.utils import logging as diffusers_logging
 
-    verbosity, bars_on = diffusers_logging.get_verbosity(), diffusers_logging.is_progress_bar_enabled()
+    verbosity = diffusers_logging.get_verbosity()
     diffusers_logging.set_verbosity_error()
-    diffusers_logging.disable_progress_bar()
     try:
-        yield
+        with no_loading_bars():
+            yield
     finally:
         diffusers_logging.set_verbosity(verbosity)
-        if bars_on:
-            diffusers_logging.enable_progress_bar()
 
 
 def load_single_file(path: Path) -> StableDiffusionPipeline:

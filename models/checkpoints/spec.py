@@ -46,14 +46,15 @@ def tokenizer_files(tokenizer) -> dict[str, str]:
 
 
 def make_spec(model, architecture: str, resolution: int, training: dict | None = None,
-              recommended: dict | None = None) -> dict:
+              recommended: dict | None = None, family: str | None = None) -> dict:
     """The spec of ``model``; ``training`` (`dwb train`'s data and schedule) is what a model card shows,
-    ``recommended`` the generation settings it is meant to be sampled at (``recommended``)."""
+    ``recommended`` the generation settings it is meant to be sampled at (``recommended``); ``family`` where the
+    architecture does not say it (a model fine-tuned from a checkpoint of that family)."""
     from ..families import family_or_ours
     from .architectures import ARCHITECTURES
 
     tokenizer_2 = getattr(model, "tokenizer_2", None)
-    family = ARCHITECTURES.get(architecture, {}).get("family")
+    family = family or ARCHITECTURES.get(architecture, {}).get("family")
     flow = getattr(model, "flow", None)
     second = getattr(model, "text_encoder_2", None)
     return {
@@ -69,6 +70,8 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
         **({"text_encoder_2": plain_data(second.config.to_dict())} if second is not None else {}),
         "tokenizer": tokenizer_files(model.tokenizer),
         **({"tokenizer_2": tokenizer_files(tokenizer_2)} if tokenizer_2 is not None else {}),
+        # the T5 tokens each caption was padded to (Flux.1's ``model.text_tokens``), which sampling reads again
+        **({"text_tokens": int(model.text_tokens)} if getattr(model, "text_tokens", None) else {}),
         **({"training": plain_data(training)} if training else {}),
         **({"recommended": plain_data(recommended)} if recommended else {}),
     }

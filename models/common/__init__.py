@@ -7,7 +7,8 @@
 - ``typed_config``: YAML and ``key=value`` read into dataclasses: types, value ranges, unknown keys;
 - ``serving``: the servers' deadline for a request to arrive and their cap on open connections;
 - ``s3``: an S3 URL's bucket and key, a client that names what it lacks, and the cache of downloads;
-- ``digits``: intervals and p-values printed so that rounding never contradicts the verdict beside them;
+- ``digits``: intervals and p-values printed so that rounding never contradicts the verdict beside them, and the
+  prompts or votes that would flip a verdict, in the same words on every surface;
 - ``escaping``: text from outside escaped for a spreadsheet cell;
 - ``arguments``: the command line's argparse types: numbers in a range, values a one-line parser reads;
 - ``ranks``: the processes of a launch on ``torch.distributed``: rank, world size, the group, every collective;
@@ -17,7 +18,7 @@ from .faces import face
 
 __getattr__, __all__ = face(__name__, {
     "diffusers_patches": "flux_single_file_widths",
-    "digits": "interval_decimals interval_text outward p_value_text round_up",
+    "digits": "flip_text interval_decimals interval_text outward p_value_text round_up",
     "escaping": "FORMULA_STARTS spreadsheet_cell",
     "arguments": "between from_parser number_from number_text part_of positive positive_number share size_list "
                  "switch_fraction",

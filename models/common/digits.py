@@ -65,3 +65,11 @@ def p_value_text(p: float, threshold: float = 0.05, floor: float = 0.0, bound: b
     if p < threshold <= float(text):
         return f"p < {threshold:g}"
     return f"p = {text}"
+
+
+def flip_text(count: int, exact: bool, unit: str) -> str:
+    """How many removed prompts or votes would flip a verdict, as every surface prints it beside the interval: "flips
+    without 3 prompts", "flips without at most 4 prompts" (``exact`` False: an upper bound from a greedy search),
+    "flips without 7 of its votes" (``unit`` "vote": the leading side's own votes)."""
+    noun = f"of its {unit}s" if unit == "vote" else f"{unit}{'' if count == 1 else 's'}"  # "1 of its votes"
+    return f"flips without {'' if exact else 'at most '}{count} {noun}"

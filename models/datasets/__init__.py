@@ -5,7 +5,7 @@ Streaming; evaluate reads reference sets from it; the shapes domain's scorer tra
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "mds": "ASPECT_COLUMNS BUCKET_FOLDER StreamConfig UNSAFE_ENCODINGS bucket_dirs bucket_folders buckets_of_index "
+    "mds": "ASPECT_COLUMNS BUCKET_FOLDER DREAMBOOTH_COLUMNS StreamConfig UNSAFE_ENCODINGS bucket_dirs bucket_folders buckets_of_index "
            "by_aspect check_safe_columns checked_index count_samples image_columns open_local open_streaming "
            "open_writer",
 })

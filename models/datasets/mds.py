@@ -2,7 +2,9 @@
 
 Columns: ``image`` (encoded PNG or JPEG), ``caption`` (str), ``meta`` (json: source attributes); a dataset
 converted into aspect-ratio buckets adds ``ASPECT_COLUMNS`` (int32): the source's size, the crop's top-left in
-the resized image (SDXL's crop conditioning) and the bucket's size.
+the resized image (SDXL's crop conditioning) and the bucket's size. A DreamBooth dataset (``dwb data dreambooth``)
+adds ``DREAMBOOTH_COLUMNS``: ``prior`` (uint8, 1 for a class image of prior preservation) and, where any image has
+a mask, ``mask`` (PNG, one channel: each pixel's weight in the loss, 255 full, 0 none).
 A dataset folder holds one subfolder per resolution bucket, named by its side in pixels
 (``OUT/256``, ``OUT/512``); the shapes domain adds a held-out split under ``OUT/eval/<side>``. A budget
 folder of aspect-ratio buckets holds one dataset per bucket, ``OUT/<side>/<WxH>/``, and an index over all of
@@ -36,14 +38,20 @@ class StreamConfig:
 ASPECT_COLUMNS = ("original_width", "original_height", "crop_top", "crop_left", "bucket_width", "bucket_height")
 
 
-def image_columns(image_format: str, aspect: bool = False) -> dict[str, str]:
+DREAMBOOTH_COLUMNS = {"prior": "uint8", "mask": "png"}
+
+
+def image_columns(image_format: str, aspect: bool = False, extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """The columns of a dataset; ``extra``: names of ``DREAMBOOTH_COLUMNS`` it also holds."""
     if image_format not in ("png", "jpeg"):
         raise WorkbenchError(f"image format must be png or jpeg, got {image_format!r}")
     return {"image": image_format, "caption": "str", "meta": "json",
-            **({name: "int32" for name in ASPECT_COLUMNS} if aspect else {})}
+            **({name: "int32" for name in ASPECT_COLUMNS} if aspect else {}),
+            **{name: DREAMBOOTH_COLUMNS[name] for name in extra}}
 
 
-def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "64mb", aspect: bool = False):
+def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "64mb", aspect: bool = False,
+                extra: tuple[str, ...] = ()):
     """An MDSWriter for one bucket folder; refuses to mix into an existing dataset."""
     from streaming import MDSWriter  # Streaming imports transformers' auto classes (seconds); counting needs none
 
@@ -51,7 +59,8 @@ def open_writer(out: str | Path, image_format: str = "png", size_limit: str = "6
     if (out / "index.json").exists():
         raise WorkbenchError(f"{out} already holds an MDS dataset; choose an empty folder")
     out.mkdir(parents=True, exist_ok=True)
-    return MDSWriter(out=str(out), columns=image_columns(image_format, aspect), size_limit=size_limit, compression=None)
+    return MDSWriter(out=str(out), columns=image_columns(image_format, aspect, extra), size_limit=size_limit,
+                     compression=None)
 
 
 def bucket_dirs(root: str | Path) -> dict[int, Path]:

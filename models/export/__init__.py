@@ -4,7 +4,8 @@ export command's format choice. It stands on the checkpoint door."""
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "export": "config_folder export_checkpoint export_format export_single_file",
+    "adapter_export": "adapter_of export_adapter",
+    "export": "config_folder export_checkpoint export_format export_single_file single_file_readers",
     "model_card": "model_card_text",
     "original_layout": "original_config original_entries",
 })

@@ -31,7 +31,8 @@ import yaml
 from ..common import disk_full_error, is_disk_full
 from ..errors import WorkbenchError
 from ..families import family_named
-from ..checkpoints import Checkpoint, SPEC_KEY, find_checkpoint, recommended_settings, write_recommended
+from ..checkpoints import (RECOMMENDED_KEY, SPEC_KEY, Checkpoint, describe, find_checkpoint, recommended_settings,
+                           write_recommended)
 from .original_layout import Entry, original_config, original_entries
 
 FORMATS = ("diffusers", "single-file")
@@ -63,7 +64,7 @@ def spec_and_weights(ckpt: Checkpoint, ema: bool, settings: dict | None) -> tupl
 
         data = read_checkpoint(ckpt.path, settings)
         return data["spec"], model_weights(data, ema=ema)
-    from ..checkpoints import describe, load_pipeline
+    from ..checkpoints import load_pipeline
     from ..checkpoints import make_spec
 
     info = describe(ckpt)
@@ -125,7 +126,8 @@ def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bo
     outputs = [out, out.with_suffix(".yaml"), config_folder(out)]
     refuse_taken(outputs)  # NAME.yaml too for every family: AUTOMATIC1111 would read the file with it
     ckpt = ref if isinstance(ref, Checkpoint) else find_checkpoint(ref)
-    carried = {**recommended_settings(ckpt), **(recommended or {})}
+    refuse_refiner_file(ckpt)
+    carried = exported_settings(ckpt, recommended)
     family = family_of_checkpoint(ckpt)
     if family is not None and not family.original_sd_layout:
         return export_family_file(ckpt, family, out, ema=ema, half=half, settings=settings, recommended=carried)
@@ -133,13 +135,65 @@ def export_single_file(ref: str | Path | Checkpoint, out: str | Path, *, ema: bo
     spec = {**{k: v for k, v in spec.items() if k != "recommended"}, **({"recommended": carried} if carried else {})}
     entries = original_entries(weights, spec)
     metadata = {"format": "pt", SPEC_KEY: json.dumps(spec), "dwb.source": ckpt.label,
-                "dwb.weights": "ema" if ema else "raw", "dwb.dtype": "float16" if half else "float32"}
+                "dwb.weights": exported_weights(ckpt, ema), "dwb.dtype": "float16" if half else "float32"}
     out.parent.mkdir(parents=True, exist_ok=True)
     with all_or_nothing(outputs) as (weights_file, yaml_file, folder):
         write_safetensors(weights_file, entries, half, metadata)
         yaml_file.write_text(yaml.safe_dump(original_config(spec), sort_keys=False))
         write_spec_folder(folder, spec, inference_scheduler(spec["prediction_type"]))
     return out
+
+
+def exported_settings(ckpt: Checkpoint, recommended: dict | None) -> dict:
+    """The generation settings an export carries, checked before anything is written: the size the checkpoint was
+    trained at (where it records one a command draws at: a tiny Flux.1-style model's 32 px, which its family's
+    pipeline would otherwise draw at 512), the checkpoint's own recommended settings over it, ``recommended``
+    (`--settings`) over both."""
+    from ..generation import side_problem
+
+    trained = describe(ckpt).resolution
+    size = {"size": trained} if trained is not None and side_problem(trained) is None else {}
+    return {**size, **recommended_settings(ckpt), **(recommended or {})}
+
+
+def refuse_refiner_file(ckpt: Checkpoint) -> None:
+    """A refiner's single file is not written (nor opened) yet: one line naming the folder export that is."""
+    from ..checkpoints import is_refiner
+
+    if is_refiner(ckpt):
+        raise WorkbenchError(f"{ckpt.label} is a refiner, whose single file is not written yet: export it as a "
+                             "diffusers folder (dwb export REFINER FOLDER), which --refiner and the app open")
+
+
+def exported_weights(ckpt: Checkpoint, ema: bool) -> str:
+    """Which weights an export holds, as the images' records say it: "ema" or "raw" of a Composer checkpoint,
+    "stored" (the one set) of the kinds that hold one (``models.generation.weights_to_use``)."""
+    from ..generation import weights_to_use
+
+    return weights_to_use("ema" if ema else "raw", describe(ckpt).has_ema)
+
+
+def single_file_readers(out: Path) -> str:
+    """Which tools load a single file `dwb export` wrote, and diffusers' call for it, as the command says them: a file
+    of the denoiser alone (Flux.1's, as Black Forest Labs publish it) goes to ComfyUI's and Forge's diffusion-model
+    loaders and to the denoiser class's ``from_single_file`` (AUTOMATIC1111 and the pipeline's ``from_single_file``
+    read no such file; diffusers 0.39 splits Flux.1's fused weights at the published width, which `dwb` reads from
+    the file: ``models.common.diffusers_patches``); any other to AUTOMATIC1111, ComfyUI, Forge and the pipeline's
+    ``from_single_file``."""
+    from ..readers import read_safetensors_head
+
+    out, config = Path(out), config_folder(Path(out))
+    name = read_safetensors_head(out, what=f"cannot read {out}").metadata.get("dwb.family")
+    family = family_named(name) if name else None
+    beside = f", config='{config}'" if config.exists() else ""
+    if family is not None and family.single_file.in_file == (family.denoiser,):
+        denoiser = family.variants[0].parts[family.denoiser].cls
+        return (f"the {family.denoiser} alone: ComfyUI's and Forge's diffusion-model loaders, with its other parts "
+                f"from {config.name}/; diffusers' {family.pipeline}.from_pretrained('{config}', {family.denoiser}="
+                f"{denoiser}.from_single_file('{out}'{beside}, subfolder='{family.denoiser}')) at {family.label}'s "
+                f"published width, dwb sample {out} at any)")
+    pipeline = family.pipeline if family is not None else "StableDiffusionPipeline"
+    return f"AUTOMATIC1111, ComfyUI, Forge; diffusers' {pipeline}.from_single_file('{out}'{beside})"
 
 
 def family_of_checkpoint(ckpt: Checkpoint):
@@ -150,8 +204,6 @@ def family_of_checkpoint(ckpt: Checkpoint):
 
         name = read_summary(ckpt.path)["spec"].get("family")
     else:
-        from ..checkpoints import describe
-
         name = describe(ckpt).family
     return family_named(name) if name else None
 
@@ -167,8 +219,8 @@ def export_family_file(ckpt: Checkpoint, family, out: Path, *, ema: bool, half: 
     pipe = load_pipeline(ckpt, ema=ema, settings=settings)
     entries = family_entries(pipe, family)
     metadata = {"format": "pt", "dwb.source": ckpt.label, "dwb.family": family.name,
-                "dwb.weights": "ema" if ema else "raw", "dwb.dtype": "float16" if half else "float32",
-                **({"dwb.recommended": json.dumps(recommended, sort_keys=True)} if recommended else {})}
+                "dwb.weights": exported_weights(ckpt, ema), "dwb.dtype": "float16" if half else "float32",
+                **({RECOMMENDED_KEY: json.dumps(recommended, sort_keys=True)} if recommended else {})}
     outputs = [out, config_folder(out)] if needs_config_folder(pipe, family) else [out]
     out.parent.mkdir(parents=True, exist_ok=True)
     with all_or_nothing(outputs) as written:
@@ -222,11 +274,11 @@ def card_spec(ckpt: Checkpoint, settings: dict | None) -> tuple[dict, dict | Non
 
         data = read_checkpoint(ckpt.path, settings)
         return data["spec"], data["timestamp"]
-    from ..checkpoints import describe
+    from ..checkpoints import is_refiner
 
     info = describe(ckpt)
     return {"architecture": info.architecture or ckpt.kind, "prediction_type": info.prediction_type,
-            "resolution": info.resolution, "vae": {}}, None
+            "resolution": info.resolution, "vae": {}, "refiner": is_refiner(ckpt)}, None
 
 
 def export_checkpoint(ref: str | Path, out: str | Path, *, fmt: str | None = None, ema: bool = False,
@@ -246,11 +298,11 @@ def export_checkpoint(ref: str | Path, out: str | Path, *, fmt: str | None = Non
         if results or studies:
             raise WorkbenchError("--results and --study go into a folder export's model card; a single file has none")
         return export_single_file(ckpt, out, ema=ema, half=half, settings=settings, recommended=recommended), fmt
-    carried = {**recommended_settings(ckpt), **(recommended or {})}  # checked before the export is written
+    carried = exported_settings(ckpt, recommended)  # checked before the export is written
     spec, timestamp = card_spec(ckpt, settings)
-    readme = model_card_text(spec, label=ckpt.label, checkpoint_hash=content_hash(ckpt),
-                             weights="EMA" if ema else "raw", timestamp=timestamp, results=list(results),
-                             studies=list(studies))
+    weights = {"ema": "EMA", "raw": "raw", "stored": "stored"}[exported_weights(ckpt, ema)]
+    readme = model_card_text(spec, label=ckpt.label, checkpoint_hash=content_hash(ckpt), weights=weights,
+                             timestamp=timestamp, results=list(results), studies=list(studies))
     folder = export_pipeline(ckpt, out, ema=ema, half=half, settings=settings, readme=readme)
     write_recommended(folder, carried)
     return folder, fmt

@@ -43,8 +43,9 @@ def shown(value) -> str:
 
 
 def _front_matter(spec: dict) -> dict:
-    data = {"library_name": "diffusers", "pipeline_tag": "text-to-image", "license": "other",
-            "tags": ["stable-diffusion", "text-to-image", "diffusion-workbench"]}
+    task = "image-to-image" if spec.get("refiner") is True else "text-to-image"
+    data = {"library_name": "diffusers", "pipeline_tag": task, "license": "other",
+            "tags": ["stable-diffusion", task, "diffusion-workbench"]}
     base = ARCHITECTURES.get(str(spec.get("architecture")), {}).get("hub_id")
     if base:
         data["base_model"] = base
@@ -166,13 +167,13 @@ def _win_rate_rows(wins: list[dict]) -> list[str]:
 
 
 def _absent_and_call(spec: dict) -> tuple[list[str], dict]:
-    """The parts a model trained here leaves empty in its family's pipeline (the T5 slots: it conditions on CLIP
-    states alone), and what its pipeline is called with beyond prompts (``Family.call_options``)."""
+    """The parts a model trained here leaves empty in its family's pipeline (those its family's assembly may lack,
+    where the spec holds none: our MMDiT's T5; a Flux.1-style model's T5 is there), and what its pipeline is called
+    with beyond prompts (``Family.call_options``)."""
     from ..families import family_or_ours
 
     family = family_or_ours(spec.get("family") if isinstance(spec.get("family"), str) else None)
-    variant = family.variants[0]
-    absent = [name for name in family.text_encoders if not variant.parts[name].cls.startswith("CLIPText")]
+    absent = [name for name in family.assembly.absent if name not in spec]
     absent += [name.replace("text_encoder", "tokenizer") for name in absent]
     denoiser = spec.get(family.denoiser) if isinstance(spec.get(family.denoiser), dict) else {}
     return absent, family.call_options(denoiser, all_text_encoders=not absent)
@@ -193,6 +194,13 @@ def _call_lines(spec: dict) -> list[str]:
             f'image = pipe("a red circle", {args}).images[0]']
 
 
+def _what(spec: dict) -> str:
+    if spec.get("refiner") is True:
+        return ("A refiner (a second stage: it finishes a base model's latents and draws nothing from text alone; "
+                "`dwb sample BASE OUT --refiner FOLDER`)")
+    return "A text-to-image latent diffusion model"
+
+
 def model_card_text(spec: dict, *, label: str, checkpoint_hash: str, weights: str, timestamp=None,
                results: list[Path] = (), studies: list[Path] = ()) -> str:
     """The card's text: YAML header, description, training, and the scores found for ``checkpoint_hash``."""
@@ -200,7 +208,7 @@ def model_card_text(spec: dict, *, label: str, checkpoint_hash: str, weights: st
     wins = [w for folder in studies for w in read_win_rates(folder, checkpoint_hash)]
     vae = spec.get("vae") if isinstance(spec.get("vae"), dict) else {}
     lines = [f"---\n{front_matter_text(_front_matter(spec))}---", "", f"# {shown(label)}", "",
-             f"A text-to-image latent diffusion model exported by diffusion-workbench (`dwb export`) from checkpoint "
+             f"{_what(spec)} exported by diffusion-workbench (`dwb export`) from checkpoint "
              f"{shown(label)} (content hash `{shown(checkpoint_hash)}`, {shown(weights)} weights).", "",
              "```python", "from diffusers import DiffusionPipeline",  # the folder's own pipeline class, any family
              f'pipe = {loading_code(spec, "path/to/this/folder")}', *_call_lines(spec), "```", "",

@@ -7,7 +7,6 @@ Light to import (no torch): command lines list the families and their samplers i
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ..common import shown
@@ -130,9 +129,19 @@ class Family:
     second_tokenizer: str = "CLIPTokenizer"  # the transformers class of its second tower's own tokenizer (Flux.1: T5's)
     pick_variant: object = field(repr=False, default=None)  # denoiser config -> variant name
     refiner_pipeline: str | None = None  # the diffusers pipeline a refiner variant finishes a base's latents with
+    # the diffusers pipelines that draw from an init image (image to image) and from one and a mask (inpainting),
+    # built from the text-to-image pipeline's modules (``models.generation``); None: the family has none
+    img2img_pipeline: str | None = None
+    inpaint_pipeline: str | None = None
+    # whether its pipelines condition on an earlier layer of its CLIP towers when asked (``clip_skip``: SD 1/2, SDXL,
+    # SD3); Flux.1's take CLIP's pooled output alone, which no layer choice changes
+    takes_clip_skip: bool = True
     # (denoiser config, whether every text encoder is there) -> what its pipeline is called with beyond prompts and
     # guidance (an MMDiT trained on its CLIP states alone takes no T5 tokens); None: nothing
     text_options: object = field(repr=False, default=None)
+    # the pipeline call's argument for how many tokens its second tokenizer's tower reads (FluxPipeline's T5:
+    # ``max_sequence_length``), set from that tokenizer's ``model_max_length``; None: the family's pipeline has none
+    text_length_option: str | None = None
 
     @property
     def original_sd_layout(self) -> bool:
@@ -157,15 +166,6 @@ class Family:
         parts = self.variants[0].parts
         vae_scale = 2 ** (len(parts["vae"].config["block_out_channels"]) - 1)
         return vae_scale * max(parts[self.denoiser].config.get("patch_size") or 1, self.latent_packing)
-
-    def sides(self, resolution: int | None) -> tuple[int, int, int]:
-        """(smallest, largest, step) of an image side for a model of the family trained at ``resolution`` px: the
-        family's size range scaled by ``resolution`` / its native size (a tiny model's range shrinks with it), on
-        multiples of ``size_step``."""
-        step = self.size_step()
-        scale = (resolution or self.native_size) / self.native_size
-        smallest = max(step, math.ceil(self.size_range[0] * scale / step) * step)
-        return smallest, max(smallest, math.floor(self.size_range[1] * scale / step) * step), step
 
     def largest_side(self) -> int:
         """The largest native side a checkpoint of the family may record: SIZE_FACTOR times its native size, as far
@@ -201,6 +201,24 @@ class Family:
         """What a pipeline call of this denoiser takes beyond prompts and guidance (``{}`` for most), given whether
         the pipeline holds every one of the family's text encoders."""
         return dict(self.text_options(denoiser_config, all_text_encoders)) if self.text_options else {}
+
+    def text_length(self, pipe) -> dict:
+        """The second tower's token count a call of ``pipe`` takes (``text_length_option``): what its ``tokenizer_2``
+        says (``model_max_length``: 512 for FLUX.1's T5 tokenizer; a checkpoint trained here, the ``text_tokens`` it
+        trained with, ``models.checkpoints.with_max_length``); ``{}`` for a family without one, and where the
+        tokenizer says none (transformers' stand-in for "unset", 10^30): the pipeline's own default."""
+        from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
+
+        tokens = getattr(getattr(pipe, "tokenizer_2", None), "model_max_length", None)
+        if self.text_length_option is None or not isinstance(tokens, int) or tokens >= VERY_LARGE_INTEGER:
+            return {}
+        return {self.text_length_option: tokens}
+
+    def takes_mask(self, denoiser_config: dict) -> bool:
+        """Whether the denoiser is an inpainting model: its input is its latents, the masked image's latents and the
+        mask side by side (SD's and SDXL's inpainting UNets: 9 channels for 4), so it draws only with a mask."""
+        out = denoiser_config.get("out_channels") or self.latent_channels
+        return denoiser_config.get("in_channels") == 2 * out + 1
 
     def has_all_text_encoders(self, pipe) -> bool:
         return all(getattr(pipe, name, None) is not None for name in self.text_encoders)

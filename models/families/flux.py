@@ -40,14 +40,15 @@ FLUX = Family(
     name="flux", label="Flux.1", pipeline="FluxPipeline", denoiser="transformer",
     text_encoders=("text_encoder", "text_encoder_2"), schedule="flow", samplers=FLUX_SAMPLERS,
     native_size=1024, size_range=(256, 2048), latent_channels=16, latent_packing=2,
-    second_tokenizer="T5TokenizerFast",
+    second_tokenizer="T5TokenizerFast", text_length_option="max_sequence_length",
     folder_classes=frozenset({"FluxPipeline"}), single_file_marks=("double_blocks.",),
     single_file_text_marks=("text_encoders.",), assembly=FLUX_ASSEMBLY, single_file=FLUX_FILE,
     variants=(Variant("dev", _parts(True), published_parameters=12e9, published_parts=("transformer",),
                       guidance="distilled", guidance_scale=3.5, steps=28, hub_id="black-forest-labs/FLUX.1-dev"),
               Variant("schnell", _parts(False), published_parameters=12e9, published_parts=("transformer",),
                       guidance="none", guidance_scale=0.0, steps=4, hub_id="black-forest-labs/FLUX.1-schnell")),
-    pick_variant=lambda config: "dev" if config.get("guidance_embeds", True) else "schnell")
+    pick_variant=lambda config: "dev" if config.get("guidance_embeds", True) else "schnell",
+    img2img_pipeline="FluxImg2ImgPipeline", inpaint_pipeline="FluxInpaintPipeline", takes_clip_skip=False)
 
 
 # What a Flux.1-style transformer trained here reads, in the layout FluxPipeline gives it (its ``_pack_latents`` and

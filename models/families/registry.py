@@ -32,7 +32,7 @@ def family_or_ours(name: str | None) -> Family:
 
 
 def _by_pipeline_class(cls: str, unet_cross_attention: int | None, where: str) -> Family:
-    if cls == "StableDiffusionPipeline":
+    if cls in SD2.folder_classes:  # SD 1.x's and 2.x's pipelines (text to image, inpainting) are one class each
         return SD1 if unet_cross_attention == SD1_CROSS_ATTENTION else SD2
     for family in FAMILIES:
         if cls in family.folder_classes:
@@ -53,7 +53,7 @@ def family_of_folder(folder: Path, where: str) -> Family:
         index = load_outside(folder / "model_index.json", "model_index.json")
         cls = index.get("_class_name") if isinstance(index, dict) else None
         cross = None
-        if cls == "StableDiffusionPipeline" and (folder / "unet" / "config.json").is_file():
+        if cls in SD2.folder_classes and (folder / "unet" / "config.json").is_file():
             cross = load_outside(folder / "unet" / "config.json", "unet/config.json").get("cross_attention_dim")
     except (WorkbenchError, AttributeError) as e:
         raise CheckpointError(f"{where}: {e}") from None

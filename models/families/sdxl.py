@@ -59,8 +59,10 @@ SDXL = Family(
     name="sdxl", label="Stable Diffusion XL", pipeline="StableDiffusionXLPipeline", denoiser="unet",
     text_encoders=("text_encoder", "text_encoder_2"), schedule="diffusion", samplers=DIFFUSION_SAMPLERS,
     native_size=1024, size_range=(512, 2048), latent_channels=4,
-    # the refiner is saved as an image-to-image pipeline without the first text encoder
-    folder_classes=frozenset({"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"}),
+    # the refiner is saved as an image-to-image pipeline without the first text encoder, an inpainting model (its
+    # 9-channel UNet) as the inpainting pipeline
+    folder_classes=frozenset({"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline",
+                              "StableDiffusionXLInpaintPipeline"}),
     single_file_marks=("conditioner.embedders.",),
     single_file_text_marks=("conditioner.embedders.",), assembly=SDXL_ASSEMBLY, single_file=SDXL_FILE,
     variants=(Variant("base", {"unet": UNET, "text_encoder": clip_text(CLIP_L),
@@ -72,4 +74,5 @@ SDXL = Family(
                                   "vae": vae(4, 0.13025, sample_size=1024)},
                       published_parameters=2.3e9, published_parts=("unet",), published_tolerance=0.02,
                       hub_id="stabilityai/stable-diffusion-xl-refiner-1.0", refiner=True)),
-    pick_variant=variant_of_unet, refiner_pipeline="StableDiffusionXLImg2ImgPipeline")
+    pick_variant=variant_of_unet, refiner_pipeline="StableDiffusionXLImg2ImgPipeline",
+    img2img_pipeline="StableDiffusionXLImg2ImgPipeline", inpaint_pipeline="StableDiffusionXLInpaintPipeline")

@@ -35,9 +35,12 @@ def unet(cross_attention_dim: int, attention_head_dim, linear: bool, sample_size
 def _sd_family(name: str, label: str, variant: Variant, marks: tuple[str, ...], size: int) -> Family:
     return Family(name=name, label=label, pipeline="StableDiffusionPipeline", denoiser="unet",
                   text_encoders=("text_encoder",), schedule="diffusion", samplers=DIFFUSION_SAMPLERS, native_size=size,
-                  size_range=(256, 1024), latent_channels=4, folder_classes=frozenset({"StableDiffusionPipeline"}),
+                  size_range=(256, 1024), latent_channels=4,
+                  # an inpainting model's folder (its 9-channel UNet) is saved as the inpainting pipeline
+                  folder_classes=frozenset({"StableDiffusionPipeline", "StableDiffusionInpaintPipeline"}),
                   single_file_marks=marks, single_file_text_marks=("cond_stage_model.",), variants=(variant,),
                   assembly=SD_ASSEMBLY, single_file=SingleFile(ORIGINAL_SD, ("unet", "vae", "text_encoder")),
+                  img2img_pipeline="StableDiffusionImg2ImgPipeline", inpaint_pipeline="StableDiffusionInpaintPipeline",
                   # no safety checker: the pipelines warn unless told it is not required
                   pipeline_options={"safety_checker": None, "requires_safety_checker": False})
 

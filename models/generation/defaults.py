@@ -205,25 +205,26 @@ def parse_aspect(text) -> tuple[float, float]:
     return float(width), float(height)
 
 
-def drawable_sides(family, resolution: int | None) -> tuple[int, int, int]:
-    """(smallest, largest, step) of a side a model of ``family`` trained at ``resolution`` px may be asked for: its
-    family's sides (``Family.sides``) within MIN_SIZE to MAX_SIZE, on the family's step (those limits, on its step,
-    where the two do not meet)."""
-    lo, hi, step = family.sides(resolution)
-    least, most = -(-MIN_SIZE // step) * step, MAX_SIZE // step * step
-    lo, hi = max(lo, least), min(hi, most)
-    return (lo, hi, step) if lo <= hi else (least, most, step)
+def drawable_sides(family, least: int = MIN_SIZE, most: int = MAX_SIZE) -> tuple[int, int, int]:
+    """(smallest, largest, step) of a side a model of ``family`` may be asked for: the sides from ``least`` to
+    ``most`` (`--size`'s limits, or the app's) on the family's step (``Family.size_step``). The one size rule of
+    `dwb sample`, the app's sliders and requests, and evaluate (``check_drawable``)."""
+    step = family.size_step()
+    return -(-least // step) * step, most // step * step, step
 
 
-def check_drawable(family, size: tuple[int, int], where: str, resolution: int | None = None,
-                   within_range: bool = True) -> None:
+def check_drawable(family, size: tuple[int, int], where: str, limits: tuple[int, int] | None = (MIN_SIZE, MAX_SIZE)
+                   ) -> None:
     """A one-line error unless every model of ``family`` draws ``size`` (width, height): both sides multiples of its
-    step (``Family.size_step``) and, ``within_range``, within ``drawable_sides`` at ``resolution``."""
-    lo, hi, step = drawable_sides(family, resolution)
+    step (``Family.size_step``: what cannot be drawn) and, where ``limits`` (least, most) are given, within them (what
+    the command lets one image cost). The family's published size range is no part of it: a model that only shares
+    the family's layout may be trained at any size (mosaicml/diffusion's SD 2 checkpoints at 32 px, the tiny
+    transformers at 16 and 32), and is drawn at the size it was trained at."""
     width, height = size
+    step = family.size_step()
     if width % step or height % step:
         raise WorkbenchError(f"{family.label} draws sides that are multiples of {step}; {where} is {width}x{height}")
-    if within_range and not (lo <= width <= hi and lo <= height <= hi):
-        trained = f" trained at {resolution} px" if resolution else ""
-        raise WorkbenchError(f"{family.label}{trained} draws sides from {lo} to {hi}; {where} is {width}x{height}, "
-                             "outside them")
+    if limits is not None:
+        lo, hi, _ = drawable_sides(family, *limits)
+        if not (lo <= width <= hi and lo <= height <= hi):
+            raise WorkbenchError(f"{where} is {width}x{height}: each side is drawn from {lo} to {hi} px")

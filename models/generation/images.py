@@ -21,7 +21,9 @@ import torch
 
 from ..errors import WorkbenchError
 from ..families import FAMILIES, family_of_pipeline
-from .defaults import DEFAULT_GUIDANCE, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_SIZE, DEFAULT_STEPS
+from .defaults import (DEFAULT_GUIDANCE, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_SIZE, DEFAULT_STEPS,
+                       check_drawable)
+from .modes import MAX_CLIP_SKIP, HiresFix, InitImage, upscale_latents, upscale_pixels
 from .samplers import make_sampler
 
 StepHook = Callable[[int, int], None]  # (steps done, steps in all) after each denoising step
@@ -57,6 +59,13 @@ class Settings:
     sampler: str | None = DEFAULT_SAMPLER  # a name in models.generation.SAMPLERS; None: DEFAULT_SAMPLER
     negative_prompt: str = ""
     refiner: Refiner | None = None  # a second stage that finishes the base's schedule; None: the base alone
+    init: InitImage | None = None  # image to image (with a mask: inpainting) from it; None: from noise (``modes``)
+    hires: HiresFix | None = None  # the text-to-image draw enlarged and redrawn (``modes``); None: drawn once
+    # A1111's "Clip skip": 1 conditions on the text towers' usual layer, 2 on the one before it (diffusers' clip_skip 1)
+    clip_skip: int = 1
+    # the adapters applied to the pipeline (``models.adapters.apply_adapters``), for the record: (name, AUTOMATIC1111's
+    # short hash, strength) each
+    loras: tuple[tuple[str, str, float], ...] = ()
 
 
 class Stopped(Exception):
@@ -84,7 +93,8 @@ def guidance_kind_of(pipe) -> str:
 @torch.no_grad()
 def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settings, *,
                     on_step: StepHook | None = None, should_stop: Callable[[], bool] | None = None) -> np.ndarray:
-    """(B, H, W, 3) uint8 images, image i from ``prompts[i]`` and ``seeds[i]``, in one pipeline call.
+    """(B, H, W, 3) uint8 images, image i from ``prompts[i]`` and ``seeds[i]``, in one pipeline call (two with a
+    refiner or a hires fix): from text, or from ``settings.init`` (image to image, inpainting; ``modes``).
 
     The pipeline is never modified: the call runs on a lightweight pipeline sharing its modules with a
     fresh scheduler, so concurrent calls with different samplers do not interfere.
@@ -96,16 +106,21 @@ def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settin
     denoiser_config = getattr(pipe, family.denoiser).config
     variant = family.variant_of(denoiser_config)
     conditioning = {**family.pipeline_arguments(variant, settings.guidance, settings.negative_prompt, len(prompts)),
-                    **family.call_options(denoiser_config, family.has_all_text_encoders(pipe))}
+                    **family.call_options(denoiser_config, family.has_all_text_encoders(pipe)),
+                    **family.text_length(pipe)}
     width, height = settings.width or native_size(pipe), settings.height or native_size(pipe)
-    multiple = family.size_multiple(pipe)
-    if width % multiple or height % multiple:
-        raise WorkbenchError(f"{family.label} draws sides that are multiples of {multiple}; {width}x{height} is not")
+    check_drawable(family, (width, height), "the size", limits=None)  # the one rule (the caller's limits held)
     if settings.refiner is not None:
         check_refiner(family, variant, settings.refiner)
-    run = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options)
+    check_modes(family, denoiser_config, settings)
     generators = [torch.Generator("cpu").manual_seed(int(s)) for s in seeds]
-    call = dict(num_inference_steps=settings.steps, **conditioning, generator=generators)
+    call = dict(num_inference_steps=settings.steps, **conditioning, **clip_skip_option(family, settings.clip_skip),
+                generator=generators)
+    if settings.init is not None or settings.hires is not None:
+        draw = _from_image if settings.init is not None else _hires_fix
+        images = draw(pipe, family, settings, list(prompts), (width, height), call, on_step, should_stop)
+        return (images * 255).round().astype(np.uint8)
+    run = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options)
     if settings.refiner is None:
         images = run(list(prompts), width=width, height=height, output_type="np",
                      callback_on_step_end=_step_end(on_step, should_stop), **call).images
@@ -121,15 +136,19 @@ def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settin
     return (images * 255).round().astype(np.uint8)
 
 
-def _sampling_copy(pipe, sampler: str, options: dict):
-    """A lightweight pipeline sharing ``pipe``'s modules and settings with a fresh scheduler of ``sampler``.
-    ``components`` holds the modules only: the settings its folder saved (the refiner's
-    ``requires_aesthetics_score``, without which its UNet is given six time ids for five) are copied from its
-    config."""
-    _, optional = pipe._get_signature_keys(pipe)
+def _sampling_copy(pipe, sampler: str, options: dict, cls_name: str | None = None):
+    """A lightweight pipeline sharing ``pipe``'s modules and settings with a fresh scheduler of ``sampler``: of
+    ``pipe``'s class, or of the diffusers pipeline ``cls_name`` (its family's image-to-image or inpainting one,
+    given the modules it takes, as diffusers' ``from_pipe`` builds one). ``components`` holds the modules only: the
+    settings its folder saved (the refiner's ``requires_aesthetics_score``, without which its UNet is given six time
+    ids for five) are copied from its config."""
+    import diffusers
+
+    cls = type(pipe) if cls_name is None else getattr(diffusers, cls_name)
+    expected, optional = cls._get_signature_keys(cls)
     saved = {k: v for k, v in pipe.config.items() if k in optional and isinstance(v, (bool, int, float, str))}
-    run = type(pipe)(**{**pipe.components, **saved, "scheduler": make_sampler(sampler, pipe.scheduler.config),
-                        **options})
+    modules = {k: v for k, v in pipe.components.items() if k in expected or k in optional}
+    run = cls(**{**modules, **saved, "scheduler": make_sampler(sampler, pipe.scheduler.config), **options})
     run.set_progress_bar_config(disable=True)
     return run
 
@@ -152,6 +171,93 @@ def _step_end(on_step: StepHook | None, should_stop: Callable[[], bool] | None, 
         return {}
 
     return step_end
+
+
+def check_modes(family, denoiser_config: dict, settings: Settings) -> None:
+    """A one-line error unless the family draws what ``settings`` start from (an init image, a mask, a hires fix)
+    with this denoiser: an inpainting model draws only with a mask, and a refiner or a hires fix follows a
+    text-to-image draw alone."""
+    init, hires = settings.init, settings.hires
+    if family.takes_mask(denoiser_config) and (init is None or init.mask is None):
+        raise WorkbenchError(f"this {family.label} model is an inpainting model (its denoiser takes a mask and the "
+                             "masked image beside its latents): it draws from an init image and a mask")
+    if settings.refiner is not None and (init is not None or hires is not None):
+        raise WorkbenchError("a refiner finishes a text-to-image draw: give it without an init image or a hires fix")
+    if init is not None and hires is not None:
+        raise WorkbenchError("a hires fix enlarges a text-to-image draw: give it without an init image")
+    wanted = ((init.mode, family.inpaint_pipeline if init.mask is not None else family.img2img_pipeline)
+              if init is not None else ("hires fix", family.img2img_pipeline) if hires is not None else ("", ""))
+    if wanted[1] is None:
+        raise WorkbenchError(f"{family.label} has no {wanted[0]} pipeline in diffusers")
+    redraw = (init.strength, settings.steps) if init is not None else \
+        (hires.strength, hires.steps_of(settings.steps)) if hires is not None else None
+    if redraw is not None and int(redraw[0] * redraw[1]) < 1:  # SD's pipelines crashed on an empty batch
+        raise WorkbenchError(f"denoising strength {redraw[0]:g} of {redraw[1]} steps redraws none of them: raise the "
+                             "steps or the strength")
+
+
+
+
+def clip_skip_option(family, clip_skip: int) -> dict:
+    """The pipeline call's ``clip_skip`` (layers skipped: A1111's Clip skip less one) where it is above 1; a one-line
+    error for a number outside 1 to MAX_CLIP_SKIP, or above 1 for a family whose pipelines take none."""
+    if isinstance(clip_skip, bool) or not isinstance(clip_skip, int) or not 1 <= clip_skip <= MAX_CLIP_SKIP:
+        raise WorkbenchError(f"clip skip must be a whole number from 1 to {MAX_CLIP_SKIP}, got {str(clip_skip)[:40]!r}")
+    if clip_skip == 1:
+        return {}
+    if not family.takes_clip_skip:
+        raise WorkbenchError(f"{family.label} takes no clip skip: its CLIP tower gives its pooled output alone")
+    return {"clip_skip": clip_skip - 1}
+
+
+def _sized(run, size: tuple[int, int]) -> dict:
+    """The (width, height) a pipeline's call takes where it takes them (SD's and SDXL's image-to-image draw at the
+    size of their image, which ``InitImage.fitted`` gave)."""
+    import inspect
+
+    takes = inspect.signature(run.__call__).parameters
+    return {"width": size[0], "height": size[1]} if "width" in takes else {}
+
+
+def _from_image(pipe, family, settings: Settings, prompts: list[str], size: tuple[int, int], call: dict,
+                on_step, should_stop) -> np.ndarray:
+    """Image to image, or inpainting with a mask: the family's own pipeline for it, called with the init image
+    (and mask, blurred by diffusers' mask processor) at the drawn size; (B, H, W, 3) floats in [0, 1]."""
+    init = settings.init
+    name = family.inpaint_pipeline if init.mask is not None else family.img2img_pipeline
+    run = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options, name)
+    image, mask = init.fitted(*size)
+    # one init image per prompt, so image i's VAE draw is from generator i alone (SD3's pipeline, given one image
+    # for two generators, encoded an empty slice for the second)
+    inputs = {"image": [image] * len(prompts), "strength": init.strength}
+    if mask is not None:
+        blurred = run.mask_processor.blur(mask, init.mask_blur) if init.mask_blur else mask
+        inputs["mask_image"] = [blurred] * len(prompts)
+    return run(prompts, **inputs, **_sized(run, size), output_type="np",
+               callback_on_step_end=_step_end(on_step, should_stop), **call).images
+
+
+def _hires_fix(pipe, family, settings: Settings, prompts: list[str], size: tuple[int, int], call: dict,
+               on_step, should_stop) -> np.ndarray:
+    """A1111's hires fix as diffusers' two calls: text to image at ``size`` (its latents, or its pixels), enlarged
+    by the upscaler, then image to image at the hires strength with the same generators; (B, H, W, 3) floats."""
+    from ..families import unpack_latents
+
+    hires, (width, height), done = settings.hires, size, [0]
+    run = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options)
+    first = run(prompts, width=width, height=height, output_type="latent" if hires.in_latents else "np",
+                callback_on_step_end=_step_end(on_step, should_stop, done), **call).images
+    target, scale = hires.target(width, height, family.size_multiple(pipe)), pipe.vae_scale_factor
+    if hires.in_latents:
+        if family.latent_packing > 1:  # Flux.1's latents come back packed into 2x2 patches
+            first = unpack_latents(first, height // scale, width // scale)
+        image = upscale_latents(first, (target[1] // scale, target[0] // scale), hires.upscaler)
+    else:
+        image = upscale_pixels(first, target, hires.upscaler)
+    refine = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options, family.img2img_pipeline)
+    second = {**call, "num_inference_steps": hires.steps_of(settings.steps)}
+    return refine(prompts, image=image, strength=hires.strength, **_sized(refine, target), output_type="np",
+                  callback_on_step_end=_step_end(on_step, should_stop, done), **second).images
 
 
 def check_refiner(family, base, refiner: Refiner) -> None:

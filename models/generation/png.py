@@ -44,15 +44,32 @@ class ImageRecord:
     refiner: str = field(default="")
     refiner_hash: str = field(default="")
     refiner_switch: float = field(default=0.0)
+    # what the image was drawn from besides noise (``Settings.init``, ``Settings.hires``): "img2img" or "inpaint" (an
+    # init image, with a mask), "txt2img" with a hires fix, "" from text alone; the denoising strength of either,
+    # the mask's blur, and the hires fix's upscale, steps (0: the first draw's) and upscaler, as A1111 names them
+    mode: str = field(default="")
+    strength: float = field(default=0.0)
+    mask_blur: int = field(default=0)
+    hires_scale: float = field(default=0.0)
+    hires_steps: int = field(default=0)
+    hires_upscaler: str = field(default="")
+    # the LoRAs applied, as AUTOMATIC1111's Lora extension writes them ("NAME: HASH, NAME: HASH", its short hash),
+    # and their strengths ("NAME: 0.8, ..."), which A1111 keeps in the prompt's <lora:NAME:0.8> and ours in the record
+    lora_hashes: str = field(default="")
+    lora_strengths: str = field(default="")
+    clip_skip: int = field(default=1)  # A1111's "Clip skip" (``Settings.clip_skip``; 1: the towers' usual layer)
 
     @classmethod
     def of(cls, settings: Settings, prompt: str, seed: int, size: tuple[int, int], sampler: str, checkpoint: str,
            checkpoint_hash: str, weights: str, guidance_kind: str = "cfg") -> "ImageRecord":
         refiner = settings.refiner
+        if settings.hires is not None and settings.width and settings.height:
+            size = (settings.width, settings.height)  # A1111's Size: the first draw's, which Hires upscale enlarges
         stage = {} if refiner is None else dict(refiner=refiner.name, refiner_hash=refiner.hash,
                                                 refiner_switch=refiner.switch)
         return cls(prompt, settings.negative_prompt, sampler, settings.steps, float(settings.guidance), size[0],
-                   size[1], int(seed), checkpoint, checkpoint_hash, weights, guidance_kind=guidance_kind, **stage)
+                   size[1], int(seed), checkpoint, checkpoint_hash, weights, guidance_kind=guidance_kind, **stage,
+                   **_modes_of(settings), **_loras_of(settings), clip_skip=settings.clip_skip)
 
     def refiner_fields(self) -> list[tuple[str, str]]:
         """The refiner as A1111 and Forge write it: "Refiner: NAME [HASH], Refiner switch at: 0.8"; none without."""
@@ -60,6 +77,19 @@ class ImageRecord:
             return []
         return [("Refiner", _quote(f"{self.refiner} [{self.refiner_hash}]")),
                 ("Refiner switch at", f"{self.refiner_switch:g}")]
+
+    def mode_fields(self) -> list[tuple[str, str]]:
+        """What the image was drawn from, as A1111 writes it: "Denoising strength: 0.75" (image to image, and the
+        hires fix's), "Mask blur: 4" (inpainting), "Hires upscale: 2, Hires steps: 10, Hires upscaler: Latent" (hires
+        steps only where they are not the first draw's); none for an image from text alone."""
+        fields = [("Denoising strength", f"{self.strength:g}")] if self.mode else []
+        if self.mode == "inpaint":
+            fields.append(("Mask blur", str(self.mask_blur)))
+        if self.hires_upscaler:
+            fields += [("Hires upscale", f"{self.hires_scale:g}"),
+                       *([("Hires steps", str(self.hires_steps))] if self.hires_steps else []),
+                       ("Hires upscaler", _quote(self.hires_upscaler))]
+        return fields
 
     def guidance_fields(self) -> list[tuple[str, str]]:
         """The guidance as Forge writes it: "CFG scale" for classifier-free guidance; for a model that takes none,
@@ -81,7 +111,10 @@ class ImageRecord:
         settings = [("Steps", self.steps), ("Sampler", self.sampler), *self.guidance_fields(),
                     ("Seed", self.seed), ("Size", f"{self.width}x{self.height}"),
                     ("Model hash", self.checkpoint_hash), ("Model", _quote(self.checkpoint)),
-                    ("Weights", weights), *self.refiner_fields(), ("Version", self.software)]
+                    ("Weights", weights), *([("Clip skip", self.clip_skip)] if self.clip_skip > 1 else []),
+                    *self.mode_fields(), *self.refiner_fields(),
+                    *([("Lora hashes", _quote(self.lora_hashes))] if self.lora_hashes else []),
+                    ("Version", self.software)]
         lines.append(", ".join(f"{k}: {v}" for k, v in settings))
         return "\n".join(lines)
 
@@ -123,6 +156,37 @@ class ImageRecord:
 
 
 _RECORD_TYPES = {"str": str, "int": int, "float": (int, float)}  # ImageRecord's field annotations
+
+
+def _modes_of(settings: Settings) -> dict:
+    """The record's fields of what ``settings`` draw from besides noise (``ImageRecord.mode`` and after)."""
+    init, hires = settings.init, settings.hires
+    if init is not None:
+        return dict(mode=init.mode, strength=init.strength, mask_blur=init.mask_blur if init.mask is not None else 0)
+    if hires is not None:
+        return dict(mode="txt2img", strength=hires.strength, hires_scale=hires.scale, hires_steps=hires.steps,
+                    hires_upscaler=hires.upscaler)
+    return {}
+
+
+def _loras_of(settings: Settings) -> dict:
+    """The record's ``lora_hashes`` and ``lora_strengths`` of the adapters ``settings`` say were applied."""
+    loras = [(name.replace(":", "").replace(",", ""), short, strength) for name, short, strength in settings.loras]
+    if not loras:  # A1111 takes ":" and "," out of a name, which would split its list
+        return {}
+    return dict(lora_hashes=", ".join(f"{name}: {short}" for name, short, _ in loras),
+                lora_strengths=", ".join(f"{name}: {strength:g}" for name, _, strength in loras))
+
+
+def modes_of(parsed: dict) -> dict:
+    """What a ``parse_parameters`` dict (A1111's, Forge's or ours) says the image was drawn from: ``mode`` ("img2img",
+    "inpaint", "txt2img" with a hires fix, "" from text alone) and the text of ``strength``, ``mask_blur``,
+    ``hires_scale``, ``hires_steps`` and ``hires_upscaler`` where given (the caller reads them as numbers)."""
+    hires, inpaint = "Hires upscale" in parsed or "Hires upscaler" in parsed, "Mask blur" in parsed
+    mode = "txt2img" if hires else "inpaint" if inpaint else "img2img" if "Denoising strength" in parsed else ""
+    names = {"strength": "Denoising strength", "mask_blur": "Mask blur", "hires_scale": "Hires upscale",
+             "hires_steps": "Hires steps", "hires_upscaler": "Hires upscaler"}
+    return {"mode": mode, **{key: parsed[name] for key, name in names.items() if name in parsed}}
 
 
 # The line breaks a prompt may hold that CLIP's tokenizer reads as one space, like every run of whitespace

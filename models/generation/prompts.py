@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import WorkbenchError
-from .defaults import parse_aspect
+from .defaults import MAX_SEED, parse_aspect, parse_size
 
 PROMPT_HEADERS = ("prompt", "prompts", "text", "caption")
 PROMPT_SETS = {"drawbench": "drawbench.csv", "parti": "parti_prompts.tsv"}  # the sets shipped in prompt_sets/
@@ -78,6 +78,71 @@ def read_prompt_table(path: str | Path, limit: int | None = None, shown_as: str 
     if not prompts:
         raise WorkbenchError(f"prompt file {shown} holds a header but no prompts")
     return prompts[:limit] if limit else prompts
+
+
+# `dwb sample --prompts`' optional columns beside the prompt's: a row's own first seed, size and negative prompt
+SEED_HEADERS, SIZE_HEADERS, NEGATIVE_HEADERS = ("seed",), ("size",), ("negative_prompt", "negative prompt", "negative")
+TABLE_SUFFIXES = (".csv", ".tsv")
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One row of a `dwb sample --prompts` file: its prompt and, where the file gives them, its own first seed, size
+    (a side or (width, height), as `--size` takes it) and negative prompt; None where the command's apply."""
+
+    prompt: str
+    seed: int | None = None
+    size: int | tuple[int, int] | None = None
+    negative_prompt: str | None = None
+
+
+def read_sample_prompts(path: str | Path) -> list[PromptRow]:
+    """The rows of a `dwb sample --prompts` file: a CSV or TSV (by its suffix) with a prompt column as
+    ``read_prompt_table`` reads it and optional ``seed``, ``size`` and ``negative_prompt`` columns (an empty cell:
+    the command's value); any other file one prompt per line (blank lines and lines starting with # skipped). A
+    value that is not one is a one-line error naming the line."""
+    path = Path(path)
+    if path.suffix.lower() not in TABLE_SUFFIXES:
+        return _prompt_lines(path)
+    prompts = read_prompt_table(path)
+    table = _read_rows(path, str(path))
+    rows = [row for row in table[1:] if any(cell.strip() for cell in row)]  # the rows read_prompt_table keeps
+    header = [h.strip().lower() for h in table[0]]
+    columns = [next((i for i, h in enumerate(header) if h in names), None)
+               for names in (SEED_HEADERS, SIZE_HEADERS, NEGATIVE_HEADERS)]
+    found = []
+    for prompt, row in zip(prompts, rows):
+        seed, size, negative = (row[i].strip() if i is not None and len(row) > i else "" for i in columns)
+        where = f"{path}, prompt {prompt.index + 1} ({prompt.text[:40]!r})"
+        found.append(PromptRow(prompt.text, _seed_of(seed, where) if seed else None,
+                               _size_of(size, where) if size else None, negative or None))
+    return found
+
+
+def _prompt_lines(path: Path) -> list[PromptRow]:
+    if not path.is_file():
+        raise WorkbenchError(f"prompt file not found: {path}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkbenchError(f"cannot read prompt file {path} ({type(e).__name__})") from None
+    rows = [PromptRow(line.strip()) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not rows:
+        raise WorkbenchError(f"prompt file {path} holds no prompt (one a line; lines starting with # are skipped)")
+    return rows
+
+
+def _seed_of(cell: str, where: str) -> int:
+    if not (cell.isascii() and cell.isdigit() and len(cell) <= len(str(MAX_SEED))) or int(cell) > MAX_SEED:
+        raise WorkbenchError(f"{where}: seed must be a whole number from 0 to {MAX_SEED}, got {cell[:40]!r}")
+    return int(cell)
+
+
+def _size_of(cell: str, where: str) -> int | tuple[int, int]:
+    try:
+        return parse_size(cell)
+    except WorkbenchError as e:
+        raise WorkbenchError(f"{where}: {e}") from None
 
 
 def _aspect_column(header: list[str], name: str | None, shown: str, raw: list[str]) -> int | None:

@@ -112,6 +112,19 @@ def test_generate_see_the_image_and_read_its_parameters(page, tree, pipe):
     assert 0 <= int(page.input_value("#seed input")) < 2**32
 
 
+def test_the_image_to_image_tab_draws_from_an_upload_and_records_its_strength(page, tmp_path):
+    pick(page, "#checkpoint", "tiny-phase1/ep0-ba4-rank0.pt")
+    page.fill("#prompt textarea", "a red circle")
+    set_number(page, "#steps input[type=number]", 4)
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(tmp_path / "init.png")
+    page.get_by_role("tab", name="Image to image").click()
+    page.set_input_files("#init-image input[type=file]", str(tmp_path / "init.png"))
+    page.locator("#init-image img").first.wait_for()
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#parameters textarea').value.includes('Denoising strength: 0.75')")
+    page.locator("#gallery img").first.wait_for()
+
+
 def test_bad_input_shows_a_message_and_the_app_keeps_working(page, tree):
     page.fill("#prompt textarea", "")
     page.click("#generate")

@@ -192,7 +192,9 @@ def test_uploads_are_capped_and_never_kept(net):
 def inputs(**kw) -> list:
     """/generate's inputs in order, as plain HTTP sends them."""
     args = dict(checkpoint=BA4, weights="ema", prompt="two blue squares", negative_prompt="", sampler="DDIM", steps=2,
-                guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1, parts="", refiner="", refiner_switch=0.8)
+                guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1, parts="", refiner="", refiner_switch=0.8,
+                mode="txt2img", init_image=None, editor=None, strength=0.75, mask_blur=4, hires_scale=1, hires_steps=0,
+                hires_upscaler="Latent", clip_skip=1)
     return list({**args, **kw}.values())
 
 

@@ -44,7 +44,8 @@ def handlers(tree, hashes, tmp_path_factory):
     (study / "report" / "results.json").write_text(json.dumps({
         "study": "s1", "model_info": {"m-a": {"checkpoint_hash": hashes[BA4]}, "m-b": {"checkpoint_hash": hashes[BA2]}},
         "comparisons": [{"question": "overall", "model_a": "m-a", "model_b": "m-b", "rate_a": 0.75, "decisive": 40,
-                         "wilson": [0.6, 0.86], "two_way": [0.55, 0.9], "clustered_wilson": [0.58, 0.87]},
+                         "wilson": [0.6, 0.86], "two_way": [0.55, 0.9], "clustered_wilson": [0.58, 0.87],
+                         "flip": {"count": 6, "votes": [], "exact": True}},
                         {"question": "style", "model_a": "m-a", "model_b": "m-b", "rate_a": 0.45, "decisive": 20,
                          "wilson": [0.26, 0.66], "two_way": [0.3, 0.6]}]}))
     yield Handlers(Service([tree.root], results=[folder / "old"], studies=[study]))
@@ -57,7 +58,7 @@ def test_checkpoint_note_shows_metrics_with_intervals_and_win_rates_joined_by_ha
     assert "FID 280 [262, 301]" in note and "CLIP score 21.5 [20.5, 22.5]" in note
     assert "FID 1 " not in note  # the failed row
     assert ("(overall, study s1): this checkpoint over `tiny-phase1/ep0-ba2-rank0.pt`, 75.0 [58.0, 87.0]% of 40 "
-            "decisive votes: this checkpoint is preferred") in note  # the clustered Wilson interval
+            "decisive votes: this checkpoint is preferred, flips without 6 of its votes") in note  # as the report
     assert ("(style, study s1): `tiny-phase1/ep0-ba2-rank0.pt` over this checkpoint, 55.0 [40.0, 70.0]% of 20 "
             "decisive votes (cannot tell yet: the interval holds 50%)") in note  # the preferred one first; two-way
     other = handlers.checkpoint_note(BA2)[0]

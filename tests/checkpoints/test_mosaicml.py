@@ -168,3 +168,20 @@ def test_a_weight_that_does_not_fit_is_named(tmp_path):
 def test_settings_flags_are_for_composer_checkpoints_only(sd2_folder):
     with pytest.raises(WorkbenchError, match="--prediction-type and --latent-scale are for Composer checkpoints"):
         load_pipeline(sd2_folder, settings={"prediction_type": "epsilon"})
+
+
+def test_dwb_sample_draws_it_at_the_32_px_it_was_trained_at_as_plain_diffusers(checkpoints, tmp_path, dwb):
+    """A regression a new user met: "Stable Diffusion 2.x trained at 128 px draws sides from 64 to 256; --size is
+    32x32, outside them", for files that drew plain diffusers' pixels the turn before: the family's published range
+    applied to a model that only shares its layout. The size rule refuses only a side off the family's step."""
+    from PIL import Image
+
+    out = tmp_path / "out.png"
+    r = dwb("sample", str(checkpoints["plain"]), str(out), "--prompt", PROMPT, "--size", "32", "--steps", "1",
+            "--guidance", "3", "--sampler", "DDIM", "--seed", "2", "--seeds", "1", "--weights", "raw", "--per-image")
+    assert r.returncode == 0, r.stderr
+    with Image.open(out.with_suffix("") / "00000-2.png") as png:
+        ours = np.asarray(png.convert("RGB"))
+    settings = Settings(steps=1, guidance=3.0, width=32, height=32, sampler="DDIM")
+    plain = generate_images(reference_pipeline(saved(checkpoints["plain"])["model"], "epsilon"), [PROMPT], [2], settings)
+    assert ours.shape == (32, 32, 3) and np.array_equal(ours, plain[0])

@@ -162,8 +162,8 @@ def _write(path, shapes: dict) -> pathlib.Path:
 @pytest.mark.parametrize("keys, words", [
     ({"conditioner.embedders.0.transformer.text_model.embeddings.token_embedding.weight": (8, 4),
       "model.diffusion_model.input_blocks.0.0.weight": (8, 4, 3, 3)}, "SDXL"),
-    ({"model.diffusion_model.input_blocks.0.0.weight": (8, 9, 3, 3), "first_stage_model.quant_conv.weight": (8, 8, 1, 1),
-      "cond_stage_model.model.token_embedding.weight": (8, 4)}, "9 input channels"),
+    ({"model.diffusion_model.input_blocks.0.0.weight": (8, 7, 3, 3), "first_stage_model.quant_conv.weight": (8, 8, 1, 1),
+      "cond_stage_model.model.token_embedding.weight": (8, 4)}, "7 input channels"),  # 4 and inpainting's 9 open
     ({"model.diffusion_model.input_blocks.0.0.weight": (8, 4, 3, 3), "first_stage_model.quant_conv.weight": (8, 8, 1, 1),
       "cond_stage_model.t5.shared.weight": (8, 4)}, "no OpenAI CLIP or OpenCLIP text tower"),
     ({"unet.conv_in.weight": (8, 4, 3, 3)}, "not a single-file Stable Diffusion checkpoint"),

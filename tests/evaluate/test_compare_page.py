@@ -17,6 +17,7 @@ import pytest
 
 from evaluate.layout import comparison_file, comparison_page
 from evaluate.run import EvalConfig, evaluate_checkpoints
+from evaluate.verdict import flip_shown
 
 from ..conftest import CHROMIUM, CHROMIUM_ARGS, needs_chromium
 
@@ -123,6 +124,8 @@ def test_the_page_shows_verdicts_then_pairs_by_difference_with_their_votes(compa
             sections[float(s.get_attribute("data-guidance"))] = {
                 "metrics": [(tr.get_attribute("data-metric"), tr.query_selector("td.sentence").text_content())
                             for tr in s.query_selector_all("table.verdict tr[data-metric]")],
+                "flips": [tr.query_selector("td.flip").text_content()
+                          for tr in s.query_selector_all("table.verdict tr[data-metric]")],
                 "pairs": [_pair_on_page(f, copy) for f in s.query_selector_all("figure.pair")]}
         prompts = [(e.text_content(), e.evaluate("e => e.children.length")) for e in page.query_selector_all("p.prompt")]
         pwned = page.evaluate("window.pwned")
@@ -134,6 +137,9 @@ def test_the_page_shows_verdicts_then_pairs_by_difference_with_their_votes(compa
         row_a, row_b = (compared.rows[str(c), guidance] for c in (compared.a, compared.b))
         comparison = json.loads(comparison_file(compared.out, row_a["model"], row_b["model"], guidance).read_text())
         assert shown["metrics"] == [(m["metric"], m["sentence"]) for m in comparison["metrics"]]
+        # the prompts that would flip each verdict, beside its interval: the JSON's count, as the printed line gives it
+        assert shown["flips"] == [flip_shown(m) for m in comparison["metrics"]]
+        assert all(f in m["sentence"] for f, m in zip(shown["flips"], comparison["metrics"]))
 
         lines = {side: {Path(r["samples"]) / m["path"]: m for m in _manifest(compared.out / r["samples"] / "manifest.jsonl")}
                  for side, r in (("a", row_a), ("b", row_b))}

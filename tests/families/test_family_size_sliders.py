@@ -1,6 +1,6 @@
 """The Generate tab's width and height sliders follow the chosen checkpoint's family: they step by what every model
-of the family draws its sides in multiples of (SD3's 2x2 patches and Flux.1's 2x2 packing: 16), over the family's
-range scaled to the model's trained size, within the app's limits; every side they offer is one the generation path
+of the family draws its sides in multiples of (SD3's 2x2 patches and Flux.1's 2x2 packing: 16), within the app's
+limits (the one size rule, ``models.generation.drawable_sides``); every side they offer is one the generation path
 accepts (``Family.size_multiple`` of the loaded pipeline)."""
 from __future__ import annotations
 
@@ -29,17 +29,17 @@ def test_choosing_a_checkpoint_sets_the_sliders_to_its_familys_sides(name, famil
     _, width, height = handlers.checkpoint_note(name)
     assert width == height
     resolution = handlers.service.info(name)[1].resolution
-    lo, hi, step = family_named(family).sides(resolution)
     limits = handlers.limits
-    assert (width["step"], width["minimum"], width["maximum"]) == (step, max(lo, limits.min_size),
-                                                                   min(hi, limits.max_size))
+    step = family_named(family).size_step()
+    assert (width["step"], width["minimum"], width["maximum"]) == (step, -(-limits.min_size // step) * step,
+                                                                   limits.max_size // step * step)
     assert width["value"] == resolution and width["minimum"] % step == 0 == width["maximum"] % step
     pipe = load_pipeline(find_checkpoint(str(family_folders[name])))
     assert step % family_named(family).size_multiple(pipe) == 0  # every side offered is one it draws
 
 
-def test_a_full_size_model_gets_its_familys_native_range_within_the_limits(handlers):
-    for family, expected in (("sdxl", (512, 1024, 8)), ("sd3", (512, 1024, 16)), ("flux", (256, 1024, 16))):
+def test_a_full_size_model_gets_the_app_limits_on_its_familys_step(handlers):
+    for family, expected in (("sdxl", (16, 1024, 8)), ("sd3", (16, 1024, 16)), ("flux", (16, 1024, 16))):
         info = CheckpointInfo("diffusers", 1024, None, family=family)
         slider = handlers.size_slider(info, None)
         assert (slider["minimum"], slider["maximum"], slider["step"]) == expected

@@ -5,7 +5,10 @@ way diffusion front-ends write them, so tests can check that none of it reaches 
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -117,3 +120,96 @@ def two_model_study(tmp_path_factory) -> Path:
     samples += read_manifest(write_samples(root / "beta", "beta", prompts, 2, seed=2))
     build_study(samples, root / "study", gold=2, repeats=2, seed=0, progress=False)
     return root / "study"
+
+
+TIE_PROMPTS = [("a red cube", "Colors"), ("a blue ball", "Colors"), ("the word cat", "Text"), ("the word dog", "Text")]
+
+
+@pytest.fixture(scope="module")
+def good_bad_study(tmp_path_factory) -> Path:
+    """Two models on 4 prompts in two categories, one 16 px image each, with the ties setting good_bad."""
+    from human_eval.samples import read_manifest
+    from human_eval.study import build_study
+
+    root = tmp_path_factory.mktemp("ties")
+    samples = read_manifest(write_samples(root / "alpha", "alpha", TIE_PROMPTS, 1, size=16, seed=1))
+    samples += read_manifest(write_samples(root / "beta", "beta", TIE_PROMPTS, 1, size=16, seed=2))
+    build_study(samples, root / "study", ties="good_bad", progress=False)
+    return root / "study"
+
+
+def cast_tie_votes(store, study) -> dict[tuple[str, str, str], tuple[str, str]]:
+    """Three raters answer every main pair of `study` through the store's own API, both good and both bad among the
+    answers, sides alternating; returns (rater, pair, question) -> (answer as displayed, the choice it means)."""
+    cast = {}
+    answers = ("good", "bad", "A", "bad", "B", "good", "bad")
+    for r in range(3):
+        rater = f"tie-rater-{r}"
+        store.add_rater(rater, label=f"=label{r}")
+        for i, pair in enumerate(p for p in study.pairs if p.kind == "main"):
+            swapped = (r + i) % 2 == 1
+            store.show(rater, pair.id, swapped)
+            for j, q in enumerate(study.question_ids):
+                answer = answers[(3 * r + 2 * i + j) % len(answers)]
+                assert store.vote(rater, pair.id, q, answer, 10)[0] == "recorded"
+                choice = answer if answer in ("good", "bad") else "ab"[(answer == "B") != swapped]
+                cast[(rater, pair.id, q)] = (answer, choice)
+    return cast
+
+
+def check_tie_round_trip(study, store, cast: dict, out: Path) -> dict:
+    """Votes read back from the store, its CSV and JSON exports and the report's files say what was cast; returns the
+    results."""
+    import csv
+    import io
+
+    from human_eval.analysis import analyze
+    from human_eval.report import votes_csv, votes_json, write_report
+
+    votes = store.all_votes()
+    assert {(v["rater_id"], v["pair_id"], v["question"]): (v["answer"], v["choice"]) for v in votes} == cast
+    for rows in (list(csv.DictReader(io.StringIO(votes_csv(study, votes)))), json.loads(votes_json(study, votes))):
+        assert {(r["rater"], r["pair"], r["question"]): (r["answer"], r["choice"]) for r in rows} == cast
+        for r in rows:  # a tie prefers no model; a decisive vote names the one on the chosen side
+            side = {"A": r["left_model"], "B": r["right_model"]}.get(r["answer"], "")
+            assert r["preferred_model"] == side
+    results = analyze(study, votes, n_boot=50)
+    paths = write_report(study, votes, results, out)
+    assert json.loads(paths["results.json"].read_text()) == results
+    for c in results["comparisons"]:
+        mine = [a for (_, _, q), a in cast.items() if q == c["question"]]
+        good, bad = (sum(choice == kind for _, choice in mine) for kind in ("good", "bad"))
+        assert (c["both_good"], c["both_bad"], c["ties"]) == (good, bad, good + bad)
+        assert c["decisive"] == len(mine) - good - bad  # win rates leave ties out
+    exported = list(csv.DictReader(io.StringIO(paths["both_bad.csv"].read_text())))
+    assert [(r["question"], r["model"], r["category"], int(r["both_bad"])) for r in exported] == [
+        (q, r["model"], r["category"], r["both_bad"]) for q, found in results["both_bad"].items() for r in found["models"]]
+    return results
+
+
+@contextlib.contextmanager
+def serving(folder: Path, store_url: str | None = None):
+    """The rating app under uvicorn in a thread of this process, its votes in ``store_url`` (default: the study's
+    votes.sqlite); yields its URL. A `serve` process took 15 s to start on a loaded 2-core machine, this under 1 s."""
+    import uvicorn
+
+    from human_eval.server import create_app
+    from human_eval.store import Store, database_url
+    from human_eval.study import load_study
+
+    study = load_study(folder)
+    store = Store(store_url or database_url(folder / "votes.sqlite"), study.id)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(study, store, "admin-secret-token"), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        store.close()

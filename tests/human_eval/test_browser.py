@@ -7,7 +7,7 @@ import pytest
 from human_eval.samples import read_manifest
 from human_eval.study import build_study, load_study
 
-from .conftest import Server, write_samples
+from .conftest import Server, serving, write_samples
 from ..conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, needs_chromium
 
 pytestmark = needs_chromium
@@ -24,7 +24,31 @@ def markup_study(tmp_path_factory) -> Path:
     return root / "study"
 
 
-def test_rater_rates_with_mouse_and_keyboard(markup_study):
+def rate_with_ties(browser, url: str, problems: list[str]) -> None:
+    """A study whose ties are good_bad: both good and both bad by mouse and keyboard, no "no preference"."""
+    page = browser.new_context().new_page()
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.goto(f"{url}/?rater=tina")
+    page.wait_for_selector("#rate:not([hidden])")
+    buttons = page.eval_on_selector_all(".question[data-question=quality] button",
+                                        "bs => bs.map(b => [b.dataset.answer, b.textContent])")
+    assert buttons == [["A", "Image A"], ["good", "Both good"], ["bad", "Both bad"], ["B", "Image B"]]
+    assert "both good" in page.inner_text("#keys") and "no preference" not in page.inner_text("#keys")
+    before = page.inner_text("#progress-text")
+    page.click(".question[data-question=quality] button[data-answer=good]")  # the mouse
+    page.wait_for_selector(".question.active[data-question=alignment]")
+    page.keyboard.press("n")  # no preference is not offered here: nothing is sent
+    page.keyboard.press("ArrowDown")  # this study's down arrow: both bad
+    page.wait_for_function("p => document.querySelector('#progress-text').textContent !== p", arg=before)
+    page.wait_for_selector(".question.active[data-question=quality]")
+    page.keyboard.press("ArrowUp")  # both good
+    page.wait_for_selector(".question.active[data-question=alignment]")
+    page.click(".question[data-question=alignment] button[data-answer=bad]")
+    page.wait_for_function("p => document.querySelector('#progress-text').textContent === 'Pair 3 of 4'")
+    assert page.is_hidden("#error")
+
+
+def test_rater_rates_with_mouse_and_keyboard(markup_study, good_bad_study):
     from playwright import sync_api
     study = load_study(markup_study)
     prompts = {p.text for p in study.prompts}
@@ -124,9 +148,15 @@ def test_rater_rates_with_mouse_and_keyboard(markup_study):
         link.goto(f"{server.url}/?rater={alice}&key={study.rater_key(alice)}")
         link.wait_for_selector("#done:not([hidden])")  # alice has rated every pair
         assert "key=" not in link.url  # the key leaves the address bar once used
+        with serving(good_bad_study) as url:
+            rate_with_ties(browser, url, problems)
         browser.close()
 
     assert not problems, problems
+    with sqlite3.connect(good_bad_study / "votes.sqlite") as conn:
+        ties = conn.execute("SELECT question, answer, choice FROM votes ORDER BY id").fetchall()
+    assert ties == [("quality", "good", "good"), ("alignment", "bad", "bad"), ("quality", "good", "good"),
+                    ("alignment", "bad", "bad")]
     assert len({pair for pair, *_ in done}) == 4
     with sqlite3.connect(markup_study / "votes.sqlite") as conn:
         rows = conn.execute("SELECT pair_id, question, answer, choice, client_ms FROM votes "

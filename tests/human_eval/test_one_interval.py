@@ -80,3 +80,8 @@ def test_the_admin_page_the_report_and_the_joined_page_agree_to_the_digit(voted,
         section = joined.split(f"<h2>{q}:")[1].split("<h2>")[0]
         model_row = re.search(rf"<tr><td>{re.escape(winner)}</td>.*?</tr>", section).group(0)
         assert f"<td>{share}%</td>" in model_row and f"<td>{p}</td>" in model_row
+        flips = re.search(rf"{q}\s+{re.escape(winner)} vs .*?: {re.escape(winner)} is preferred, (flips without \d+ of "
+                          rf"its votes);", report.stdout)
+        assert flips, report.stdout  # the votes that would flip it, beside the interval, the same on every surface
+        assert f"<td>{flips.group(1)}</td>" in row and f"<td>{flips.group(1)}</td>" in model_row
+        assert flips.group(1) in admin.split("<pre>")[1]  # the admin page's summary prints the report's line

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import Server, free_port, start_rater
+from .conftest import Server, cast_tie_votes, check_tie_round_trip, free_port, start_rater
 
 
 def _pg_bin() -> Path | None:
@@ -86,3 +86,30 @@ def test_two_instances_on_postgres_share_votes_and_report(two_model_study, postg
     r = run_dwb("human-eval", "report", str(two_model_study), "--db", postgres_url, "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "results.json").is_file() and (out / "preference.png").is_file()
+
+
+def another_database(url: str, name: str) -> str:
+    """A new database in the same cluster (a database holds one study's votes), as a SQLAlchemy URL."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    engine.dispose()
+    return url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.mark.slow  # with the test above: they share the cluster, whose start is most of the time
+def test_both_good_and_both_bad_round_trip_through_postgres(good_bad_study, postgres_url, tmp_path):
+    from human_eval.store import Store
+    from human_eval.study import load_study
+
+    study = load_study(good_bad_study)
+    url = another_database(postgres_url, "ties")
+    store = Store(url, study.id)
+    cast = cast_tie_votes(store, study)
+    store.close()
+    reopened = Store(url, study.id, create=False)
+    results = check_tie_round_trip(study, reopened, cast, tmp_path / "report")
+    assert results["ties"] == "good_bad" and results["both_bad"]["quality"]["prompts"]
+    reopened.close()

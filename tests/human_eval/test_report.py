@@ -138,6 +138,15 @@ def test_report_writes_results_exports_and_chart(rated_study, tmp_path):
         assert im.format == "PNG" and im.width > 800
         assert np.asarray(im.convert("L")).std() > 20  # a drawn chart, not a blank canvas
     assert "Bradley-Terry" in r.stdout and "gold checks" in r.stdout and "careless" in r.stdout
+    for rows in results["bradley_terry"].values():  # a score clear of 0 says how many votes would flip it, greedily
+        for row in rows:
+            clear = row["interval"][0] > 0 or row["interval"][1] < 0
+            assert (row["flip"] is not None) == clear
+            if clear:
+                assert not row["flip"]["exact"] and len(row["flip"]["votes"]) == row["flip"]["count"]
+                assert f"[{row['interval'][0]:+.2f}, {row['interval'][1]:+.2f}] (flips without at most " \
+                       f"{row['flip']['count']} of its votes)" in r.stdout
+    assert any(row["flip"] for rows in results["bradley_terry"].values() for row in rows)  # alpha's, at least
 
 
 def test_failing_raters_can_be_excluded(rated_study):

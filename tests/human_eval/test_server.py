@@ -194,7 +194,7 @@ def test_no_model_identifier_in_any_rater_facing_byte(two_model_study, tmp_path)
                                             "decoy", "repeat", "checkpoint", "scheduler", "sampler", "guidance", "manifest", "seed"}
     needles |= {info_["source"] for info_ in study.model_info.values()} | {img.source for img in study.images.values()}
     needles |= {img.file for img in study.images.values()} | {study.secret, str(study.folder)}
-    allowed_keys = {"done", "pair", "prompt", "images", "questions", "id", "text", "answered", "progress", "completed",
+    allowed_keys = {"done", "pair", "prompt", "images", "questions", "id", "text", "answers", "answered", "progress", "completed",
                     "total", "rater", "label", "key", "resumed", "recorded", "detail", "ok"}
     bodies: list[tuple[str, bytes]] = []
 

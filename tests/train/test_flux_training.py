@@ -122,6 +122,27 @@ def test_the_exported_folder_draws_our_image_in_plain_flux_pipeline(run, dwb, tm
     assert np.array_equal(ours, (image * 255).round().astype(np.uint8)) and ours.std() > 0
 
 
+def test_the_t5_tokens_travel_with_the_checkpoint_into_the_sampling_call(run):
+    """The run's ``model.text_tokens`` (512 here) is in its spec; the pipeline `dwb sample` opens says it in its
+    ``tokenizer_2`` (a copy of the tiny CLIP tokenizer, which keeps its own 20), and the generation path calls
+    FluxPipeline with as many T5 tokens as that says: told 24, FluxPipeline's image at 24 tokens, not at 512."""
+    from models.checkpoints import with_max_length
+
+    assert read_checkpoint(run)["spec"]["text_tokens"] == 512
+    pipe = load_pipeline(run)
+    assert pipe.tokenizer_2.model_max_length == 512 and pipe.tokenizer.model_max_length == 20
+    pipe.tokenizer_2 = with_max_length(pipe.tokenizer_2, 24)
+    ours = generate_images(pipe, PROMPTS[:1], [7], Settings(steps=2, guidance=0.0, width=32, height=32,
+                                                            sampler="Euler"))[0]
+
+    def direct(tokens: int) -> np.ndarray:
+        image = pipe(PROMPTS[0], num_inference_steps=2, width=32, height=32, max_sequence_length=tokens,
+                     generator=torch.Generator("cpu").manual_seed(7), output_type="np").images[0]
+        return (image * 255).round().astype(np.uint8)
+
+    assert np.array_equal(ours, direct(24)) and not np.array_equal(ours, direct(512))
+
+
 def test_a_block_is_an_fsdp_unit(model):
     units = [m for m in model.transformer.modules() if model.fsdp_wrap_fn(m)]
     assert len(units) == 4 and not model.fsdp_wrap_fn(model.transformer)

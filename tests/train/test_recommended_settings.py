@@ -60,10 +60,10 @@ def test_export_carries_the_settings_to_a_folder_and_a_single_file_plain_diffuse
     r = dwb("export", str(ckpt), str(folder), "--settings", "steps=3,sampler=Euler")
     assert r.returncode == 0, r.stderr
     assert json.loads((folder / "recommended_settings.json").read_text()) == {"guidance": 3.0, "steps": 3,
-                                                                              "sampler": "Euler"}
+                                                                              "sampler": "Euler", "size": 16}
     DiffusionPipeline.from_pretrained(folder, local_files_only=True)  # diffusers ignores the file
     r = sample(dwb, folder, tmp_path / "from-folder.png")
-    assert "guidance 3, 3 steps, Euler: the checkpoint's recommended settings" in r.stdout
+    assert "guidance 3, 3 steps, Euler, 16 px: the checkpoint's recommended settings" in r.stdout  # its trained size
     made = record(tmp_path / "from-folder.png")
     assert (made["guidance"], made["steps"], made["sampler"]) == (3.0, 3, "Euler")
 
@@ -72,7 +72,7 @@ def test_export_carries_the_settings_to_a_folder_and_a_single_file_plain_diffuse
     assert r.returncode == 0, r.stderr
     with safe_open(str(single), "pt") as f:
         spec = json.loads(f.metadata()["dwb.spec"])
-    assert spec["recommended"] == {"guidance": 2.5, "steps": 3, "sampler": "Euler"}
+    assert spec["recommended"] == {"guidance": 2.5, "steps": 3, "sampler": "Euler", "size": 16}
     StableDiffusionPipeline.from_single_file(str(single), config=str(tmp_path / "tiny.config"), local_files_only=True,
                                              safety_checker=None, requires_safety_checker=False)
     sample(dwb, single, tmp_path / "from-file.png")

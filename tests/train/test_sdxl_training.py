@@ -168,12 +168,6 @@ def test_the_single_file_export_reads_back_our_image(run, dwb, tmp_path):
     assert np.array_equal(ours, theirs) and ours.std() > 0
 
 
-def test_precomputed_latents_are_refused_in_one_line(shapes_data, components, tmp_path):
-    over = tiny_overrides(shapes_data, components, tmp_path, **{"data.precomputed": "true"})
-    with pytest.raises(WorkbenchError, match="config key 'data.precomputed': tiny-sdxl .* original size and crop"):
-        build_model(load_config(PHASE1, over))
-
-
 def test_the_full_size_unet_is_sdxls_and_the_plan_refuses_it_here(monkeypatch):
     """configs/sdxl-base-phase{1,2,3}.yaml build SDXL's published UNet (2.567B weights) offline on the meta device;
     `dwb train` on a CPU with 16 GiB to spare refuses it in one line before a weight is made (weights, gradients and

@@ -24,15 +24,17 @@ from models.datasets import (StreamConfig, bucket_folders, buckets_of_index, by_
 
 
 def square_crop(img: Image.Image, resolution: int, center_crop: bool = True,
-                rng: np.random.Generator | None = None) -> tuple[np.ndarray, float, tuple[int, int]]:
+                rng: np.random.Generator | None = None, mode: str = "RGB") -> tuple[np.ndarray, float, tuple[int, int]]:
     """PIL image -> ((R, R, 3) uint8, the scale it was resized by, the crop's (top, left) in the resized image):
-    shorter side resized to R, then a square crop."""
-    img = img.convert("RGB")
+    shorter side resized to R, then a square crop. ``mode`` "L": a mask, (R, R), resized by area (its pixels are
+    weights: bicubic's overshoot would make them other weights)."""
+    img = img.convert(mode)
     w, h = img.size
     scale = 1.0
     if min(w, h) != resolution:
         scale = resolution / min(w, h)
-        img = img.resize((max(resolution, round(w * scale)), max(resolution, round(h * scale))), Image.Resampling.BICUBIC)
+        resample = Image.Resampling.BICUBIC if mode == "RGB" else Image.Resampling.BOX
+        img = img.resize((max(resolution, round(w * scale)), max(resolution, round(h * scale))), resample)
         w, h = img.size
     if center_crop or rng is None:
         left, top = (w - resolution) // 2, (h - resolution) // 2
@@ -142,6 +144,22 @@ def stored_crop(sample: dict) -> tuple[int, int]:
     return int(sample.get("crop_top", 0)), int(sample.get("crop_left", 0))
 
 
+def square_and_crop(sample: dict, resolution: int, center_crop: bool = True,
+                    rng: np.random.Generator | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+    """A sample's square crop, and its top-left in the source as resized for it: a stored crop (an aspect-ratio
+    conversion's) scaled with the image, plus the crop made here."""
+    pixels, scale, (top, left) = square_crop(sample["image"], resolution, center_crop, rng)
+    stored_top, stored_left = stored_crop(sample)
+    return pixels, (round(stored_top * scale) + top, round(stored_left * scale) + left)
+
+
+def center_square(sample: dict, resolution: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+    """A sample's centre square crop, its source's (height, width) and the crop's (top, left): what an image batch
+    carries for SDXL's size and crop conditioning, and `dwb data precompute` stores beside the latents."""
+    pixels, crop = square_and_crop(sample, resolution)
+    return pixels, original_size(sample, sample["image"].size), crop
+
+
 class ImageCaptionDataset(NamedStreamingDataset):
     """An MDS image-caption dataset yielding ``{'image': (H, W, 3) uint8, 'caption': str, 'original_size',
     'crop_top_left'}``: a square crop at ``resolution``, or, for a stream whose entry in ``bucket_sizes`` is a
@@ -163,6 +181,11 @@ class ImageCaptionDataset(NamedStreamingDataset):
         image, crop = self.bucket_image(sample, index, bucket) if bucket else self.square(sample, index)
         out = {"image": image, "caption": sample["caption"], "caption_alt": other_phrasing(sample),
                "original_size": original_size(sample, sample["image"].size), "crop_top_left": crop}
+        if "mask" in sample:  # a DreamBooth dataset's: cropped as its image, by a generator of the same seed
+            out["mask"] = np.array(sample["mask"].convert("L"), dtype=np.uint8) if bucket else \
+                square_crop(sample["mask"], self.resolution, self.center_crop, self.crop_rng(index), "L")[0]
+        if "prior" in sample:
+            out["prior"] = bool(sample["prior"])
         if self.with_ids:
             out["sample_id"] = int(index)
         return out
@@ -170,10 +193,11 @@ class ImageCaptionDataset(NamedStreamingDataset):
     def square(self, sample: dict, index: int) -> tuple[np.ndarray, tuple[int, int]]:
         """The square crop, and its top-left in the source as resized for it: a stored crop (an aspect-ratio
         conversion's) scaled with the image, plus the crop made here."""
-        rng = None if self.center_crop else np.random.default_rng([self.shuffle_seed, index])
-        pixels, scale, (top, left) = square_crop(sample["image"], self.resolution, self.center_crop, rng)
-        stored_top, stored_left = stored_crop(sample)
-        return pixels, (round(stored_top * scale) + top, round(stored_left * scale) + left)
+        return square_and_crop(sample, self.resolution, self.center_crop, self.crop_rng(index))
+
+    def crop_rng(self, index: int) -> np.random.Generator | None:
+        """The generator of sample ``index``'s random crop (None: centre crops), the same at each call."""
+        return None if self.center_crop else np.random.default_rng([self.shuffle_seed, index])
 
     def bucket_image(self, sample: dict, index: int, bucket: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
         image = sample["image"]
@@ -186,7 +210,8 @@ class ImageCaptionDataset(NamedStreamingDataset):
 
 
 class LatentDataset(NamedStreamingDataset):
-    """A dataset from `dwb data precompute`: ``{'latent_mean', 'latent_std', 'text'}`` as stored (fp16 or fp32)."""
+    """A dataset from `dwb data precompute`: ``{'latent_mean', 'latent_std', 'text'}`` as stored (fp16 or fp32), the
+    pooled output and size conditioning where stored."""
 
     def __init__(self, *, with_ids: bool = False, captions: bool = False, **kwargs):
         super().__init__(**kwargs)
@@ -202,6 +227,12 @@ class LatentDataset(NamedStreamingDataset):
             out["text"] = sample["text"]
         if "text_alt" in sample and not self.captions:  # latents precomputed before phrasings were stored have none
             out["text_alt"] = sample["text_alt"]
+        for key in ("pooled", "pooled_alt") if not self.captions else ():  # where the family conditions on one
+            if key in sample:
+                out[key] = sample[key]
+        for key in ("original_size", "crop_top_left"):  # latents precomputed before sizes were stored have none
+            if key in sample:
+                out[key] = sample[key]
         if self.with_ids:
             out["sample_id"] = int(index)
         return out
@@ -211,6 +242,8 @@ def collate_latents(samples: list[dict], other_phrasings: bool = True) -> dict:
     """Stacks stored latents and text states; ``text_alt`` too where every sample has it and it is wanted."""
     with_alt = other_phrasings and all("text_alt" in s for s in samples)
     keys = ("latent_mean", "latent_std", "text") + (("text_alt",) if with_alt else ())
+    optional = ("pooled",) + (("pooled_alt",) if with_alt else ()) + ("original_size", "crop_top_left")
+    keys += tuple(k for k in optional if all(k in s for s in samples))  # where stored (latents of older runs: not)
     out = {k: torch.from_numpy(np.stack([s[k] for s in samples])) for k in keys}
     if "sample_id" in samples[0]:
         out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
@@ -252,12 +285,15 @@ class TokenizingCollate:
     ``other_phrasings``: also ``input_ids_alt``, each caption's other phrasing (training that never swaps
     phrasings skips tokenizing them). ``tokenizer_2``: the second text tower's own tokenizer (SDXL's, Flux.1's T5's),
     whose ids of the same texts come as ``input_ids_2`` (and ``input_ids_2_alt``), padded to ``max_length_2``.
+    ``prior_loss_weight``, ``masks``: a DreamBooth dataset's loss terms (``loss_terms``).
     """
 
-    def __init__(self, tokenizer, other_phrasings: bool = True, tokenizer_2=None, max_length_2: int | None = None):
+    def __init__(self, tokenizer, other_phrasings: bool = True, tokenizer_2=None, max_length_2: int | None = None,
+                 prior_loss_weight: float = 1.0, masks: bool = True):
         self.tokenizer = tokenizer
         self.other_phrasings = other_phrasings
         self.tokenizer_2, self.max_length_2 = tokenizer_2, max_length_2
+        self.prior_loss_weight, self.masks = prior_loss_weight, masks
 
     def __call__(self, samples: list[dict]) -> dict:
         captions = [s["caption"] for s in samples]
@@ -276,7 +312,22 @@ class TokenizingCollate:
             out.update({f"{key}_alt": table[[row[c] for c in alts]] for key, table in ids.items()})
         if "sample_id" in samples[0]:
             out["sample_id"] = torch.tensor([s["sample_id"] for s in samples])
-        return out
+        return {**out, **loss_terms(samples, self.prior_loss_weight, self.masks)}
+
+
+def loss_terms(samples: list[dict], prior_loss_weight: float, masks: bool) -> dict:
+    """A DreamBooth batch's terms of the loss (``LatentDiffusion.loss``), where its samples carry them (a mixture's
+    other datasets do not): ``loss_weight`` (B,) float32, ``prior_loss_weight`` for a class image and 1 for the
+    others; with ``masks``, ``mask`` (B, 1, H, W) uint8, each pixel's weight (255: full; a sample without one all
+    255)."""
+    out = {}
+    if any("prior" in s for s in samples):
+        out["loss_weight"] = torch.tensor([prior_loss_weight if s.get("prior") else 1.0 for s in samples],
+                                          dtype=torch.float32)
+    if masks and any("mask" in s for s in samples):
+        full = np.full(samples[0]["image"].shape[:2], 255, dtype=np.uint8)
+        out["mask"] = torch.from_numpy(np.stack([s.get("mask", full) for s in samples]))[:, None]
+    return out
 
 
 def fast_tokenizer(tokenizer):
@@ -589,6 +640,7 @@ def build_dataloader(data_cfg, tokenizer, batch_size: int, seed: int, drop_last:
                    else partial(collate_latents, other_phrasings=other_phrasings))
     else:
         collate = TokenizingCollate(fast_tokenizer(tokenizer), other_phrasings=other_phrasings,
-                                    tokenizer_2=fast_tokenizer(tokenizer_2), max_length_2=max_length_2)
+                                    tokenizer_2=fast_tokenizer(tokenizer_2), max_length_2=max_length_2,
+                                    prior_loss_weight=data_cfg.prior_loss_weight, masks=data_cfg.masked_loss)
     return DataLoader(dataset, batch_size=batch_size, num_workers=data_cfg.num_workers, drop_last=drop_last,
                       collate_fn=collate, persistent_workers=data_cfg.num_workers > 0, pin_memory=pin_memory)

@@ -8,10 +8,10 @@ device. A new family is one entry in ``models/families/`` and one module here.
 from models.common import face
 
 __getattr__, __all__ = face(__name__, {
-    "denoiser": "DENOISER_WORDS build_denoiser denoiser_kind frozen_parts",
+    "denoiser": "DENOISER_WORDS build_denoiser denoiser_kind frozen_dtype frozen_parts run_frozen_dtype",
     "flux": "FluxStyleTransformer",
     "latent_diffusion": "Draws LatentDiffusion RectifiedFlowTransformer TextConditioning",
     "recipe": "Recipe",
-    "registry": "RECIPES build_model recipe_for",
+    "registry": "RECIPES build_model frozen_model recipe_for",
     "sdxl": "MicroConditionedUNet",
 })

@@ -9,7 +9,8 @@ from models.errors import WorkbenchError
 from models.families import TRAIN_TIMESTEPS
 
 from ..config import TrainConfig
-from .denoiser import caption_options, prepared_denoiser, with_recorded_shift
+from .denoiser import (caption_options, prepared_denoiser, run_frozen_dtype, source_denoiser, source_parts,
+                       with_recorded_shift)
 from .latent_diffusion import RectifiedFlowTransformer, TextConditioning
 from .recipe import Recipe
 
@@ -24,6 +25,7 @@ class FluxStyleTransformer(RectifiedFlowTransformer):
     FluxPipeline tells it the guidance it samples at."""
 
     family = "flux"
+    reads_captions = False  # precomputed: the stored T5 states and CLIP pooled output (`dwb data precompute --config`)
 
     def __init__(self, transformer, vae, text_encoder, tokenizer, text_encoder_2, *, flow, text_tokens: int,
                  tokenizer_2=None, guidance_scale: float = 3.5, caption_dropout: float = 0.1,
@@ -67,6 +69,13 @@ class FluxStyleTransformer(RectifiedFlowTransformer):
                                txt_ids=text_ids(states.shape[1]).to(noisy), img_ids=latent_ids(height, width).to(noisy))
         return unpack_latents(out.sample, height, width), self.flow.velocity(latents, noise), sigma
 
+    @property
+    def pipeline_tokenizer_2(self):
+        """The T5's tokenizer as a pipeline drawing with this model holds it: saying the ``text_tokens`` it reads."""
+        from models.checkpoints import with_max_length
+
+        return with_max_length(self.second_tokenizer, self.text_tokens)
+
     def guidance(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """(B,) float32 ``guidance_scale`` for a guidance-distilled transformer, as FluxPipeline builds it; None for one
         without a guidance input (Flux.1-schnell's), whose time embedding takes none."""
@@ -81,9 +90,6 @@ def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyl
     from models.checkpoints import ARCHITECTURES, load_t5_parts, random_t5_encoder
 
     m = cfg.model
-    if cfg.data.precomputed:
-        raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} reads its T5 states from the captions, "
-                             "which precomputed latents do not carry for it; train it from images")
     if ARCHITECTURES[m.architecture].get("builds_t5_encoder"):
         if m.text_tokens < tokenizer.model_max_length:  # its T5 reads the CLIP ids, padded, never cut
             raise WorkbenchError(f"config key 'model.text_tokens' must be at least {tokenizer.model_max_length} for "
@@ -93,7 +99,7 @@ def build_flux_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> FluxStyl
         raise WorkbenchError(f"config key 'model.pretrained': {m.architecture} loads its T5 encoder and T5's tokenizer "
                              "from a FLUX.1 diffusers folder or hub id (text_encoder_2/, tokenizer_2/); set it")
     else:  # T5-XXL and its own tokenizer, pretrained
-        text_encoder_2, tokenizer_2 = load_t5_parts(m.pretrained)
+        text_encoder_2, tokenizer_2 = load_t5_parts(m.pretrained, run_frozen_dtype(cfg))
     transformer = prepared_denoiser(cfg, with_recorded_shift(vae), packed=4)
     c = transformer.config
     if c.joint_attention_dim != text_encoder_2.config.d_model or c.pooled_projection_dim != text_encoder.config.hidden_size:
@@ -117,4 +123,19 @@ def flux_flow(cfg: TrainConfig, vae):
                          sampling=m.timestep_sampling)
 
 
-RECIPE = Recipe(families=("flux",), model=FluxStyleTransformer, build=build_flux_model)
+def flux_model_from(cfg: TrainConfig, pipe) -> FluxStyleTransformer:
+    """A Flux.1 pipeline's transformer, CLIP and T5 towers and their tokenizers (T5 reading the CLIP ids where the
+    pipeline's second tokenizer is its first: a tiny architecture's checkpoint), on rectified flow at Flux.1's shift."""
+    if cfg.data.precomputed:
+        raise WorkbenchError("config key 'data.precomputed': Flux.1 reads its T5 states from the captions, which "
+                             "precomputed latents do not carry for it; train it from images")
+    vae, text_encoder, text_encoder_2, tokenizer, tokenizer_2 = source_parts(
+        pipe, "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")
+    vae = with_recorded_shift(vae)
+    return FluxStyleTransformer(source_denoiser(cfg, pipe.transformer), vae, text_encoder, tokenizer, text_encoder_2,
+                                flow=flux_flow(cfg, vae), text_tokens=cfg.model.text_tokens,
+                                tokenizer_2=None if tokenizer_2 is tokenizer else tokenizer_2,
+                                guidance_scale=cfg.model.guidance_scale, **caption_options(cfg))
+
+
+RECIPE = Recipe(families=("flux",), model=FluxStyleTransformer, build=build_flux_model, from_pipeline=flux_model_from)

@@ -107,12 +107,41 @@ class TextConditioning:
     time_ids: torch.Tensor | None = None
 
 
+def stored_text(batch: dict, suffix: str = ""):
+    """A precomputed batch's text states (``text`` + ``suffix``), as float32, or (states, pooled output) where it
+    stores one; None where it holds no such column (``_alt``: other phrasings not asked for)."""
+    if "text" + suffix not in batch:
+        return None
+    states = batch["text" + suffix].float()
+    pooled = batch.get("pooled" + suffix)
+    return states if pooled is None else (states, pooled.float())
+
+
 def where_each(mask: torch.Tensor, chosen, kept):
     """Per sample (``mask``: (B,) bool), ``chosen`` where the mask is set and ``kept`` elsewhere; each a tensor or a
     tuple of tensors (one per text tower), every tensor of the tuple under the one mask."""
     if isinstance(kept, tuple):
         return tuple(where_each(mask, c, k) for c, k in zip(chosen, kept))
     return torch.where(mask.view(-1, *([1] * (kept.dim() - 1))), chosen.to(kept.device, kept.dtype), kept)
+
+
+def latent_mask(mask: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """(B, 1, H, W) pixel weights (uint8 0-255, or float 0-1) -> (B, 1, h, w) float weights on the latent grid: each
+    latent cell weighs the mean weight of the pixels it stands for (area downsampling)."""
+    weights = mask.float() / 255 if mask.dtype == torch.uint8 else mask.float()
+    return F.interpolate(weights, size=tuple(size), mode="area")
+
+
+def masked_mean_squared_error(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None):
+    """Each sample's mean squared error over its (B, C, h, w) latents; with ``mask`` (pixel weights, ``latent_mask``)
+    the mean weighed by the mask: sum(w e^2) / (C sum(w)), so a subject masked to a quarter of the frame trains at
+    the rate of a whole image (kohya's sd-scripts multiplies by the mask and keeps the plain mean, which slows it
+    4x), and a sample masked out entirely counts 0."""
+    error = F.mse_loss(pred.float(), target.float(), reduction="none")
+    if mask is None:
+        return error.mean(dim=(1, 2, 3))
+    weights = latent_mask(mask.to(error.device), error.shape[-2:])
+    return (error * weights).sum(dim=(1, 2, 3)) / (weights.sum(dim=(1, 2, 3)) * error.shape[1]).clamp(min=1e-12)
 
 
 class LatentDiffusion(ComposerModel):
@@ -184,6 +213,11 @@ class LatentDiffusion(ComposerModel):
         self.register_buffer("empty_ids_2", token_ids(tokenizer_2, [""], self.max_length_2), persistent=False)
 
     @property
+    def pipeline_tokenizer_2(self):
+        """The second tokenizer as a pipeline drawing with this model holds it (Flux.1's says its T5's tokens)."""
+        return self.second_tokenizer
+
+    @property
     def second_tokenizer(self):
         """What tokenizes the second tower's captions: its own tokenizer, else the first."""
         return self.tokenizer if self.tokenizer_2 is None else self.tokenizer_2
@@ -235,7 +269,7 @@ class LatentDiffusion(ComposerModel):
 
         parts = {self.denoiser_name: denoiser, "vae": self.vae, "text_encoder": self.text_encoder,
                  "text_encoder_2": getattr(self, "text_encoder_2", None)}
-        tokenizers = {"tokenizer": self.tokenizer, "tokenizer_2": self.second_tokenizer}
+        tokenizers = {"tokenizer": self.tokenizer, "tokenizer_2": self.pipeline_tokenizer_2}
         return assemble_pipeline(family_named(self.family), parts, tokenizers, self.trained_settings())
 
     def trained_settings(self) -> dict:
@@ -274,18 +308,24 @@ class LatentDiffusion(ComposerModel):
         penultimate layer), no pooled output, as ``StableDiffusionPipeline.encode_prompt`` builds them."""
         return TextConditioning(self.text_encoder(input_ids)[0])
 
-    def set_empty_text(self, hidden_states: torch.Tensor) -> None:
-        """The empty caption's hidden states (L, D): what a dropped caption becomes with precomputed text."""
+    def set_empty_text(self, hidden_states: torch.Tensor, pooled: torch.Tensor | None = None) -> None:
+        """The empty caption's hidden states (L, D), and its pooled output (P,) where the family conditions on one:
+        what a dropped caption becomes with precomputed text."""
         self.register_buffer("empty_text", hidden_states.detach().float().clone(), persistent=False)
+        if pooled is not None:
+            self.register_buffer("empty_pooled", pooled.detach().float().clone(), persistent=False)
 
-    def drop_text(self, text: torch.Tensor, draws: Draws = Draws()) -> torch.Tensor:
-        """Caption dropout on precomputed hidden states, drawn at every step (same draws as ``drop_captions``)."""
+    def drop_text(self, text, draws: Draws = Draws()):
+        """Caption dropout on precomputed text, drawn at every step (same draws as ``drop_captions``): ``text`` the
+        hidden states, or (states, pooled output), both emptied under one draw per sample."""
         if not self.training or self.caption_dropout <= 0:
             return text
         if not hasattr(self, "empty_text"):
             raise RuntimeError("caption dropout on precomputed text needs the empty caption's states (set_empty_text)")
-        drop = draws.uniform(text.shape[0], text.device) < self.caption_dropout
-        return torch.where(drop[:, None, None], self.empty_text.to(text.device, text.dtype), text)
+        first = text[0] if isinstance(text, tuple) else text
+        drop = draws.uniform(first.shape[0], first.device) < self.caption_dropout
+        return where_each(drop, (self.empty_text, self.empty_pooled) if isinstance(text, tuple) else self.empty_text,
+                          text)
 
     def drop_captions(self, input_ids, draws: Draws = Draws()):
         """Each sample's caption emptied with probability ``caption_dropout``: ``input_ids`` a tensor, or a tuple of
@@ -317,15 +357,38 @@ class LatentDiffusion(ComposerModel):
         distribution and, for the same batch and RNG state, the same values.
         """
         if "latent_mean" in batch:
-            mean = batch["latent_mean"].float()
-            eps = draws.normal(mean.shape, mean.device, mean.dtype)
-            latents = mean + batch["latent_std"].float() * eps
-            alt = batch.get("text_alt")
-            text = self.rephrase(batch["text"].float(), alt.float() if alt is not None else None, draws)
-            return latents, TextConditioning(self.drop_text(text, draws))
+            return self.stored_latents_and_text(batch, draws)
         latents = self.encode_images(batch["image"], draws)
         ids = self.rephrase(self.batch_ids(batch), self.batch_ids(batch, "_alt"), draws)
         return latents, self.encode_text(*self.drop_captions(ids, draws))
+
+    def stored_latents_and_text(self, batch: dict, draws: Draws) -> tuple[torch.Tensor, TextConditioning]:
+        """Latents sampled from the stored posterior (``dwb data precompute`` scaled it but did not shift it: SD3's and
+        Flux.1's VAEs shift), and the stored text states and pooled output, or, where the batch carries the stored
+        captions' ids instead (``reads_captions``), the conditioning of those."""
+        mean = batch["latent_mean"].float()
+        latents = mean + batch["latent_std"].float() * draws.normal(mean.shape, mean.device, mean.dtype)
+        latents = latents - self.shift_factor * self.scaling_factor
+        if "text" not in batch:
+            ids = self.rephrase(self.batch_ids(batch), self.batch_ids(batch, "_alt"), draws)
+            return latents, self.encode_text(*self.drop_captions(ids, draws))
+        text = self.drop_text(self.rephrase(stored_text(batch), stored_text(batch, "_alt"), draws), draws)
+        states, pooled = text if isinstance(text, tuple) else (text, None)
+        return latents, TextConditioning(states, pooled)
+
+    def frozen_components(self) -> dict[str, torch.nn.Module]:
+        """The frozen parts by component name: ``vae``, ``text_encoder`` and ``text_encoder_2`` where there is one."""
+        parts = {"vae": self.vae, "text_encoder": self.text_encoder,
+                 "text_encoder_2": getattr(self, "text_encoder_2", None)}
+        return {name: part for name, part in parts.items() if part is not None}
+
+    def hold_frozen_in(self, dtype: torch.dtype) -> "LatentDiffusion":
+        """The frozen parts held in ``dtype`` (``models.checkpoints.hold_in``: a GPU run's autocast precision); self."""
+        from models.checkpoints import hold_in
+
+        for part in self.frozen_components().values():
+            hold_in(part, dtype)
+        return self
 
     def forward(self, batch: dict):
         draws = Draws.of_batch(batch, self.per_sample_seed)
@@ -349,11 +412,11 @@ class LatentDiffusion(ComposerModel):
         """The UNet's output on noised latents at timesteps ``t``, conditioned on ``text``."""
         return self.unet(noisy, t, encoder_hidden_states=text.states).sample
 
-    def per_sample_loss(self, outputs, weighted: bool = True) -> torch.Tensor:
-        """The training objective of each sample: MSE, weighted by min-SNR-gamma where configured (``weighted``;
-        validation reports the plain MSE)."""
+    def per_sample_loss(self, outputs, weighted: bool = True, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The training objective of each sample: MSE (over ``mask``, ``masked_mean_squared_error``), weighted by
+        min-SNR-gamma where configured (``weighted``; validation reports the plain MSE)."""
         pred, target, t = outputs
-        per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+        per_sample = masked_mean_squared_error(pred, target, mask)
         if weighted and self.min_snr_gamma is not None:
             snr = self.alphas_cumprod.to(t.device)[t] / (1 - self.alphas_cumprod.to(t.device)[t])
             clipped = snr.clamp(max=self.min_snr_gamma)
@@ -361,7 +424,11 @@ class LatentDiffusion(ComposerModel):
         return per_sample
 
     def loss(self, outputs, batch):
-        return self.per_sample_loss(outputs).mean()
+        """The batch's mean of each sample's loss, over its mask and times its weight where the batch carries them
+        (a DreamBooth dataset's ``mask`` and ``loss_weight``: ``train.data.loader.loss_terms``)."""
+        per_sample = self.per_sample_loss(outputs, mask=batch.get("mask"))
+        weight = batch.get("loss_weight")
+        return (per_sample if weight is None else per_sample * weight.to(per_sample.device, per_sample.dtype)).mean()
 
     def eval_forward(self, batch, outputs=None):
         return outputs if outputs is not None else self.forward(batch)
@@ -407,17 +474,9 @@ class RectifiedFlowTransformer(LatentDiffusion):
         return TextConditioning(torch.cat([states] * self.clip_slots, dim=-1),
                                 torch.cat([pooled] * self.clip_slots, dim=-1))
 
-    reads_captions = True  # precomputed latents come with their captions' ids: stored states hold no pooled output
-
-    def latents_and_text(self, batch: dict, draws: Draws = Draws()) -> tuple[torch.Tensor, TextConditioning]:
-        """Scaled latents (sampled from stored posteriors, which ``dwb data precompute`` scaled but did not shift)
-        and the text conditioning of the batch's token ids."""
-        if "latent_mean" not in batch:
-            return super().latents_and_text(batch, draws)
-        mean = batch["latent_mean"].float()
-        latents = mean + batch["latent_std"].float() * draws.normal(mean.shape, mean.device, mean.dtype)
-        ids = self.rephrase(self.batch_ids(batch), self.batch_ids(batch, "_alt"), draws)
-        return latents - self.shift_factor * self.scaling_factor, self.encode_text(*self.drop_captions(ids, draws))
+    # precomputed latents come with their captions' ids: its tower with a projection added at build time is not the
+    # tower `dwb data precompute --pretrained` encodes with
+    reads_captions = True
 
     def draw_timesteps(self, draws: Draws, n: int, device) -> torch.Tensor:
         draw = draws.uniform(n, device) if self.flow.draws_uniform else draws.normal((n,), device, torch.float32)
@@ -431,9 +490,10 @@ class RectifiedFlowTransformer(LatentDiffusion):
                                 pooled_projections=text.pooled).sample
         return pred, self.flow.velocity(latents, noise), sigma
 
-    def per_sample_loss(self, outputs, weighted: bool = True) -> torch.Tensor:
-        """The MSE to the velocity, weighted by the flow's weighting at each sample's t (``weighted``; validation
-        reports the plain MSE: sigma_sqrt's weight 1 / t^2 is infinite at t = 0)."""
+    def per_sample_loss(self, outputs, weighted: bool = True, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The MSE to the velocity (over ``mask``, ``masked_mean_squared_error``), weighted by the flow's weighting at
+        each sample's t (``weighted``; validation reports the plain MSE: sigma_sqrt's weight 1 / t^2 is infinite at
+        t = 0)."""
         pred, target, sigma = outputs
-        per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+        per_sample = masked_mean_squared_error(pred, target, mask)
         return per_sample * self.flow.weights(sigma).to(per_sample.device) if weighted else per_sample

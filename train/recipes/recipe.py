@@ -13,3 +13,7 @@ class Recipe:
     # (TrainConfig, vae, text_encoder, tokenizer) -> the model: the frozen parts in, every other part built or loaded
     # from the config, each size checked against the parts it meets in one line
     build: Callable
+    # (TrainConfig, pipeline) -> the model around a pipeline the checkpoint door opened (``model.init_from``): its
+    # denoiser, frozen parts, tokenizers and noise schedule as they are; one line where the family's recipe cannot
+    # train that pipeline's parts
+    from_pipeline: Callable

@@ -7,7 +7,7 @@ from models.families import Family, family_or_ours
 
 from ..config import TrainConfig
 from . import flux, sd3, sdxl, stable_diffusion
-from .denoiser import frozen_parts
+from .denoiser import denoiser_on_meta, frozen_parts, run_frozen_dtype
 from .latent_diffusion import LatentDiffusion
 from .recipe import Recipe
 
@@ -29,4 +29,17 @@ def family_of_architecture(architecture: str) -> Family:
 def build_model(cfg: TrainConfig) -> LatentDiffusion:
     """The architecture's Composer model, by its family's recipe: a UNet on the diffusion schedule (SD 2's, or SDXL's
     with two text towers and size conditioning), or a transformer on rectified flow (SD3's MMDiT, Flux.1's)."""
-    return recipe_for(family_of_architecture(cfg.model.architecture)).build(cfg, *frozen_parts(cfg))
+    if cfg.model.init_from is not None:  # the family, parts and schedule come from the checkpoint it names
+        from .source import model_from_source
+
+        model = model_from_source(cfg, recipe_for)
+    else:
+        model = recipe_for(family_of_architecture(cfg.model.architecture)).build(cfg, *frozen_parts(cfg))
+    return model.hold_frozen_in(run_frozen_dtype(cfg))  # a GPU's autocast dtype (float32 on a CPU)
+
+
+def frozen_model(cfg: TrainConfig) -> LatentDiffusion:
+    """The run's model with its denoiser on the meta device: its VAE and text towers, built, loaded and held as
+    training holds them, and its ``encode_captions``, for `dwb data precompute` to encode with what the run reads."""
+    with denoiser_on_meta():
+        return build_model(cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from models.errors import WorkbenchError
 
 from ..config import TrainConfig
-from .denoiser import caption_options, prepared_denoiser, with_recorded_shift
+from .denoiser import caption_options, prepared_denoiser, source_denoiser, source_parts, with_recorded_shift
 from .latent_diffusion import RectifiedFlowTransformer
 from .recipe import Recipe
 
@@ -39,4 +39,23 @@ def build_transformer_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> R
                                     clip_slots=slots, **caption_options(cfg))
 
 
-RECIPE = Recipe(families=("sd3",), model=RectifiedFlowTransformer, build=build_transformer_model)
+def transformer_model_from(cfg: TrainConfig, pipe) -> RectifiedFlowTransformer:
+    """An SD3 pipeline whose one CLIP tower fills both CLIP slots and that has no T5 (a checkpoint of this
+    workbench's MMDiT architectures), on rectified flow at its sampler's shift (``model.flow_shift`` over it). SD3's
+    own three towers (CLIP-L, CLIP-G, T5) are refused in one line: this recipe conditions on one."""
+    from models.families import RectifiedFlow
+
+    m = cfg.model
+    if pipe.text_encoder_2 is not pipe.text_encoder or getattr(pipe, "text_encoder_3", None) is not None:
+        raise WorkbenchError("config key 'model.init_from': SD3's own text towers (two CLIP towers and T5) are not "
+                             "trained here yet; the SD3 recipe fine-tunes this workbench's MMDiT checkpoints")
+    vae, text_encoder, tokenizer = source_parts(pipe, "vae", "text_encoder", "tokenizer")
+    shift = m.flow_shift if m.flow_shift is not None else float(pipe.scheduler.config.get("shift", 1.0))
+    flow = RectifiedFlow(logit_mean=m.logit_mean, logit_std=m.logit_std, shift=shift, weighting=m.loss_weighting,
+                         sampling=m.timestep_sampling)
+    return RectifiedFlowTransformer(source_denoiser(cfg, pipe.transformer), with_recorded_shift(vae), text_encoder,
+                                    tokenizer, flow=flow, clip_slots=2, **caption_options(cfg))
+
+
+RECIPE = Recipe(families=("sd3",), model=RectifiedFlowTransformer, build=build_transformer_model,
+                from_pipeline=transformer_model_from)

@@ -9,7 +9,8 @@ import torch
 from models.errors import WorkbenchError
 
 from ..config import TrainConfig
-from .denoiser import caption_options, prepared_denoiser
+from .denoiser import (caption_options, prepared_denoiser, run_frozen_dtype, source_denoiser, source_parts,
+                       source_prediction_type, with_source_schedule)
 from .latent_diffusion import Draws, LatentDiffusion, TextConditioning
 from .recipe import Recipe
 
@@ -47,11 +48,13 @@ class MicroConditionedUNet(LatentDiffusion):
                                 second.text_embeds)
 
     def latents_and_text(self, batch: dict, draws: Draws = Draws()) -> tuple[torch.Tensor, TextConditioning]:
-        """Scaled latents, and the text states, pooled output and time ids of each image."""
+        """Scaled latents, and the text states, pooled output and time ids of each image (an image batch's, or stored
+        beside precomputed latents by `dwb data precompute`)."""
         latents, text = super().latents_and_text(batch, draws)
         if "original_size" not in batch or "crop_top_left" not in batch:
             raise RuntimeError("an image batch for SDXL's micro-conditioning carries original_size and crop_top_left")
-        ids = time_ids(batch["original_size"], batch["crop_top_left"], tuple(batch["image"].shape[-2:]))
+        target = tuple(d * self.vae_scale for d in latents.shape[-2:])  # the image's size, stored latents' too
+        ids = time_ids(batch["original_size"], batch["crop_top_left"], target)
         return latents, replace(text, time_ids=ids.to(text.states.dtype))
 
     def predict(self, noisy: torch.Tensor, t: torch.Tensor, text: TextConditioning) -> torch.Tensor:
@@ -75,10 +78,7 @@ def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroCon
     from models.checkpoints import second_text_encoder, second_tokenizer
 
     m = cfg.model
-    if cfg.data.precomputed:
-        raise WorkbenchError(f"config key 'data.precomputed': {m.architecture} is conditioned on each image's original "
-                             "size and crop, which precomputed latents do not store; train it from images")
-    text_encoder_2 = second_text_encoder(m.architecture, m.pretrained, tokenizer)
+    text_encoder_2 = second_text_encoder(m.architecture, m.pretrained, tokenizer, run_frozen_dtype(cfg))
     tokenizer_2 = second_tokenizer(m.architecture, m.pretrained)
     unet = prepared_denoiser(cfg, vae)
     width = text_encoder.config.hidden_size + text_encoder_2.config.hidden_size
@@ -91,4 +91,22 @@ def build_sdxl_model(cfg: TrainConfig, vae, text_encoder, tokenizer) -> MicroCon
                                 **caption_options(cfg))
 
 
-RECIPE = Recipe(families=("sdxl",), model=MicroConditionedUNet, build=build_sdxl_model)
+def sdxl_model_from(cfg: TrainConfig, pipe) -> MicroConditionedUNet:
+    """An SDXL pipeline's UNet, both text towers and both tokenizers, on its scheduler's schedule and prediction
+    type. A refiner (no first tower) is refused: it finishes a base's latents and trains as no base does."""
+    if cfg.data.precomputed:
+        raise WorkbenchError("config key 'data.precomputed': SDXL is conditioned on each image's original size and "
+                             "crop, which precomputed latents do not store; train it from images")
+    if getattr(pipe, "text_encoder", None) is None:
+        raise WorkbenchError("config key 'model.init_from': an SDXL refiner (no first text tower) is not fine-tuned "
+                             "here; start from a base model")
+    vae, text_encoder, text_encoder_2, tokenizer, tokenizer_2 = source_parts(
+        pipe, "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")
+    model = MicroConditionedUNet(source_denoiser(cfg, pipe.unet), vae, text_encoder, text_encoder_2, tokenizer,
+                                 None if tokenizer_2 is tokenizer else tokenizer_2,
+                                 prediction_type=source_prediction_type(pipe), min_snr_gamma=cfg.model.min_snr_gamma,
+                                 **caption_options(cfg))
+    return with_source_schedule(model, pipe)
+
+
+RECIPE = Recipe(families=("sdxl",), model=MicroConditionedUNet, build=build_sdxl_model, from_pipeline=sdxl_model_from)
