@@ -231,12 +231,13 @@ def refiner_switch(value) -> float:
     return switch
 
 
-def settings_of(params: GenerationParams, refiner: Refiner | None = None) -> Settings:
+def settings_of(params: GenerationParams, refiner: Refiner | None = None, loras=()) -> Settings:
     """The generation settings (``models.generation``) of validated request parameters, with the refiner their
-    ``refiner`` names, opened."""
+    ``refiner`` names, opened, and the LoRAs their prompt's tags name, applied (``app.loras.ChosenLora``)."""
     return Settings(steps=params.steps, guidance=params.guidance, width=params.width, height=params.height,
                     sampler=params.sampler, negative_prompt=params.negative_prompt, refiner=refiner, init=params.init,
-                    hires=params.hires, clip_skip=params.clip_skip)
+                    hires=params.hires, clip_skip=params.clip_skip,
+                    loras=tuple((c.name, c.hash, c.strength) for c in loras))
 
 
 def generate(pipe, params: GenerationParams, *, on_step: StepHook | None = None,
@@ -248,8 +249,9 @@ def generate(pipe, params: GenerationParams, *, on_step: StepHook | None = None,
 
 
 def record_of(params: GenerationParams, index: int, checkpoint: str, checkpoint_hash: str, weights: str,
-              guidance_kind: str = "cfg", refiner: Refiner | None = None) -> ImageRecord:
-    """How image ``index`` of a request was made (``guidance_kind``: how its model took the guidance scale)."""
-    return ImageRecord.of(settings_of(params, refiner), params.prompt, params.seed + index,
+              guidance_kind: str = "cfg", refiner: Refiner | None = None, loras=()) -> ImageRecord:
+    """How image ``index`` of a request was made (``guidance_kind``: how its model took the guidance scale; the prompt
+    with its ``<lora:...>`` tags, as A1111 records it, and the LoRAs they named)."""
+    return ImageRecord.of(settings_of(params, refiner, loras), params.prompt, params.seed + index,
                           (params.width, params.height), params.sampler, checkpoint, checkpoint_hash, weights,
                           guidance_kind)

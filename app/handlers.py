@@ -20,8 +20,8 @@ from models.checkpoints import content_hash, recommended_settings
 from models.common import flip_text, interval_text
 from models.errors import WorkbenchError, first_line
 from models.families import family_or_ours
-from models.generation import (DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, PROMPT_SETS, drawable_sides, read_prompt_table,
-                               recommended_line)
+from models.generation import (DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, PROMPT_SETS, drawable_sides, lora_tag,
+                               read_prompt_table, recommended_line, with_lora)
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
 from .modes import hires_of, init_of
@@ -248,6 +248,31 @@ class Handlers:
         return gr.update(choices=fresh, value=value), gr.update(choices=fresh), gr.update(choices=fresh, value=value), \
             text, w, h
 
+    def lora_labels(self) -> list[str]:
+        """The LoRA picker's files, by label (the browser never sees the server's paths), listed afresh."""
+        return [f.label for f in self.service.loras.listing()]
+
+    def lora_choices(self):
+        return gr.update(choices=self.lora_labels())
+
+    def add_lora(self, prompt: str | None, label: str | None, strength: float | None) -> str:
+        """The prompt with the picked LoRA's ``<lora:NAME:STRENGTH>`` tag: its strength changed where the prompt names
+        that file already, else the tag added at the end (as A1111's cards add it)."""
+        prompt = prompt or ""
+        if not label:
+            return prompt
+        try:
+            listing = self.service.loras.listing()
+            name = self.service.loras.tag_name(self.service.loras.find(label, listing), listing)
+            _, chosen = self.service.loras.chosen(prompt)
+            same = [c.name for c in chosen if c.file.label == label]
+            strength = 1.0 if strength is None else float(strength)
+            if same:
+                return with_lora(prompt, same[0], strength)
+            return f"{prompt.rstrip()} {lora_tag(name, strength)}".lstrip()
+        except WorkbenchError as e:
+            raise one_line(WorkbenchError(self.service.for_client(first_line(e)))) from None
+
     def refresh(self):
         """Every tab's checkpoint list, listed afresh (Generate, Compare, X/Y/Z plot)."""
         fresh = self.choices()[0]
@@ -382,6 +407,9 @@ class Handlers:
             return gr.update(choices=self.choices()[0], value=[], visible=True)
         if kind == "sampler":
             return gr.update(choices=list(SAMPLERS), value=[], visible=True)
+        if kind == "lora":  # a run's adapter checkpoints, each by the name its tag gives it
+            listing = self.service.loras.listing()
+            return gr.update(choices=[self.service.loras.tag_name(f, listing) for f in listing], value=[], visible=True)
         return gr.update(choices=[], value=[], visible=False)
 
     @staticmethod
@@ -421,10 +449,12 @@ class Handlers:
             raise one_line(e) from None
         finally:
             self.uploads.discard(image)
-        values, notes = settings_from(text, self.service.label_of_hash, record)
+        values, notes = settings_from(text, self.service.label_of_hash, record, self.service.lora_name_of_hash)
         notes = [unread, *notes] if unread else notes
         lines = [f"- checkpoint {as_markdown(values['checkpoint'], code=True)}, found by its model hash"] \
             if values["checkpoint"] else []
+        lines += [f"- LoRA {as_markdown(name, code=True)} at {strength:g}, found by its hash"
+                  for name, strength in values["loras"]]
         return text, values, "\n".join(lines + [f"- {as_markdown(n)}" for n in notes])
 
     def send_to_generate(self, values: dict | None):

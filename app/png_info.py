@@ -6,7 +6,8 @@ take gigabytes to decode costs nothing to read; text written after the pixels is
 of at most ``MAX_PIXELS``. Our PNGs also carry the exact record as JSON (``dwb``), which is read in preference to
 the text (whose prompts have their line breaks written as spaces). Our PNGs name their checkpoint by content hash
 ("Model hash"), which the app looks up under its folders; AUTOMATIC1111's hashes (10 hex digits, of other files)
-find nothing, and say so.
+find nothing, and say so. LoRAs are found by their ``Lora hashes`` among the LoRA files under the folders
+(``app.loras``), and the prompt's ``<lora:NAME:S>`` tags name them.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from pathlib import Path
 from PIL import Image
 
 from models.errors import WorkbenchError
-from models.generation import (HIRES_UPSCALERS, SAMPLERS, ImageRecord, modes_of, parameters_from_exif, parse_parameters,
-                               refiner_of)
+from models.generation import (HIRES_UPSCALERS, SAMPLERS, ImageRecord, lora_tag, lora_tags, modes_of, named_values,
+                               parameters_from_exif, parse_parameters, refiner_of)
 
 MAX_PIXELS = 4096 * 4096
 # Our text is two prompts of at most 2,000 characters and a settings line of a few hundred; AUTOMATIC1111's with
@@ -138,7 +139,9 @@ def fields_of(record: ImageRecord) -> dict:
             "Steps": record.steps, "CFG scale": record.guidance, "Size": f"{record.width}x{record.height}",
             "Seed": record.seed, "Model hash": record.checkpoint_hash, "Model": record.checkpoint,
             "Weights": {"ema": "EMA"}.get(record.weights, record.weights), **dict(record.refiner_fields()),
-            **dict(record.mode_fields()), **({"Clip skip": record.clip_skip} if record.clip_skip > 1 else {})}
+            **dict(record.mode_fields()), **({"Clip skip": record.clip_skip} if record.clip_skip > 1 else {}),
+            **({"Lora hashes": record.lora_hashes, "lora_strengths": record.lora_strengths} if record.lora_hashes
+               else {})}
 
 
 def _guidance(parsed: dict, notes: list[str]) -> float | None:
@@ -149,10 +152,12 @@ def _guidance(parsed: dict, notes: list[str]) -> float | None:
 
 
 def settings_from(text: str, label_of_hash: Callable[[str], str | None],
-                  record: ImageRecord | None = None) -> tuple[dict, list[str]]:
+                  record: ImageRecord | None = None,
+                  lora_of_hash: Callable[[str], str | None] = lambda digest: None) -> tuple[dict, list[str]]:
     """Control values from a PNG's exact record where it has one, else from its ``parameters`` text (None where
     it says nothing usable), and notes on what was not carried over: ``prompt, negative_prompt, sampler,
-    steps, guidance, width, height, seed, checkpoint, weights, refiner, refiner_switch``."""
+    steps, guidance, width, height, seed, checkpoint, weights, refiner, refiner_switch``, the mode's, and ``loras``
+    (the LoRAs found by their hash, each ``(NAME, strength)``: the prompt's ``<lora:NAME:S>`` tags name them)."""
     parsed = fields_of(record) if record is not None else parse_parameters(text)
     notes: list[str] = []
     width, height = _size(parsed, notes)
@@ -172,7 +177,46 @@ def settings_from(text: str, label_of_hash: Callable[[str], str | None],
                          "the current one is kept")
     values.update(_refiner(parsed, label_of_hash, notes))
     values.update(_modes(parsed, notes))
+    values.update(_loras(str(values["prompt"]), parsed, lora_of_hash, notes))
     return values, notes
+
+
+def _loras(prompt: str, parsed: dict, lora_of_hash: Callable[[str], str | None], notes: list[str]) -> dict:
+    """The prompt with a ``<lora:NAME:S>`` tag for each LoRA of ``Lora hashes`` found under the app's folders by its
+    hash: an A1111 prompt's own tag renamed to the file found (its strength kept), or one added at the strength the
+    record gives (1 where it gives none: `dwb sample --lora` writes no tag); and those LoRAs as (NAME, strength)."""
+    pairs = named_values(parsed.get("Lora hashes", ""))
+    if not pairs:
+        return {"prompt": prompt, "loras": []}
+    strengths = dict(named_values(parsed.get("lora_strengths", "")))
+    try:
+        lora_tags(prompt)
+    except WorkbenchError as e:
+        notes.append(f"its LoRA tags do not read ({e}); its LoRAs are not restored")
+        return {"prompt": prompt, "loras": []}
+    found = []
+    for name, digest in pairs:
+        file = lora_of_hash(digest)
+        if file is None:
+            notes.append(f"no LoRA under the app's folders has the hash {digest} ({name}); Generate refuses its tag "
+                         "until one does")
+            continue
+        tags = {t.name.replace(":", "").replace(",", ""): t for t in lora_tags(prompt)[1]}
+        tag = tags.get(name)
+        strength = tag.strength if tag else _strength(strengths.get(name))
+        new = lora_tag(file, strength)
+        prompt = prompt[:tag.span[0]] + new + prompt[tag.span[1]:] if tag else f"{prompt} {new}"
+        found.append((file, strength))
+    return {"prompt": prompt, "loras": found}
+
+
+def _strength(text: str | None) -> float:
+    """A recorded strength; 1 where there is none or it is no finite number (A1111's default)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return 1.0
+    return value if abs(value) < 1e6 else 1.0
 
 
 def _modes(parsed: dict, notes: list[str]) -> dict:

@@ -35,6 +35,7 @@ from .cache import PipelineCache
 from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, checkpoint_name, generate,
                        pixel_steps, record_of, settings_of, shown, validate, whole_number)
 from .labelled_grid import labelled_grid
+from .loras import ChosenLora, LoraFiles
 from .scores import ScoreFiles
 from .xyz import Plan, parse_axis, plan
 
@@ -87,6 +88,7 @@ class Service:
         self.roots = roots
         self.scores = ScoreFiles(roots, results, studies,
                                  checkpoints=lambda: [c.path for c in self.checkpoints() if c.path is not None])
+        self.loras = LoraFiles(roots)  # the LoRA files under the same folders, by the same rules
         self.allow_download = allow_download  # hub ids: only from the local cache unless the server allows more
         self.limits = limits
         self.runtime = runtime or Runtime.pick()
@@ -160,6 +162,12 @@ class Service:
         """The label of the checkpoint under the roots whose content hash is ``digest``."""
         return self.labels_by_hash().get(digest)
 
+    def lora_name_of_hash(self, digest: str) -> str | None:
+        """The ``<lora:NAME>`` of the LoRA file under the roots whose AUTOMATIC1111 short hash is ``digest``."""
+        listing = self.loras.listing()
+        found = self.loras.by_hash(digest, listing)
+        return None if found is None else self.loras.tag_name(found, listing)
+
     def info(self, text: str) -> tuple[Checkpoint, CheckpointInfo]:
         ckpt = self.open(text)
         return ckpt, describe(ckpt)
@@ -181,11 +189,28 @@ class Service:
         except WorkbenchError as e:
             raise WorkbenchError(self.redact(f"{ckpt.label}: {str(e).replace(str(ckpt.path), ckpt.label)}")) from None
 
-    def pipeline(self, ckpt: Checkpoint, weights: str):
-        """The pipeline for a checkpoint's chosen weights, from the cache or loaded into it."""
+    def pipeline(self, ckpt: Checkpoint, weights: str, loras: tuple[ChosenLora, ...] = ()):
+        """The pipeline for a checkpoint's chosen weights with ``loras`` applied, from the cache or loaded into it.
+        Applying a LoRA changes a pipeline (a merged one its weights), so each set of LoRAs and strengths is a
+        pipeline of its own in the cache, opened afresh, as `dwb sample --lora` opens one."""
         ema = self.weights_of(ckpt, weights) == "ema"
-        key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime, ckpt.parts)
-        return self.cache.get(key, lambda: self._load(ckpt, ema))
+        key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime, ckpt.parts, tuple(c.key() for c in loras))
+        return self.cache.get(key, lambda: self._with_loras(self._load(ckpt, ema), ckpt, loras))
+
+    def _with_loras(self, pipe, ckpt: Checkpoint, loras: tuple[ChosenLora, ...]):
+        """``pipe`` with ``loras`` applied (``models.adapters.apply_adapters``); messages name the files by label."""
+        from models.adapters import apply_adapters
+
+        if not loras:
+            return pipe
+        try:
+            apply_adapters(pipe, [(c.file.path, c.strength) for c in loras])
+        except Exception as e:  # noqa: BLE001 - a file from anywhere: its judge's one line, or what a reader raised
+            message = first_line(e) if isinstance(e, WorkbenchError) else f"{type(e).__name__}: {first_line(e)}"
+            for c in loras:
+                message = message.replace(str(c.file.path), c.file.label)
+            raise WorkbenchError(self.for_client(f"{ckpt.label} with LoRA: {message}")) from None
+        return pipe
 
     def refiner(self, params: GenerationParams):
         """The second stage validated ``params`` name (``models.generation.Refiner``: SDXL's refiner, opened once
@@ -257,6 +282,7 @@ class Service:
         """``params.batch_size`` images from one checkpoint (a single file's other parts from ``parts``, where
         given); every parameter validated first."""
         params = validate(params, self.limits)
+        self.loras.chosen(params.prompt)  # an unknown LoRA is refused before any checkpoint is opened
         ckpt = self.open(checkpoint, parts)
         self.check_size(ckpt, params.width, params.height)
 
@@ -271,6 +297,7 @@ class Service:
         """One image per checkpoint (2 to 4), same prompt, seed and settings."""
         names, params = self._comparison(checkpoints, params)
         cost = check_pixel_steps(pixel_steps(params, images=len(names)), self.limits)
+        self.loras.chosen(params.prompt)
         ckpts = [self.open(c) for c in names]
         if len({c.path for c in ckpts}) < len(ckpts):
             raise WorkbenchError("the same checkpoint is chosen twice: choose different ones")
@@ -300,6 +327,8 @@ class Service:
         """An X/Y/Z plot (``app.xyz``): every setting and checkpoint checked before the first image."""
         made = self._plan(checkpoint, weights, params, axes)
         batch = whole_number("batch size", batch_size, 1, self.limits.max_batch)
+        for prompt in dict.fromkeys(c.params.prompt for c in made.cells):
+            self.loras.chosen(prompt)  # every cell's LoRAs found before the first image
         for chosen in {c.weights for c in made.cells}:
             check_weights(chosen)
         ckpts = {name: self.open(name) for name in dict.fromkeys(c.checkpoint for c in made.cells)}
@@ -347,13 +376,14 @@ class Service:
         t0 = time.perf_counter()
         images, records = [], []
         refiner = self.refiner(params)
+        text, loras = self.loras.chosen(params.prompt)
         for k, ckpt in enumerate(ckpts):
-            pipe = self.pipeline(ckpt, weights)
-            out = generate(pipe, params, on_step=lambda done, total: on_step(k, done, total), should_stop=stop.is_set,
-                           refiner=refiner)
+            pipe = self.pipeline(ckpt, weights, loras)
+            out = generate(pipe, replace(params, prompt=text), on_step=lambda done, total: on_step(k, done, total),
+                           should_stop=stop.is_set, refiner=refiner)
             for i, image in enumerate(out):
                 record = record_of(params, i, ckpt.label, content_hash(ckpt), self.weights_of(ckpt, weights),
-                                   guidance_kind_of(pipe), refiner)
+                                   guidance_kind_of(pipe), refiner, loras)
                 images.append(self._keep(image, record))
                 records.append(record)
         return Result(images, records, time.perf_counter() - t0)
@@ -362,18 +392,20 @@ class Service:
               on_progress: Callable[[float, int, int], None], stop: threading.Event) -> Plot:
         t0, n, done = time.perf_counter(), len(made.cells), 0
         by_cell: dict[tuple[int, int, int], tuple[Image.Image, ImageRecord]] = {}
+        loras_of = {prompt: self.loras.chosen(prompt) for prompt in dict.fromkeys(c.params.prompt for c in made.cells)}
         for call in made.batches(batch_size):
             ckpt, first = ckpts[call[0].checkpoint], call[0]
-            pipe = self.pipeline(ckpt, first.weights)
+            chosen = [loras_of[c.params.prompt] for c in call]  # one set of LoRAs a call (``Cell.call_key``)
+            pipe = self.pipeline(ckpt, first.weights, chosen[0][1])
 
             def step(k: int, total: int, already: int = done, size: int = len(call)) -> None:
                 on_progress((already + size * k / total) / n, already, n)
 
-            pixels = generate_images(pipe, [c.params.prompt for c in call], [c.params.seed for c in call],
+            pixels = generate_images(pipe, [text for text, _ in chosen], [c.params.seed for c in call],
                                      settings_of(first.params), on_step=step, should_stop=stop.is_set)
-            for cell, image in zip(call, pixels):
+            for cell, image, (_, loras) in zip(call, pixels, chosen):
                 record = record_of(cell.params, 0, ckpt.label, content_hash(ckpt),
-                                   self.weights_of(ckpt, cell.weights), guidance_kind_of(pipe))
+                                   self.weights_of(ckpt, cell.weights), guidance_kind_of(pipe), loras=loras)
                 by_cell[cell.position] = (self._keep(Image.fromarray(image), record), record)
             done += len(call)
         on_progress(1.0, n, n)

@@ -156,12 +156,23 @@ class UI:
             with gr.Row():
                 with gr.Column(scale=1):
                     self.g = settings_controls("", self.limits, self.size)
+                    self.lora_picker()
                     self.batch = gr.Slider(1, self.limits.max_batch, value=1, step=1, label="Batch size",
                                            elem_id="batch")
                     self.mode_controls()
                     self.run, self.stop = run_buttons("", "Generate", "generate")
                 with gr.Column(scale=1):
                     self.gallery, self.parameters, self.texts = results_column("")
+
+    def lora_picker(self) -> None:
+        """A LoRA file under the folders and its strength, added to the prompt as A1111's ``<lora:NAME:STRENGTH>``
+        tag (or that tag's strength changed): each LoRA of a prompt has the strength its tag gives."""
+        with gr.Row(elem_classes="lora-row"):
+            self.lora = gr.Dropdown(self.h.lora_labels(), value=None, scale=3, elem_id="lora-pick",
+                                    label="LoRA (a file under the folders)")
+            self.lora_strength = gr.Slider(-2, 2, value=1, step=0.05, scale=2, label="LoRA strength",
+                                           elem_id="lora-strength")
+            self.lora_add = gr.Button("Add to prompt", scale=0, min_width=120, elem_id="lora-add")
 
     def mode_controls(self) -> None:
         """Text to image (with a hires fix), image to image (an upload) and inpainting (a mask painted over an upload)
@@ -201,7 +212,7 @@ class UI:
                 self.hires_steps, self.hires_upscaler, self.clip_skip]
 
     def compare_tab(self) -> None:
-        with gr.Tab("Compare", id="compare-tab"):
+        with gr.Tab("Compare", id="compare-tab") as self.compare_tab:
             self.c_checkpoints, self.c_refresh, self.c_weights = checkpoint_row("compare-", self.found, [], True)
             with gr.Row():
                 with gr.Column(scale=1):
@@ -217,7 +228,7 @@ class UI:
 
     def xyz_tab(self) -> None:
         types = [NONE, *AXES]
-        with gr.Tab("X/Y/Z plot", id="xyz-tab"):
+        with gr.Tab("X/Y/Z plot", id="xyz-tab") as self.xyz_tab:
             self.x_checkpoint, self.x_refresh, self.x_weights = checkpoint_row("xyz-", self.found, self.first)
             with gr.Row():
                 with gr.Column(scale=1):
@@ -261,7 +272,7 @@ class UI:
                     self.png_values = gr.JSON(label="What Send to Generate fills", elem_id="png-values")
 
     def scores_tab(self) -> None:
-        with gr.Tab("Scores", id="scores-tab"):
+        with gr.Tab("Scores", id="scores-tab") as self.scores_tab:
             self.metric = gr.Dropdown([], label="Metric (those some results row measured)", elem_id="scores-metric")
             # GPU-hours and dollars offered where the rows have them (app.scores.x_axes_of); hidden without a choice
             self.s_x = gr.Radio([(STEP_AXIS.choice, STEP_AXIS.key)], value=STEP_AXIS.key, label="x axis",
@@ -315,6 +326,9 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     dropdowns = [ui.checkpoint, ui.c_checkpoints, ui.x_checkpoint]
     for button in (ui.refresh, ui.c_refresh, ui.x_refresh):
         button.click(h.refresh, None, dropdowns, **private)
+    ui.refresh.click(h.lora_choices, None, ui.lora, **private)
+    demo.load(h.lora_choices, None, ui.lora, **private)
+    carry_settings(ui, ui.lora_add.click(h.add_lora, [ui.g.prompt, ui.lora, ui.lora_strength], ui.g.prompt, **private))
     for kind, values, pick in ui.axes:
         kind.change(h.axis_picker, kind, pick, **private)
         pick.input(h.picked, pick, values, **private)
@@ -338,6 +352,11 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
                                                             ui.g.width, ui.g.height], **private)
                    .then(h.recommended_controls, ui.checkpoint, recommended, **private))
     demo.load(h.scores_view, [ui.metric, ui.s_x], [ui.metric, *scores], **private)
+    # a tab's lists again as it opens: fresh, and past a Gradio race in which a page load's outputs in a tab not yet
+    # shown keep a spinner over them (its "complete" arrived before they mounted), blocking their clicks
+    for tab in (ui.compare_tab, ui.xyz_tab):
+        tab.select(h.refresh, None, dropdowns, **private)
+    ui.scores_tab.select(h.scores_view, [ui.metric, ui.s_x], [ui.metric, *scores], **private)
 
 
 def wire_settings(ui: UI) -> None:

@@ -1,7 +1,8 @@
 """The X/Y/Z plot's plan, without Gradio: axes, the cells they make, and the batches those are generated in.
 
-Up to three axes, each over one setting: checkpoint, guidance, steps, sampler, seed, prompt or denoising strength
-(of the Generate tab's mode: its init image, or its hires fix).
+Up to three axes, each over one setting: checkpoint, guidance, steps, sampler, seed, prompt, denoising strength
+(of the Generate tab's mode: its init image, or its hires fix) or LoRA (a ``<lora:NAME:STRENGTH>`` tag of the prompt:
+its strength, or which file, such as a run's adapter checkpoints).
 Every other setting comes from the base request. A cell is one image; one grid is drawn per Z value (``app.grid``).
 
 **Order.** Checkpoint is always the outer loop (each is loaded once, whatever the axes' order); within a
@@ -14,16 +15,17 @@ batched kernels otherwise (measured: at most 1 level of 255, in under 1% of valu
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 
 from models.errors import WorkbenchError
-from models.generation import check_sampler, check_strength
+from models.generation import check_sampler, check_strength, lora_tags, with_lora
 
 from .generate import (MAX_SEED, GenerationParams, Limits, check_pixel_steps, checkpoint_name, pixel_steps, shown, text,
                        validate, whole_number)
 from .modes import with_strength
 
-AXES = ("checkpoint", "guidance", "steps", "sampler", "seed", "prompt", "strength")
+AXES = ("checkpoint", "guidance", "steps", "sampler", "seed", "prompt", "strength", "lora")
 NONE = "none"
 WEIGHTS_SUFFIXES = ("(ema)", "(raw)")  # "label (raw)": one checkpoint's raw weights
 
@@ -49,7 +51,8 @@ class Cell:
         """Cells with the same key can share one pipeline call."""
         p = self.params
         return (self.checkpoint, self.weights, p.steps, p.sampler, p.guidance, p.width, p.height, p.negative_prompt,
-                None if p.init is None else p.init.strength, p.hires)
+                None if p.init is None else p.init.strength, p.hires,
+                tuple((t.name, t.strength) for t in lora_tags(p.prompt)[1]))  # a set of LoRAs is a pipeline
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ def _value(name: str, kind: str, item: str, limits: Limits, weights: str):
             return check_strength(item)
         except WorkbenchError as e:
             raise WorkbenchError(f"{name}: {e}") from None
+    if kind == "lora":
+        return lora_value(name, item)
     return text(f"{name}: prompt", item, limits.max_prompt_chars)
 
 
@@ -134,10 +139,33 @@ def _with_weights(item: str) -> tuple[str, str | None]:
     return item, None
 
 
+def lora_value(name: str, item: str) -> tuple[str | None, float | None]:
+    """A LoRA axis's value: ``STRENGTH`` (of the prompt's one LoRA tag), ``NAME`` (that LoRA in its place) or
+    ``NAME:STRENGTH``, as (name or None, strength or None)."""
+    head, sep, tail = item.rpartition(":")
+    number = tail if sep else item
+    try:
+        strength = float(number)
+    except ValueError:
+        strength = None
+    if strength is not None and not math.isfinite(strength):
+        raise WorkbenchError(f"{name}: not a finite strength: {shown(item)}")
+    if strength is None:
+        head = item
+    elif not sep:
+        head = None
+    if head is not None and (not head.strip() or "<" in head or ">" in head):
+        raise WorkbenchError(f"{name}: give STRENGTH, NAME or NAME:STRENGTH, got {shown(item)}")
+    return (None if head is None else head.strip()), strength
+
+
 def _label(kind: str, value) -> str:
     if kind == "checkpoint":
         label, weights = value
         return f"{label} ({weights})" if weights else label
+    if kind == "lora":
+        name, strength = value
+        return " ".join(p for p in (name or "LoRA", "" if strength is None else f"{strength:g}") if p)
     return {"guidance": lambda: f"CFG {value:g}", "steps": lambda: f"{value} steps",
             "seed": lambda: f"seed {value}", "strength": lambda: f"strength {value:g}"}.get(kind, lambda: str(value))()
 
@@ -160,8 +188,13 @@ def plan(checkpoint: str, weights: str, base: GenerationParams, axes: tuple[Axis
                 ckpt, chosen = axis.values[i][0], axis.values[i][1] or weights
             elif axis.kind != NONE:
                 changes[axis.kind] = axis.values[i]  # the axis kinds are GenerationParams' field names
-        strength = changes.pop("strength", None)
+        strength, lora = changes.pop("strength", None), changes.pop("lora", None)
         params = replace(base, **changes)
+        if lora is not None:
+            try:
+                params = replace(params, prompt=with_lora(params.prompt, *lora))
+            except WorkbenchError as e:
+                raise WorkbenchError(f"LoRA axis: {e}") from None
         cells.append(Cell((x, y, z), ckpt, chosen, params if strength is None else with_strength(params, strength)))
     if "checkpoint" not in kinds and not (isinstance(checkpoint, str) and checkpoint.strip()):
         raise WorkbenchError("no checkpoint chosen: pick one, or put checkpoints on an axis")

@@ -260,13 +260,21 @@ def phase_config(plan: Plan, phase: str, folder: Path, *extra: str):
                  "data.precomputed=true", f"data.resolution={resolution}", f"global_train_batch_size={plan.batch}",
                  f"save_folder={folder}", "save_interval=1000000ba", "progress_bar=false", "loggers=[]",
                  "autoresume=false", "load_path=null"]
+    overrides += plan_overrides(plan)
+    return load_config(ROOT / f"configs/sd2-base-{phase}.yaml", overrides + list(extra))
+
+
+def plan_overrides(plan: Plan) -> list[str]:
+    """The config overrides every training part takes from the plan: microbatch, loader workers, and on the CPU
+    (the dry run) fp32 without the GPU's low-precision norms."""
+    overrides = []
     if plan.microbatch is not None:
         overrides.append(f"device_train_microbatch_size={plan.microbatch}")
     if plan.workers is not None:
         overrides.append(f"data.num_workers={plan.workers}")
     if plan.device == "cpu":
         overrides += ["device=cpu", "precision=fp32", "low_precision_norms=false"]
-    return load_config(ROOT / f"configs/sd2-base-{phase}.yaml", overrides + list(extra))
+    return overrides
 
 
 def attention_backend(cfg, plan: Plan) -> str:
@@ -579,12 +587,7 @@ def mmdit_medium(plan: Plan) -> dict:
                  f"global_train_batch_size={plan.mmdit_batch}", f"save_folder={folder}", "save_interval=1000000ba",
                  "eval_interval=null", "preview_interval=null", "progress_bar=false", "loggers=[]",
                  "autoresume=false", "load_path=null", "fsdp=false", "model.other_phrasing=0"]
-    if plan.microbatch is not None:
-        overrides.append(f"device_train_microbatch_size={plan.microbatch}")
-    if plan.workers is not None:
-        overrides.append(f"data.num_workers={plan.workers}")
-    if plan.device == "cpu":
-        overrides += ["device=cpu", "precision=fp32", "low_precision_norms=false"]
+    overrides += plan_overrides(plan)
     cfg = load_config(ROOT / f"configs/{plan.mmdit_config}.yaml", overrides)
     planned = check_memory(cfg, resolve_device(cfg))  # on the meta device: what build_trainer checks again
     trainer = build_trainer(cfg)

@@ -179,6 +179,72 @@ def cmd_compare(args) -> None:
     print(f"report: {write_report(cfg.out)}")
 
 
+def _strengths(value: str) -> tuple[float, ...]:
+    try:
+        strengths = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated strengths such as 0.5,0.75,1, got {value!r}") from None
+    return strengths  # their range is checked with the adapter files (evaluate/adapter_report.py)
+
+
+def cmd_adapter(args) -> None:
+    from .adapter_report import AdapterSetup, adapter_report
+    from .names import PREFERENCE_COLUMNS
+    from .verdict import interval_shown, verdict_shown
+
+    setup = AdapterSetup(images=args.images, prompts=args.prompts, neutral=args.neutral, out=args.out,
+                         dinov2=args.dinov2, clip=args.clip, strengths=args.strengths,
+                         preference={k: getattr(args, k) for k in PREFERENCE_COLUMNS if getattr(args, k)},
+                         scorer=args.scorer, n_prompts=args.n_prompts, n_per_prompt=args.n_per_prompt,
+                         guidance=args.guidance,
+                         steps=args.steps, sampler=args.sampler, size=args.size, seed=args.seed,
+                         batch_size=args.batch_size, bootstrap=args.bootstrap, device=args.device,
+                         progress=not args.no_progress)
+    report = adapter_report(args.base, args.adapters, setup)
+    for r in report["entries"]:
+        print(f"{r['entry']}: " + "; ".join(f"{m['name']} {interval_shown(m)} ({verdict_shown(m)})"
+                                           for m in r["metrics"]))
+    print(f"recommended: {report['recommendation']['sentence']}")
+    print(f"report: {Path(args.out) / 'adapter-report.json'}, page: {Path(args.out) / 'adapter-report.html'}")
+
+
+def _add_adapter(ev_sub) -> None:
+    p = ev_sub.add_parser("adapter", help="did an adapter help: each adapter file x strength against its base on the "
+                                           "same prompts and seeds (fidelity, adherence, drift, paired intervals)")
+    p.add_argument("base", help="the checkpoint the adapters were trained on (any kind the door opens)")
+    p.add_argument("adapters", nargs="+", metavar="ADAPTER", help="adapter files (.safetensors, any layout or kind "
+                                                                  "`dwb sample --lora` reads): a run's checkpoints")
+    p.add_argument("--images", required=True, metavar="FOLDER", help="the training images (subject fidelity: DINO "
+                                                                     "and CLIP image cosine to them)")
+    p.add_argument("--prompts", required=True, metavar="SET", help="held-out prompts with the trigger: a CSV/TSV with "
+                                                                   "a prompt column, drawbench, parti or shapes")
+    p.add_argument("--neutral", required=True, metavar="SET", help="neutral prompts without the trigger (drift from "
+                                                                   "the base's own image at the same seed)")
+    p.add_argument("--out", required=True, help="folder for the samples, adapter-report.json and .html")
+    p.add_argument("--dinov2", required=True, metavar="FOLDER_OR_HUB_ID", help="DINOv2 (DreamBench uses ViT-S/16 "
+                                                                               "DINO; facebook/dinov2-small)")
+    p.add_argument("--clip", required=True, metavar="FOLDER_OR_HUB_ID", help="CLIP for CLIP-I and the CLIP score")
+    p.add_argument("--scorer", metavar="FILE", help="the shapes domain's scorer (`dwb evaluate train-scorer`): "
+                                                    "every attribute right on the held-out prompts, as adherence")
+    p.add_argument("--strengths", type=_strengths, default=(0.5, 0.75, 1.0), help="comma-separated (default "
+                                                                                   "0.5,0.75,1)")
+    p.add_argument("--n-prompts", type=_positive, help="use the first N prompts of each set")
+    p.add_argument("--n-per-prompt", type=_positive, default=1, help="images per prompt (seeds as `evaluate run`)")
+    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE)
+    p.add_argument("--steps", type=_positive, default=DEFAULT_STEPS)
+    p.add_argument("--sampler", choices=SAMPLERS)
+    p.add_argument("--size", type=_positive, help="image side (default: the base's native size)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=_positive, default=8)
+    p.add_argument("--bootstrap", type=_replicates, default=200, help="replicates from 100 prompts on (below: "
+                                                                      "the t-interval)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-progress", action="store_true")
+    _preference_flags(p)
+    p.set_defaults(func=cmd_adapter)
+
+
+
 def cmd_report(args) -> None:
     from .report import write_report
     from .store import ResultsStore
@@ -321,6 +387,8 @@ def register(sub) -> None:
                         "FD-DINOv2): a greedy upper bound that costs some ten bootstraps of the metric, about 10 "
                         "minutes per metric at 1,000 images on 2 cores (per-image metrics' counts are always given)")
     p.set_defaults(func=cmd_compare)
+
+    _add_adapter(ev_sub)
 
     p = ev_sub.add_parser("train-scorer", help="train the shapes domain scorer (domain FID, attribute accuracy)")
     p.add_argument("data", help="a shapes dataset folder (`dwb data shapes`): trains on DATA/32, checks on DATA/eval/32")

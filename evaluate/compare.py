@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from models.checkpoints import ENTRY_SEPARATOR, is_entry, parse_entry
 from models.errors import WorkbenchError
 from models.common import write_text_whole
 from models.shapes import parse_caption
@@ -38,12 +39,23 @@ from .verdict import family_replicates, overall, sentence, with_verdicts
 MUST_MATCH = ("prompts", "n_images", "size", "aspect", "extractor", "n_reference", "dinov2")
 
 
+def entry_text(who: str) -> str:
+    """``BASE + FILE@S`` as an entry's row records it (``models.checkpoints.Entry.ref``: every strength written,
+    "@1" where none was given); any other text as it is."""
+    if not is_entry(who):
+        return who
+    base, adapters = parse_entry(who)
+    return ENTRY_SEPARATOR.join([base, *(f"{path}@{strength:g}" for path, strength in adapters)])
+
+
 def rows_of(rows: list[dict], who: str) -> dict[tuple, dict]:
-    """The latest scored row per (guidance, sampler) whose model label or checkpoint path is ``who``."""
+    """The latest scored row per (guidance, sampler) whose model label or checkpoint path (or entry, ``BASE +
+    FILE@S``) is ``who``."""
     target = str(Path(who).resolve()) if Path(who).exists() else None
+    written = entry_text(who)
     found = {}
     for r in rows:
-        if r.get("status") == "ok" and (r["model"] == who or r["checkpoint"] == who
+        if r.get("status") == "ok" and (r["model"] == who or r["checkpoint"] in (who, written)
                                         or (target and str(Path(r["checkpoint"]).resolve()) == target)):
             found[(r["guidance"], r.get("sampler"))] = r
     return found

@@ -22,7 +22,8 @@ from .attribute_accuracy import attr_column
 METRICS_FILE = "metrics.json"
 IMAGE_QUALITY, TEXT_ALIGNMENT, ATTRIBUTE_ACCURACY = "image quality", "text alignment", "attribute accuracy"
 HUMAN_PREFERENCE = "human preference"
-FAMILIES = (IMAGE_QUALITY, TEXT_ALIGNMENT, ATTRIBUTE_ACCURACY, HUMAN_PREFERENCE)
+SUBJECT_FIDELITY, DRIFT = "subject fidelity", "drift"  # the adapter report's (evaluate/adapter_report.py)
+FAMILIES = (IMAGE_QUALITY, TEXT_ALIGNMENT, ATTRIBUTE_ACCURACY, HUMAN_PREFERENCE, SUBJECT_FIDELITY, DRIFT)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,14 @@ _TABLE = [
     Metric("hps", "HPSv2.1", False, HUMAN_PREFERENCE, (-1, 1)),  # a cosine
     Metric("imagereward", "ImageReward", False, HUMAN_PREFERENCE, (None, None)),  # standardised, unbounded
     Metric("aesthetic", "aesthetic score", False, HUMAN_PREFERENCE, (None, None)),  # a linear head: unbounded
+    # an adapter against its base (evaluate/adapter_report.py): DreamBench's subject fidelity, each image's mean
+    # cosine to the training images, and the drift on neutral prompts from the base's own image at the same seed
+    Metric("dino_i", "DINO similarity to the training images", False, SUBJECT_FIDELITY, (-1, 1)),
+    Metric("clip_i", "CLIP image similarity to the training images", False, SUBJECT_FIDELITY, (-1, 1)),
+    Metric("drift_dino", "DINO distance from the base's image (neutral prompts)", True, DRIFT, (0, 2)),
+    *(Metric(f"neutral_{key}", f"{name} on neutral prompts", False, DRIFT, bounds) for key, name, bounds in (
+        ("pickscore", "PickScore", (-100, 100)), ("hps", "HPSv2.1", (-1, 1)),
+        ("imagereward", "ImageReward", (None, None)), ("aesthetic", "aesthetic score", (None, None)))),
 ]
 PREFERENCE_COLUMNS = ("pickscore", "hps", "imagereward", "aesthetic")
 METRICS: dict[str, Metric] = {m.key: m for m in _TABLE}

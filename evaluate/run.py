@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from models.checkpoints import (Checkpoint, content_hash, describe, find_checkpoint, load_pipeline, native_size_of,
-                                recommended_settings, weights_of)
+from models.checkpoints import (Checkpoint, Entry, describe, find_checkpoint, find_entry, native_size_of, open_entry,
+                                parse_entry, recommended_settings, weights_of)
 from models.generation import (DEFAULT_STEPS, Settings, aspect_bucket, check_drawable, parse_aspect, pick_device,
                                pipeline_dtype, sampler_of, starting_settings)
 from models.families import family_or_ours
@@ -69,6 +69,7 @@ class Opened:
     sampler_given: str | None = None  # the sampler asked for (the flag or the checkpoint's recommended): names folders
     guidance: tuple[float, ...] = ()  # the scales scored
     sizes: dict[int, tuple[int, int]] = field(default_factory=dict)  # prompt index -> (width, height) of its aspect
+    entry: Entry | None = None  # the checkpoint with the adapters applied to it (models.checkpoints.Entry)
 
 
 class Evaluator:
@@ -165,21 +166,24 @@ class Evaluator:
         barrier(patient=True)  # rank 0 alone computed the metrics (bootstrap, PRDC) and wrote the samples' files
         return rows
 
-    def open(self, checkpoint: Checkpoint | str | Path, model: str | None) -> Opened:
-        """The checkpoint's pipeline, provenance, sampler, image size and the reference statistics at that size."""
+    def open(self, checkpoint: Checkpoint | Entry | str | Path, model: str | None) -> Opened:
+        """The checkpoint's pipeline, provenance, sampler, image size and the reference statistics at that size.
+        ``BASE + FILE@S`` is one entry (``models.checkpoints.Entry``): the base opened, the adapters applied, named
+        and hashed as the entry."""
         cfg = self.cfg
-        found = checkpoint if isinstance(checkpoint, Checkpoint) and checkpoint.path else find_checkpoint(
-            getattr(checkpoint, "ref", checkpoint))
+        entry = find_entry(checkpoint)
+        found = entry.base
         if cfg.parts and found.kind == "single-file":  # --parts: where the single files' other parts come from
             found = find_checkpoint(found.path, parts=cfg.parts)
+            entry = Entry(found, entry.adapters)
         weights = weights_of(found, weights_choice(cfg))
-        source = Provenance(found.ref, model or found.label, content_hash(found), weights)
+        source = Provenance(entry.ref, model or entry.label, entry.hash(), weights, **entry.a1111())
         chosen, guidance, sampler_given = self.settings_of(found)
         info = describe(found)
         family = family_or_ours(info.family)
         known = chosen["size"] or info.resolution
         sizes = self.sizes_at(known, family) if known else None  # before the weights are read, where it can be
-        pipe = load_pipeline(found, ema=weights == "ema", device=self.device, dtype=self.dtype)
+        pipe = open_entry(entry, ema=weights == "ema", device=self.device, dtype=self.dtype)
         size = chosen["size"] or native_size_of(found, pipe)
         sizes = self.sizes_at(size, family) if sizes is None else sizes
         references = {"fid": self.reference(size)}
@@ -188,7 +192,7 @@ class Evaluator:
         if self.dinov2 is not None:
             references["fd_dinov2"] = self.reference(size, self.dinov2)
         return Opened(found, source, pipe, sampler_of(Settings(sampler=chosen["sampler"])), size, references,
-                      steps=chosen["steps"], sampler_given=sampler_given, guidance=guidance, sizes=sizes)
+                      steps=chosen["steps"], sampler_given=sampler_given, guidance=guidance, sizes=sizes, entry=entry)
 
     def sizes_at(self, side: int, family) -> dict[int, tuple[int, int]]:
         """Each prompt with an aspect (``aspect``, or its own from ``aspect_column``) -> the aspect bucket of side x
@@ -253,8 +257,9 @@ class Evaluator:
         """What a row says about how it was scored and what its checkpoint cost to reach (the metrics and timings
         are added to it)."""
         cfg, fid_reference = self.cfg, opened.references["fid"]
-        return {"model": opened.source.model, "checkpoint": opened.found.ref,
+        return {"model": opened.source.model, "checkpoint": opened.source.checkpoint,
                 "checkpoint_hash": opened.source.checkpoint_hash, "weights": opened.source.weights,
+                **(opened.entry.columns() if opened.entry is not None else {}),
                 "step": opened.found.step or 0, **checkpoint_cost_columns(opened.found.path),
                 "guidance": float(guidance), "n_images": n_images,
                 "n_reference": fid_reference.stats.n, "reference_skipped": fid_reference.skipped,
@@ -281,9 +286,12 @@ def evaluate_checkpoints(cfg: EvalConfig, checkpoints: list[str | Path], extract
 
     from models.checkpoints import is_hub_id
 
-    missing = [str(c) for c in checkpoints if not ("://" in str(c) or Path(c).exists() or is_hub_id(str(c)))]
-    if missing:  # a typo is the setup's problem: nothing is scored
-        raise WorkbenchError(f"checkpoint not found: {missing[0]}")
+    for c in checkpoints:  # a typo is the setup's problem: nothing is scored
+        base, adapters = parse_entry(c)
+        if not ("://" in base or Path(base).exists() or is_hub_id(base)):
+            raise WorkbenchError(f"checkpoint not found: {base}")
+        if missing := [str(p) for p, _ in adapters if not p.is_file()]:
+            raise WorkbenchError(f"adapter file not found: {missing[0]} (in {c})")
     ev = Evaluator(cfg, extractor)
     rows, unreadable = [], []
     for ckpt in checkpoints:

@@ -62,11 +62,16 @@ class SampleRecord:
     checkpoint_hash: str = ""  # models.checkpoints.content_hash
     weights: str = "stored"  # "ema" or "raw" for a Composer checkpoint
     guidance_kind: str = "cfg"  # how the model took the guidance scale (models.generation.guidance_kind_of)
+    base_model: str = ""  # Provenance's: an entry's base and LoRAs, as its PNG names them
+    base_hash: str = ""
+    lora_hashes: str = ""
+    lora_strengths: str = ""
 
     def image_record(self) -> ImageRecord:
         return ImageRecord(self.prompt, "", self.sampler, self.steps, self.guidance, self.width, self.height,
-                           self.seed, self.model, self.checkpoint_hash, self.weights,
-                           guidance_kind=self.guidance_kind)
+                           self.seed, self.base_model or self.model, self.base_hash or self.checkpoint_hash,
+                           self.weights, guidance_kind=self.guidance_kind, lora_hashes=self.lora_hashes,
+                           lora_strengths=self.lora_strengths)
 
 
 def write_png(image: Image.Image, out: Path, record: SampleRecord) -> None:
@@ -100,6 +105,12 @@ class Provenance:
     model: str
     checkpoint_hash: str = ""
     weights: str = "stored"
+    # an entry with adapters (models.checkpoints.Entry.a1111): its base's label and hash and its LoRAs, which the
+    # PNGs name as AUTOMATIC1111 does (Model, Model hash, Lora hashes); the manifest keeps the entry's own
+    base_model: str = ""
+    base_hash: str = ""
+    lora_hashes: str = ""
+    lora_strengths: str = ""
 
 
 @torch.no_grad()
@@ -138,7 +149,8 @@ def generate_samples(pipe, prompts: list[Prompt], out: str | Path, *, source: Pr
             for (p, i), s, image in zip(chunk, seeds, images):
                 rel = f"images/{p.index:05d}-{i:03d}.png"
                 rec = SampleRecord(p.text, p.index, p.category, i, s, source.checkpoint, model, float(guidance),
-                                   sampler, steps, width, height, rel, source.checkpoint_hash, source.weights, kind)
+                                   sampler, steps, width, height, rel, source.checkpoint_hash, source.weights, kind,
+                                   source.base_model, source.base_hash, source.lora_hashes, source.lora_strengths)
                 pending.append(pool.submit(write_png, Image.fromarray(image), out, rec))
                 records.append(rec)
             if on_batch is not None:

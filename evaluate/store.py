@@ -41,9 +41,11 @@ COLUMNS = ["model", "checkpoint", "step", *COST_COLUMNS, "guidance", *_with_inte
            "n_reference", "reference_skipped", "prompts", "sampler", "steps", "size", "aspect", "extractor", "dinov2", "resize",
            "seconds_generate", "seconds_metrics", "seconds_bootstrap", "seconds_total", "seconds_checkpoint", "samples",
            "status", "error",
-           "checkpoint_hash", "weights", "dtype", "file_size", "file_mtime_ns", "time"]
+           "checkpoint_hash", "base_checkpoint", "base_hash", "lora_hashes", "lora_strengths", "weights", "dtype",
+           "file_size", "file_mtime_ns", "time"]
 CATEGORY_KEYS = ["model", "checkpoint", "step", "guidance", "sampler"]
-TEXT_COLUMNS = frozenset({"model", "checkpoint", "checkpoint_hash", "weights", "prompts", "sampler", "aspect",
+TEXT_COLUMNS = frozenset({"model", "checkpoint", "checkpoint_hash", "base_checkpoint", "base_hash", "lora_hashes",
+                          "lora_strengths", "weights", "prompts", "sampler", "aspect",
                           "extractor", "dinov2", "resize", "samples", "status", "error", "dtype"})
 NUMBER_COLUMNS = frozenset(COLUMNS) - TEXT_COLUMNS
 

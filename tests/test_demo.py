@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from evaluate.names import display_name
+from evaluate.verdict import tied
+
 from .conftest import CHROMIUM, CHROMIUM_ARGS, REPO, needs_chromium, run_dwb
 
 REPO_CONFIGS = REPO / "configs"
@@ -76,7 +79,13 @@ def test_quick_demo_runs_every_stage(quick_demo):
     compared = quick_demo.compared
     for answer in closing.split(": ", 1)[1].rstrip(".").split("; "):  # each metric alone, as asked beforehand
         said, p_value = answer.rsplit(" (", 1)
-        [line] = [line for line in compared.stdout.splitlines() if said in line]  # the line that metric's leads
+        lines = [line for line in compared.stdout.splitlines() if said in line]  # the line that metric's leads
+        if not lines and said.endswith(": B - A = +0 [+0, +0]"):  # an exact tie: compare folds the ties in one line
+            name = said.removeprefix("cannot tell on ").removesuffix(": B - A = +0 [+0, +0]")
+            [line] = [line for line in compared.stdout.splitlines() if "tied: B - A = 0 [0, 0]" in line]
+            assert name in line and p_value == "p = 1)"
+            continue
+        [line] = lines
         assert f"its own {p_value.rstrip(')')}" in line or f"alone: {answer}" in line or line.endswith(f"({p_value}")
     # ... and writes the comparison page `dwb evaluate compare` writes, which the report links
     page = Path(report["compare_page"])
@@ -144,10 +153,15 @@ def test_the_demos_compare_page_says_what_compare_prints_and_its_json_holds(quic
     assert set(rows) == {m["metric"] for m in saved["metrics"]} and len(rows) > 10
     for m in saved["metrics"]:
         row = rows[m["metric"]]
-        [line] = [line for line in printed if line == f"  {m['sentence']}"]  # the printed line, word for word
+        lines = [line for line in printed if line == f"  {m['sentence']}"]  # the printed line, word for word
         assert row["sentence"] == m["sentence"]
         assert row["class"] == f"better-{m['better_holm'] or 'none'}"
         assert row["verdict"] == ("cannot tell" if m["better_holm"] is None else f"{m['better_holm']} is better")
+        if not lines and tied(m):  # an exact tie, printed in the one line that folds the ties
+            [line] = [line for line in printed if "tied: B - A = 0 [0, 0] on each" in line]
+            assert display_name(m["metric"]) in line and m["difference"] == m["lo"] == m["hi"] == 0
+            continue
+        [line] = lines
         if m["lo"] is None:  # no interval: said why, and no p
             assert row["p"] == row["own-p"] == "" and m["unmeasured"] in line
             continue

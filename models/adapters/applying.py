@@ -1,9 +1,11 @@
 """Adapter files from anywhere applied to an opened pipeline, each at a strength: ``apply_adapters``.
 
-Every file is judged first (``check_adapter_file``: a pickle, a key outside the denoiser, a shape that does not fit,
-a rank bomb are refused before any tensor is read); a file whose keys name layers of another family's denoiser is
-refused in one line naming that family, found by matching its keys against each family's full-size denoiser built
-on the meta device.
+Every file is judged first (``check_adapter_file``: a pickle, a key outside the denoiser and the text encoders, a
+shape that does not fit, a rank bomb are refused before any tensor is read); a file whose keys name layers of another
+family's denoiser is refused in one line naming that family, found by matching its keys against each family's
+full-size denoiser built on the meta device. Text encoders' keys (kohya's ``lora_te_``/``lora_te1_``/``lora_te2_``,
+diffusers' ``text_encoder.``/``text_encoder_2.``) are judged against the pipeline's towers that diffusers' loader
+adapts (``adaptable_text_encoders``) and applied like the denoiser's, by the same route.
 
 Then, by what the file holds:
 
@@ -12,8 +14,9 @@ Then, by what the file holds:
   reads it (its converters split and rename), one peft adapter per file, and ``set_adapters(names, strengths)``
   stacks them;
 - what plain diffusers refuses or drops (LoHa, LoKr, LyCORIS' ``dora_scale``, and the peft layout, whose alpha
-  lives in its ``peft_config`` metadata where diffusers reads none): its delta merged into the denoiser's weights by
-  the format's own formula, ``strength`` multiplying the delta (inside DoRA's normalisation, as peft scales it):
+  lives in its ``peft_config`` metadata where diffusers reads none): its delta merged into the weights of the
+  denoiser and the text encoders by the format's own formula, ``strength`` multiplying the delta (inside DoRA's
+  normalisation, as peft scales it):
 
   - LoRA: ``up @ down * scale``;
   - LoHa: ``(w1_a @ w1_b) * (w2_a @ w2_b) * scale``;
@@ -43,7 +46,8 @@ from ..errors import WorkbenchError, first_line
 from ..families import FAMILIES, build_on_meta, family_named, family_of_pipeline
 from ..readers import read_safetensors_head
 from .adding import denoiser_layers
-from .reading import COMFYUI_PREFIX, AdapterFile, _group, _split, check_adapter_file, comfyui_as_kohya_name
+from .reading import (COMFYUI_PREFIX, ROLES, AdapterFile, _check_group, _group, _sizes, _split, adaptable_layers,
+                      check_adapter_file, comfyui_as_kohya_name)
 from .writing import PEFT_CONFIG_KEY
 
 MAX_STRENGTH = 10.0  # AUTOMATIC1111's slider spans -2 to 2; a strength past 10 is a typing slip
@@ -81,10 +85,14 @@ def a1111_short_hash(path: Path, header_bytes: int) -> str:
     return digest.hexdigest()[:12]
 
 
-def _names_layers(head, denoiser, family) -> bool:
-    """Whether every key of ``head`` names a layer of ``denoiser`` (names alone, not shapes)."""
+def _names_layers(head, denoiser, family, shapes: bool = False) -> bool:
+    """Whether every key of ``head`` but the text encoders' names a layer of ``denoiser`` (names alone; with
+    ``shapes``, each layer's tensors fitting it too)."""
+    layers = denoiser_layers(denoiser)
     try:
-        _group(head, denoiser, family, denoiser_layers(denoiser), Path("?"))
+        _, groups = _group(head, denoiser, family, layers, Path("?"), towers=None)
+        for paths, suffixes in groups.items() if shapes else ():
+            _check_group(suffixes, *_sizes(layers, paths), paths[0])
     except WorkbenchError:
         return False
     return True
@@ -107,29 +115,33 @@ def _family_it_fits(path: Path, head, own) -> str:
         denoiser = _full_size_on_meta(family.name)
         if _names_layers(head, denoiser, family):
             named.append((family, denoiser))
-    fitting = []
-    for family, denoiser in named:
-        try:
-            check_adapter_file(path, denoiser, family.name)
-            fitting.append(family)
-        except WorkbenchError:
-            pass
+    fitting = [family for family, denoiser in named if _names_layers(head, denoiser, family, shapes=True)]
     return " or ".join(f.label for f in (fitting if len(fitting) == 1 else [f for f, _ in named]))
 
 
-def judge_adapter_file(path: str | Path, denoiser: torch.nn.Module, family) -> AdapterFile:
-    """``check_adapter_file``, with a file whose keys name no layer of ``denoiser`` refused in one line naming the
-    family it looks made for (or saying it fits none)."""
+def adaptable_text_encoders(pipe, family) -> dict[str, torch.nn.Module]:
+    """The pipeline's text encoders an adapter file may adapt: the family's that the pipeline holds and that
+    diffusers' LoRA loader of its class adapts (``_lora_loadable_modules``: SD's and SDXL's CLIP towers, SD3's two
+    CLIP towers, Flux.1's CLIP-L; not a T5)."""
+    loadable = getattr(pipe, "_lora_loadable_modules", ())
+    return {name: getattr(pipe, name) for name in family.text_encoders
+            if name in loadable and getattr(pipe, name, None) is not None}
+
+
+def judge_adapter_file(path: str | Path, denoiser: torch.nn.Module, family,
+                       text_encoders: dict | None = None) -> AdapterFile:
+    """``check_adapter_file`` against ``denoiser`` and ``text_encoders`` (``adaptable_text_encoders``), with a file
+    whose denoiser keys name no layer of ``denoiser`` refused in one line naming the family it looks made for (or
+    saying it fits none)."""
     path = Path(path)
     try:
-        return check_adapter_file(path, denoiser, family.name)
+        return check_adapter_file(path, denoiser, family.name, text_encoders=text_encoders)
     except WorkbenchError as refused:
         try:
             head = read_safetensors_head(path)
         except WorkbenchError:
             raise refused from None
-        if not head.tensors or _names_layers(head, denoiser, family) or any(
-                k.startswith(("lora_te", "text_encoder")) for k in head.tensors):
+        if not head.tensors or _names_layers(head, denoiser, family):
             raise refused from None
         other = _family_it_fits(path, head, family)
         where = f"{family.label}'s {type(denoiser).__name__}"
@@ -155,7 +167,8 @@ def apply_adapters(pipe, adapters) -> list[AppliedAdapter]:
         return []
     family = family_of_pipeline(pipe)
     denoiser = getattr(pipe, family.denoiser)
-    judged = [judge_adapter_file(path, denoiser, family) for path, _ in adapters]
+    text_encoders = adaptable_text_encoders(pipe, family)
+    judged = [judge_adapter_file(path, denoiser, family, text_encoders) for path, _ in adapters]
     applied, names, strengths = [], [], []
     for i, ((path, strength), info) in enumerate(zip(adapters, judged)):
         head = read_safetensors_head(path)
@@ -170,7 +183,7 @@ def apply_adapters(pipe, adapters) -> list[AppliedAdapter]:
             names.append(name)
             strengths.append(strength)
         else:
-            merge_adapter_file(denoiser, family, path, head, strength)
+            merge_adapter_file(denoiser, family, path, head, strength, text_encoders)
         applied.append(AppliedAdapter(path.stem, a1111_short_hash(path, head.header_bytes), strength, info.kind,
                                       info.layout, not through))
     if names:
@@ -244,8 +257,8 @@ def _delta(t: dict) -> tuple[str, torch.Tensor, int]:
     if any(k.startswith("lokr_") for k in t):
         delta, rank = _lokr_delta(t)
         return "lokr", delta, rank
-    down = next(t[k] for k in ("lora_A.weight", "lora.down.weight", "lora_down.weight") if k in t)
-    up = next(t[k] for k in ("lora_B.weight", "lora.up.weight", "lora_up.weight") if k in t)
+    down = next(tensor for suffix, tensor in t.items() if ROLES[suffix] == "down")
+    up = next(tensor for suffix, tensor in t.items() if ROLES[suffix] == "up")
     return "lora", _product(up, down), down.shape[0]
 
 
@@ -267,13 +280,14 @@ def _dora(weight: torch.Tensor, delta: torch.Tensor, magnitude: torch.Tensor) ->
     return (m * adapted / norm).reshape(weight.shape)
 
 
-def merge_adapter_file(denoiser: torch.nn.Module, family, path: Path, head, strength: float) -> None:
-    """Merge a judged file's deltas into ``denoiser``'s weights at ``strength`` (the formulas are the module's
-    note); a fused kohya layer's delta split over its members by their outputs."""
+def merge_adapter_file(denoiser: torch.nn.Module, family, path: Path, head, strength: float,
+                       text_encoders: dict | None = None) -> None:
+    """Merge a judged file's deltas into the weights of ``denoiser`` and ``text_encoders`` at ``strength`` (the
+    formulas are the module's note); a fused kohya layer's delta split over its members by their outputs."""
     from safetensors import safe_open
 
-    layers = denoiser_layers(denoiser)
-    _, groups = _group(head, denoiser, family, layers, path)
+    layers = adaptable_layers(denoiser, text_encoders)
+    _, groups = _group(head, denoiser, family, layers, path, tuple(text_encoders or ()))
     config = None
     if PEFT_CONFIG_KEY in head.metadata:
         config = loads_outside(head.metadata[PEFT_CONFIG_KEY], f"{path}: its {PEFT_CONFIG_KEY}")

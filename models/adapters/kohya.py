@@ -30,6 +30,14 @@ from ..errors import WorkbenchError
 KOHYA_FAMILIES = {"sd1": ("sd_v1", "networks.lora"), "sd2": ("sd_v2", "networks.lora"),
                   "sdxl": ("sdxl_base_v1-0", "networks.lora"), "flux": ("flux1", "networks.lora_flux")}
 PREFIX = "lora_unet_"
+# family -> {text encoder (its part name): the prefixes of kohya's keys of its layers}: kohya's networks/lora.py
+# names a lone tower "lora_te" and SDXL's two "lora_te1", "lora_te2"; diffusers' convert_state_dict_to_kohya writes
+# "lora_te1" for any first tower (its reader takes both for it); networks/lora_flux.py names Flux.1's CLIP-L
+# "lora_te1" and its T5 "lora_te3". The rest of a key is the tower's module path with underscores for dots.
+KOHYA_TEXT_PREFIXES = {"sd1": {"text_encoder": ("lora_te_", "lora_te1_")},
+                       "sd2": {"text_encoder": ("lora_te_", "lora_te1_")},
+                       "sdxl": {"text_encoder": ("lora_te1_",), "text_encoder_2": ("lora_te2_",)},
+                       "flux": {"text_encoder": ("lora_te1_",), "text_encoder_2": ("lora_te3_",)}}
 
 # Flux.1: diffusers' module inside a block -> (the BFL layer, the member's place in a fused layer or None)
 FLUX_DOUBLE = {"attn.to_q": ("img_attn_qkv", 0), "attn.to_k": ("img_attn_qkv", 1), "attn.to_v": ("img_attn_qkv", 2),

@@ -7,8 +7,10 @@ What it refuses, each in one line naming the file (tests/adapters/test_hostile_a
   ``models.readers.outside_root``), and a file over ``max_bytes``;
 - a header out of bounds (``models.readers.read_safetensors_head``: its length, its JSON, each tensor's byte range
   and declared size against the file);
-- a key that names no layer of the denoiser (text encoders' keys too: adapters apply to the denoiser here), or a
-  suffix no adapter kind writes;
+- a key that names no layer of the denoiser nor of a text encoder given beside it (kohya's ``lora_te_``,
+  ``lora_te1_``, ``lora_te2_`` names, as the family's entry in ``kohya.KOHYA_TEXT_PREFIXES`` says, and diffusers'
+  ``text_encoder.``/``text_encoder_2.`` ones): a tower the family does not have, or one not given, is refused in one
+  line naming the family; a suffix no adapter kind writes;
 - a tensor whose shape does not fit its layer, and a "rank bomb": a rank above the layer's full rank
   (``min(inputs, outputs)``), a tensor larger than the layer's weight, found from the header's shapes, so
   nothing is allocated for it.
@@ -32,7 +34,7 @@ from ..errors import WorkbenchError
 from ..families import family_named
 from ..readers import outside_root, read_safetensors_head
 from .adding import denoiser_layers
-from .kohya import PREFIX, flux_kohya_name, flux_members
+from .kohya import KOHYA_TEXT_PREFIXES, PREFIX, flux_kohya_name, flux_members
 from .writing import PEFT_CONFIG_KEY
 
 MAX_ADAPTER_BYTES = 4 << 30  # 4 GiB: a rank-128 LoRA on all of Flux.1's layers is 1.2 GB in float32
@@ -40,12 +42,16 @@ PICKLES = (".pt", ".pth", ".ckpt", ".bin", ".pkl", ".pickle")
 FLOATS = ("F16", "BF16", "F32", "F64")
 INTEGERS = ("I8", "I16", "I32", "I64", "U8")  # an alpha alone may be one: diffusers' convert_state_dict_to_kohya
 # suffix -> its role; the longest suffixes first, so "lora.down.weight" is not taken for "down.weight"
+# (``lora_linear_layer``: diffusers' convert_state_dict_to_diffusers names a text encoder's LoRA so)
 ROLES = {"lora_A.weight": "down", "lora_B.weight": "up", "lora.down.weight": "down", "lora.up.weight": "up",
+         "lora_linear_layer.down.weight": "down", "lora_linear_layer.up.weight": "up",
          "lora_down.weight": "down", "lora_up.weight": "up", "lora_magnitude_vector": "magnitude",
          "dora_scale": "magnitude", "alpha": "alpha", **{f"hada_w{i}_{ab}": "hada" for i in (1, 2) for ab in "ab"},
          **{f"lokr_{w}": "lokr" for w in ("w1", "w2", "w1_a", "w1_b", "w2_a", "w2_b")}}
 SUFFIXES = sorted(ROLES, key=len, reverse=True)
 COMFYUI_PREFIX = "diffusion_model."  # ComfyUI's layout: the original model's module paths, dots kept
+# how a text tower's keys start: kohya's (lora_te_, lora_te1_, ...) and diffusers' (text_encoder., text_encoder_2.)
+TEXT_KEY_STARTS = ("lora_te", "text_encoder")
 
 
 @dataclass(frozen=True)
@@ -54,9 +60,10 @@ class AdapterFile:
     layout: str  # "diffusers", "kohya", "comfyui" or "peft"
     kind: str  # "lora", "dora", "loha", "lokr" (several joined by "+")
     rank: int  # the largest
-    layers: int  # the denoiser's layers it adapts
+    layers: int  # the layers it adapts, the denoiser's and the text encoders'
     nbytes: int
     metadata: dict
+    text_encoders: tuple[str, ...] = ()  # the text encoders it adapts (their part names)
 
 
 def _ldm_names(denoiser: torch.nn.Module) -> dict[str, str]:
@@ -100,6 +107,58 @@ def comfyui_as_kohya_name(module: str) -> str:
     return PREFIX + module[len(COMFYUI_PREFIX):].replace(".", "_")
 
 
+def is_text_encoder_key(key: str) -> bool:
+    """Whether an adapter file's key (or a path of ``adaptable_layers``) belongs to a text encoder."""
+    return key.startswith(TEXT_KEY_STARTS)
+
+
+def adaptable_layers(denoiser: torch.nn.Module, text_encoders: dict | None = None) -> dict[str, torch.nn.Module]:
+    """Module path -> each layer an adapter file may adapt: the denoiser's (``denoiser_layers``), and each text
+    encoder's under its part name (``text_encoder.text_model.encoder.layers.0.self_attn.q_proj``)."""
+    layers = dict(denoiser_layers(denoiser))
+    for tower, module in (text_encoders or {}).items():
+        layers.update({f"{tower}.{p}": m for p, m in denoiser_layers(module).items()})
+    return layers
+
+
+def _text_key_starts(family) -> str:
+    """What the keys of the family's text encoders start with, diffusers' and kohya's names: for a message."""
+    kohya = KOHYA_TEXT_PREFIXES.get(family.name, {})
+    return "; ".join(f"{t}: {', '.join((t + '.',) + kohya.get(t, ()))}" for t in family.text_encoders)
+
+
+def _kohya_text_table(family, layers: dict) -> dict[str, str]:
+    """kohya's name (``lora_te1_text_model_encoder_layers_0_self_attn_q_proj``) -> the path in ``layers`` of each
+    text-encoder layer there."""
+    table = {}
+    for tower, prefixes in KOHYA_TEXT_PREFIXES.get(family.name, {}).items():
+        start = tower + "."
+        for p in layers:
+            if p.startswith(start):
+                table.update({prefix + p[len(start):].replace(".", "_"): p for prefix in prefixes})
+    return table
+
+
+def _text_layer(module: str, key: str, family, layers: dict, kohya_names: dict, towers: tuple[str, ...],
+                path: Path) -> str:
+    """The path in ``layers`` (the tower's part name, then its module path) of the text-encoder layer ``module``
+    names, in kohya's names (``kohya_names``: ``_kohya_text_table``'s) or diffusers' (``text_encoder.text_model.``)."""
+    kohya = KOHYA_TEXT_PREFIXES.get(family.name, {})
+    tower = next((t for t, prefixes in kohya.items() if module.startswith(prefixes)), None)
+    if tower is None and module.partition(".")[0] in family.text_encoders:
+        tower = module.partition(".")[0]
+    if tower is None:
+        raise WorkbenchError(f"{path}: key {key[:160]!r} adapts a text encoder {family.label} does not have (its "
+                             f"text encoders' keys start with {_text_key_starts(family)})")
+    if tower not in towers:
+        raise WorkbenchError(f"{path}: key {key[:160]!r} adapts {family.label}'s {tower}, which takes no adapter "
+                             f"here (those that do: {', '.join(towers) or 'none'})")
+    found = kohya_names.get(module, module)
+    if found not in layers:
+        raise WorkbenchError(f"{path}: key {key[:160]!r} names no layer of {family.label}'s {tower}")
+    return found
+
+
 def _split(key: str, path: Path) -> tuple[str, str]:
     for suffix in SUFFIXES:
         if key.endswith("." + suffix):
@@ -107,23 +166,29 @@ def _split(key: str, path: Path) -> tuple[str, str]:
     raise WorkbenchError(f"{path}: key {key[:160]!r} is no adapter weight (no suffix any adapter kind writes)")
 
 
-def _group(head, denoiser, family, layers: dict, path: Path) -> tuple[str, dict[tuple[str, ...], dict]]:
-    """(layout, {module paths: {suffix: TensorEntry}}), every key placed on layers of ``denoiser``."""
+def _group(head, denoiser, family, layers: dict, path: Path,
+           towers: tuple[str, ...] | None = ()) -> tuple[str, dict[tuple[str, ...], dict]]:
+    """(layout, {module paths: {suffix: TensorEntry}}), every key placed on ``layers`` (``adaptable_layers``: the
+    denoiser's, and those of the text encoders ``towers`` names); with ``towers`` None, text encoders' keys are
+    passed over (a file's denoiser keys matched alone)."""
     prefix = f"{family.denoiser}."
     comfyui = any(k.startswith(COMFYUI_PREFIX) for k in head.tensors)
-    kohya = comfyui or any(k.startswith(PREFIX) for k in head.tensors)
-    table = _kohya_table(denoiser, family.name, layers) if kohya else {}
+    kohya = comfyui or any(k.startswith((PREFIX, "lora_te")) for k in head.tensors)
+    own = {p: m for p, m in layers.items() if not is_text_encoder_key(p)}
+    table = _kohya_table(denoiser, family.name, own) if kohya else {}
+    kohya_text = _kohya_text_table(family, layers) if kohya and len(own) < len(layers) else {}
     groups: dict[tuple[str, ...], dict] = {}
     for key, entry in head.tensors.items():
-        if key.startswith(("lora_te", "text_encoder")):
-            raise WorkbenchError(f"{path}: key {key[:160]!r} adapts a text encoder; adapters apply to the "
-                                 f"{type(denoiser).__name__} here")
+        if towers is None and is_text_encoder_key(key):
+            continue
         module, suffix = _split(key, path)
         if module.startswith(COMFYUI_PREFIX):
             module = comfyui_as_kohya_name(module)
-        if kohya and module in table:
+        if is_text_encoder_key(module) and kohya == module.startswith("lora_te"):
+            paths = (_text_layer(module, key, family, layers, kohya_text, towers, path),)
+        elif kohya and module in table:
             paths = tuple(table[module])
-        elif not kohya and module.startswith(prefix) and module[len(prefix):] in layers:
+        elif not kohya and module.startswith(prefix) and module[len(prefix):] in own:
             paths = (module[len(prefix):],)
         else:
             raise WorkbenchError(f"{path}: key {key[:160]!r} names no layer of the {type(denoiser).__name__}")
@@ -208,9 +273,10 @@ def _check_group(suffixes: dict, inputs: int, outputs: int, weight: int, name: s
 
 
 def check_adapter_file(path: str | Path, denoiser: torch.nn.Module, family: str,
-                       max_bytes: int = MAX_ADAPTER_BYTES) -> AdapterFile:
-    """The adapter file ``path`` judged against ``denoiser`` (of the family named ``family``) from its header
-    alone; a one-line WorkbenchError naming the file and the problem where it may not be loaded."""
+                       max_bytes: int = MAX_ADAPTER_BYTES, text_encoders: dict | None = None) -> AdapterFile:
+    """The adapter file ``path`` judged against ``denoiser`` (of the family named ``family``) and the text encoders
+    ``text_encoders`` (part name -> module; those an adapter may adapt) from its header alone; a one-line
+    WorkbenchError naming the file and the problem where it may not be loaded."""
     path = Path(path)
     if path.suffix.lower() in PICKLES:
         raise WorkbenchError(f"{path}: a pickle file ({path.suffix}) is never opened (unpickling runs the code it "
@@ -226,12 +292,13 @@ def check_adapter_file(path: str | Path, denoiser: torch.nn.Module, family: str,
     head = read_safetensors_head(path)
     if not head.tensors:
         raise WorkbenchError(f"{path}: holds no tensors")
-    layers = denoiser_layers(denoiser)
-    layout, groups = _group(head, denoiser, family_named(family), layers, path)
+    layers = adaptable_layers(denoiser, text_encoders)
+    layout, groups = _group(head, denoiser, family_named(family), layers, path, tuple(text_encoders or ()))
     kinds, ranks = set(), []
     for paths, suffixes in groups.items():
         kind, rank = _check_group(suffixes, *_sizes(layers, paths), f"{path}: layer {paths[0]}")
         kinds.add(kind)
         ranks.append(rank)
+    towers = sorted({p[0].partition(".")[0] for p in groups if is_text_encoder_key(p[0])})
     return AdapterFile(path, layout, "+".join(sorted(kinds)), max(ranks), sum(len(p) for p in groups),
-                       sum(t.nbytes for t in head.tensors.values()), head.metadata)
+                       sum(t.nbytes for t in head.tensors.values()), head.metadata, tuple(towers))

@@ -21,6 +21,7 @@ __getattr__, __all__ = face(__name__, {
     "architectures": "ARCHITECTURES denoiser_config TINY",
     "autoresume": "checkpoint_problem resume_problem select_resume_checkpoint",
     "components": "assemble_pipeline builds_second_tower build_transformer build_unet load_frozen_parts load_part random_text_encoder random_vae second_text_encoder second_tokenizer with_max_length with_projection",
+    "entries": "ENTRY_SEPARATOR Entry EntryAdapter entry_adapter find_entry is_entry open_entry parse_entry",
     "composer": "checkpoint_cost DROPPED_SUFFIXES has_ema model_key model_weights read_checkpoint read_summary",
     "find": "check_reads_inside Checkpoint discover find_checkpoint label_under list_checkpoints raise_reason resolve_roots",
     "flux_parts": "T5_TOKENS load_t5_parts random_t5_encoder",

@@ -178,6 +178,17 @@ def _loras_of(settings: Settings) -> dict:
                 lora_strengths=", ".join(f"{name}: {strength:g}" for name, _, strength in loras))
 
 
+def named_values(text: str) -> list[tuple[str, str]]:
+    """``"NAME: VALUE, NAME: VALUE"`` (``Lora hashes``, ``lora_strengths``) as (name, value) pairs, in order; a name
+    holds no ``,`` (A1111 takes it out) and its value follows its last ``": "``."""
+    pairs = []
+    for item in str(text or "").split(","):
+        name, sep, value = item.rpartition(": ")
+        if sep and name.strip() and value.strip():
+            pairs.append((name.strip(), value.strip()))
+    return pairs
+
+
 def modes_of(parsed: dict) -> dict:
     """What a ``parse_parameters`` dict (A1111's, Forge's or ours) says the image was drawn from: ``mode`` ("img2img",
     "inpaint", "txt2img" with a hires fix, "" from text alone) and the text of ``strength``, ``mask_blur``,

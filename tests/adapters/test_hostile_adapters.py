@@ -146,10 +146,51 @@ def test_a_key_outside_the_denoiser_is_refused(setting, key):
     _refused(path, setting[0], "names no layer of the UNet2DConditionModel")
 
 
-def test_text_encoder_keys_are_refused(setting):
-    key = "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight"
-    path = _edited(setting, "te.safetensors", lambda t: t.update({key: torch.zeros(4, 32)}))
-    _refused(path, setting[0], "adapts a text encoder")
+TE_Q = "text_model.encoder.layers.0.self_attn.q_proj"  # a 32 x 32 Linear of the tiny text encoder
+
+
+@pytest.fixture(scope="module")
+def towers():
+    """The text encoders a pipeline would give beside the UNet: a tiny CLIP text tower (32 wide, 2 layers)."""
+    from ..family_fixtures import _clip
+
+    return {"text_encoder": _clip()}
+
+
+def _with_text_lora(setting, name: str, module: str, down, up, kohya: bool = False):
+    """The diffusers-layout file (or the kohya one) with a LoRA on ``module`` of the text encoder added."""
+    if kohya:
+        base, folder, _, kohya_file = setting
+        tensors = load_file(kohya_file)
+        tensors.update({f"{module}.lora_down.weight": down, f"{module}.lora_up.weight": up})
+        path = folder / name
+        path.write_bytes(save(tensors))
+        return path
+    return _edited(setting, name, lambda t: t.update({f"text_encoder.{module}.lora_A.weight": down,
+                                                      f"text_encoder.{module}.lora_B.weight": up}))
+
+
+def test_text_encoder_keys_are_judged_against_the_text_encoders_given(setting, towers):
+    """diffusers' ``text_encoder.`` names and kohya's (sd-scripts' ``lora_te_`` for SD 1/2's one tower, diffusers'
+    converter's ``lora_te1_``) pass against the tower; without the tower given, they are refused."""
+    kohya_name = TE_Q.replace(".", "_")
+    for name, module, kohya in (("te.safetensors", TE_Q, False), ("te-kohya.safetensors", f"lora_te_{kohya_name}",
+                                True), ("te1-kohya.safetensors", f"lora_te1_{kohya_name}", True)):
+        path = _with_text_lora(setting, name, module, torch.zeros(4, 32), torch.zeros(32, 4), kohya)
+        info = check_adapter_file(path, setting[0], "sd2", text_encoders=towers)
+        assert (info.text_encoders, info.rank, info.layout) == (("text_encoder",), 4, "kohya" if kohya else "diffusers")
+        _refused(path, setting[0], "adapts Stable Diffusion 2.x's text_encoder, which takes no adapter here")
+
+
+@pytest.mark.parametrize("module,down,up,pattern", [
+    ("text_model.encoder.layers.9.self_attn.q_proj", (4, 32), (32, 4),  # no such layer
+     "names no layer of Stable Diffusion 2.x's text_encoder"),
+    (TE_Q, (4, 32), (64, 4), r"up weight of shape \(64, 4\), not \(32, 4\)"),  # another width
+    (TE_Q, (4096, 32), (32, 4096),  # a rank bomb
+     r"lora_A.weight of shape \(4096, 32\) is larger than the layer it adapts \(1,024 weights\)")])
+def test_a_hostile_text_encoder_key_is_refused(setting, towers, module, down, up, pattern):
+    path = _with_text_lora(setting, "te-bad.safetensors", module, torch.zeros(down), torch.zeros(up))
+    _refused(path, setting[0], pattern, text_encoders=towers)
 
 
 def test_an_up_weight_of_another_width_is_refused(setting):

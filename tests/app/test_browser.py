@@ -248,6 +248,30 @@ def test_drop_a_png_and_send_it_to_generate(page, server, tmp_path):
     assert np.array_equal(np.asarray(again.convert("RGB")), np.asarray(Image.open(made).convert("RGB")))
 
 
+def test_a_lora_picked_is_its_tag_in_the_prompt_and_its_hash_in_the_parameters(page, tree, pipe):
+    import copy
+
+    from models.families import family_of_pipeline
+
+    from ..adapters.test_applying import _write_diffusers_lora
+
+    (tree.root / "loras").mkdir(exist_ok=True)
+    _write_diffusers_lora(family_of_pipeline(pipe).name, copy.deepcopy(pipe.unet), tree.root / "loras", "tiny-style")
+    page.click("#refresh")  # lists the file written since the page loaded
+    pick(page, "#checkpoint", "tiny-phase1/ep0-ba4-rank0.pt")
+    page.fill("#prompt textarea", "two blue squares")
+    pick(page, "#lora-pick", "loras/tiny-style.safetensors")
+    set_number(page, "#lora-strength input[type=number]", 0.5)
+    page.click("#lora-add")
+    page.wait_for_function("document.querySelector('#prompt textarea').value === "
+                           "'two blue squares <lora:tiny-style:0.5>'")
+    set_number(page, "#steps input[type=number]", 2)
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#parameters textarea').value.includes('Lora hashes')")
+    shown = parse_parameters(page.input_value("#parameters textarea"))
+    assert shown["prompt"] == "two blue squares <lora:tiny-style:0.5>" and shown["Lora hashes"].startswith("tiny-style: ")
+
+
 def test_a_prompt_file_or_set_fills_the_first_free_axis_with_its_prompts(page, tmp_path):
     """PartiPrompts' TSV dropped on the X/Y/Z tab: its prompts, in file order and cut to the plot's cell limit,
     become the first free axis (Z: X and Y hold seed and guidance); a file without a prompt column is one

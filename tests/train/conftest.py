@@ -74,3 +74,17 @@ def kill_and_resume(shapes_data: Path, components: Path, root: Path) -> dict:
     assert run.returncode == 0 and not run.hung, run.explain()
     return {"killed": {"folder": str(folder), "overrides": [str(o) for o in overrides]}, "torn": torn,
             "resumed": {"folder": str(resumed), "overrides": again, "stdout": run.stdout}}
+
+
+def assert_trains_alike(model, raw: dict, pre: dict) -> None:
+    """The precomputed batch gives the on-the-fly batch's loss under the same RNG state (its noise and timesteps),
+    and another state a different one: equal because the inputs are, not because the loss ignores them."""
+    import torch
+
+    losses = []
+    for batch in (raw, pre):
+        torch.manual_seed(123)
+        losses.append(model.loss(model(batch), batch).item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    torch.manual_seed(124)
+    assert model.loss(model(pre), pre).item() != pytest.approx(losses[1], rel=1e-6)

@@ -30,7 +30,7 @@ def test_forward_backward_updates_only_the_unet(components, prediction_type):
     out = model(_batch(model))
     pred, target, t = out
     assert pred.shape == target.shape == (4, 4, 8, 8) and t.shape == (4,)
-    loss = model.loss(out, None)
+    loss = model.loss(out, {})  # a batch without a DreamBooth mask or weight
     assert loss.ndim == 0 and torch.isfinite(loss)
     loss.backward()
     assert all(p.grad is not None for p in model.unet.parameters())
@@ -58,7 +58,7 @@ def test_min_snr_weighting_downweights_low_noise_steps(components):
     model = _model(components, min_snr_gamma=1.0, prediction_type="epsilon")  # epsilon's weight: min(snr, gamma) / snr
     pred, target = torch.zeros(2, 4, 8, 8), torch.ones(2, 4, 8, 8)
     t = torch.tensor([5, 900])  # high SNR (weight gamma/snr << 1), low SNR (weight 1)
-    per_step = [model.loss((pred[i:i + 1], target[i:i + 1], t[i:i + 1]), None).item() for i in range(2)]
+    per_step = [model.loss((pred[i:i + 1], target[i:i + 1], t[i:i + 1]), {}).item() for i in range(2)]
     snr = model.alphas_cumprod[5] / (1 - model.alphas_cumprod[5])
     assert per_step[1] == pytest.approx(1.0)
     assert per_step[0] == pytest.approx((1.0 / snr).item(), rel=1e-5)

@@ -22,6 +22,7 @@ from train.recipes import frozen_dtype
 from train.trainer import attach_latents, build_model, frozen_size, training_dataloader
 
 from ..conftest import REPO, tiny_overrides
+from .conftest import assert_trains_alike
 
 # (config, resolution, overrides): tiny Flux's T5 over the CLIP tokenizer's 20 tokens, a tenth of 512's cost
 FAMILIES = {"sdxl": ("tiny-sdxl-phase1", 16, {}), "flux": ("tiny-flux", 32, {"model.text_tokens": 20})}
@@ -71,13 +72,7 @@ def test_training_on_precomputed_text_equals_encoding_on_the_fly(family, latents
     assert "image" not in pre and {"text", "pooled", "pooled_alt"} <= set(pre)
     for key in ("original_size", "crop_top_left"):  # SDXL's size and crop conditioning, stored as the loader makes it
         assert torch.equal(pre[key], raw[key])
-    losses = []
-    for batch in (raw, pre):
-        torch.manual_seed(123)
-        losses.append(model.loss(model(batch), batch).item())
-    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
-    torch.manual_seed(124)
-    assert model.loss(model(pre), pre).item() != pytest.approx(losses[1], rel=1e-6)
+    assert_trains_alike(model, raw, pre)
 
 
 def test_stored_states_and_pooled_output_are_the_models_own(latents, shapes_data, components):

@@ -1,0 +1,181 @@
+"""The LoRA files under the app's folders, and the ``<lora:NAME:STRENGTH>`` tags of a prompt resolved among them.
+
+The files are found under the same allowed folders as the checkpoints, by the same rules (``models.checkpoints``:
+each resolved, ``..`` and links followed, and left out where it lies or links outside them; hidden folders and a
+diffusers pipeline's insides skipped), and listed by their label, never by the server's path. A file is listed when
+its safetensors header (read bounded, ``models.readers``) names adapter weights; whether it fits a checkpoint is
+judged when it is applied (``models.adapters.apply_adapters``). A tag's NAME is looked up in that listing (a file's
+stem, as AUTOMATIC1111 looks it up, or its label): no text a client sends is ever opened as a path.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.adapters import MAX_STRENGTH, a1111_short_hash, is_adapter_key
+from models.checkpoints import check_reads_inside, label_under
+from models.errors import WorkbenchError
+from models.generation import lora_tags
+from models.readers import read_safetensors_head
+
+SUFFIX = ".safetensors"  # adapter files from elsewhere are read from safetensors only (a pickle could run code)
+MAX_DEPTH = 8  # folders below a root that are searched, as for checkpoints
+SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
+NAMES_SHOWN = 5  # LoRA names an "unknown LoRA" message offers
+
+
+@dataclass(frozen=True)
+class LoraFile:
+    label: str  # its path under the roots, as the app lists it
+    path: Path  # resolved, under a root
+
+    @property
+    def stem(self) -> str:
+        return self.path.stem
+
+
+@dataclass(frozen=True)
+class ChosenLora:
+    """A tag of a prompt resolved: the file, the name the tag gave it (what ``Lora hashes`` records, as A1111 records
+    the name mentioned), its strength and AUTOMATIC1111's short hash of the file."""
+
+    file: LoraFile
+    name: str
+    strength: float
+    hash: str
+
+    def key(self) -> tuple:
+        return str(self.file.path), self.hash, self.strength
+
+
+def holds_adapter(path: Path) -> bool:
+    """Whether a safetensors file's header names adapter weights (a LoRA, LoHa, LoKr or DoRA in any layout); False for
+    a file that does not read as safetensors."""
+    try:
+        head = read_safetensors_head(path)
+    except WorkbenchError:
+        return False
+    return any(is_adapter_key(key) or ".lora." in key for key in head.tensors)
+
+
+class LoraFiles:
+    """The adapter files under ``roots``; headers and hashes cached by each file's (path, size, modification time)."""
+
+    def __init__(self, roots: list[Path]):
+        self.roots = roots
+        self._adapter: dict[tuple, bool] = {}
+        self._hashes: dict[tuple, str] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _version(path: Path) -> tuple:
+        st = path.stat()
+        return str(path), st.st_size, st.st_mtime_ns
+
+    def listing(self) -> list[LoraFile]:
+        """Every adapter file under the roots, by label (each file once, whatever links lead to it)."""
+        found: dict[Path, LoraFile] = {}
+        for root in self.roots:
+            for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+                here = Path(dirpath)
+                if "model_index.json" in filenames:  # a pipeline's parts, no adapter of its own
+                    dirnames[:] = []
+                    continue
+                depth = len(here.relative_to(root).parts)
+                dirnames[:] = [d for d in dirnames
+                               if not d.startswith(".") and d not in SKIP_DIRS and depth < MAX_DEPTH]
+                for name in sorted(n for n in filenames if n.endswith(SUFFIX)):
+                    listed = self._listed(here / name)
+                    if listed is not None:
+                        found.setdefault(listed.path, listed)
+        return sorted(found.values(), key=lambda f: f.label)
+
+    def _listed(self, path: Path) -> LoraFile | None:
+        """The file at ``path`` as a listing entry, or None where it lies or links outside the roots, or holds no
+        adapter."""
+        try:
+            real = path.resolve()
+            if not real.is_file():
+                return None
+            label = label_under(real, self.roots) if any(real.is_relative_to(r) for r in self.roots) else None
+            if label is None:
+                return None
+            check_reads_inside(real, self.roots, label)
+            version = self._version(real)
+        except (OSError, RuntimeError, ValueError, WorkbenchError):
+            return None
+        with self._lock:
+            known = self._adapter.get(version)
+        if known is None:
+            known = holds_adapter(real)
+            with self._lock:
+                self._adapter[version] = known
+        return LoraFile(label, real) if known else None
+
+    def short_hash(self, lora: LoraFile) -> str:
+        """AUTOMATIC1111's short hash of the file (``models.adapters.a1111_short_hash``), computed once per version."""
+        version = self._version(lora.path)
+        with self._lock:
+            if version in self._hashes:
+                return self._hashes[version]
+        digest = a1111_short_hash(lora.path, read_safetensors_head(lora.path).header_bytes)
+        with self._lock:
+            self._hashes[version] = digest
+        return digest
+
+    def by_hash(self, digest: str, listing: list[LoraFile] | None = None) -> LoraFile | None:
+        """The listed file whose short hash is ``digest`` (A1111 writes 12 hex digits; a shorter start matches too)."""
+        digest = digest.strip().lower()
+        if len(digest) < 8:
+            return None
+        for lora in self.listing() if listing is None else listing:
+            try:
+                if self.short_hash(lora).startswith(digest):
+                    return lora
+            except (OSError, WorkbenchError):
+                continue
+        return None
+
+    def tag_name(self, lora: LoraFile, listing: list[LoraFile]) -> str:
+        """The NAME a tag gives the file: its stem, as A1111 names it, or its label without the suffix where another
+        listed file has the same stem."""
+        same = [f for f in listing if f.stem == lora.stem]
+        return lora.stem if len(same) == 1 else lora.label.removesuffix(SUFFIX)
+
+    def find(self, name: str, listing: list[LoraFile]) -> LoraFile:
+        """The listed file a tag's NAME means: its label (with or without the suffix) or its stem; a one-line
+        WorkbenchError naming the LoRAs there are where none, or several, are meant."""
+        exact = [f for f in listing if name in (f.label, f.label.removesuffix(SUFFIX))]
+        by_stem = [f for f in listing if f.stem == name]
+        found = exact or by_stem
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise WorkbenchError(f"<lora:{name}>: {len(found)} LoRA files are named {name!r} "
+                                 f"({', '.join(f.label for f in found[:NAMES_SHOWN])}): name one by its label")
+        names = sorted({self.tag_name(f, listing) for f in listing})
+        near = sorted(names, key=lambda n: difflib.SequenceMatcher(None, name, n).ratio(), reverse=True)[:NAMES_SHOWN]
+        more = f" and {len(names) - len(near)} more" if len(names) > len(near) else ""
+        known = f"the app's LoRAs: {', '.join(near)}{more}" if names else "no LoRA file is under the app's folders"
+        raise WorkbenchError(f"unknown LoRA {name[:80]!r} in <lora:...>; {known}")
+
+    def chosen(self, prompt: str) -> tuple[str, tuple[ChosenLora, ...]]:
+        """(the prompt as the model reads it, the LoRAs its tags name, resolved); one-line WorkbenchError for a tag
+        that does not read, an unknown name or a strength out of bounds."""
+        text, tags = lora_tags(prompt)
+        if not tags:
+            return text, ()
+        listing = self.listing()
+        chosen = []
+        for tag in tags:
+            if not abs(tag.strength) <= MAX_STRENGTH:
+                raise WorkbenchError(f"<lora:{tag.name}>: strength {tag.strength:g} is outside "
+                                     f"-{MAX_STRENGTH:g} to {MAX_STRENGTH:g}")
+            lora = self.find(tag.name, listing)
+            chosen.append(ChosenLora(lora, tag.name, tag.strength, self.short_hash(lora)))
+        if len({c.file.path for c in chosen}) < len(chosen):
+            raise WorkbenchError("the prompt names one LoRA file twice: give it once, with one strength")
+        return text, tuple(chosen)
