@@ -28,6 +28,18 @@ def pipeline(family: str, family_folders: dict):
     return pipe
 
 
+def made_once(make):
+    """``family -> make(family)``, each family's made once (a module fixture's memo of tiny pipelines)."""
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            made[family] = make(family)
+        return made[family]
+
+    return get
+
+
 def denoiser_of(pipe, family: str) -> torch.nn.Module:
     return getattr(pipe, family_named(family).denoiser)
 

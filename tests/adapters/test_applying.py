@@ -21,7 +21,7 @@ from models.adapters import add_adapter, apply_adapters, kohya_hashes, parse_ada
 from models.errors import WorkbenchError
 from models.families import family_named
 
-from .adapted import denoiser_of, draw, fresh, pipeline, randomize
+from .adapted import denoiser_of, draw, fresh, made_once, pipeline, randomize
 
 ATOL = 1e-5  # measured: 0 in every case here (CPU, float32); each adapter moves some pixel by over 0.02
 STRENGTH = 0.7
@@ -64,15 +64,11 @@ def _write_diffusers_lora(family: str, denoiser, folder, name: str, kohya: bool 
 @pytest.fixture(scope="module")
 def bases(family_folders):
     """family -> (its tiny pipeline, a copy of its denoiser before any adapter, the image it draws)."""
-    made = {}
+    def make(family):
+        pipe = pipeline(family, family_folders)
+        return pipe, copy.deepcopy(denoiser_of(pipe, family)), draw(pipe, family)
 
-    def get(family):
-        if family not in made:
-            pipe = pipeline(family, family_folders)
-            made[family] = (pipe, copy.deepcopy(denoiser_of(pipe, family)), draw(pipe, family))
-        return made[family]
-
-    return get
+    return made_once(make)
 
 
 def _plain(pipe, family, base, files, strengths) -> np.ndarray:

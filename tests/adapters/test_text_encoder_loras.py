@@ -20,7 +20,7 @@ from models.adapters import add_adapter, apply_adapters
 from models.errors import WorkbenchError
 from models.families import family_named
 
-from .adapted import PROMPT, draw, pipeline, randomize
+from .adapted import PROMPT, draw, made_once, pipeline, randomize
 
 STRENGTH = 0.7
 ATOL = 1e-5  # both routes end in diffusers' own loader: Flux.1's differed by 0.0 (CPU, float32) when measured
@@ -32,16 +32,11 @@ TOKENIZERS = {"text_encoder": "tokenizer", "text_encoder_2": "tokenizer_2"}
 @pytest.fixture(scope="module")
 def bases(family_folders):
     """family -> (its tiny pipeline, copies of its denoiser and text encoders before any adapter)."""
-    made = {}
+    def make(family):
+        pipe = pipeline(family, family_folders)
+        return pipe, {p: copy.deepcopy(getattr(pipe, p)) for p in (family_named(family).denoiser, *TOWERS[family])}
 
-    def get(family):
-        if family not in made:
-            pipe = pipeline(family, family_folders)
-            parts = [family_named(family).denoiser, *TOWERS[family]]
-            made[family] = (pipe, {p: copy.deepcopy(getattr(pipe, p)) for p in parts})
-        return made[family]
-
-    return get
+    return made_once(make)
 
 
 def _fresh(pipe, parts: dict):
