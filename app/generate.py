@@ -15,8 +15,8 @@ from PIL import Image
 from models.errors import WorkbenchError
 from models.generation import (DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, DEFAULT_WEIGHTS,  # noqa: F401 - app's names
                                DEFAULT_REFINER_SWITCH, MAX_GUIDANCE, MAX_SEED, MAX_SIZE, MAX_STEPS, MIN_SIZE,
-                               MAX_CLIP_SKIP, HiresFix, ImageRecord, InitImage, Refiner, Settings, StepHook, Stopped,
-                               check_sampler, generate_images)
+                               MAX_CLIP_SKIP, Control, HiresFix, ImageRecord, InitImage, Refiner, Settings, StepHook,
+                               Stopped, check_sampler, generate_images)
 
 
 # What a million pixel-steps cost, for the refusal's estimate, measured with SD2-base's UNet (classifier-free
@@ -148,6 +148,9 @@ class GenerationParams:
     init: InitImage | None = None  # image to image or inpainting from it (``app.modes``); None: from the prompt alone
     hires: HiresFix | None = None  # a hires fix of the text-to-image draw; None: drawn once
     clip_skip: int = 1  # A1111's Clip skip (``models.generation.Settings``)
+    vae: str = ""  # a VAE under the folders drawn with in place of the checkpoint's own (``Service.vae``); "": its own
+    # a ControlNet steering the draw (``app.modes.control_request``: named, then opened by ``Service.controlled``)
+    control: Control | None = None
 
     def seeds(self) -> list[int]:
         """Image i of the batch uses ``seed + i`` (call after ``validate``, which fixes a random seed)."""
@@ -214,7 +217,8 @@ def validate(params: GenerationParams, limits: Limits, *, need_prompt: bool = Tr
     checked = GenerationParams(prompt, negative, params.sampler, steps, guidance, sizes["width"], sizes["height"],
                                seed, batch, refiner, refiner_switch(params.refiner_switch) if refiner else
                                DEFAULT_REFINER_SWITCH, params.init, params.hires,
-                               whole_number("clip skip", params.clip_skip, 1, MAX_CLIP_SKIP))
+                               whole_number("clip skip", params.clip_skip, 1, MAX_CLIP_SKIP),
+                               checkpoint_name(params.vae or "").strip(), params.control)
     check_pixel_steps(pixel_steps(checked), limits)
     return checked
 
@@ -231,27 +235,30 @@ def refiner_switch(value) -> float:
     return switch
 
 
-def settings_of(params: GenerationParams, refiner: Refiner | None = None, loras=()) -> Settings:
+def settings_of(params: GenerationParams, refiner: Refiner | None = None, loras=(), vae=None) -> Settings:
     """The generation settings (``models.generation``) of validated request parameters, with the refiner their
-    ``refiner`` names, opened, and the LoRAs their prompt's tags name, applied (``app.loras.ChosenLora``)."""
+    ``refiner`` names, opened, the LoRAs their prompt's tags name, applied (``models.checkpoints.ChosenLora``), and
+    the VAE their ``vae`` names, opened (``models.checkpoints.OpenedVae``)."""
     return Settings(steps=params.steps, guidance=params.guidance, width=params.width, height=params.height,
                     sampler=params.sampler, negative_prompt=params.negative_prompt, refiner=refiner, init=params.init,
-                    hires=params.hires, clip_skip=params.clip_skip,
-                    loras=tuple((c.name, c.hash, c.strength) for c in loras))
+                    hires=params.hires, clip_skip=params.clip_skip, vae=vae, control=params.control,
+                    loras=tuple((c.name, c.hash, c.strength) for c in loras), prompt_weighting=True)
 
 
 def generate(pipe, params: GenerationParams, *, on_step: StepHook | None = None,
-             should_stop: Callable[[], bool] | None = None, refiner: Refiner | None = None) -> list[Image.Image]:
+             should_stop: Callable[[], bool] | None = None, refiner: Refiner | None = None,
+             vae=None) -> list[Image.Image]:
     """``params.batch_size`` images from validated ``params``; image i from seed ``params.seed + i``."""
-    images = generate_images(pipe, [params.prompt] * params.batch_size, params.seeds(), settings_of(params, refiner),
+    images = generate_images(pipe, [params.prompt] * params.batch_size, params.seeds(),
+                             settings_of(params, refiner, vae=vae),
                              on_step=on_step, should_stop=should_stop)
     return [Image.fromarray(image) for image in images]
 
 
 def record_of(params: GenerationParams, index: int, checkpoint: str, checkpoint_hash: str, weights: str,
-              guidance_kind: str = "cfg", refiner: Refiner | None = None, loras=()) -> ImageRecord:
+              guidance_kind: str = "cfg", refiner: Refiner | None = None, loras=(), vae=None) -> ImageRecord:
     """How image ``index`` of a request was made (``guidance_kind``: how its model took the guidance scale; the prompt
     with its ``<lora:...>`` tags, as A1111 records it, and the LoRAs they named)."""
-    return ImageRecord.of(settings_of(params, refiner, loras), params.prompt, params.seed + index,
+    return ImageRecord.of(settings_of(params, refiner, loras, vae), params.prompt, params.seed + index,
                           (params.width, params.height), params.sampler, checkpoint, checkpoint_hash, weights,
                           guidance_kind)

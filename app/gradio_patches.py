@@ -18,7 +18,8 @@ it appends the event). ``queue_jobs`` lists the queue's waiting events (``event_
 the running ones (``active_jobs``) with their HTTP request, function and raw inputs (``Event.request``,
 ``Event.fn``, ``Event.data``). ``Queue.push`` awaits between running the validator and appending the event, so two
 joins at once could each pass a count that missed the other: ``serialize_queue_joins`` makes joins one at a time
-(an asyncio lock around the queue's ``push``; a validator takes microseconds to milliseconds).
+(an asyncio lock around the queue's ``push``; a validator takes microseconds to milliseconds). The app's job list
+reads the waiting events the same way, with their ``Event.session_hash`` (``queue_waiting``).
 
 **The upload route, stopped mid-body** (``upload_abort``). ``gradio.route_utils.GradioMultiPartParser.parse``
 writes each uploaded file to a temporary file as the body arrives, and deletes those files only when the parsing
@@ -94,6 +95,14 @@ def upload_abort(message: str) -> Exception:
     from starlette.formparsers import MultiPartException
 
     return MultiPartException(message)
+
+
+def queue_waiting(demo) -> list[tuple]:
+    """(session hash, event function, raw inputs) of every event waiting in Gradio's queue, in the queue's order
+    (``Event.session_hash``: the browser page's or API client's session; the app's job list)."""
+    queue = demo._queue
+    waiting = [event for q in queue.event_queue_per_concurrency_id.values() for event in q.queue]
+    return [(e.session_hash, e.fn.fn, list(getattr(e.data, "data", None) or [])) for e in waiting]
 
 
 def queue_jobs(demo) -> list[tuple]:

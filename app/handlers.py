@@ -24,7 +24,8 @@ from models.generation import (DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, PROMPT_S
                                read_prompt_table, recommended_line, with_lora)
 
 from .generate import GenerationParams, LimitError, Stopped, check_client, shown
-from .modes import hires_of, init_of
+from .jobs import KINDS, JobBoard, size_of
+from .modes import control_request, hires_of, init_of
 from .png_info import read_png, settings_from
 from .results_files import page_url
 from .score_plot import score_plot
@@ -91,7 +92,9 @@ def queue_validator(cost: Callable, admit: Callable) -> Callable:
         *inputs, request = args
         return admit(request, cost, inputs)
 
-    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+    # a default, as ``cost``'s later inputs may have one (Gradio fills it by its annotation all the same)
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request,
+                                default=None)
     check.__signature__ = inspect.Signature([*inspect.signature(cost).parameters.values(), request])
     check.__annotations__ = {"request": gr.Request}
     return check
@@ -120,8 +123,12 @@ OPEN_IN_GENERATE = "Open in Generate"  # the Scores tab's button before a row is
 class Handlers:
     """The app's events, on one ``Service``."""
 
-    def __init__(self, service: Service, uploads: Uploads | None = None, jobs: Callable[[], list] = list):
+    def __init__(self, service: Service, uploads: Uploads | None = None, jobs: Callable[[], list] = list,
+                 waiting: Callable[[], list] = list):
         self.service = service
+        # the job list: requests waiting in the queue (session, function, inputs: ``app.gradio_patches.queue_waiting``)
+        # and those this server ran or runs (``app.jobs``)
+        self.waiting, self.board = waiting, JobBoard()
         self.limits = service.limits
         self.uploads = Uploads() if uploads is None else uploads  # what Gradio's upload route wrote
         self.jobs = jobs  # (request, function, inputs) of each event in the queue (``app.gradio_patches.queue_jobs``)
@@ -285,21 +292,29 @@ class Handlers:
                  refiner: str | None = None, refiner_switch: float | None = None, mode: str | None = None,
                  init_image=None, editor=None, strength: float | None = None, mask_blur: int | None = None,
                  hires_scale: float | None = None, hires_steps: int | None = None, hires_upscaler: str | None = None,
-                 clip_skip: int | None = None, request: gr.Request = None, progress=gr.Progress()):
+                 clip_skip: int | None = None, vae: str | None = None, controlnet: str | None = None,
+                 control_image=None, control_preprocess: str | None = None, control_weight: float | None = None,
+                 control_start: float | None = None, control_end: float | None = None, request: gr.Request = None,
+                 progress=gr.Progress()):
         """Images from one checkpoint (a single file's other parts from ``parts``, where given; finished by
         ``refiner`` from ``refiner_switch`` of the steps, where given), in ``mode`` (``app.modes``: from the prompt
         with a hires fix where ``hires_scale`` is above 1, from ``init_image``, or inpainting what is painted on
-        ``editor``, at ``strength``); image i of the batch uses seed + i. Returns (gallery, parameters)."""
+        ``editor``, at ``strength``), steered by ``controlnet`` from ``control_image`` where one is named; image i of the
+        batch uses seed + i. Returns (gallery, parameters)."""
         params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed, batch_size,
                            refiner, refiner_switch)
         progress(0, desc="loading checkpoint")
         try:
             params = replace(params, init=init_of(mode, init_image, editor, strength, mask_blur),
                              hires=hires_of(mode, hires_scale, hires_steps, hires_upscaler, strength),
-                             clip_skip=1 if clip_skip is None else clip_skip)
-            result = self.service.generate(checkpoint, weights, params, session=session_of(request),
-                                           client=client_of(request), on_step=steps_progress(progress),
-                                           parts=parts or "")
+                             clip_skip=1 if clip_skip is None else clip_skip, vae=vae or "")
+            params = replace(params, control=control_request(controlnet, control_image, control_preprocess,
+                                                             control_weight, control_start, control_end))
+            with self.board.running("Generate", session_of(request), prompt, checkpoint,
+                                    size_of(width, height, batch_size)) as job:
+                result = self.service.generate(checkpoint, weights, params, session=session_of(request),
+                                               client=client_of(request), parts=parts or "",
+                                               on_step=self.board.stepping(job, steps_progress(progress)))
         except Exception as e:  # noqa: BLE001 - every failure becomes a message; the server keeps serving
             raise failed("generate", e, self.service.for_client) from None
         log.info("generated %d image(s) in %.1f s", len(result.images), result.seconds)
@@ -314,10 +329,14 @@ class Handlers:
 
         def on_step(k: int, n: int, done: int, total: int) -> None:
             progress((k * total + done, n * total), desc=f"checkpoint {k + 1} of {n}", unit="steps")
+            job.done, job.total = k * total + done, n * total
 
         try:
-            result = self.service.compare(checkpoints, weights, params, session=session_of(request),
-                                          client=client_of(request), on_step=on_step)
+            names = [str(c) for c in checkpoints] if isinstance(checkpoints, list) else [str(checkpoints)]
+            with self.board.running("Compare", session_of(request), prompt, ", ".join(names),
+                                    size_of(width, height, len(names))) as job:
+                result = self.service.compare(checkpoints, weights, params, session=session_of(request),
+                                              client=client_of(request), on_step=on_step)
         except Exception as e:  # noqa: BLE001
             raise failed("compare", e, self.service.for_client) from None
         items, first, texts = gallery_of(result, [f"{r.checkpoint} ({r.weights})" for r in result.records])
@@ -328,7 +347,8 @@ class Handlers:
                  y_type: str, y_values: str, z_type: str, z_values: str, batch_size: int, mode: str | None = None,
                  init_image=None, editor=None, strength: float | None = None, mask_blur: int | None = None,
                  hires_scale: float | None = None, hires_steps: int | None = None, hires_upscaler: str | None = None,
-                 clip_skip: int | None = None, request: gr.Request = None, progress=gr.Progress()):
+                 clip_skip: int | None = None, vae: str | None = None, request: gr.Request = None,
+                 progress=gr.Progress()):
         """An X/Y/Z plot: one labelled grid per Z value, and every cell as a PNG with its own parameters, each cell
         drawn in the Generate tab's mode (its init image, mask or hires fix: a strength axis varies its strength).
         Returns (grids, cells, parameters)."""
@@ -337,13 +357,17 @@ class Handlers:
 
         def on_progress(fraction: float, done: int, n: int) -> None:
             progress(fraction, desc=f"cells {done} of {n}")
+            job.done, job.total = done, n
 
         try:
             params = replace(params, init=init_of(mode, init_image, editor, strength, mask_blur),
                              hires=hires_of(mode, hires_scale, hires_steps, hires_upscaler, strength),
-                             clip_skip=1 if clip_skip is None else clip_skip)
-            plot = self.service.xyz_plot(checkpoint, weights, params, axes, batch_size, session=session_of(request),
-                                         client=client_of(request), on_progress=on_progress)
+                             clip_skip=1 if clip_skip is None else clip_skip, vae=vae or "")
+            with self.board.running("X/Y/Z plot", session_of(request), prompt, checkpoint, size_of(width, height),
+                                    unit="cell") as job:
+                plot = self.service.xyz_plot(checkpoint, weights, params, axes, batch_size,
+                                             session=session_of(request), client=client_of(request),
+                                             on_progress=on_progress)
         except Exception as e:  # noqa: BLE001
             raise failed("X/Y/Z plot", e, self.service.for_client) from None
         log.info("X/Y/Z plot of %d cells in %.1f s", len(plot.cells.images), plot.cells.seconds)
@@ -356,7 +380,9 @@ class Handlers:
 
     def generate_cost(self, checkpoint, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width,
                       height, seed, batch_size, parts, refiner, refiner_switch, mode, init_image, editor, strength,
-                      mask_blur, hires_scale, hires_steps, hires_upscaler, clip_skip) -> int:
+                      mask_blur, hires_scale, hires_steps, hires_upscaler, clip_skip, vae, controlnet=None,
+                      control_image=None, control_preprocess=None, control_weight=None, control_start=None,
+                      control_end=None) -> int:
         params = params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed, batch_size,
                            refiner, refiner_switch)
         return self.service.generate_cost(replace(params, hires=hires_of(mode, hires_scale, hires_steps,
@@ -369,7 +395,7 @@ class Handlers:
 
     def plot_cost(self, checkpoint, weights, prompt, negative_prompt, sampler, steps, guidance_scale, width, height,
                   seed, x_type, x_values, y_type, y_values, z_type, z_values, batch_size, mode, init_image, editor,
-                  strength, mask_blur, hires_scale, hires_steps, hires_upscaler, clip_skip) -> int:
+                  strength, mask_blur, hires_scale, hires_steps, hires_upscaler, clip_skip, vae) -> int:
         params = replace(params_of(prompt, negative_prompt, sampler, steps, guidance_scale, width, height, seed),
                          hires=hires_of(mode, hires_scale, hires_steps, hires_upscaler, strength))
         return self.service.plot_cost(checkpoint, weights, params,
@@ -388,6 +414,17 @@ class Handlers:
             return [gr.validate(name != "prompt", str(e) if name == "prompt" else "")
                     for name in inspect.signature(cost).parameters]
         return [gr.validate(True, "") for _ in inputs]
+
+    def job_list(self, request: gr.Request = None) -> list[list]:
+        """The Jobs panel's rows for the viewer's session (``app.jobs``: what each client sees of others')."""
+        waiting = []
+        for session, fn, inputs in self.waiting():
+            name = getattr(fn, "__name__", "")
+            if name in KINDS and len(inputs) > 8:
+                checkpoint = ", ".join(map(str, inputs[0])) if isinstance(inputs[0], list) else inputs[0]
+                count = inputs[10] if name == "generate" and len(inputs) > 10 else None
+                waiting.append((session, KINDS[name], inputs[2], checkpoint, size_of(inputs[7], inputs[8], count)))
+        return self.board.rows(session_of(request), waiting)
 
     def stop(self, request: gr.Request) -> None:
         """End this client's running generation after its current step."""
@@ -449,12 +486,14 @@ class Handlers:
             raise one_line(e) from None
         finally:
             self.uploads.discard(image)
-        values, notes = settings_from(text, self.service.label_of_hash, record, self.service.lora_name_of_hash)
+        values, notes = settings_from(text, self.service.label_of_hash, record, self.service.lora_name_of_hash,
+                                      self.service.vae_of_record, self.service.controlnet_of_record)
         notes = [unread, *notes] if unread else notes
         lines = [f"- checkpoint {as_markdown(values['checkpoint'], code=True)}, found by its model hash"] \
             if values["checkpoint"] else []
         lines += [f"- LoRA {as_markdown(name, code=True)} at {strength:g}, found by its hash"
                   for name, strength in values["loras"]]
+        lines += [f"- VAE {as_markdown(values['vae'], code=True)}, found by its name and hash"] if values["vae"] else []
         return text, values, "\n".join(lines + [f"- {as_markdown(n)}" for n in notes])
 
     def send_to_generate(self, values: dict | None):
@@ -466,11 +505,13 @@ class Handlers:
         note = self.checkpoint_note(values["checkpoint"])[0] if values.get("checkpoint") else gr.update()
         modes, second = ([gr.update(value=values[k]) if values.get(k) is not None else gr.update() for k in keys]
                          for keys in (("mode", "strength", "mask_blur", "hires_scale", "hires_steps", "hires_upscaler",
-                                       "clip_skip"),
+                                       "clip_skip", "vae"),
                                       ("refiner", "refiner_switch")))
         # the mode's own tab shown: an image to image or inpainting draw needs its image uploaded there again
         tab = gr.Tabs(selected=values["mode"]) if values.get("mode") else gr.update()
-        return (*updates, gr.update(value=1), note, gr.Tabs(selected="generate-tab"), *modes, tab, *second)
+        control = [gr.update(value=values[k]) if values.get(k) is not None else gr.update()
+                   for k in ("controlnet", "control_preprocess", "control_weight", "control_start", "control_end")]
+        return (*updates, gr.update(value=1), note, gr.Tabs(selected="generate-tab"), *modes, tab, *second, *control)
 
     # -- Scores ----------------------------------------------------------------------------------
 

@@ -3,15 +3,16 @@ uploaded image, and inpainting from an image and the mask painted over it (Gradi
 image, its layers the strokes). No Gradio here; the images are read within ``models.generation``'s bounds.
 
 Each mode's settings go into ``GenerationParams`` as ``models.generation``'s ``InitImage`` and ``HiresFix``, so the
-request is drawn, costed and recorded as `dwb sample --init-image/--mask/--hires-scale` draws, costs and records it.
+request is drawn, costed and recorded as `dwb sample --init-image/--mask/--hires-scale` draws, costs and records it;
+a ControlNet and its control image go in as ``models.generation``'s ``Control``, as `dwb sample --controlnet` gives it.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from models.errors import WorkbenchError
-from models.generation import (DEFAULT_HIRES_UPSCALER, DEFAULT_MASK_BLUR, DEFAULT_STRENGTH, MODES, HiresFix, InitImage,
-                               read_image)
+from models.generation import (DEFAULT_HIRES_UPSCALER, DEFAULT_MASK_BLUR, DEFAULT_STRENGTH, MODES, Control, HiresFix,
+                               InitImage, read_image)
 
 MODE_TABS = (("Text to image", "txt2img"), ("Image to image", "img2img"), ("Inpaint", "inpaint"))
 
@@ -82,6 +83,25 @@ def init_of(mode, image, editor, strength, mask_blur) -> InitImage | None:
         mask = painted_mask(layers, picture.size)
         return InitImage(picture, strength, mask, DEFAULT_MASK_BLUR if mask_blur is None else mask_blur)
     return None
+
+
+def control_request(controlnet, image, preprocess, weight, start, end) -> Control | None:
+    """The ControlNet a request steers with, its control image read within bounds and every setting checked, the
+    ControlNet named by its reference (``Control.name``) and not yet opened (``Control.model`` None: the service opens
+    it under its folders against the checkpoint's UNet); None where no ControlNet is named; one line where the
+    ControlNet or its image is missing."""
+    from .generate import checkpoint_name
+
+    ref = checkpoint_name(controlnet or "").strip()
+    path = upload_path(image)
+    if not ref:
+        if path is not None:
+            raise WorkbenchError("a control image steers through a ControlNet: name one, or remove the image")
+        return None
+    if path is None:
+        raise WorkbenchError("a ControlNet steers from a control image: upload one")
+    return Control(None, ref, "", read_image(path, "the control image"), preprocess or "none",
+                   1.0 if weight is None else weight, 0.0 if start is None else start, 1.0 if end is None else end)
 
 
 def uploads_of(image, editor) -> list[str]:

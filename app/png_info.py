@@ -7,7 +7,7 @@ of at most ``MAX_PIXELS``. Our PNGs also carry the exact record as JSON (``dwb``
 the text (whose prompts have their line breaks written as spaces). Our PNGs name their checkpoint by content hash
 ("Model hash"), which the app looks up under its folders; AUTOMATIC1111's hashes (10 hex digits, of other files)
 find nothing, and say so. LoRAs are found by their ``Lora hashes`` among the LoRA files under the folders
-(``app.loras``), and the prompt's ``<lora:NAME:S>`` tags name them.
+(``models.checkpoints.LoraFiles``), and the prompt's ``<lora:NAME:S>`` tags name them.
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from pathlib import Path
 from PIL import Image
 
 from models.errors import WorkbenchError
-from models.generation import (HIRES_UPSCALERS, SAMPLERS, ImageRecord, lora_tag, lora_tags, modes_of, named_values,
-                               parameters_from_exif, parse_parameters, refiner_of)
+from models.generation import (CONTROL_MODULES, HIRES_UPSCALERS, MAX_CONTROL_WEIGHT, SAMPLERS, ImageRecord, control_of,
+                               lora_tag, lora_tags, modes_of, named_values, parameters_from_exif, parse_parameters,
+                               refiner_of)
 
 MAX_PIXELS = 4096 * 4096
 # Our text is two prompts of at most 2,000 characters and a settings line of a few hundred; AUTOMATIC1111's with
@@ -141,7 +142,8 @@ def fields_of(record: ImageRecord) -> dict:
             "Weights": {"ema": "EMA"}.get(record.weights, record.weights), **dict(record.refiner_fields()),
             **dict(record.mode_fields()), **({"Clip skip": record.clip_skip} if record.clip_skip > 1 else {}),
             **({"Lora hashes": record.lora_hashes, "lora_strengths": record.lora_strengths} if record.lora_hashes
-               else {})}
+               else {}), **({"VAE": record.vae, "VAE hash": record.vae_hash} if record.vae else {}),
+            **({"ControlNet 0": record.control_unit()} if record.controlnet else {})}
 
 
 def _guidance(parsed: dict, notes: list[str]) -> float | None:
@@ -153,7 +155,10 @@ def _guidance(parsed: dict, notes: list[str]) -> float | None:
 
 def settings_from(text: str, label_of_hash: Callable[[str], str | None],
                   record: ImageRecord | None = None,
-                  lora_of_hash: Callable[[str], str | None] = lambda digest: None) -> tuple[dict, list[str]]:
+                  lora_of_hash: Callable[[str], str | None] = lambda digest: None,
+                  vae_of: Callable[[str, str], str | None] = lambda name, digest: None,
+                  controlnet_of: Callable[[str, str], str | None] = lambda name, digest: None
+                  ) -> tuple[dict, list[str]]:
     """Control values from a PNG's exact record where it has one, else from its ``parameters`` text (None where
     it says nothing usable), and notes on what was not carried over: ``prompt, negative_prompt, sampler,
     steps, guidance, width, height, seed, checkpoint, weights, refiner, refiner_switch``, the mode's, and ``loras``
@@ -178,7 +183,45 @@ def settings_from(text: str, label_of_hash: Callable[[str], str | None],
     values.update(_refiner(parsed, label_of_hash, notes))
     values.update(_modes(parsed, notes))
     values.update(_loras(str(values["prompt"]), parsed, lora_of_hash, notes))
+    values["vae"] = _vae(parsed, vae_of, notes)
+    values.update(_control(parsed, controlnet_of, notes))
     return values, notes
+
+
+def _control(parsed: dict, controlnet_of: Callable[[str, str], str | None], notes: list[str]) -> dict:
+    """The ControlNet accordion's values of the first ControlNet unit (``models.generation.control_of``): the
+    ControlNet found under the app's folders by its name and hash ("" for an image drawn without one: a stale one
+    would draw another image), its preprocessor, weight, start and end (None where unusable); a note that the
+    control image must be uploaded again, or that the ControlNet was not found."""
+    unit = control_of(parsed)
+    if unit is None:
+        return {"controlnet": "", "control_preprocess": None, "control_weight": None, "control_start": None,
+                "control_end": None}
+    label = controlnet_of(unit["model"], unit["hash"]) if unit["hash"] else None
+    notes.append(f"steered by ControlNet {unit['model']}: upload its control image in Generate's ControlNet section"
+                 if label else f"no ControlNet under the app's folders is named {unit['model']} with the hash "
+                 f"{unit['hash'] or '(none given)'}; the current one is kept")
+    module = unit.get("module")
+    values = {"controlnet": label, "control_preprocess": module if module in CONTROL_MODULES else None}
+    for key, top in (("weight", MAX_CONTROL_WEIGHT), ("start", 1.0), ("end", 1.0)):
+        number = _number({key: unit[key]}, key, float, notes) if key in unit else None
+        values[f"control_{key}"] = number if number is not None and 0 <= number <= top else None
+    if module not in CONTROL_MODULES:
+        notes.append(f"ControlNet preprocessor {str(module)[:40]!r} is not one of this app's; the current one is kept")
+    return values
+
+
+def _vae(parsed: dict, vae_of: Callable[[str, str], str | None], notes: list[str]) -> str | None:
+    """The VAE field: the file under the app's folders that ``VAE: NAME, VAE hash: HASH`` name (``vae_of``), "" for an
+    image drawn with its checkpoint's own (a stale VAE would draw another image), None (kept) where none is found."""
+    name, digest = str(parsed.get("VAE", "")).strip(), str(parsed.get("VAE hash", "")).strip()
+    if not name:
+        return ""
+    label = vae_of(name, digest) if digest else None
+    if label is None:
+        notes.append(f"no VAE under the app's folders is named {name[:80]} with the hash {digest[:20] or '(none)'}; "
+                     "the current one is kept")
+    return label
 
 
 def _loras(prompt: str, parsed: dict, lora_of_hash: Callable[[str], str | None], notes: list[str]) -> dict:

@@ -26,7 +26,8 @@ import torch
 from PIL import Image
 
 from models.errors import WorkbenchError, first_line
-from models.checkpoints import Checkpoint, CheckpointInfo, content_hash, describe, discover, find_checkpoint, weights_of
+from models.checkpoints import (Checkpoint, CheckpointInfo, ChosenLora, LoraFiles, content_hash, describe, discover,
+                                find_checkpoint, weights_of)
 from models.families import family_or_ours
 from models.generation import (WEIGHT_CHOICES, ImageRecord, Refiner, check_drawable, generate_images, guidance_kind_of,
                                save_png, with_metadata)
@@ -35,7 +36,6 @@ from .cache import PipelineCache
 from .generate import (GenerationParams, Limits, check_client, check_pixel_steps, checkpoint_name, generate,
                        pixel_steps, record_of, settings_of, shown, validate, whole_number)
 from .labelled_grid import labelled_grid
-from .loras import ChosenLora, LoraFiles
 from .scores import ScoreFiles
 from .xyz import Plan, parse_axis, plan
 
@@ -192,18 +192,23 @@ class Service:
     def pipeline(self, ckpt: Checkpoint, weights: str, loras: tuple[ChosenLora, ...] = ()):
         """The pipeline for a checkpoint's chosen weights with ``loras`` applied, from the cache or loaded into it.
         Applying a LoRA changes a pipeline (a merged one its weights), so each set of LoRAs and strengths is a
-        pipeline of its own in the cache, opened afresh, as `dwb sample --lora` opens one."""
+        pipeline of its own in the cache: the checkpoint's own, from the cache (loaded once), around copies of its
+        denoiser and text towers that the LoRAs are applied to (``models.adapters.adaptable_copy``), its VAE and
+        other parts shared; a strength changed reads no checkpoint again while the base stays cached."""
         ema = self.weights_of(ckpt, weights) == "ema"
-        key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime, ckpt.parts, tuple(c.key() for c in loras))
-        return self.cache.get(key, lambda: self._with_loras(self._load(ckpt, ema), ckpt, loras))
+        key = (str(ckpt.path), ema, content_hash(ckpt), self.runtime, ckpt.parts)
+        base = self.cache.get(key + ((),), lambda: self._load(ckpt, ema))
+        if not loras:
+            return base
+        return self.cache.get(key + (tuple(c.key() for c in loras),), lambda: self._with_loras(base, ckpt, loras))
 
     def _with_loras(self, pipe, ckpt: Checkpoint, loras: tuple[ChosenLora, ...]):
-        """``pipe`` with ``loras`` applied (``models.adapters.apply_adapters``); messages name the files by label."""
-        from models.adapters import apply_adapters
+        """A copy of ``pipe`` with ``loras`` applied (``models.adapters.apply_adapters``); messages name the files by
+        label."""
+        from models.adapters import adaptable_copy, apply_adapters
 
-        if not loras:
-            return pipe
         try:
+            pipe = adaptable_copy(pipe)
             apply_adapters(pipe, [(c.file.path, c.strength) for c in loras])
         except Exception as e:  # noqa: BLE001 - a file from anywhere: its judge's one line, or what a reader raised
             message = first_line(e) if isinstance(e, WorkbenchError) else f"{type(e).__name__}: {first_line(e)}"
@@ -221,6 +226,75 @@ class Service:
         key = (str(ckpt.path), "refiner", content_hash(ckpt), self.runtime)
         pipe = self.cache.get(key, lambda: self._load(ckpt, False, refiner=True))
         return Refiner(pipe, ckpt.label, content_hash(ckpt), params.refiner_switch)
+
+    def vae(self, params: GenerationParams, pipe):
+        """The VAE validated ``params`` name under the roots, judged against ``pipe``'s own and opened
+        (``models.checkpoints.open_vae``), or None for the checkpoint's own; errors name it by label."""
+        from models.checkpoints import open_vae
+
+        if not params.vae:
+            return None
+        try:
+            return open_vae(params.vae, pipe, roots=self.roots)
+        except WorkbenchError as e:
+            raise WorkbenchError(self.for_client(first_line(e))) from None
+
+    def controlled(self, params: GenerationParams, pipe) -> GenerationParams:
+        """``params`` with the ControlNet they name (``app.modes.control_request``) opened under the roots against
+        ``pipe``'s family and UNet (``models.checkpoints.open_controlnet``); unchanged without one or once opened;
+        errors name it by label."""
+        from models.checkpoints import open_controlnet
+
+        control = params.control
+        if control is None or control.model is not None:
+            return params
+        try:
+            opened = open_controlnet(control.name, pipe, roots=self.roots, allow_download=self.allow_download)
+        except WorkbenchError as e:
+            raise WorkbenchError(self.for_client(first_line(e))) from None
+        return replace(params, control=replace(control, model=opened.model, name=opened.name, hash=opened.hash))
+
+    def controlnet_of_record(self, name: str, digest: str) -> str | None:
+        """The label of the ControlNet under the roots that A1111's ``Model: NAME [HASH]`` of a ControlNet unit names: a
+        ``NAME.safetensors`` file or a ``NAME`` folder holding a ControlNet's config and weights, whose content hash
+        starts with the hash (only those of that name are hashed)."""
+        import os
+
+        from models.checkpoints import controlnet_hash, label_under
+
+        name, digest = Path(str(name)).name, str(digest).strip().lower()
+        if not name or not digest:
+            return None
+        for root in self.roots:
+            for folder, dirs, files in os.walk(root):
+                for path in (Path(folder) / f"{name}.safetensors", Path(folder) / name):
+                    if path.name not in files and path.name not in dirs or path.is_symlink():
+                        continue
+                    label = label_under(path, self.roots)
+                    try:
+                        found = controlnet_hash(label, roots=self.roots)
+                    except WorkbenchError:
+                        continue
+                    if found.startswith(digest):
+                        return label
+        return None
+
+    def vae_of_record(self, name: str, digest: str) -> str | None:
+        """The label of the file under the roots that AUTOMATIC1111's ``VAE: NAME, VAE hash: HASH`` names: a
+        ``.safetensors`` file of that name whose SHA-256 starts with the hash (only files of that name are hashed)."""
+        import os
+
+        from models.checkpoints import a1111_vae_hash, label_under
+
+        name, digest = Path(str(name)).name, str(digest).strip().lower()
+        if not name.endswith(".safetensors") or not digest:
+            return None
+        for root in self.roots:
+            for folder, _, files in os.walk(root):
+                path = Path(folder) / name
+                if name in files and path.is_file() and not path.is_symlink() and a1111_vae_hash(path) == digest:
+                    return label_under(path, self.roots)
+        return None
 
     def _load(self, ckpt: Checkpoint, ema: bool, refiner: bool = False):
         from models.checkpoints import load_pipeline
@@ -379,11 +453,13 @@ class Service:
         text, loras = self.loras.chosen(params.prompt)
         for k, ckpt in enumerate(ckpts):
             pipe = self.pipeline(ckpt, weights, loras)
+            vae = self.vae(params, pipe)
+            params = self.controlled(params, pipe)
             out = generate(pipe, replace(params, prompt=text), on_step=lambda done, total: on_step(k, done, total),
-                           should_stop=stop.is_set, refiner=refiner)
+                           should_stop=stop.is_set, refiner=refiner, vae=vae)
             for i, image in enumerate(out):
                 record = record_of(params, i, ckpt.label, content_hash(ckpt), self.weights_of(ckpt, weights),
-                                   guidance_kind_of(pipe), refiner, loras)
+                                   guidance_kind_of(pipe), refiner, loras, vae)
                 images.append(self._keep(image, record))
                 records.append(record)
         return Result(images, records, time.perf_counter() - t0)
@@ -397,15 +473,17 @@ class Service:
             ckpt, first = ckpts[call[0].checkpoint], call[0]
             chosen = [loras_of[c.params.prompt] for c in call]  # one set of LoRAs a call (``Cell.call_key``)
             pipe = self.pipeline(ckpt, first.weights, chosen[0][1])
+            vae = self.vae(first.params, pipe)
 
             def step(k: int, total: int, already: int = done, size: int = len(call)) -> None:
                 on_progress((already + size * k / total) / n, already, n)
 
             pixels = generate_images(pipe, [text for text, _ in chosen], [c.params.seed for c in call],
-                                     settings_of(first.params), on_step=step, should_stop=stop.is_set)
+                                     settings_of(first.params, vae=vae), on_step=step, should_stop=stop.is_set)
             for cell, image, (_, loras) in zip(call, pixels, chosen):
                 record = record_of(cell.params, 0, ckpt.label, content_hash(ckpt),
-                                   self.weights_of(ckpt, cell.weights), guidance_kind_of(pipe), loras=loras)
+                                   self.weights_of(ckpt, cell.weights), guidance_kind_of(pipe), loras=loras,
+                                   vae=vae)
                 by_cell[cell.position] = (self._keep(Image.fromarray(image), record), record)
             done += len(call)
         on_progress(1.0, n, n)

@@ -1,10 +1,11 @@
 """The Gradio Blocks of `dwb app`: Generate, Compare (side by side or A/B slider), X/Y/Z plot, PNG Info and
-Scores tabs, and the API they expose. Generate, Compare and X/Y/Z show one set of settings, each tab its own
+Scores and Jobs tabs, and the API they expose. Generate, Compare and X/Y/Z show one set of settings, each tab its own
 controls (``settings_controls``) kept equal by ``wire_settings``; what each event does is ``app.handlers``.
 
 API (``gradio_client``): ``/generate`` returns (gallery, parameters); ``/compare`` (gallery, A/B pair,
 parameters); ``/xyz_plot`` (grids, cells, parameters); ``/png_info`` (parameters text, values, notes);
-``/stop`` ends the calling client's running generation after its current step. The gallery's PNGs carry
+``/stop`` ends the calling client's running generation after its current step; ``/jobs`` (outside the queue) lists
+this server's requests as the Jobs tab shows them to the caller (``app.jobs``). The gallery's PNGs carry
 every parameter in their ``parameters`` text chunk. Bad input comes back as a one-line ``gr.Error``.
 """
 from __future__ import annotations
@@ -20,12 +21,13 @@ from starlette.middleware import Middleware
 
 from models.generation import (DEFAULT_HIRES_UPSCALER, DEFAULT_MASK_BLUR, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER,
                                DEFAULT_STEPS, DEFAULT_STRENGTH, DEFAULT_WEIGHTS, HIRES_UPSCALERS, MAX_CLIP_SKIP,
-                               MAX_HIRES_SCALE, MAX_MASK_BLUR, SAMPLERS)
+                               MAX_HIRES_SCALE, MAX_MASK_BLUR, SAMPLERS, CONTROL_MODULES, MAX_CONTROL_WEIGHT)
 from models.common import allow_open_files, deadline_protocol
 
 from .generate import DEFAULT_GUIDANCE, MAX_CHECKPOINT_CHARS, MAX_SEED
-from .gradio_patches import calm_gradio_queue, queue_jobs, serialize_queue_joins, serve_gradio_with
+from .gradio_patches import calm_gradio_queue, queue_jobs, queue_waiting, serialize_queue_joins, serve_gradio_with
 from .handlers import OPEN_IN_GENERATE, Handlers, as_markdown, queue_validator
+from .jobs import COLUMNS as JOB_COLUMNS
 from .modes import MODE_TABS
 from .results_files import ResultsFiles
 from .scores import STEP_AXIS
@@ -160,6 +162,7 @@ class UI:
                     self.batch = gr.Slider(1, self.limits.max_batch, value=1, step=1, label="Batch size",
                                            elem_id="batch")
                     self.mode_controls()
+                    self.control_controls()
                     self.run, self.stop = run_buttons("", "Generate", "generate")
                 with gr.Column(scale=1):
                     self.gallery, self.parameters, self.texts = results_column("")
@@ -203,13 +206,51 @@ class UI:
                                       label="Denoising strength (image to image, inpainting, the hires fix)")
             self.clip_skip = gr.Slider(1, MAX_CLIP_SKIP, value=1, step=1, elem_id="clip-skip", scale=1,
                                        label="Clip skip (1: the text towers' usual layer)")
+        # AUTOMATIC1111's SD VAE, as `dwb sample --vae`: one that makes the checkpoint's latents
+        self.vae = gr.Textbox("", label="VAE (a diffusers VAE folder or .safetensors file under the folders; empty: "
+                                        "the checkpoint's own)", lines=1, elem_id="vae",
+                              max_length=MAX_CHECKPOINT_CHARS)
         for tab, mode in ((txt2img, "txt2img"), (img2img, "img2img"), (inpaint, "inpaint")):
             tab.select(None, None, self.mode, js=f"() => '{mode}'", queue=False, api_visibility="private")
+
+    def jobs_tab(self) -> None:
+        """The requests of this server, queued, running and finished, with their progress (``app.jobs``: another
+        client's prompt and checkpoint are not shown), refreshed every second outside the queue."""
+        with gr.Tab("Jobs", id="jobs-tab"):
+            table = gr.Dataframe(headers=list(JOB_COLUMNS), value=[], interactive=False, elem_id="jobs",
+                                 label="Requests of this server (your own with their prompt and checkpoint)")
+            gr.Timer(1.0).tick(self.h.job_list, None, table, queue=False, api_name="jobs")
+
+    def control_controls(self) -> None:
+        """A ControlNet steering the text-to-image draw, as `dwb sample --controlnet`: the ControlNet (a folder, a
+        .safetensors file under the folders, or a hub id in the cache), its control image (an upload, preprocessed by
+        canny where chosen), its strength and the share of the steps it steers (``app.modes.control_request``)."""
+        with gr.Accordion("ControlNet", open=False, elem_id="controlnet-section"):
+            self.controlnet = gr.Textbox("", label="ControlNet (a diffusers folder or .safetensors file under the "
+                                                   "folders, or a hub id in the cache; empty: none)", lines=1,
+                                         elem_id="controlnet", max_length=MAX_CHECKPOINT_CHARS)
+            self.control_image = gr.Image(label="Control image (stretched to Width x Height)", type="filepath",
+                                          sources=["upload", "clipboard"], format="png", elem_id="control-image")
+            with gr.Row():
+                self.control_preprocess = gr.Radio(list(CONTROL_MODULES), value="none", elem_id="control-preprocess",
+                                                   label="Preprocess (canny: edges of the upload)")
+                self.control_weight = gr.Slider(0, MAX_CONTROL_WEIGHT, value=1, step=0.05, label="Control strength",
+                                                elem_id="control-weight")
+            with gr.Row():
+                self.control_start = gr.Slider(0, 1, value=0, step=0.01, elem_id="control-start",
+                                               label="Starting control step (share of the steps)")
+                self.control_end = gr.Slider(0, 1, value=1, step=0.01, elem_id="control-end",
+                                             label="Ending control step (share of the steps)")
+
+    def control_inputs(self) -> list:
+        """The ControlNet controls in the order ``Handlers.generate`` takes them, after the mode controls."""
+        return [self.controlnet, self.control_image, self.control_preprocess, self.control_weight,
+                self.control_start, self.control_end]
 
     def mode_inputs(self) -> list:
         """The mode controls in the order ``Handlers.generate`` takes them."""
         return [self.mode, self.init_image, self.editor, self.strength, self.mask_blur, self.hires_scale,
-                self.hires_steps, self.hires_upscaler, self.clip_skip]
+                self.hires_steps, self.hires_upscaler, self.clip_skip, self.vae]
 
     def compare_tab(self) -> None:
         with gr.Tab("Compare", id="compare-tab") as self.compare_tab:
@@ -292,7 +333,7 @@ class UI:
 def wire_generation(ui: UI) -> None:
     h, common, admitted = ui.h, ui.common, ui.admitted
     gen_inputs = [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.parts, ui.refiner, ui.refiner_switch,
-                  *ui.mode_inputs()]
+                  *ui.mode_inputs(), *ui.control_inputs()]
     ui.events.append(ui.run.click(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],
                                   api_name="generate", **common, **admitted[h.generate]))
     ui.events.append(ui.g.prompt.submit(h.generate, gen_inputs, [ui.gallery, ui.parameters, ui.texts],
@@ -340,7 +381,8 @@ def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     carry_settings(ui, ui.send.click(h.send_to_generate, ui.png_values,
                                      [ui.checkpoint, ui.weights, *ui.g.inputs(), ui.batch, ui.note, tabs, ui.mode,
                                       ui.strength, ui.mask_blur, ui.hires_scale, ui.hires_steps, ui.hires_upscaler,
-                                      ui.clip_skip, ui.mode_tabs, ui.refiner, ui.refiner_switch], **private))
+                                      ui.clip_skip, ui.vae, ui.mode_tabs, ui.refiner, ui.refiner_switch,
+                                      *[c for c in ui.control_inputs() if c is not ui.control_image]], **private))
     scores = [ui.s_plot, ui.s_table, ui.s_note, ui.s_pages, ui.s_x]
     for chooser in (ui.metric, ui.s_x):
         chooser.input(h.scores_table, [ui.metric, ui.s_x], scores, **private)
@@ -398,7 +440,8 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
     """The app's Blocks and its uploads' keeper; queue and launch them (see ``app.cli``)."""
     with gr.Blocks(title=title, analytics_enabled=False) as demo:
         uploads = Uploads(demo.upload_file_set, max_client_mb=max_client_upload_mb, max_total_mb=max_total_upload_mb)
-        handlers = Handlers(service, uploads=uploads, jobs=lambda: queue_jobs(demo))
+        handlers = Handlers(service, uploads=uploads, jobs=lambda: queue_jobs(demo),
+                            waiting=lambda: queue_waiting(demo))
         ui = UI(handlers, concurrency)
         gr.Markdown(f"## {title}\nText-to-image from your checkpoints under "
                     + ", ".join(as_markdown(r.name, code=True) for r in service.roots))
@@ -408,6 +451,7 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
             ui.xyz_tab()
             ui.png_info_tab()
             ui.scores_tab()
+            ui.jobs_tab()
         wire_generation(ui)
         wire_settings(ui)
         wire_panels(ui, demo, tabs)

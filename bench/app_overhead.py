@@ -123,9 +123,10 @@ def overhead(client, http, url: str, pipe, ckpt: Path, size: int, steps: int, ro
     for r in range(rounds + 1):  # round 0 warms every path (first load, first call)
         seed = 1000 + r
         # /generate's inputs in order: a single file's parts, a refiner and its switch (none), then text to image's
-        # mode controls (no init image or mask, strength, mask blur, no hires fix, its upscaler, clip skip 1)
+        # mode controls (no init image or mask, strength, mask blur, no hires fix, its upscaler, clip skip 1), the
+        # checkpoint's own VAE, and no ControlNet (nor its image; its preprocessing, weight, start and end)
         data = [str(ckpt), "ema", PROMPT, NEGATIVE, SAMPLER, steps, GUIDANCE, size, size, seed, 1, "", "", 0.8,
-                "txt2img", None, None, 0.75, 4, 1, 0, "Latent", 1]
+                "txt2img", None, None, 0.75, 4, 1, 0, "Latent", 1, "", "", None, "none", 1, 0, 1]
         calls = {"bare": lambda: np.asarray(bare_call(pipe, seed, steps, size)),
                  "http": lambda: http_call(http, url, data),
                  "gradio_client": lambda: client.predict(*data, api_name="/generate")[0][0]["image"]}

@@ -19,10 +19,13 @@ whose words must agree with its p-value in every draw.
 
 Sizes (``--sizes-only`` runs these alone): per-image means and paired differences at 4, 8, 12, 20, 50 and 250
 prompts x 1, 2 and 4 images a prompt x normal and skewed prompt effects, 1,000 draws a line, numpy over all draws
-at once: the t-interval on per-prompt contributions and the percentile bootstrap, and which one the workbench uses
-at that size; FID and KID of 2 images a prompt at the same prompt counts.
+at once: the t-interval on per-prompt contributions (the workbench's rule at every size) and the percentile
+bootstrap (its rule from 100 prompts on before), a line outside 93-97% drawn again on 4,000 fresh draws; FID and
+KID of 2 images a prompt at the same prompt counts, each alone and as compare's paired difference B - A of two
+checkpoints drawn on the same prompts (``--set`` runs these set-metric tables alone).
 
-  python bench/coverage.py --sizes-only                         # about 3.5 CPU-minutes (14 minutes on 2 busy cores)
+  python bench/coverage.py --sizes-only                         # 24 minutes on 2 cores at load average 1-11
+  python bench/coverage.py --set                                # the set-metric tables alone
   python bench/coverage.py [--sims 1000 --metric-sims 400]      # about 8 minutes on 2 busy cores, and the sizes
   python bench/coverage.py --smoke                              # seconds: a few draws of small cases
 
@@ -221,19 +224,18 @@ def mean_lines(rng, draws: int, prompts: int, per_prompt: int, effect: str, repl
     difference B - A (A's per-prompt difficulty shared, B's gain per prompt drawn; truth 0.3), each image with noise
     of sd 1. Coverage of the t-interval on per-prompt means (``bootstrap.t_interval``: with as many images on every
     prompt, ``prompt_contributions`` are those means) and of the percentile bootstrap over prompts
-    (``bootstrap.interval``), and which of the two the workbench uses at this size. The first draw of each line is
-    checked against ``bootstrap.mean_interval`` itself."""
+    (``bootstrap.interval``, the rule at 100 prompts and more before the t-interval became the rule at every size).
+    The first draw of each line is checked against ``bootstrap.mean_interval`` itself."""
     from scipy import stats
 
-    from evaluate.statistics.bootstrap import SMALL_PROMPTS, mean_interval, prompt_weights, weighted_means
+    from evaluate.statistics.bootstrap import mean_interval, prompt_weights, weighted_means
 
     shape = (draws, prompts, per_prompt)
     single = prompt_effects(rng, shape[:2], effect)[:, :, None] + rng.standard_normal(shape)
     difficulty = 3.0 * rng.standard_normal(shape[:2])[:, :, None]
     a = difficulty + rng.standard_normal(shape)
     b = difficulty + 0.3 + prompt_effects(rng, shape[:2], effect)[:, :, None] + rng.standard_normal(shape)
-    line = {"prompts": prompts, "per_prompt": per_prompt, "effect": effect,
-            "rule": "t" if prompts < SMALL_PROMPTS else "bootstrap"}
+    line = {"prompts": prompts, "per_prompt": per_prompt, "effect": effect}
     t_crit = stats.t.ppf(1 - (1 - LEVEL) / 2, prompts - 1)
     for name, values, truth, base in (("mean", single, 0.0, None), ("difference", b - a, 0.3, (a, b))):
         c = values.mean(2)  # (draws, prompts): each prompt's mean
@@ -247,8 +249,8 @@ def mean_lines(rng, draws: int, prompts: int, per_prompt: int, effect: str, repl
         first = values[0].ravel() if base is None else base[1][0].ravel()
         w = prompt_weights(ids, replicates, seed=0)
         rep0 = weighted_means(first, w) - (0 if base is None else weighted_means(base[0][0].ravel(), w))
-        got = mean_interval(ids, first, None if base is None else base[0][0].ravel(), float(mean[0]), rep0)
-        if got["rule"] == "t" and not np.allclose([got["lo"], got["hi"]], [mean[0] - t_crit * se[0],
+        got = mean_interval(ids, first, None if base is None else base[0][0].ravel(), rep0)
+        if got["rule"] != "t" or not np.allclose([got["lo"], got["hi"]], [mean[0] - t_crit * se[0],
                                                                            mean[0] + t_crit * se[0]]):
             raise SystemExit(f"coverage: check failed: the t-interval of {name} differs from mean_interval's")
         line[name] = {"t": float(t_cover.mean()), "percentile": float(p_cover.mean()),
@@ -256,19 +258,34 @@ def mean_lines(rng, draws: int, prompts: int, per_prompt: int, effect: str, repl
     return line
 
 
-def mean_size_table(rng, draws: int, replicates: int, sizes=SIZES) -> list[dict]:
-    chunk = 250  # draws x replicates x prompts counts held at once: 250 x 200 x 250 int64 is 100 MB
+def mean_line(rng, draws: int, prompts: int, per_prompt: int, effect: str, replicates: int) -> dict:
+    """``mean_lines`` of ``draws``, drawn in chunks: 250 draws x 200 replicates x 250 prompts of int64 counts is
+    100 MB."""
+    chunk = 250
+    sizes = [min(chunk, draws - i) for i in range(0, draws, chunk)]
+    parts = [mean_lines(rng, n, prompts, per_prompt, effect, replicates) for n in sizes]
+    line = {**parts[0], "draws": draws}
+    for name in ("mean", "difference"):
+        line[name] = {k: float(np.average([q[name][k] for q in parts], weights=sizes)) for k in parts[0][name]}
+    return line
+
+
+BAND = (0.93, 0.97)  # a line's t-interval coverage outside it is drawn again, AGAIN times as many fresh draws
+AGAIN = 4
+
+
+def mean_size_table(rng, draws: int, replicates: int, sizes=SIZES, again=None) -> list[dict]:
+    """Every line of the size table; with ``again`` (a second generator), a line whose t-interval covered outside
+    ``BAND`` on either figure is measured once more on ``AGAIN`` x ``draws`` fresh draws (``again`` in the line):
+    with 1,000 draws one standard error is 0.7 points, so 72 cells at a true 95% have one outside the band by chance
+    about one run in four; 4,000 draws tell such a cell from a rule that covers less."""
     lines = []
     for prompts in sizes:
         for per_prompt in PER_PROMPT:
             for effect in EFFECTS:
-                parts = [mean_lines(rng, min(chunk, draws - i), prompts, per_prompt, effect, replicates)
-                         for i in range(0, draws, chunk)]
-                line = {**parts[0], "draws": draws}
-                for name in ("mean", "difference"):
-                    line[name] = {k: float(np.average([q[name][k] for q in parts],
-                                                      weights=[min(chunk, draws - i) for i in range(0, draws, chunk)]))
-                                  for k in parts[0][name]}
+                line = mean_line(rng, draws, prompts, per_prompt, effect, replicates)
+                if again is not None and any(not BAND[0] <= line[n]["t"] <= BAND[1] for n in ("mean", "difference")):
+                    line["again"] = mean_line(again, AGAIN * draws, prompts, per_prompt, effect, replicates)
                 lines.append(line)
     return lines
 
@@ -286,13 +303,75 @@ def set_size_table(g: "Gaussians", sims: int, replicates: int, truth_draws: int,
     return lines
 
 
+# (shift, scale) of A's and of B's generated features: B nearer the reference, and the two alike (truth 0 exactly)
+SET_CASES = {"B nearer": ((0.2, 1.1), (0.1, 1.05)), "alike": ((0.2, 1.1), (0.2, 1.1))}
+
+
+def paired_sets(g: "Gaussians", prompts: int, per_prompt: int, case: str):
+    """(A's features, B's features, prompt ids) of two checkpoints drawn on the same prompts and seeds: each prompt's
+    effect (N(0, 0.5^2 I)) is shared, and so is half the variance of each image's seed noise; each side is its shift
+    plus its scale times unit-variance features, so A and B alike are exchangeable."""
+    import torch
+
+    (shift_a, scale_a), (shift_b, scale_b) = SET_CASES[case]
+    ids = np.repeat(np.arange(prompts), per_prompt)
+    prompt = 0.5 * g.rng.standard_normal((prompts, g.dim))[ids]
+    seed, own = g.rng.standard_normal((2, len(ids), g.dim))
+    za = (prompt + seed) / np.sqrt(1.25)
+    zb = (prompt + np.sqrt(0.5) * (seed + own)) / np.sqrt(1.25)
+    return torch.from_numpy(za * scale_a + shift_a), torch.from_numpy(zb * scale_b + shift_b), ids
+
+
+def set_difference_coverage(g: "Gaussians", name: str, case: str, prompts: int, per_prompt: int, replicates: int,
+                            sims: int, truth_draws: int) -> dict:
+    """compare's paired interval of a set metric's B - A (``bootstrap.interval`` on the paired replicates, with the
+    difference's range; one draw of prompt weights for both sides) against E[B - A] at this size, the mean of
+    ``truth_draws`` paired draws (0 for "alike"); how often it holds 0, and whether its words agree with its p."""
+    from evaluate.names import difference_range
+    from evaluate.statistics.bootstrap import interval, p_value, prompt_weights
+
+    ones = np.ones((1, prompts * per_prompt))
+
+    def difference(xa, xb, weights: np.ndarray) -> np.ndarray:
+        return g.metric(name, xb, weights) - g.metric(name, xa, weights)
+
+    truth = 0.0 if case == "alike" else float(np.mean(
+        [difference(*paired_sets(g, prompts, per_prompt, case)[:2], ones)[0] for _ in range(truth_draws)]))
+    covered = zero = agree = 0
+    for i in range(sims):
+        xa, xb, ids = paired_sets(g, prompts, per_prompt, case)
+        reps = difference(xa, xb, prompt_weights(ids, replicates, seed=i))
+        d = float(difference(xa, xb, ones)[0])
+        lo, hi = interval(d, reps, bounds=difference_range(name))
+        covered += lo <= truth <= hi
+        zero += lo <= 0 <= hi
+        agree += (lo > 0 or hi < 0) == (p_value(d, reps) < 0.05)
+    return {"prompts": prompts, "per_prompt": per_prompt, "metric": {"fid": "FID", "kid_mean": "KID"}[name],
+            "case": case, "truth": truth, "coverage": covered / sims, "covers_zero": zero / sims,
+            "verdict_agrees_with_p": agree / sims}
+
+
+def set_difference_size_table(g: "Gaussians", sims: int, replicates: int, truth_draws: int, sizes=SIZES,
+                              per_prompt: int = 2) -> list[dict]:
+    return [set_difference_coverage(g, name, case, prompts, per_prompt, replicates, sims, truth_draws)
+            for prompts in sizes for name in ("fid", "kid_mean") for case in SET_CASES]
+
+
+def set_difference_markdown(lines: list[dict]) -> str:
+    rows = ["| prompts | images | metric | case | coverage % | interval holds 0 % |", "|---|---|---|---|---|---|"]
+    rows += [f"| {r['prompts']} | {r['prompts'] * r['per_prompt']} | {r['metric']} B - A | {r['case']} | "
+             f"{100 * r['coverage']:.1f} | {100 * r['covers_zero']:.1f} |" for r in lines]
+    return "\n".join(rows)
+
+
 def size_markdown(means: list[dict], sets: list[dict]) -> str:
     lines = ["| prompts | images a prompt | prompt effects | mean: t | mean: percentile | B - A: t | "
-             "B - A: percentile | rule used |", "|---|---|---|---|---|---|---|---|"]
+             f"B - A: percentile | t again, {AGAIN}x fresh draws (mean, B - A) |", "|---|---|---|---|---|---|---|---|"]
     for r in means:
+        again = f"{100 * r['again']['mean']['t']:.1f}, {100 * r['again']['difference']['t']:.1f}" if "again" in r else ""
         lines.append(f"| {r['prompts']} | {r['per_prompt']} | {r['effect']} | "
                      + " | ".join(f"{100 * r[n][k]:.1f}" for n in ("mean", "difference") for k in ("t", "percentile"))
-                     + f" | {r['rule']} |")
+                     + f" | {again} |")
     lines += ["", "| prompts | images | metric | coverage % | interval holds 0 % |", "|---|---|---|---|---|"]
     lines += [f"| {r['prompts']} | {r['prompts'] * r['per_prompt']} | {r['metric']} | {100 * r['coverage']:.1f} | "
               f"{100 * r['covers_zero']:.1f} |" for r in sets]
@@ -312,6 +391,23 @@ def markdown(win_rates: list[dict], metrics: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def size_tables(args: argparse.Namespace) -> dict:
+    """The size tables (``--set``: the set metrics' alone), printed as Markdown; their seconds."""
+    t = time.perf_counter()
+    sizes = (4, 20) if args.smoke else SIZES
+    means = ([] if args.set else mean_size_table(np.random.default_rng(args.seed + 2), args.size_draws,
+                                                 args.replicates, sizes, np.random.default_rng(args.seed + 5)))
+    sets = set_size_table(Gaussians(np.random.default_rng(args.seed + 3), args.dim, args.reference),
+                          args.set_size_sims, args.replicates, args.truth_draws, sizes)
+    differences = set_difference_size_table(Gaussians(np.random.default_rng(args.seed + 4), args.dim, args.reference),
+                                            args.set_difference_sims, args.replicates, args.truth_draws, sizes)
+    if any(r["verdict_agrees_with_p"] != 1.0 for r in differences):
+        raise SystemExit("coverage: check failed: a set metric's paired interval and p-value disagreed")
+    print(size_markdown(means, sets), set_difference_markdown(differences), sep="\n\n")
+    return {"means_by_size": means, "sets_by_size": sets, "set_differences_by_size": differences,
+            "seconds_sizes": round(time.perf_counter() - t, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sims", type=int, default=1000, help="draws per win-rate case")
@@ -329,20 +425,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size-draws", type=int, default=1000, help="draws per line of the per-image mean size table")
     ap.add_argument("--set-size-sims", type=int, default=200, help="draws per line of the set-metric size table")
+    ap.add_argument("--set-difference-sims", type=int, default=200,
+                    help="draws per line of the set metrics' paired-difference size table")
     ap.add_argument("--sizes-only", action="store_true", help="only the size tables (per-image means, set metrics)")
+    ap.add_argument("--set", action="store_true", help="only the set metrics' size tables (each alone, and B - A)")
     args = parse_args(ap, smoke=dict(sims=10, bootstrap=50, metric_sims=4, truth_draws=20, images=40, reference=60,
-                                     dim=4, replicates=40, prompts=30, size_draws=20, set_size_sims=4))
+                                     dim=4, replicates=40, prompts=30, size_draws=20, set_size_sims=4,
+                                     set_difference_sims=4))
     import torch
 
     torch.set_num_threads(1)  # small matrices: one thread is several times faster on a busy 2-core machine
     t = time.perf_counter()
-    sizes = (4, 20) if args.smoke else SIZES
-    means = mean_size_table(np.random.default_rng(args.seed + 2), args.size_draws, args.replicates, sizes)
-    sets = set_size_table(Gaussians(np.random.default_rng(args.seed + 3), args.dim, args.reference),
-                          args.set_size_sims, args.replicates, args.truth_draws, sizes)
-    print(size_markdown(means, sets))
-    sized = {"means_by_size": means, "sets_by_size": sets, "seconds_sizes": round(time.perf_counter() - t, 1)}
-    if args.sizes_only:
+    sized = size_tables(args)
+    if args.sizes_only or args.set:
         report("coverage", {"level": LEVEL, "settings": {k: v for k, v in vars(args).items() if k != "out"}, **sized})
         return
     votes, rates = ((5, 50), (0.7,)) if args.smoke else (VOTES, RATES)

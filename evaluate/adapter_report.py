@@ -12,7 +12,7 @@ its base on the same prompts and seeds, DreamBench's three questions with a pair
 
 Each figure is B - A, B the adapted entry (``models.checkpoints.Entry``: ``BASE + FILE@S``) and A the base, with
 the interval ``statistics.bootstrap.mean_interval`` gives a paired per-image mean (the t-interval on per-prompt
-contributions below 100 prompts) and Holm's adjustment within each family (``verdict.with_verdicts``), so every
+contributions) and Holm's adjustment within each family (``verdict.with_verdicts``), so every
 word here reads as `dwb evaluate compare` reads it: "cannot tell" where the interval covers 0.
 
 The recommendation: among the entries better than the base on subject fidelity (every fidelity metric that has a
@@ -34,7 +34,7 @@ import torch
 from models.checkpoints import Entry, EntryAdapter, entry_adapter, find_entry, open_entry, weights_of
 from models.common import write_text_whole
 from models.errors import WorkbenchError
-from models.generation import DEFAULT_GUIDANCE, DEFAULT_STEPS, pick_device
+from models.generation import DEFAULT_GUIDANCE, DEFAULT_STEPS, MAX_STRENGTH, pick_device
 
 from .compare import metric_difference
 from .layout import safe_path_part
@@ -232,8 +232,6 @@ def adapter_entries(base: Entry, adapters: list[str | Path], strengths: tuple[fl
     """Each adapter file at each strength on ``base``, every file read (its header, its hash) before any drawing."""
     if not adapters:
         raise WorkbenchError("give at least one adapter file to report on")
-    from models.adapters import MAX_STRENGTH
-
     if not strengths or any(not abs(s) <= MAX_STRENGTH for s in strengths):
         raise WorkbenchError(f"strengths {', '.join(f'{s:g}' for s in strengths) or 'none'}: give one or more, each "
                              f"from -{MAX_STRENGTH:g} to {MAX_STRENGTH:g}")

@@ -120,20 +120,31 @@ def cmd_run(args) -> None:
 
 
 def cmd_watch(args) -> None:
+    from models.checkpoints import entry_adapter, parse_entry
+
+    from .config import weights_choice
     from .report import write_report
     from .run import Evaluator
-    from .watch import Watcher
+    from .watch import Watcher, WatchedEntries
 
+    run, adapters = parse_entry(args.run_dir)  # RUN + FILE@S: the files applied to each checkpoint
+    files = tuple(entry_adapter(path, strength) for path, strength in adapters)  # read before anything is scored
     ev = Evaluator(config_from_args(args))
+    watched = WatchedEntries(ev.cfg.out, files, args.strengths, args.base, weights_choice(ev.cfg))
 
     def score(ckpt) -> None:
-        _summary(ev.score(ckpt))
+        for entry in watched.entries(ckpt):
+            _summary(ev.score(entry, trained=ckpt))
         ev.store.export_csv()
         write_report(ev.cfg.out)
 
-    Watcher(args.run_dir, ev.store, score, ev.record_unreadable, settle=args.settle,
-            retry_unreadable=args.retry_unreadable).run_forever(interval=args.interval, max_polls=args.max_polls,
-                                                                max_wait=args.max_wait)
+    def record_unreadable(ckpt, error) -> None:
+        for ref in watched.refs(ckpt):
+            ev.record_unreadable(ckpt, error, ref=ref)
+
+    Watcher(run, ev.store, score, record_unreadable, settle=args.settle, retry_unreadable=args.retry_unreadable,
+            recorded_as=watched.refs).run_forever(interval=args.interval, max_polls=args.max_polls,
+                                                  max_wait=args.max_wait)
 
 
 def cmd_train_scorer(args) -> None:
@@ -184,7 +195,11 @@ def _strengths(value: str) -> tuple[float, ...]:
         strengths = tuple(float(v) for v in value.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated strengths such as 0.5,0.75,1, got {value!r}") from None
-    return strengths  # their range is checked with the adapter files (evaluate/adapter_report.py)
+    from models.generation import MAX_STRENGTH
+
+    if not strengths or any(not abs(s) <= MAX_STRENGTH for s in strengths):
+        raise argparse.ArgumentTypeError(f"strengths {value}: each from -{MAX_STRENGTH:g} to {MAX_STRENGTH:g}")
+    return strengths
 
 
 def cmd_adapter(args) -> None:
@@ -236,8 +251,8 @@ def _add_adapter(ev_sub) -> None:
     p.add_argument("--size", type=_positive, help="image side (default: the base's native size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=_positive, default=8)
-    p.add_argument("--bootstrap", type=_replicates, default=200, help="replicates from 100 prompts on (below: "
-                                                                      "the t-interval)")
+    p.add_argument("--bootstrap", type=_replicates, default=200, help="replicates (the intervals are t-intervals "
+                                                                      "on per-prompt means; p >= 2 / (N + 1))")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true")
     _preference_flags(p)
@@ -355,7 +370,10 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_run, overrides=[])
 
     p = ev_sub.add_parser("watch", help="score each new checkpoint of a run as it appears (once, across restarts)")
-    p.add_argument("run_dir", help="a training run's folder or s3:// prefix (or its checkpoints/ folder)")
+    p.add_argument("run_dir", metavar="RUN", help="a training run's folder or s3:// prefix (or its checkpoints/ folder); "
+                                                  "\"RUN + FILE@S\": each checkpoint with adapter files applied, as "
+                                                  "`run` takes \"BASE + FILE@S\"; an adapter run's checkpoints are "
+                                                  "scored on the base they name, the adapter at each --strengths")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. steps=20 guidance=[3,5]")
     _common(p)
     p.add_argument("--interval", type=float, default=30.0, help="seconds between polls")
@@ -365,6 +383,12 @@ def register(sub) -> None:
                    help="how long to wait for a run folder that does not exist yet (default: no limit)")
     p.add_argument("--retry-unreadable", action="store_true",
                    help="try again the checkpoints recorded as unreadable (a changed file is always tried again)")
+    p.add_argument("--strengths", type=_strengths, default=(1.0,),
+                   help="an adapter run's checkpoints: the strengths each adapter is scored at, comma-separated "
+                        "(default 1)")
+    p.add_argument("--base", metavar="CHECKPOINT",
+                   help="an adapter run's base, where its spec's model.init_from does not lead to it from here "
+                        "(checked against the content hash the spec names)")
     p.set_defaults(func=cmd_watch)
 
     p = ev_sub.add_parser("compare", help="is B better than A: each metric's difference with a paired interval "

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.checkpoints import ENTRY_SEPARATOR, is_entry, parse_entry
+from models.checkpoints import entry_ref, is_entry, parse_entry
 from models.errors import WorkbenchError
 from models.common import write_text_whole
 from models.shapes import parse_caption
@@ -44,8 +44,7 @@ def entry_text(who: str) -> str:
     "@1" where none was given); any other text as it is."""
     if not is_entry(who):
         return who
-    base, adapters = parse_entry(who)
-    return ENTRY_SEPARATOR.join([base, *(f"{path}@{strength:g}" for path, strength in adapters)])
+    return entry_ref(*parse_entry(who))
 
 
 def rows_of(rows: list[dict], who: str) -> dict[tuple, dict]:
@@ -171,13 +170,13 @@ def metric_difference(name: str, a: float, b: float, replicates: np.ndarray, ima
                       n_prompts: int | None = None) -> dict:
     """One metric's B - A with its interval and p, and how many replicates are ``defined`` (a replicate that drew
     no image the metric judges is NaN: it does not count). A per-image mean (``images``: prompt ids, B's values,
-    A's values) takes ``bootstrap.mean_interval`` (the t-interval below ``SMALL_PROMPTS`` prompts); a set metric,
+    A's values) takes ``bootstrap.mean_interval`` (the t-interval on per-prompt contributions); a set metric,
     the paired replicates' interval, and below ``SET_MIN_PROMPTS`` prompts none (``unmeasured``)."""
     diff = float(b - a)
     counted = {"metric": name, "a": a, "b": b, "difference": diff, "replicates": len(replicates),
                "defined": int(np.isfinite(replicates).sum())}
     if images is not None:
-        return {**counted, **mean_interval(*images, diff, replicates, bounds=difference_range(name))}
+        return {**counted, **mean_interval(*images, replicates, bounds=difference_range(name))}
     if n_prompts is not None and n_prompts < SET_MIN_PROMPTS:
         return {**counted, "lo": None, "hi": None, "p": None, "rule": "bootstrap", "too_few": set_too_few(n_prompts)}
     lo, hi = interval(diff, replicates, bounds=difference_range(name))

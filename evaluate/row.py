@@ -190,11 +190,11 @@ def mean_values(images: RowImages, captions: dict[int, str]) -> dict[str, np.nda
 def _intervals(points: dict, replicates: dict[str, np.ndarray], digits: dict[str, int], prompts: np.ndarray,
                values: dict[str, np.ndarray]) -> dict:
     """``<name>_lo`` and ``<name>_hi`` of each metric: a per-image mean's by ``bootstrap.mean_interval`` (the
-    t-interval on per-prompt contributions at few prompts), a set metric's by ``bootstrap.interval``."""
+    t-interval on per-prompt contributions), a set metric's by ``bootstrap.interval``."""
     out = {}
     for name, reps in replicates.items():
         if name in values and points.get(name) is not None:
-            found = mean_interval(prompts, values[name], None, points[name], reps, bounds=value_range(name))
+            found = mean_interval(prompts, values[name], None, reps, bounds=value_range(name))
             lo, hi = found["lo"], found["hi"]
         else:
             lo, hi = interval(points.get(name), reps, bounds=value_range(name))

@@ -70,6 +70,7 @@ class Opened:
     guidance: tuple[float, ...] = ()  # the scales scored
     sizes: dict[int, tuple[int, int]] = field(default_factory=dict)  # prompt index -> (width, height) of its aspect
     entry: Entry | None = None  # the checkpoint with the adapters applied to it (models.checkpoints.Entry)
+    trained: Checkpoint | None = None  # what a run wrote that the entry stands for (an adapter checkpoint), else found
 
 
 class Evaluator:
@@ -140,24 +141,29 @@ class Evaluator:
             self._reference[(size, extractor.name)] = ref
         return self._reference[(size, extractor.name)]
 
-    def record_unreadable(self, checkpoint: Checkpoint | str | Path, error: Exception) -> None:
+    def record_unreadable(self, checkpoint: Checkpoint | str | Path, error: Exception, ref: str | None = None) -> None:
         """A checkpoint that cannot be opened: one row saying why, so a watcher does not try it again
-        (until the file changes, or ``--retry-unreadable``)."""
+        (until the file changes, or ``--retry-unreadable``); ``ref``: the reference its row carries where that is
+        an entry of it (``BASE + FILE@S``), not its own."""
         import logging
 
         logging.getLogger("evaluate").warning("warning: cannot score %s: %s", getattr(checkpoint, "ref", checkpoint), error)
         if global_rank() == 0:
             ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(str(checkpoint), "unreadable", "",
                                                                                     Path(checkpoint))
-            self.store.append({"checkpoint": ckpt.ref, "status": "unreadable", "error": str(error),
+            self.store.append({"checkpoint": ref or ckpt.ref, "status": "unreadable", "error": str(error),
                                **checkpoint_identity(ckpt), "time": time.time()})
 
-    def score(self, checkpoint: Checkpoint | str | Path, model: str | None = None) -> list[dict]:
-        """Score one checkpoint at every guidance scale; rank 0 appends the rows to the store and returns them.
+    def score(self, checkpoint: Checkpoint | Entry | str | Path, model: str | None = None,
+              trained: Checkpoint | None = None) -> list[dict]:
+        """Score one checkpoint (or entry) at every guidance scale; rank 0 appends the rows to the store and returns
+        them. ``trained``: the checkpoint a run wrote that the entry stands for (an adapter checkpoint, whose adapter
+        is the entry's file): the rows' step, cost and file identity are its.
 
         A problem of the checkpoint itself is a ``CheckpointError``; anything else is the setup's."""
         t0 = time.perf_counter()
         opened = self.open(checkpoint, model)
+        opened.trained = trained
         rows = [row for guidance in opened.guidance if (row := self.score_guidance(opened, guidance)) is not None]
         if global_rank() == 0:
             for row in rows:
@@ -257,10 +263,11 @@ class Evaluator:
         """What a row says about how it was scored and what its checkpoint cost to reach (the metrics and timings
         are added to it)."""
         cfg, fid_reference = self.cfg, opened.references["fid"]
+        trained = opened.trained or opened.found
         return {"model": opened.source.model, "checkpoint": opened.source.checkpoint,
                 "checkpoint_hash": opened.source.checkpoint_hash, "weights": opened.source.weights,
                 **(opened.entry.columns() if opened.entry is not None else {}),
-                "step": opened.found.step or 0, **checkpoint_cost_columns(opened.found.path),
+                "step": trained.step or 0, **checkpoint_cost_columns(trained.path),
                 "guidance": float(guidance), "n_images": n_images,
                 "n_reference": fid_reference.stats.n, "reference_skipped": fid_reference.skipped,
                 "prompts": cfg.prompts, "sampler": opened.sampler, "steps": opened.steps, "size": opened.size,
@@ -270,7 +277,7 @@ class Evaluator:
                 "resize": resize_policy(opened.size),
                 "dinov2": f"{self.dinov2.name}@{self.dinov2.weights_hash}" if self.dinov2 is not None else None,
                 **({"preference_models": {k: s.name for k, s in self.preference.items()}} if self.preference else {}),
-                "samples": str(samples), "status": "ok", **checkpoint_identity(opened.found), "time": time.time()}
+                "samples": str(samples), "status": "ok", **checkpoint_identity(trained), "time": time.time()}
 
 
 def aspect_text(aspect: str | None, column: str | None) -> str | None:

@@ -12,6 +12,17 @@ file changes or the watcher starts with ``retry_unreadable``; so is a local chec
 outside the run's folder (a single file's ``NAME.config/`` that is or holds a link out of it), before it is read.
 Any other error is a problem of the setup (reference set, weights, output folder, device), not of that
 checkpoint: it stops the watcher, and nothing is recorded against the checkpoint.
+
+What each checkpoint is scored as (``WatchedEntries``, entries of ``models.checkpoints``, named and hashed as
+AUTOMATIC1111 names a LoRA):
+
+- a checkpoint of the whole model: itself, or with adapter files applied when RUN is given as an entry,
+  ``RUN + FILE@S`` (each checkpoint then scored as ``CHECKPOINT + FILE@S``);
+- an adapter checkpoint (a run with an ``adapter:`` section holds the adapter alone): its adapter written as a file,
+  ``OUT/adapters/<checkpoint>.safetensors`` (in its family's ``lora_layout``: kohya's, which AUTOMATIC1111 reads, for a
+  LoRA of SD 1/2 or SDXL; the peft layout, which holds every kind and family, otherwise), applied to the base its spec names
+  (``model.init_from``, or ``--base`` where that path does not lead to it from here; checked by content hash) at each
+  strength given (``--strengths``, default 1). The row's step, cost and file identity are the adapter checkpoint's.
 """
 from __future__ import annotations
 
@@ -20,24 +31,108 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from models.checkpoints import Checkpoint, check_reads_inside, list_checkpoints, raise_reason
+from models.checkpoints import (Checkpoint, Entry, EntryAdapter, check_reads_inside, content_hash, entry_adapter,
+                                entry_ref, find_checkpoint, list_checkpoints, raise_reason, weights_of)
 from models.errors import CheckpointError, WorkbenchError
 
+from .layout import safe_path_part
 from .store import ResultsStore, checkpoint_identity
 
 log = logging.getLogger("evaluate.watch")
 
 
+class WatchedEntries:
+    """What each checkpoint of a watched run is scored as (the module's note): ``adapters`` applied to every
+    checkpoint (stacked after an adapter checkpoint's own); an adapter checkpoint's adapter, written under
+    ``out``/adapters, on its base at each of ``strengths``, in the weights ``weights`` chooses (auto, ema, raw:
+    ``models.checkpoints.weights_of``)."""
+
+    def __init__(self, out: str | Path, adapters: tuple[EntryAdapter, ...] = (), strengths: tuple[float, ...] = (1.0,),
+                 base: str | None = None, weights: str = "auto"):
+        self.folder, self.adapters, self.strengths, self.base, self.weights = Path(out) / "adapters", adapters, \
+            strengths, base, weights
+        self._bases: dict[tuple[str, str], Checkpoint] = {}
+
+    @staticmethod
+    def adapter_checkpoint(ckpt: Checkpoint) -> tuple[dict, Checkpoint] | None:
+        """(the adapter section of an adapter checkpoint's spec, the checkpoint's local copy: an ``s3://`` one
+        fetched once per ETag); None for every other checkpoint (and for one that does not read: scoring it says
+        why)."""
+        from models.export import adapter_of
+
+        if ckpt.kind != "composer":
+            return None
+        try:
+            local = ckpt if ckpt.path is not None else find_checkpoint(ckpt.ref)
+            adapter = adapter_of(local)
+        except CheckpointError:
+            return None
+        return None if adapter is None else (adapter, local)
+
+    def base_of(self, ckpt: Checkpoint, adapter: dict) -> Checkpoint:
+        """The base an adapter checkpoint was trained on: ``--base``, else its spec's ``model.init_from``, whose
+        content hash must be the one the spec names; a one-line WorkbenchError (the setup's) otherwise."""
+        named = adapter.get("base") or {}
+        ref, wanted = self.base or str(named.get("init_from")), str(named.get("content_hash"))
+        if (ref, wanted) not in self._bases:
+            try:
+                found = find_checkpoint(ref)
+            except WorkbenchError as e:
+                raise WorkbenchError(f"{ckpt.label} is an adapter of {ref}, which is not found from here ({e}): give "
+                                     f"--base, the checkpoint the run trained on") from None
+            if content_hash(found) != wanted:
+                raise WorkbenchError(f"{ckpt.label} is an adapter of the base with content hash {wanted}, and {ref} "
+                                     f"has {content_hash(found)}: give --base, the checkpoint the run trained on")
+            self._bases[(ref, wanted)] = found
+        return self._bases[(ref, wanted)]
+
+    def file_of(self, ckpt: Checkpoint, local: Checkpoint) -> Path:
+        """Where an adapter checkpoint's adapter is written (its weights in the name: raw or EMA)."""
+        return self.folder / f"{safe_path_part(ckpt.label)}-{weights_of(local, self.weights)}.safetensors"
+
+    def refs(self, ckpt: Checkpoint) -> list[str]:
+        """The references the rows of ``ckpt``'s entries carry (``Entry.ref``), known without writing a file."""
+        found = self.adapter_checkpoint(ckpt)
+        if found is not None:
+            base = self.base_of(ckpt, found[0]).ref
+            given = [(a.path, a.strength) for a in self.adapters]
+            return [entry_ref(base, [(self.file_of(ckpt, found[1]), s), *given]) for s in self.strengths]
+        return [entry_ref(ckpt.ref, [(a.path, a.strength) for a in self.adapters])]
+
+    def entries(self, ckpt: Checkpoint) -> list[Entry]:
+        """``ckpt``'s entries; an adapter checkpoint's adapter written as a file first (whole, or not at all)."""
+        found = self.adapter_checkpoint(ckpt)
+        if found is None:
+            return [Entry(ckpt, self.adapters)]
+        from models.checkpoints import read_summary
+        from models.export import export_adapter
+        from models.families import family_named
+
+        adapter, local = found
+        family = family_named(read_summary(local.path)["spec"].get("family"))
+        layout = family.lora_layout if adapter.get("type") == "lora" else "peft"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = export_adapter(local.path, self.file_of(ckpt, local), layout=layout,
+                              ema=weights_of(local, self.weights) == "ema")
+        written = entry_adapter(path, 1.0)
+        base = self.base_of(ckpt, adapter)
+        return [Entry(base, (EntryAdapter(written.path, float(s), written.name, written.hash), *self.adapters))
+                for s in self.strengths]
+
+
 class Watcher:
     """Polls a run (a local folder or an ``s3://`` prefix); ``poll_once()`` scores every finished, unscored
-    checkpoint and returns them. ``score`` and ``record_unreadable`` take a ``models.checkpoints.Checkpoint``."""
+    checkpoint and returns them. ``score`` and ``record_unreadable`` take a ``models.checkpoints.Checkpoint``;
+    ``recorded_as`` gives the references its rows carry (``WatchedEntries.refs``; default: its own)."""
 
     def __init__(self, run: str | Path, store: ResultsStore, score: Callable[[Checkpoint], object],
                  record_unreadable: Callable[[Checkpoint, Exception], None], settle: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, retry_unreadable: bool = False):
+                 clock: Callable[[], float] = time.monotonic, retry_unreadable: bool = False,
+                 recorded_as: Callable[[Checkpoint], list[str]] | None = None):
         self.run = str(run)
         self.remote = self.run.startswith("s3://")
         self.store, self.score, self.record_unreadable = store, score, record_unreadable
+        self.recorded_as = recorded_as or (lambda ckpt: [ckpt.ref])
         self.settle, self.clock, self.retry_unreadable = settle, clock, retry_unreadable
         self._seen: dict[Path, tuple[int, int, float]] = {}  # path -> (size, mtime_ns, first time seen so)
 
@@ -57,7 +152,7 @@ class Watcher:
 
     def _done(self, ckpt: Checkpoint, done: set) -> bool:
         ident = checkpoint_identity(ckpt)
-        return (ckpt.ref, ident["file_size"], ident["file_mtime_ns"]) in done
+        return all((ref, ident["file_size"], ident["file_mtime_ns"]) in done for ref in self.recorded_as(ckpt))
 
     def poll_once(self) -> list[Checkpoint]:
         done = self.store.done(retry_unreadable=self.retry_unreadable)

@@ -24,8 +24,8 @@ from starlette.concurrency import run_in_threadpool
 
 from models.common import p_value_text
 
-from .report import (both_bad_text, interval_only, results_csv, stopping_lines, study_name, summary, votes_csv,
-                     votes_flip_text, votes_json)
+from .report import (BOTH_BAD_HEADERS, both_bad_rows, interval_only, results_csv, stopping_lines, study_name, summary,
+                     votes_csv, votes_flip_text, votes_json)
 from .statistics.resampling import REPORT_BOOTSTRAP
 
 COOKIE = "dwb_admin"
@@ -96,11 +96,8 @@ def dashboard_html(results: dict, counts: dict, exclude: bool) -> str:
                  _interval(cat["wilson"]), _fmt(cat["tie_rate"])] for c in results["comparisons"] for cat in c["categories"]]),
     ]
     for q, found in results.get("both_bad", {}).items():
-        parts += [f"<h2>Both bad: {escape(q)}</h2>", _table(
-            ["model", "category", "votes", "both bad", "share both bad, 95% Wilson on effective votes"],
-            [[r["model"], r["category"], r["votes"], r["both_bad"], both_bad_text(r)] for r in found["models"]]),
-            _table(["prompts most often judged both bad", "category", "both bad", "votes"],
-                   [[p["text"], p["category"], p["both_bad"], p["votes"]] for p in found["prompts"]])]
+        parts += [f"<h2>Both bad: {escape(q)}</h2>",
+                  *(_table(header, rows) for header, rows in zip(BOTH_BAD_HEADERS, both_bad_rows(found)))]
     for q, rows in results.get("bradley_terry", {}).items():
         parts += [f"<h2>Bradley-Terry: {escape(q)}</h2>", _table(
             ["rank", "model", "score", "95% bootstrap by prompt", "votes that would flip it"],

@@ -237,8 +237,14 @@ def analyze(study: Study, votes: list[dict], *, exclude_failing: bool = False, g
         "comparisons": comparisons, "bradley_terry": bt, "style_control": {q: r for q, r in controlled.items() if r},
         "stopping": stopping(main, study, comparisons, target_width), "agreement": agreement, "gold": gold,
         "consistency": consistency, "raters": raters,
-        **({"ties": study.ties, "both_bad": both_bad(main, study)} if study.ties != "one" else {}),
+        **tie_results(main, study),
     })
+
+
+def tie_results(main: list[dict], study: Study) -> dict:
+    """A study's ``ties`` setting and its both-bad shares (``both_bad``), as the report and the joined page give them;
+    nothing for a study whose ties are one answer."""
+    return {"ties": study.ties, "both_bad": both_bad(main, study)} if study.ties != "one" else {}
 
 
 def _comparisons(main: list[dict], study: Study, n_boot: int, rng: np.random.Generator, target_width: float,

@@ -100,6 +100,15 @@ def _labelled(value: str) -> tuple[str | None, Path]:
     return None, Path(value)
 
 
+def _named(samples: list, label: str | None) -> list:
+    """Samples as their label names them: an entry ``BASE + FILE@S`` named and hashed as the entry is."""
+    from models.checkpoints import is_entry
+
+    from .samples import named_as_entry
+
+    return named_as_entry(samples, label) if label is not None and is_entry(label) else samples
+
+
 def cmd_create(args) -> None:
     from .samples import read_folder, read_manifest
     from .study import build_study
@@ -111,9 +120,9 @@ def cmd_create(args) -> None:
                              "(optionally 'category')")
     samples = []
     for label, path in map(_labelled, args.samples or []):
-        samples += read_manifest(path, model=label)
+        samples += _named(read_manifest(path, model=label), label)
     for label, path in map(_labelled, args.folder or []):
-        samples += read_folder(path, args.prompts, model=label)
+        samples += _named(read_folder(path, args.prompts, model=label), label)
     study, summary = build_study(samples, args.study, gold=args.gold, repeats=args.repeats, per_rater=args.per_rater,
                                  images_per_prompt=args.images_per_prompt, seed=args.seed, allocation=args.allocation,
                                  target_width=args.target_width, image_size=args.image_size,
@@ -274,9 +283,13 @@ def _add_create(sub) -> None:
     p = sub.add_parser("create", help="build a study from sample manifests or image folders")
     p.add_argument("study", help="a new folder for the study")
     p.add_argument("--samples", action="append", metavar="[LABEL=]MANIFEST",
-                   help="a manifest.jsonl from `dwb evaluate` (repeatable; one per model, or several models in one)")
+                   help="a manifest.jsonl from `dwb evaluate` (repeatable; one per model, or several models in one); "
+                        "LABEL may be an entry \"BASE + LORA@S\" as `dwb evaluate run` takes it: the images are "
+                        "named and hashed as that entry (AUTOMATIC1111's names: the base, each LoRA's stem and short "
+                        "hash, its strength)")
     p.add_argument("--folder", action="append", metavar="[LABEL=]DIR",
-                   help="a folder of one model's images named <prompt_index>_<image_index>.png (repeatable)")
+                   help="a folder of one model's images named <prompt_index>_<image_index>.png (repeatable; LABEL "
+                        "as for --samples, an entry too)")
     p.add_argument("--prompts", metavar="SET", help="the prompts of --folder images: drawbench or parti (shipped), or "
                                                    "a CSV/TSV file with 'prompt' and 'category' columns")
     p.add_argument("--gold", type=_count, default=0, help="gold pairs (attention checks with a known answer)")

@@ -28,7 +28,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from .analysis import NO_CATEGORY, bradley_terry, json_ready
+from .analysis import NO_CATEGORY, bradley_terry, json_ready, tie_results
 from .scores import LABELS, METRICS, ROW_KEYS, ScoreRows, join_scores, metric_values
 from .statistics.stats import (bootstrap_rate, effective_votes, is_decisive, percentile_interval, ratio, vote_flip,
                                wilson_interval)
@@ -239,4 +239,5 @@ def humans_beside_metrics(study: Study, votes: list[dict], scores: ScoreRows, *,
         "agreement": {q: {"model_pairs": model_pair_agreement(PromptTable(study, vs), rows, n_boot, rng),
                           "image_pairs": image_pair_agreement(vs, study, n_boot, rng)} for q, vs in per_question.items()},
         "categories": {q: category_win_rates(vs, study, n_boot, rng) for q, vs in per_question.items()},
+        **tie_results(main, study),
     })

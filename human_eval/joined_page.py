@@ -12,7 +12,7 @@ from pathlib import Path
 
 from models.common import p_value_text
 
-from .report import csv_text, share_text, study_name, votes_flip_text
+from .report import BOTH_BAD_HEADERS, both_bad_rows, csv_text, share_text, study_name, votes_flip_text
 from .scores import LABELS, METRICS
 
 FILES = ("joined.html", "joined.json", "joined_models.csv", "joined_agreement.csv", "joined_categories.csv")
@@ -70,6 +70,15 @@ def _model_section(joined: dict, q: str) -> str:
                    "decisive votes", *(LABELS[m] + " [95%]" for m in metrics)], rows)
 
 
+def _both_bad_section(joined: dict, q: str) -> list[str]:
+    """A good_bad study's both-bad shares of one question, as the report and the admin page give them (``both_bad_rows``);
+    nothing for other studies."""
+    found = joined.get("both_bad", {}).get(q)
+    if not found:
+        return []
+    return ["<h3>Both bad</h3>", *(_table(header, rows) for header, rows in zip(BOTH_BAD_HEADERS, both_bad_rows(found)))]
+
+
 def _agreement_section(joined: dict, q: str) -> str:
     a = joined["agreement"][q]
     rows = [[f"{x['label']} ({'lower' if not x['higher_is_better'] else 'higher'} is better)", "model pairs", x["source"],
@@ -97,7 +106,7 @@ def page(joined: dict) -> str:
     parts += [f"<p class=note>{escape(n)}</p>" for n in joined["notes"]]
     for q, text in joined["questions"].items():
         parts += [f"<h2>{escape(q)}: {escape(text)}</h2>", "<h3>Models</h3>", _model_section(joined, q),
-                  "<h3>Agreement of each metric with raters</h3>", _agreement_section(joined, q),
+                  *_both_bad_section(joined, q), "<h3>Agreement of each metric with raters</h3>", _agreement_section(joined, q),
                   "<h3>Win rate per category</h3>", _category_section(joined, q)]
     return ("<!doctype html><html><head><meta charset=utf-8><title>Humans beside metrics</title>"
             f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>")

@@ -174,6 +174,17 @@ def both_bad_text(row: dict) -> str:
     return f"{share_text(row['rate'], lo, hi)} of {row['votes']} votes"
 
 
+BOTH_BAD_HEADERS = (["model", "category", "votes", "both bad", "share both bad, 95% Wilson on effective votes"],
+                    ["prompts most often judged both bad", "category", "both bad", "votes"])
+
+
+def both_bad_rows(found: dict) -> tuple[list[list], list[list]]:
+    """One question's both-bad tables as the admin and joined pages show them (headers ``BOTH_BAD_HEADERS``): each
+    model's share per category, and the prompts most often judged both bad."""
+    return ([[r["model"], r["category"], r["votes"], r["both_bad"], both_bad_text(r)] for r in found["models"]],
+            [[p["text"], p["category"], p["both_bad"], p["votes"]] for p in found["prompts"]])
+
+
 def both_bad_lines(results: dict) -> list[str]:
     """A good_bad study's both-bad shares per question and model, overall and per category, and the prompts most
     often judged both bad (nothing for other studies)."""

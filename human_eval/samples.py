@@ -29,7 +29,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from models.common import loads_outside
@@ -174,6 +174,22 @@ def read_manifest(path: str | Path, model: str | None = None) -> list[Sample]:
     if not samples:
         raise HumanEvalError(f"manifest is empty: {path}")
     return samples
+
+
+def named_as_entry(samples: list[Sample], text: str) -> list[Sample]:
+    """Samples of one model given as an entry, ``BASE + FILE@S`` (``models.checkpoints``, as `dwb evaluate run` and
+    `compare` take it): named and hashed as the entry (``BASE_LABEL + stem@S``, the base's content hash and each
+    file's AUTOMATIC1111 short hash), so votes join evaluate's rows of that entry. Where a manifest line names
+    another model's hash, its images are another model's: refused in one line."""
+    from models.checkpoints import find_entry
+
+    entry = find_entry(text)
+    digest = entry.hash()
+    for s in samples:
+        if s.checkpoint_hash and s.checkpoint_hash != digest:
+            raise HumanEvalError(f"{s.source}: its images were drawn by the model with hash {s.checkpoint_hash}, not "
+                                 f"by {entry.label} ({digest})")
+    return [replace(s, model=entry.label, checkpoint=entry.ref, checkpoint_hash=digest) for s in samples]
 
 
 def read_prompts(name_or_path: str | Path) -> list[tuple[str, str]]:

@@ -68,12 +68,15 @@ def cmd_sample(args) -> None:
                                recommended_settings, weights_of)
     from .adapters import apply_adapters
     from .families import family_or_ours
-    from .generation import Refiner, Settings, drawn_native_side, image_format, starting_settings, write_rows
+    from .generation import (Refiner, Settings, check_prompt_weights, drawn_native_side, image_format,
+                             starting_settings, write_rows)
 
     seed = first_seed(args.seed, args.seeds)
     image_format(args.out)  # before the checkpoint is opened: an output that would carry no parameters
     prompts = sample_prompts(args)  # a prompt file read and checked before the checkpoint is opened
+    model_texts, tagged = tagged_loras(prompts, args.lora_dir)  # each <lora:NAME:S> tag found before the weights
     init, hires = modes_of_args(args)  # the init image and mask read (bounded) before the checkpoint is opened
+    control_image = control_image_of_args(args, init, hires)  # the same for a control image
     if isinstance(args.size, tuple) and args.aspect:
         raise WorkbenchError("give --size WIDTHxHEIGHT or --aspect W:H (with --size SIDE as its budget), not both")
     ckpt = find_checkpoint(args.checkpoint, parts=args.parts)
@@ -88,8 +91,14 @@ def cmd_sample(args) -> None:
     # pipeline knows it, is the model's own)
     size = sample_size(chosen["size"] or drawn_native_side(info.resolution, ckpt.label), args.aspect, family)
     row_sizes = {row.size: sample_size(row.size, args.aspect, family) for row in prompts if row.size is not None}
+    # a weighted prompt the family cannot take, or one past the bounds, is one line before the weights are read
+    texts = [args.negative_prompt, *(row.prompt for row in prompts), *(row.negative_prompt or "" for row in prompts)]
+    check_prompt_weights(family, texts, args.clip_skip)
+    check_control_family(control_image, family)
     pipe = load_pipeline(ckpt, ema=weights == "ema")  # a refiner given as the checkpoint is refused here
-    applied = apply_adapters(pipe, args.lora or [])  # every file judged against the denoiser before any is read
+    files = args.lora or []  # every file judged against the denoiser before any is read
+    applied = apply_adapters(pipe, [*files, *((c.file.path, c.strength) for c in tagged)])
+    vae = open_vae_arg(args.vae, pipe)  # judged against the checkpoint's own VAE before a tensor is read
     refiner = None
     if args.refiner:
         ref = find_checkpoint(args.refiner)
@@ -99,20 +108,30 @@ def cmd_sample(args) -> None:
     width, height = size or sample_size(native_size_of(ckpt, pipe), args.aspect, family)
     settings = Settings(steps=chosen["steps"], guidance=chosen["guidance"], width=width, height=height,
                         sampler=chosen["sampler"], negative_prompt=args.negative_prompt, refiner=refiner,
-                        init=init, hires=hires, clip_skip=args.clip_skip,
-                        loras=tuple((a.name, a.hash, a.strength) for a in applied))
+                        init=init, hires=hires, clip_skip=args.clip_skip, vae=vae, prompt_weighting=True,
+                        control=control_of_args(args, control_image, pipe),
+                        loras=tuple((a.name, a.hash, a.strength) for a in applied[:len(files)])
+                        + tuple((c.name, c.hash, c.strength) for c in tagged))  # a tag's name, as A1111 records it
     out = Path(args.out)
     images_to = (out.with_suffix("") if out.suffix else out.with_name(f"{out.name}-images")) if args.per_image else None
-    out = write_rows(pipe, out, grid_rows(prompts, settings, seed, args.seeds, row_sizes),
+    out = write_rows(pipe, out, grid_rows(prompts, settings, seed, args.seeds, row_sizes, model_texts),
                      title=f"{ckpt.label} ({content_hash(ckpt)}) {weights} weights",
                      checkpoint=ckpt.label, checkpoint_hash=content_hash(ckpt), weights=weights, images_to=images_to)
     print(f"wrote {out}: {weights} weights, guidance {settings.guidance:g}, {settings.steps} steps, "
           f"{settings.sampler}, {width if width == height else f'{width}x{height}'} px, seeds {seed} to {seed + args.seeds - 1}"
           + (f"; refined by {refiner.name} from {refiner.switch:g} of the steps" if refiner else "")
+          + (f"; VAE {vae.name} ({vae.hash})" if vae else "")
           + (f"; {len(prompts)} prompts from {args.prompts} (a row's own seed, size and negative prompt where it "
              "gives them)" if args.prompts else "")
-          + (f"; each image in {images_to}" if images_to else "")
+          + (f"; each image in {images_to}" if images_to else "") + control_line(settings.control)
           + "".join(f"; {a.kind} {a.name} ({a.hash}, {a.layout} layout) at {a.strength:g}" for a in applied))
+
+
+def open_vae_arg(path, pipe):
+    """The VAE ``--vae`` names, opened for ``pipe`` (``models.checkpoints.open_vae``); None without it."""
+    from .checkpoints import open_vae
+
+    return open_vae(path, pipe) if path else None
 
 
 def modes_of_args(args):
@@ -137,6 +156,51 @@ def modes_of_args(args):
     return init, hires
 
 
+def control_image_of_args(args, init, hires):
+    """The control image `dwb sample --controlnet` is given, read within bounds (None without --controlnet); one line
+    for flags that do not go together."""
+    from .generation import read_image
+
+    if args.control_image and not args.controlnet:
+        raise WorkbenchError("--control-image steers through a --controlnet: give both")
+    if not args.controlnet:
+        return None
+    if not args.control_image:
+        raise WorkbenchError("--controlnet steers from a --control-image: give both")
+    if init is not None or hires is not None or args.refiner:
+        raise WorkbenchError("--controlnet steers a text-to-image draw here: give it without --init-image, "
+                             "--hires-scale or --refiner")
+    return read_image(args.control_image, "--control-image")
+
+
+def check_control_family(image, family) -> None:
+    """One line, before the checkpoint's weights are read, where a ControlNet is given to a family without one."""
+    from .checkpoints import check_takes_controlnet
+
+    if image is not None:
+        check_takes_controlnet(family)
+
+
+def control_of_args(args, image, pipe):
+    """The ControlNet `dwb sample` steers with (``models.generation.Control``), opened through the door against the
+    pipeline's family and UNet; None without one."""
+    from .checkpoints import open_controlnet
+    from .generation import Control
+
+    if image is None:
+        return None
+    opened = open_controlnet(args.controlnet, pipe)
+    return Control(opened.model, opened.name, opened.hash, image, args.control_preprocess, args.control_strength,
+                   args.control_start, args.control_end)
+
+
+def control_line(control) -> str:
+    if control is None:
+        return ""
+    return (f"; steered by ControlNet {control.name} ({control.hash}, preprocess {control.module}) at "
+            f"{control.weight:g} from {control.start:g} to {control.end:g} of the steps")
+
+
 def sample_prompts(args) -> list:
     """The rows `dwb sample` draws (``models.generation.PromptRow``): each ``--prompt``, or each row of ``--prompts
     FILE`` with its own first seed, size and negative prompt where the file gives them (a seed whose ``--seeds``
@@ -154,22 +218,50 @@ def sample_prompts(args) -> list:
     return rows
 
 
-def grid_rows(prompts: list, settings, seed: int, n: int, sizes: dict) -> list:
+def grid_rows(prompts: list, settings, seed: int, n: int, sizes: dict, texts: list[str] | None = None) -> list:
     """Each row as a grid row (``models.generation.GridRow``): ``n`` seeds from its own first seed (else ``seed``), at
     its own size (``sizes``: as drawn) and with its own negative prompt over the command's ``settings``; rows with
-    none of their own share ``settings``, so they are drawn in one batch as a grid of --prompt rows is."""
+    none of their own share ``settings``, so they are drawn in one batch as a grid of --prompt rows is. ``texts``:
+    each row's prompt as the model reads it (its LoRA tags taken out), where it differs from the prompt recorded."""
     from dataclasses import replace
 
     from .generation import GridRow
 
     rows = []
-    for row in prompts:
+    for i, row in enumerate(prompts):
         first = seed if row.seed is None else row.seed
         own = {} if row.size is None else dict(zip(("width", "height"), sizes[row.size]))
         if row.negative_prompt is not None:
             own["negative_prompt"] = row.negative_prompt
-        rows.append(GridRow(row.prompt, tuple(range(first, first + n)), replace(settings, **own) if own else settings))
+        text = texts[i] if texts is not None and texts[i] != row.prompt else None
+        rows.append(GridRow(row.prompt, tuple(range(first, first + n)), replace(settings, **own) if own else settings,
+                            text))
     return rows
+
+
+def tagged_loras(prompts: list, lora_dir: str | None) -> tuple[list[str], tuple]:
+    """(each row's prompt as the model reads it, the LoRAs its ``<lora:NAME:STRENGTH>`` tags name): names found in
+    ``lora_dir`` by the app's rule (``models.checkpoints.LoraFiles``); one-line WorkbenchError for a tag without
+    ``--lora-dir``, a name not found there, or rows whose tags differ (one set of LoRAs draws every row)."""
+    from pathlib import Path
+
+    from .generation import lora_tags
+
+    if not any(lora_tags(row.prompt)[1] for row in prompts):
+        return [row.prompt for row in prompts], ()
+    if lora_dir is None:
+        raise WorkbenchError("the prompt's <lora:NAME:STRENGTH> tags name LoRA files: give --lora-dir FOLDER, where "
+                             "they are found by name (or apply a file with --lora FILE:STRENGTH)")
+    if not Path(lora_dir).is_dir():
+        raise WorkbenchError(f"--lora-dir {lora_dir}: no such folder")
+    from .checkpoints import LoraFiles
+
+    files = LoraFiles([Path(lora_dir).resolve()], where=f"--lora-dir {lora_dir}")
+    resolved = [files.chosen(row.prompt) for row in prompts]
+    if len({tuple(c.key() for c in chosen) for _, chosen in resolved}) > 1:
+        raise WorkbenchError("the prompts' <lora:...> tags name different LoRAs or strengths: one set of LoRAs draws "
+                             "every row of `dwb sample` (draw each set with a command of its own)")
+    return [text for text, _ in resolved], resolved[0][1]
 
 
 def sample_size(size, aspect, family) -> tuple[int, int] | None:
@@ -209,10 +301,10 @@ def register_export(sub) -> None:
     p.add_argument("out", help="a folder (diffusers), or NAME.safetensors (one file in the original SD layout, "
                                "NAME.yaml and NAME.config/ beside it)")
     p.add_argument("--format", choices=("diffusers", "single-file"), help="default: from OUT's suffix")
-    p.add_argument("--layout", choices=("diffusers", "kohya", "peft"),
+    p.add_argument("--layout", choices=("diffusers", "kohya", "peft", "comfyui"),
                    help="an adapter checkpoint (a run with an adapter: section) to OUT.safetensors in this layout: "
-                        "diffusers (load_lora_weights), kohya (kohya, AUTOMATIC1111, ComfyUI), peft (every kind); "
-                        "default for an adapter checkpoint: diffusers")
+                        "diffusers (load_lora_weights), kohya (kohya, AUTOMATIC1111, ComfyUI), peft (every kind), "
+                        "comfyui (ComfyUI's own names: SD3, Flux.1); default for an adapter checkpoint: diffusers")
     weights = p.add_mutually_exclusive_group()
     weights.add_argument("--weights", choices=WEIGHT_CHOICES, default=DEFAULT_WEIGHTS,
                          help="a Composer checkpoint's EMA or raw weights (default auto: EMA where it holds them, as "
@@ -244,7 +336,9 @@ def register_sample(sub) -> None:
                    help="where a single file's other parts (text encoders, tokenizers, VAE, scheduler, configs) come "
                         "from: a diffusers folder of the same model or a hub id in the local cache (default: "
                         "NAME.config/ beside NAME.safetensors)")
-    p.add_argument("--prompt", action="append", help="repeatable; default: the demo prompts")
+    p.add_argument("--prompt", action="append",
+                   help="repeatable; default: the demo prompts; AUTOMATIC1111's weighting, (word:1.2), (word), [word] "
+                        "and BREAK, through compel for SD 1/2 and SDXL (docs/sample.md#prompt-weighting)")
     p.add_argument("--prompts", metavar="FILE",
                    help="the rows from a file: a .csv or .tsv with a prompt column and optional seed, size (SIDE or "
                         "WxH) and negative_prompt columns, each row's own where its cell is not empty; any other file "
@@ -285,7 +379,16 @@ def register_sample(sub) -> None:
     p.add_argument("--lora", action="append", type=from_parser(_adapter_arg), metavar="FILE[:STRENGTH]",
                    help="repeatable: an adapter file applied at STRENGTH (default 1; several stack): LoRA in the "
                         "diffusers, kohya/AUTOMATIC1111 or peft layout, DoRA, LoHa, LoKr (docs/adapters.md)")
+    p.add_argument("--vae", metavar="PATH",
+                   help="draw with this VAE in place of the checkpoint's own (AUTOMATIC1111's SD VAE): a diffusers "
+                        "AutoencoderKL folder or one .safetensors file (diffusers' or the original layout); it must "
+                        "make the checkpoint's latents (channels, scaling): a VAE of another family is refused")
+    p.add_argument("--lora-dir", metavar="FOLDER",
+                   help="where the prompt's AUTOMATIC1111 tags <lora:NAME:STRENGTH> find their files: NAME is a file's "
+                        "stem or its path under FOLDER, as the app finds them under its folders; the tag is taken out "
+                        "of the text the model reads and kept in the prompt the PNG records")
     register_modes(p)
+    register_control(p)
     p.set_defaults(func=cmd_sample)
 
 
@@ -319,6 +422,26 @@ def register_modes(p) -> None:
     p.add_argument("--clip-skip", type=between(1, MAX_CLIP_SKIP), default=1, metavar="N",
                    help="condition on the CLIP towers' layer N from the end (AUTOMATIC1111's Clip skip; default 1: "
                         "the usual one; SD 1/2, SDXL, SD3)")
+
+
+def register_control(p) -> None:
+    """`dwb sample`'s ControlNet (``models.generation.Control``), with AUTOMATIC1111's ControlNet extension's defaults."""
+    from .generation import CONTROL_MODULES, DEFAULT_CANNY, MAX_CONTROL_WEIGHT
+
+    p.add_argument("--controlnet", metavar="REF",
+                   help="a ControlNet steering the draw (SD 1/2, SDXL): a diffusers folder, a .safetensors file (diffusers' "
+                        "or ControlNet 1.x's original key names), or a hub id; one made for the checkpoint's own model")
+    p.add_argument("--control-image", metavar="IMAGE",
+                   help="the ControlNet's image (PNG, JPEG or WebP), stretched to the drawn size")
+    p.add_argument("--control-preprocess", choices=CONTROL_MODULES, default="none",
+                   help="make the control image from the upload first: canny edges (thresholds "
+                        f"{DEFAULT_CANNY[0]} and {DEFAULT_CANNY[1]}, as A1111's), or none (default: the image as given)")
+    p.add_argument("--control-strength", type=between(0, MAX_CONTROL_WEIGHT, float), default=1.0, metavar="S",
+                   help=f"the ControlNet's weight, 0 to {MAX_CONTROL_WEIGHT:g} (default 1)")
+    p.add_argument("--control-start", type=between(0, 1, float), default=0.0, metavar="A",
+                   help="the share of the steps before the ControlNet steers (default 0)")
+    p.add_argument("--control-end", type=between(0, 1, float), default=1.0, metavar="B",
+                   help="the share of the steps after which it stops (default 1)")
 
 
 def _strength(text: str) -> float:

@@ -55,7 +55,8 @@ def cmd_dreambooth(args) -> None:
             raise WorkbenchError("prior preservation draws class images with the base model: give --base (the model "
                                  "you fine-tune) and --class-images N beside --class-prompt")
         prior = ClassPrompt(args.base, args.class_prompt, args.class_images, max(args.sizes), seed=args.class_seed,
-                            steps=args.class_steps, guidance=args.class_guidance, sampler=args.class_sampler)
+                            steps=args.class_steps, guidance=args.class_guidance, sampler=args.class_sampler,
+                            text_tokens=args.class_text_tokens)
     summary = write_dreambooth(args.folder, args.out, sizes=args.sizes, template=args.template,
                                class_word=args.class_word, repeats=args.repeats, masks=args.masks,
                                alpha_mask=args.alpha_mask,
@@ -323,6 +324,8 @@ def register_dreambooth(data_sub) -> None:
     p.add_argument("--class-steps", type=positive, help="sampling steps (default: the generation default)")
     p.add_argument("--class-guidance", type=positive_number, help="guidance (default: the generation default)")
     p.add_argument("--class-sampler", help="sampler (default: the generation default)")
+    p.add_argument("--class-text-tokens", type=positive, metavar="N",
+                   help="T5 tokens to draw with: the run's model.text_tokens (SD3, Flux.1; default: the pipeline's)")
     p.add_argument("--device", default="auto", help="where class images are drawn: auto, cpu or cuda")
     p.add_argument("--image-format", choices=("jpeg", "png"), default="png")
     p.add_argument("--max-megapixels", type=positive_number,

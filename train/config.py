@@ -90,8 +90,10 @@ class ModelConfig:
     logit_std: float = checked(1.0, Range(0, 10, low_open=True))
     flow_shift: Optional[float] = checked(None, Range(0.01, 100, note="null follows the resolution"))
     loss_weighting: str = checked("none", one_of(*WEIGHTINGS))
-    # Flux.1: the T5 tokens each caption is padded or cut to. 512 is FluxPipeline's default max_sequence_length, which
-    # a plain pipeline call draws with; MLPerf's reference reads 256. FluxPipeline refuses more than 512.
+    # Flux.1 and SD3 (its own T5): the T5 tokens each caption is padded or cut to. 512 is FluxPipeline's default
+    # max_sequence_length, which a plain pipeline call draws with; MLPerf's reference reads 256;
+    # StableDiffusion3Pipeline draws with 256; diffusers' train_dreambooth_lora_sd3.py (0185674) tokenizes 77.
+    # FluxPipeline refuses more than 512.
     text_tokens: int = checked(T5_TOKENS, Range(1, 512))
     # A guidance-distilled transformer (Flux.1-dev's guidance_embeds): the guidance it is told in training. 3.5 is
     # what diffusers' examples/dreambooth/train_dreambooth_flux.py passes (its --guidance_scale default, "the FLUX.1
@@ -112,7 +114,9 @@ class AdapterConfig:
     alpha: Optional[float] = checked(None, Range(0, 1e6, low_open=True, note="null takes the family's preset"))
     dropout: Optional[float] = checked(None, Range(0, 0.99, note="null takes the family's preset"))
     targets: Optional[list[str]] = None  # peft's target_modules; null: the family's preset
-    text_encoders: bool = False  # adapters on the text towers too (not trained here yet: refused)
+    # a LoRA of the same rank and alpha on the text towers too: the CLIP towers diffusers' LoRA loader adapts
+    # (models.adapters.adaptable_text_encoders), on their attention's q_proj, k_proj, v_proj, out_proj
+    text_encoders: bool = False
 
 
 @dataclass
@@ -332,16 +336,19 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 
 def _check_adapter(cfg: TrainConfig) -> None:
-    """An adapter adapts a model the run starts from (``model.init_from``); its text-tower half is not built yet."""
+    """An adapter adapts a model the run starts from (``model.init_from``); its text towers' LoRA trains on captions
+    in one process."""
     a = cfg.adapter
     if a.type is None:
         return
     if cfg.model.init_from is None:
         raise WorkbenchError("config key 'adapter.type': an adapter adapts a model you hold; set model.init_from to "
                              "its folder, hub id, single file or checkpoint")
-    if a.text_encoders:
-        raise WorkbenchError("config key 'adapter.text_encoders': adapters on the text towers are not trained yet; "
-                             "set it to false (the denoiser's adapter trains alone)")
+    if a.text_encoders and (a.type != "lora" or cfg.data.precomputed or cfg.fsdp):
+        why = ("is LoRA (the kind diffusers' and kohya's readers load on a tower)" if a.type != "lora" else
+               "trains on captions, not precomputed text states" if cfg.data.precomputed else
+               "trains in one process here (its towers are outside FSDP's units)")
+        raise WorkbenchError(f"config key 'adapter.text_encoders': the text towers' adapter {why}")
     if cfg.load_path:
         raise WorkbenchError("config key 'load_path': an adapter run starts from model.init_from and resumes by "
                              "autoresume; leave load_path empty")

@@ -406,9 +406,11 @@ def make_scheduler(cfg: TrainConfig):
 
 def make_optimizer(cfg: TrainConfig, model: LatentDiffusion) -> torch.optim.AdamW:
     """AdamW on the denoiser, fused: one kernel per step instead of a dozen foreach ops, and the non-finite guard's
-    skip reaches it as a device flag (``found_inf``) instead of a read on the host every step (``train.guard``)."""
+    skip reaches it as a device flag (``found_inf``) instead of a read on the host every step (``train.guard``).
+    What trains: the denoiser's weights, or an adapter's where the base is frozen (the text towers' adapters after
+    the denoiser's, in the model's order)."""
     o = cfg.optimizer
-    trained = [p for p in model.denoiser.parameters() if p.requires_grad]  # an adapter's, where the base is frozen
+    trained = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(trained, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                              weight_decay=o.weight_decay, fused=True)
 

@@ -15,10 +15,10 @@ takes: what the trainer adds, `dwb export` writes and the app reads (docs/adapte
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "applying": "MAX_STRENGTH AppliedAdapter a1111_short_hash adaptable_text_encoders apply_adapters "
+    "applying": "AppliedAdapter a1111_short_hash adaptable_copy adaptable_text_encoders apply_adapters "
                 "judge_adapter_file parse_adapter_arg",
     "adding": "MAX_RANK adapter_config add_adapter denoiser_layers is_adapter_key",
-    "kohya": "KOHYA_FAMILIES KOHYA_TEXT_PREFIXES kohya_hashes",
+    "kohya": "KOHYA_FAMILIES KOHYA_TEXT_PREFIXES fused_lora kohya_hashes",
     "presets": "KINDS PRESETS Preset preset_of",
     "reading": "AdapterFile MAX_ADAPTER_BYTES check_adapter_file",
     "sizing": "AdapterSize adapter_size variant_of_hub_id",

@@ -44,13 +44,12 @@ import torch
 from ..common import loads_outside
 from ..errors import WorkbenchError, first_line
 from ..families import FAMILIES, build_on_meta, family_named, family_of_pipeline
+from ..generation import MAX_STRENGTH
 from ..readers import read_safetensors_head
 from .adding import denoiser_layers
 from .reading import (COMFYUI_PREFIX, ROLES, AdapterFile, _check_group, _group, _sizes, _split, adaptable_layers,
                       check_adapter_file, comfyui_as_kohya_name)
 from .writing import PEFT_CONFIG_KEY
-
-MAX_STRENGTH = 10.0  # AUTOMATIC1111's slider spans -2 to 2; a strength past 10 is a typing slip
 
 
 @dataclass(frozen=True)
@@ -126,6 +125,21 @@ def adaptable_text_encoders(pipe, family) -> dict[str, torch.nn.Module]:
     loadable = getattr(pipe, "_lora_loadable_modules", ())
     return {name: getattr(pipe, name) for name in family.text_encoders
             if name in loadable and getattr(pipe, name, None) is not None}
+
+
+def adaptable_copy(pipe):
+    """A pipeline of ``pipe``'s class around copies of what applying adapters changes (its denoiser and the text
+    towers ``adaptable_text_encoders`` names), sharing every other part and its saved settings: adapters applied to
+    the copy, at any strength, leave ``pipe`` as it was, and nothing is read from the checkpoint again."""
+    import copy
+
+    family = family_of_pipeline(pipe)
+    owned = {family.denoiser: getattr(pipe, family.denoiser), **adaptable_text_encoders(pipe, family)}
+    _, optional = type(pipe)._get_signature_keys(type(pipe))
+    saved = {k: v for k, v in pipe.config.items() if k in optional and isinstance(v, (bool, int, float, str))}
+    copied = type(pipe)(**{**pipe.components, **saved, **{name: copy.deepcopy(m) for name, m in owned.items()}})
+    copied.set_progress_bar_config(disable=True)
+    return copied
 
 
 def judge_adapter_file(path: str | Path, denoiser: torch.nn.Module, family,

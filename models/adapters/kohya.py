@@ -77,9 +77,10 @@ def flux_members(kohya_name: str) -> list[str] | None:
     return None
 
 
-def _fused(name: str, members: list[str], loras: dict, modules: dict) -> dict[str, torch.Tensor]:
-    """One kohya layer for several LoRAs (``loras``: module path -> (down, up, scale)): downs stacked, ups
-    block-diagonal, an absent member as zeros; alpha keeps each member's scale (``scale * fused rank``)."""
+def fused_lora(name: str, members: list[str], loras: dict, modules: dict) -> dict[str, torch.Tensor]:
+    """One fused layer (kohya's, ComfyUI's) for several LoRAs (``loras``: module path -> (down, up, scale)): downs
+    stacked, ups block-diagonal, an absent member as zeros; alpha keeps each member's scale (``scale * fused
+    rank``)."""
     present = [loras[m] for m in members if m in loras]
     ranks, scales = {d.shape[0] for d, _, _ in present}, {round(s, 12) for _, _, s in present}
     if len(ranks) != 1 or len(scales) != 1:
@@ -119,7 +120,19 @@ def kohya_tensors(loras: dict, modules: dict, family: str) -> dict[str, torch.Te
         out[f"{name}.lora_up.weight"] = up.contiguous()
         out[f"{name}.alpha"] = torch.tensor(scale * down.shape[0])
     for name in fused:
-        out.update(_fused(name, flux_members(name), loras, modules))
+        out.update(fused_lora(name, flux_members(name), loras, modules))
+    return out
+
+
+def kohya_text_tensors(loras: dict, prefix: str) -> dict[str, torch.Tensor]:
+    """The kohya layout's tensors of LoRAs on a text tower (``loras``: module path -> (down, up, scale)), under
+    ``prefix`` (``KOHYA_TEXT_PREFIXES``) and the module path with underscores for dots."""
+    out = {}
+    for path, (down, up, scale) in loras.items():
+        name = prefix + path.replace(".", "_")
+        out[f"{name}.lora_down.weight"] = down.contiguous()
+        out[f"{name}.lora_up.weight"] = up.contiguous()
+        out[f"{name}.alpha"] = torch.tensor(scale * down.shape[0])
     return out
 
 

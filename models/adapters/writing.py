@@ -22,7 +22,7 @@ import torch
 from ..common import write_bytes_whole, whole_file
 from ..errors import WorkbenchError
 from ..families import family_named
-from .kohya import KOHYA_FAMILIES, kohya_hashes, kohya_metadata, kohya_tensors
+from .kohya import KOHYA_FAMILIES, KOHYA_TEXT_PREFIXES, kohya_hashes, kohya_metadata, kohya_tensors, kohya_text_tensors
 from .presets import KINDS
 
 LAYOUTS = ("diffusers", "kohya", "peft")
@@ -73,25 +73,31 @@ def _folded(denoiser: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def _write_diffusers(denoiser, family, path: Path, name: str) -> None:
+def _folded_metadata(config) -> dict:
+    """The LoRA config diffusers' ``save_lora_weights`` records of a folded adapter: alpha = rank."""
+    ranks = {k: v for k, v in config.rank_pattern.items()}
+    return {"r": config.r, "lora_alpha": config.r, "rank_pattern": ranks, "alpha_pattern": ranks,
+            "use_dora": config.use_dora, "lora_dropout": config.lora_dropout,
+            "target_modules": sorted(config.target_modules)}
+
+
+def _write_diffusers(denoiser, family, path: Path, name: str, text_encoders: dict) -> None:
     import diffusers
     from diffusers.utils import convert_state_dict_to_diffusers
 
-    config = _config_of(denoiser, name)
     state = _folded(denoiser, name)
     if family.denoiser == "unet":
         state = convert_state_dict_to_diffusers(state)
-    ranks = {k: v for k, v in config.rank_pattern.items()}
-    metadata = {"r": config.r, "lora_alpha": config.r, "rank_pattern": ranks, "alpha_pattern": ranks,
-                "use_dora": config.use_dora, "lora_dropout": config.lora_dropout,
-                "target_modules": sorted(config.target_modules)}
+    parts = {f"{family.denoiser}_lora_layers": state,
+             f"{family.denoiser}_lora_adapter_metadata": _folded_metadata(_config_of(denoiser, name))}
+    for part, tower in text_encoders.items():  # as diffusers' train_dreambooth_lora_sdxl.py saves its towers'
+        parts[f"{part}_lora_layers"] = convert_state_dict_to_diffusers(_folded(tower, name))
+        parts[f"{part}_lora_adapter_metadata"] = _folded_metadata(_config_of(tower, name))
     with whole_file(path) as tmp:
-        getattr(diffusers, family.pipeline).save_lora_weights(
-            tmp.parent, weight_name=tmp.name, **{f"{family.denoiser}_lora_layers": state,
-                                                   f"{family.denoiser}_lora_adapter_metadata": metadata})
+        getattr(diffusers, family.pipeline).save_lora_weights(tmp.parent, weight_name=tmp.name, **parts)
 
 
-def _kohya_bytes(denoiser, family, path: Path, name: str, extra: dict[str, str]) -> bytes:
+def _kohya_bytes(denoiser, family, path: Path, name: str, extra: dict[str, str], text_encoders: dict) -> bytes:
     from safetensors.torch import save
 
     config = _config_of(denoiser, name)
@@ -100,6 +106,8 @@ def _kohya_bytes(denoiser, family, path: Path, name: str, extra: dict[str, str])
                              "diffusers' kohya reader has no converter for it")
     modules = dict(denoiser.named_modules())
     tensors = kohya_tensors(lora_weights(denoiser, name), modules, family.name)
+    for part, tower in text_encoders.items():  # sd-scripts' first name of the tower (lora_te_, lora_te1_, lora_te2_)
+        tensors.update(kohya_text_tensors(lora_weights(tower, name), KOHYA_TEXT_PREFIXES[family.name][part][0]))
     metadata = {**extra, **kohya_metadata(family.name, config.r, config.lora_alpha, config.lora_dropout, path.stem)}
     model_hash, legacy_hash = kohya_hashes(save(tensors, {k: v for k, v in metadata.items() if k.startswith("ss_")}))
     return save(tensors, {**metadata, "sshs_model_hash": model_hash, "sshs_legacy_hash": legacy_hash})
@@ -117,10 +125,13 @@ def _peft_bytes(denoiser, family, name: str, extra: dict[str, str]) -> bytes:
 
 
 def write_adapter(denoiser: torch.nn.Module, family: str, path: str | Path, layout: str = "diffusers",
-                  name: str = "default", metadata: dict[str, str] | None = None) -> Path:
+                  name: str = "default", metadata: dict[str, str] | None = None,
+                  text_encoders: dict[str, torch.nn.Module] | None = None) -> Path:
     """Write adapter ``name`` of ``denoiser`` (a model of the family named ``family``) to the safetensors file
     ``path`` in ``layout`` (``diffusers``, ``kohya``, ``peft``), whole or not at all; ``metadata`` goes into the
-    kohya and peft layouts' header beside their own. Returns ``path``."""
+    kohya and peft layouts' header beside their own. ``text_encoders`` (pipeline part name -> tower): towers that
+    hold a LoRA named ``name`` too, written beside the denoiser's in the diffusers and kohya layouts. Returns
+    ``path``."""
     path = Path(path)
     entry = family_named(family)
     if layout not in LAYOUTS:
@@ -131,11 +142,16 @@ def write_adapter(denoiser: torch.nn.Module, family: str, path: str | Path, layo
     if kind not in LAYOUT_KINDS[layout]:
         raise WorkbenchError(f"a {kind} adapter is not written in the {layout} layout ({WHY_NOT[layout]}); "
                              "write it in the peft layout")
+    towers = text_encoders or {}
+    for part, tower in towers.items():
+        if layout == "peft" or adapter_kind(_config_of(tower, name)) != "lora":
+            raise WorkbenchError(f"the {part}'s adapter is written as a LoRA in the diffusers or kohya layout, "
+                                 f"not as a {adapter_kind(_config_of(tower, name))} in the {layout} layout")
     extra = {k: str(v) for k, v in (metadata or {}).items()}
     if layout == "diffusers":
-        _write_diffusers(denoiser, entry, path, name)
+        _write_diffusers(denoiser, entry, path, name, towers)
     elif layout == "kohya":
-        write_bytes_whole(path, _kohya_bytes(denoiser, entry, path, name, extra))
+        write_bytes_whole(path, _kohya_bytes(denoiser, entry, path, name, extra, towers))
     else:
         write_bytes_whole(path, _peft_bytes(denoiser, entry, name, extra))
     return path

@@ -171,15 +171,19 @@ def second_tokenizer(architecture: str, pretrained: str | None) -> CLIPTokenizer
 
 
 def with_max_length(tokenizer, tokens: int):
-    """``tokenizer``, or a copy of it, whose ``model_max_length`` is ``tokens``: a second tokenizer telling a pipeline
-    call how many tokens its tower was trained on (``Family.text_length``), without changing the first it may be a
-    copy of (the tiny Flux.1's T5 reads the CLIP tokenizer's ids, padded to ``model.text_tokens``)."""
+    """``tokenizer``, or a copy of it, whose ``model_max_length`` is ``tokens``, marked as the count a model trained
+    here read (``models.families.TRAINED_TOKENS`` in its ``init_kwargs``): a T5's tokenizer telling a pipeline call
+    how many tokens its tower was trained on (``Family.text_length``), without changing the tokenizer it is a copy of
+    (the tiny Flux.1's T5 reads the CLIP tokenizer's ids, padded to ``model.text_tokens``)."""
     import copy
 
-    if tokenizer is None or tokenizer.model_max_length == tokens:
+    from ..families import TRAINED_TOKENS
+
+    if tokenizer is None or tokenizer.init_kwargs.get(TRAINED_TOKENS) == tokens == tokenizer.model_max_length:
         return tokenizer
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.model_max_length = tokens
+    tokenizer.init_kwargs[TRAINED_TOKENS] = tokens  # saved in tokenizer_config.json: an exported folder says it too
     return tokenizer
 
 

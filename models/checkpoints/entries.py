@@ -3,7 +3,7 @@ compare and study.
 
 Spelled ``BASE + LORA@S`` on the command line (``"runs/base/checkpoints/ep1-ba400-rank0.pt + style.safetensors@0.8"``,
 quoted as one argument): the base as any checkpoint is given, then, for each adapter, `` + `` (a plus between
-spaces) and the file, with ``@STRENGTH`` (default 1, within ``models.adapters.MAX_STRENGTH``). A space on each side
+spaces) and the file, with ``@STRENGTH`` (default 1, within ``models.generation.MAX_STRENGTH``). A space on each side
 of the plus keeps it apart from a ``+`` inside a file name (``sd+ft.safetensors``), and ``@`` splits only before a
 number at the end, so a path holding ``@`` elsewhere reads whole.
 
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import WorkbenchError
+from ..generation import MAX_STRENGTH
 from .names import Checkpoint
 
 # what parsing needs loads in milliseconds (`dwb human-eval create` and `compare` name entries without torch); the
 # door and the adapters are imported where an entry is found or opened
 ENTRY_SEPARATOR = " + "
-MAX_STRENGTH = 10.0  # models.adapters.MAX_STRENGTH, checked equal in tests/evaluate/test_adapter_report.py
 _STRENGTH = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)")
 
 
@@ -49,7 +49,7 @@ class Entry:
     @property
     def ref(self) -> str:
         """The entry as written on the command line: the base's reference, then `` + FILE@S`` per adapter."""
-        return ENTRY_SEPARATOR.join([self.base.ref, *(f"{a.path}@{a.strength:g}" for a in self.adapters)])
+        return entry_ref(self.base.ref, [(a.path, a.strength) for a in self.adapters])
 
     @property
     def label(self) -> str:
@@ -80,6 +80,11 @@ class Entry:
         named = self.a1111()
         return {"base_checkpoint": self.base.ref, **{k: v for k, v in named.items() if k != "base_model"}} \
             if named else {}
+
+
+def entry_ref(base: str, adapters) -> str:
+    """``BASE + FILE@S ...`` as an entry's rows record it: every strength written (``@1`` where none was given)."""
+    return ENTRY_SEPARATOR.join([str(base), *(f"{path}@{strength:g}" for path, strength in adapters)])
 
 
 def _a1111_name(stem: str) -> str:

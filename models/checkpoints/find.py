@@ -346,6 +346,9 @@ def discover(roots: list[Path], max_depth: int = 8) -> list[Checkpoint]:
                     found.setdefault(here, Checkpoint(str(here), "diffusers", label_under(here, roots), here))
                 dirnames[:] = []  # a pipeline's subfolders hold its parts, not more checkpoints
                 continue
+            if "config.json" in filenames and any(n.startswith("diffusion_pytorch_model") for n in filenames):
+                dirnames[:] = []  # one diffusers model saved alone (a ControlNet, a VAE): a part, no checkpoint
+                continue
             if METADATA in filenames and here != root:  # a sharded Composer checkpoint: its parts are not more
                 dirnames[:] = []
                 if not _reads_inside(here, roots):

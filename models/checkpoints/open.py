@@ -141,9 +141,13 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
     tokenizer_2 = tokenizer_from_files(spec.get("tokenizer_2") or {}, where=str(path),
                                        cls=getattr(transformers, family.second_tokenizer))
     tokenizer_2 = tokenizer if tokenizer_2 is None else tokenizer_2
-    if spec.get("text_tokens"):  # the T5 tokens it trained with, which a call reads off its tokenizer
-        tokenizer_2 = with_max_length(tokenizer_2, int(spec["text_tokens"]))
     tokenizers = {"tokenizer": tokenizer, "tokenizer_2": tokenizer_2}
+    if family.third_tokenizer and spec.get("tokenizer_3"):  # SD3's T5 tokenizer
+        tokenizers["tokenizer_3"] = tokenizer_from_files(spec["tokenizer_3"], where=str(path),
+                                                         cls=getattr(transformers, family.third_tokenizer))
+    counted = family.text_length_tokenizer
+    if spec.get("text_tokens") and counted in tokenizers:  # the T5 tokens it trained with, read off its tokenizer
+        tokenizers[counted] = with_max_length(tokenizers[counted], int(spec["text_tokens"]))
     return _spec_built(lambda s: assemble_pipeline(family, parts, tokenizers, family.assembly.spec_settings(s)), spec,
                        path)
 

@@ -15,7 +15,8 @@ SPEC_FORMAT = "diffusion-workbench/1"  # SD 2's layout: a UNet, one CLIP tower, 
 # A model of a family (``models.families``): its denoiser under the family's name for it ("transformer"), how it
 # noises ("flow": rectified flow's shift, logit-normal draws and weighting), and its second text tower where it has
 # one ("text_encoder_2": SDXL's second CLIP tower, Flux.1's T5) with its own tokenizer's files where it has one
-# ("tokenizer_2"; without, it reads the first tokenizer's ids). Readers take both formats.
+# ("tokenizer_2"; without, it reads the first tokenizer's ids); SD3's three towers as its pipeline names them
+# ("text_encoder_3": its T5, with "tokenizer_2" CLIP-G's tokenizer and "tokenizer_3" T5's). Readers take both formats.
 SPEC_FORMAT_FAMILY = "diffusion-workbench/2"
 SPEC_FORMATS = (SPEC_FORMAT, SPEC_FORMAT_FAMILY)
 
@@ -53,10 +54,12 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
     from ..families import family_or_ours
     from .architectures import ARCHITECTURES
 
-    tokenizer_2 = getattr(model, "tokenizer_2", None)
     family = family or ARCHITECTURES.get(architecture, {}).get("family")
     flow = getattr(model, "flow", None)
-    second = getattr(model, "text_encoder_2", None)
+    towers = {name: getattr(model, name, None) for name in ("text_encoder_2", "text_encoder_3")}
+    # the tokenizers beside the first by their pipeline names (SD3's: CLIP-G's, T5's), or the second tower's own
+    tokenizers = model.spec_tokenizers() if hasattr(model, "spec_tokenizers") else \
+        {"tokenizer_2": getattr(model, "tokenizer_2", None)}
     return {
         "format": SPEC_FORMAT_FAMILY if family else SPEC_FORMAT,
         "architecture": architecture,
@@ -67,10 +70,10 @@ def make_spec(model, architecture: str, resolution: int, training: dict | None =
         **({"flow": plain_data(dataclasses.asdict(flow))} if flow is not None else {}),
         "vae": plain_data(dict(model.vae.config)),
         "text_encoder": plain_data(model.text_encoder.config.to_dict()),
-        **({"text_encoder_2": plain_data(second.config.to_dict())} if second is not None else {}),
+        **{name: plain_data(tower.config.to_dict()) for name, tower in towers.items() if tower is not None},
         "tokenizer": tokenizer_files(model.tokenizer),
-        **({"tokenizer_2": tokenizer_files(tokenizer_2)} if tokenizer_2 is not None else {}),
-        # the T5 tokens each caption was padded to (Flux.1's ``model.text_tokens``), which sampling reads again
+        **{name: tokenizer_files(tokenizer) for name, tokenizer in tokenizers.items() if tokenizer is not None},
+        # the T5 tokens each caption was padded to (Flux.1's and SD3's ``model.text_tokens``), which sampling reads
         **({"text_tokens": int(model.text_tokens)} if getattr(model, "text_tokens", None) else {}),
         **({"training": plain_data(training)} if training else {}),
         **({"recommended": plain_data(recommended)} if recommended else {}),

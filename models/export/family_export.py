@@ -32,7 +32,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..families import Family, SingleFile
-from ..checkpoints import DROPPED_SUFFIXES, UNET, VAE, plain_data
+from ..checkpoints import DROPPED_SUFFIXES, UNET, plain_data
 from .original_layout import Entry, unet_entries, vae_entries
 
 SDXL_CLIP_L = "conditioner.embedders.0.transformer."  # diffusers' LDM_CLIP_PREFIX_TO_REMOVE
@@ -218,15 +218,21 @@ MMDIT_BLOCK = [
     ("context_block.mlp.fc1", "ff_context.net.0.proj", "same"), ("context_block.mlp.fc2", "ff_context.net.2", "same")]
 
 
+def mmdit_tables(config) -> list[tuple[str, str, list]]:
+    """(the original prefix, diffusers' prefix, the rows) of each part of an MMDiT of ``config``: its outer layers,
+    then each joint block."""
+    last = config.num_layers - 1
+    # the last block's context modulation is (shift, scale) in the original, as the final layer's is
+    context = ("context_block.adaLN_modulation.1", "norm1_context.linear")
+    return [("", "", MMDIT)] + [(f"joint_blocks.{i}.", f"transformer_blocks.{i}.",
+                                 MMDIT_BLOCK + [(*context, "swapped" if i == last else "same")])
+                                for i in range(last + 1)]
+
+
 def _mmdit(transformer) -> list[Entry]:
     weights, entries = _Weights("transformer", transformer), []
-    entries += _table_entries(weights, UNET, "", MMDIT)
-    last = transformer.config.num_layers - 1
-    for i in range(last + 1):
-        # the last block's context modulation is (shift, scale) in the original, as the final layer's is
-        context = [("context_block.adaLN_modulation.1", "norm1_context.linear", "swapped" if i == last else "same")]
-        entries += _table_entries(weights, f"{UNET}joint_blocks.{i}.", f"transformer_blocks.{i}.",
-                                  MMDIT_BLOCK + context)
+    for original, ours, rows in mmdit_tables(transformer.config):
+        entries += _table_entries(weights, UNET + original, ours, rows)
     weights.check_all_taken("SD3 MMDiT")
     return entries
 
@@ -282,14 +288,19 @@ FLUX_SINGLE = [
     ("linear2", "proj_out", "same")]
 
 
+def flux_tables(config) -> list[tuple[str, str, list]]:
+    """(the original prefix, diffusers' prefix, the rows) of each part of a Flux.1 transformer of ``config``: its
+    outer layers, each double block, each single block."""
+    return [("", "", FLUX),
+            *((f"double_blocks.{i}.", f"transformer_blocks.{i}.", FLUX_DOUBLE) for i in range(config.num_layers)),
+            *((f"single_blocks.{i}.", f"single_transformer_blocks.{i}.", FLUX_SINGLE)
+              for i in range(config.num_single_layers))]
+
+
 def flux_entries(pipe) -> list[Entry]:
-    transformer = pipe.transformer
-    weights = _Weights("transformer", transformer)
-    entries = _table_entries(weights, "", "", FLUX)
-    for i in range(transformer.config.num_layers):
-        entries += _table_entries(weights, f"double_blocks.{i}.", f"transformer_blocks.{i}.", FLUX_DOUBLE)
-    for i in range(transformer.config.num_single_layers):
-        entries += _table_entries(weights, f"single_blocks.{i}.", f"single_transformer_blocks.{i}.", FLUX_SINGLE)
+    weights, entries = _Weights("transformer", pipe.transformer), []
+    for original, ours, rows in flux_tables(pipe.transformer.config):
+        entries += _table_entries(weights, original, ours, rows)
     weights.check_all_taken("Flux.1")
     return entries
 

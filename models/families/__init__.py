@@ -12,7 +12,7 @@ entry instead of assuming a UNet.
 from ..common import face
 
 __getattr__, __all__ = face(__name__, {
-    "family": "GUIDANCE_KINDS ORIGINAL_SD SIZE_FACTOR Assembly Family Part SingleFile Variant",
+    "family": "GUIDANCE_KINDS MAX_TEXT_TOKENS ORIGINAL_SD SIZE_FACTOR TRAINED_TOKENS Assembly Family Part SingleFile Variant",
     "flux": "latent_ids pack_latents text_ids unpack_latents",
     "flow": "SAMPLINGS TRAIN_TIMESTEPS WEIGHTINGS RectifiedFlow patches_shift pixels_shift shifted",
     "full_size": "BYTES_PER_PARAMETER build_on_meta full_size_summary parameter_counts published_count",

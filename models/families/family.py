@@ -103,6 +103,10 @@ class SingleFile:
     without_text: "SingleFile | None" = None
 
 
+# the entry of a tokenizer's config (``init_kwargs``, saved in its tokenizer_config.json) that says the T5 tokens a
+# model trained here read (``Family.text_length``), at most the 512 that training takes (``model.text_tokens``)
+TRAINED_TOKENS = "trained_tokens"
+MAX_TEXT_TOKENS = 512
 ORIGINAL_SD = "original-sd"  # SD 1/2's original layout: its key maps are the checkpoints room's own (both ways)
 
 
@@ -133,21 +137,44 @@ class Family:
     # built from the text-to-image pipeline's modules (``models.generation``); None: the family has none
     img2img_pipeline: str | None = None
     inpaint_pipeline: str | None = None
+    # the diffusers pipeline that draws from text steered by a ControlNet (``models.generation``), and the ControlNet
+    # model class it takes (``models.checkpoints.open_controlnet``); None: the family has none here
+    controlnet_pipeline: str | None = None
+    controlnet_model: str = "ControlNetModel"
     # whether its pipelines condition on an earlier layer of its CLIP towers when asked (``clip_skip``: SD 1/2, SDXL,
     # SD3); Flux.1's take CLIP's pooled output alone, which no layer choice changes
     takes_clip_skip: bool = True
+    # how its CLIP towers' states are taken where a prompt is weighted (AUTOMATIC1111's (word:1.2), read through compel):
+    # compel's ReturnedEmbeddingsType by name, for Clip skip 1, 2, ... as far as compel has one (SD 1/2: the last and
+    # the penultimate layer, normalized; SDXL: the penultimate, not normalized, as its pipeline takes them); () where
+    # compel builds none of its conditioning (SD3's T5, Flux.1's): a weighted prompt is refused there
+    prompt_weights: tuple[str, ...] = ()
     # (denoiser config, whether every text encoder is there) -> what its pipeline is called with beyond prompts and
     # guidance (an MMDiT trained on its CLIP states alone takes no T5 tokens); None: nothing
     text_options: object = field(repr=False, default=None)
     # the pipeline call's argument for how many tokens its second tokenizer's tower reads (FluxPipeline's T5:
     # ``max_sequence_length``), set from that tokenizer's ``model_max_length``; None: the family's pipeline has none
     text_length_option: str | None = None
+    # the tokenizer of the tower whose token count that is (FLUX.1's T5 tokenizer, ``tokenizer_2``; SD3's,
+    # ``tokenizer_3``), and the transformers class of a third tower's own tokenizer (SD3's T5's), as a checkpoint
+    # trained here records it
+    text_length_tokenizer: str = "tokenizer_2"
+    third_tokenizer: str | None = None
+    # the layout a LoRA of it goes out in where a command picks one for the tools its users load LoRAs with
+    # (``models.adapters.LAYOUTS``): kohya's for SD 1/2 and SDXL, which AUTOMATIC1111, Forge and ComfyUI read; the
+    # peft layout, which holds every adapter kind of every family, elsewhere
+    lora_layout: str = "peft"
 
     @property
     def original_sd_layout(self) -> bool:
         """Whether its single files are the original Stable Diffusion layout, which the checkpoints room's own key
         maps read and write (SD 1/2); the other families' files are read by diffusers' single-file loader."""
         return self.single_file is not None and self.single_file.key_map == ORIGINAL_SD
+
+    @property
+    def takes_prompt_weights(self) -> bool:
+        """Whether a weighted prompt ((word:1.2), [word], BREAK) conditions it (``prompt_weights``)."""
+        return bool(self.prompt_weights)
 
     @property
     def negative_prompt(self) -> bool:
@@ -203,14 +230,15 @@ class Family:
         return dict(self.text_options(denoiser_config, all_text_encoders)) if self.text_options else {}
 
     def text_length(self, pipe) -> dict:
-        """The second tower's token count a call of ``pipe`` takes (``text_length_option``): what its ``tokenizer_2``
-        says (``model_max_length``: 512 for FLUX.1's T5 tokenizer; a checkpoint trained here, the ``text_tokens`` it
-        trained with, ``models.checkpoints.with_max_length``); ``{}`` for a family without one, and where the
-        tokenizer says none (transformers' stand-in for "unset", 10^30): the pipeline's own default."""
-        from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
-
-        tokens = getattr(getattr(pipe, "tokenizer_2", None), "model_max_length", None)
-        if self.text_length_option is None or not isinstance(tokens, int) or tokens >= VERY_LARGE_INTEGER:
+        """The T5 token count a call of ``pipe`` takes (``text_length_option``): the ``text_tokens`` a model trained
+        here was trained with, as its ``text_length_tokenizer`` says it (``models.checkpoints.with_max_length`` marks
+        it: ``TRAINED_TOKENS``, kept in an exported folder's tokenizer config); ``{}`` for a family without one, and
+        for a tokenizer that says no trained count (a published model's, whose own ``model_max_length`` need not be
+        its pipeline's default: SD3's pipeline draws with 256 T5 tokens): the pipeline's own default."""
+        tokenizer = getattr(pipe, self.text_length_tokenizer, None)
+        tokens = (getattr(tokenizer, "init_kwargs", None) or {}).get(TRAINED_TOKENS)
+        if self.text_length_option is None or isinstance(tokens, bool) or not isinstance(tokens, int) \
+                or not 1 <= tokens <= MAX_TEXT_TOKENS:  # a folder from elsewhere may say anything
             return {}
         return {self.text_length_option: tokens}
 

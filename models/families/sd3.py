@@ -64,5 +64,6 @@ SD3 = Family(
                       published_parts=("transformer",), published_tolerance=0.11, guidance_scale=4.5, steps=40,
                       hub_id="stabilityai/stable-diffusion-3.5-medium")),
     pick_variant=lambda config: "3.5-large" if config.get("num_layers", 0) > 24 else "3.5-medium",
-    text_options=clip_only_options, img2img_pipeline="StableDiffusion3Img2ImgPipeline",
+    text_options=clip_only_options, text_length_option="max_sequence_length", text_length_tokenizer="tokenizer_3",
+    third_tokenizer="T5TokenizerFast", img2img_pipeline="StableDiffusion3Img2ImgPipeline",
     inpaint_pipeline="StableDiffusion3InpaintPipeline")

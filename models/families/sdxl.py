@@ -75,4 +75,6 @@ SDXL = Family(
                       published_parameters=2.3e9, published_parts=("unet",), published_tolerance=0.02,
                       hub_id="stabilityai/stable-diffusion-xl-refiner-1.0", refiner=True)),
     pick_variant=variant_of_unet, refiner_pipeline="StableDiffusionXLImg2ImgPipeline",
-    img2img_pipeline="StableDiffusionXLImg2ImgPipeline", inpaint_pipeline="StableDiffusionXLInpaintPipeline")
+    img2img_pipeline="StableDiffusionXLImg2ImgPipeline", inpaint_pipeline="StableDiffusionXLInpaintPipeline",
+    controlnet_pipeline="StableDiffusionXLControlNetPipeline",
+    prompt_weights=("PENULTIMATE_HIDDEN_STATES_NON_NORMALIZED",), lora_layout="kohya")

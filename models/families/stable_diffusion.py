@@ -41,6 +41,9 @@ def _sd_family(name: str, label: str, variant: Variant, marks: tuple[str, ...], 
                   single_file_marks=marks, single_file_text_marks=("cond_stage_model.",), variants=(variant,),
                   assembly=SD_ASSEMBLY, single_file=SingleFile(ORIGINAL_SD, ("unet", "vae", "text_encoder")),
                   img2img_pipeline="StableDiffusionImg2ImgPipeline", inpaint_pipeline="StableDiffusionInpaintPipeline",
+                  controlnet_pipeline="StableDiffusionControlNetPipeline",
+                  prompt_weights=("LAST_HIDDEN_STATES_NORMALIZED", "PENULTIMATE_HIDDEN_STATES_NORMALIZED"),
+                  lora_layout="kohya",
                   # no safety checker: the pipelines warn unless told it is not required
                   pipeline_options={"safety_checker": None, "requires_safety_checker": False})
 

@@ -80,6 +80,7 @@ class GridRow:
     prompt: str
     seeds: tuple[int, ...]
     settings: Settings
+    text: str | None = None  # what the model reads where it is not the prompt recorded (its <lora:...> tags taken out)
 
 
 def draw_rows(pipe, rows: list[GridRow], max_batch: int = 64) -> list[np.ndarray]:
@@ -92,8 +93,8 @@ def draw_rows(pipe, rows: list[GridRow], max_batch: int = 64) -> list[np.ndarray
     drawn: list[np.ndarray | None] = [None] * len(rows)
     for members in groups.values():
         first = rows[members[0]]
-        images = generate(pipe, [rows[i].prompt for i in members], list(first.seeds), first.settings,
-                          max_batch=max_batch)
+        images = generate(pipe, [rows[i].prompt if rows[i].text is None else rows[i].text for i in members],
+                          list(first.seeds), first.settings, max_batch=max_batch)
         for i, row_images in zip(members, images):
             drawn[i] = row_images
     return drawn

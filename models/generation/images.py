@@ -23,7 +23,8 @@ from ..errors import WorkbenchError
 from ..families import FAMILIES, family_of_pipeline
 from .defaults import (DEFAULT_GUIDANCE, DEFAULT_REFINER_SWITCH, DEFAULT_SAMPLER, DEFAULT_SIZE, DEFAULT_STEPS,
                        check_drawable)
-from .modes import MAX_CLIP_SKIP, HiresFix, InitImage, upscale_latents, upscale_pixels
+from .modes import MAX_CLIP_SKIP, Control, HiresFix, InitImage, upscale_latents, upscale_pixels
+from .prompt_weights import check_prompt_weights, plain_prompt, prompt_conditioning
 from .samplers import make_sampler
 
 StepHook = Callable[[int, int], None]  # (steps done, steps in all) after each denoising step
@@ -66,6 +67,13 @@ class Settings:
     # the adapters applied to the pipeline (``models.adapters.apply_adapters``), for the record: (name, AUTOMATIC1111's
     # short hash, strength) each
     loras: tuple[tuple[str, str, float], ...] = ()
+    control: Control | None = None  # a ControlNet steering a text-to-image draw (``modes``); None: none
+    # a VAE in place of the checkpoint's own (AUTOMATIC1111's SD VAE): what ``models.checkpoints.open_vae`` gives, its
+    # ``model`` judged to make the same latents, its ``name`` and ``hash`` for the record; None: the checkpoint's
+    vae: object | None = None
+    # whether prompts are read as AUTOMATIC1111 reads them ((word:1.2), [word], BREAK: ``prompt_weights``), as `dwb
+    # sample` and the app, where people type them; False: as literal text (prompt sets, evaluate, training previews)
+    prompt_weighting: bool = False
 
 
 class Stopped(Exception):
@@ -113,30 +121,54 @@ def generate_images(pipe, prompts: list[str], seeds: list[int], settings: Settin
     if settings.refiner is not None:
         check_refiner(family, variant, settings.refiner)
     check_modes(family, denoiser_config, settings)
+    if settings.prompt_weighting:
+        check_prompt_weights(family, [*prompts, settings.negative_prompt], settings.clip_skip)
+    if settings.vae is not None:  # every call below is made on this copy, its VAE swapped
+        pipe = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options, added={"vae": settings.vae.model})
     generators = [torch.Generator("cpu").manual_seed(int(s)) for s in seeds]
     call = dict(num_inference_steps=settings.steps, **conditioning, **clip_skip_option(family, settings.clip_skip),
                 generator=generators)
+    if settings.control is not None:
+        images = _controlled(pipe, family, settings, list(prompts), (width, height), call, on_step, should_stop)
+        return (images * 255).round().astype(np.uint8)
     if settings.init is not None or settings.hires is not None:
         draw = _from_image if settings.init is not None else _hires_fix
         images = draw(pipe, family, settings, list(prompts), (width, height), call, on_step, should_stop)
         return (images * 255).round().astype(np.uint8)
     run = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options)
     if settings.refiner is None:
-        images = run(list(prompts), width=width, height=height, output_type="np",
-                     callback_on_step_end=_step_end(on_step, should_stop), **call).images
+        images = _call(run, pipe, family, settings, prompts, width=width, height=height, output_type="np",
+                       callback_on_step_end=_step_end(on_step, should_stop), **call).images
         return (images * 255).round().astype(np.uint8)
     # The published two-stage use: the base stops at the switch and returns its latents, the refiner starts there
     # (no noise added) with the same generators, so each image's noise still comes from its seed alone.
     switch, done = settings.refiner.switch, [0]
-    latents = run(list(prompts), width=width, height=height, denoising_end=switch, output_type="latent",
-                  callback_on_step_end=_step_end(on_step, should_stop, done, base=True), **call).images
-    refine = _sampling_copy(settings.refiner.pipe, sampler_of(settings), family.pipeline_options)
-    images = refine(list(prompts), image=latents, denoising_start=switch, output_type="np",
-                    callback_on_step_end=_step_end(on_step, should_stop, done), **call).images
+    latents = _call(run, pipe, family, settings, prompts, width=width, height=height, denoising_end=switch,
+                    output_type="latent", callback_on_step_end=_step_end(on_step, should_stop, done, base=True),
+                    **call).images
+    refine = _sampling_copy(settings.refiner.pipe, sampler_of(settings), family.pipeline_options,
+                            added=None if settings.vae is None else {"vae": settings.vae.model})
+    images = _call(refine, settings.refiner.pipe, family, settings, prompts, image=latents, denoising_start=switch,
+                   output_type="np", callback_on_step_end=_step_end(on_step, should_stop, done), **call).images
     return (images * 255).round().astype(np.uint8)
 
 
-def _sampling_copy(pipe, sampler: str, options: dict, cls_name: str | None = None):
+def _call(run, pipe, family, settings: Settings, prompts, **arguments):
+    """``run`` (a copy of ``pipe``, whose text towers it shares) called with its text: compel's embeddings where a
+    prompt or the negative prompt is weighted (``prompt_weights``; they hold the negative prompt and the clip skip),
+    the prompts as AUTOMATIC1111 reads them otherwise (as typed, where they hold no weighting syntax); without
+    ``settings.prompt_weighting``, the prompts as they are."""
+    if not settings.prompt_weighting:
+        return run(list(prompts), **arguments)
+    weighted = prompt_conditioning(pipe, run, family, list(prompts), settings.negative_prompt, settings.clip_skip)
+    if weighted is None:
+        if "negative_prompt" in arguments:
+            arguments["negative_prompt"] = [plain_prompt(p) for p in arguments["negative_prompt"]]
+        return run([plain_prompt(p) for p in prompts], **arguments)
+    return run(**weighted, **{k: v for k, v in arguments.items() if k not in ("negative_prompt", "clip_skip")})
+
+
+def _sampling_copy(pipe, sampler: str, options: dict, cls_name: str | None = None, added: dict | None = None):
     """A lightweight pipeline sharing ``pipe``'s modules and settings with a fresh scheduler of ``sampler``: of
     ``pipe``'s class, or of the diffusers pipeline ``cls_name`` (its family's image-to-image or inpainting one,
     given the modules it takes, as diffusers' ``from_pipe`` builds one). ``components`` holds the modules only: the
@@ -147,7 +179,7 @@ def _sampling_copy(pipe, sampler: str, options: dict, cls_name: str | None = Non
     cls = type(pipe) if cls_name is None else getattr(diffusers, cls_name)
     expected, optional = cls._get_signature_keys(cls)
     saved = {k: v for k, v in pipe.config.items() if k in optional and isinstance(v, (bool, int, float, str))}
-    modules = {k: v for k, v in pipe.components.items() if k in expected or k in optional}
+    modules = {k: v for k, v in {**pipe.components, **(added or {})}.items() if k in expected or k in optional}
     run = cls(**{**modules, **saved, "scheduler": make_sampler(sampler, pipe.scheduler.config), **options})
     run.set_progress_bar_config(disable=True)
     return run
@@ -183,6 +215,11 @@ def check_modes(family, denoiser_config: dict, settings: Settings) -> None:
                              "masked image beside its latents): it draws from an init image and a mask")
     if settings.refiner is not None and (init is not None or hires is not None):
         raise WorkbenchError("a refiner finishes a text-to-image draw: give it without an init image or a hires fix")
+    if settings.control is not None and (init is not None or hires is not None or settings.refiner is not None):
+        raise WorkbenchError("a ControlNet steers a text-to-image draw here: give it without an init image, a hires "
+                             "fix or a refiner")
+    if settings.control is not None and family.controlnet_pipeline is None:
+        raise WorkbenchError(f"{family.label} has no ControlNet pipeline here")
     if init is not None and hires is not None:
         raise WorkbenchError("a hires fix enlarges a text-to-image draw: give it without an init image")
     wanted = ((init.mode, family.inpaint_pipeline if init.mask is not None else family.img2img_pipeline)
@@ -233,8 +270,22 @@ def _from_image(pipe, family, settings: Settings, prompts: list[str], size: tupl
     if mask is not None:
         blurred = run.mask_processor.blur(mask, init.mask_blur) if init.mask_blur else mask
         inputs["mask_image"] = [blurred] * len(prompts)
-    return run(prompts, **inputs, **_sized(run, size), output_type="np",
-               callback_on_step_end=_step_end(on_step, should_stop), **call).images
+    return _call(run, pipe, family, settings, prompts, **inputs, **_sized(run, size), output_type="np",
+                 callback_on_step_end=_step_end(on_step, should_stop), **call).images
+
+
+def _controlled(pipe, family, settings: Settings, prompts: list[str], size: tuple[int, int], call: dict,
+                on_step, should_stop) -> np.ndarray:
+    """Text to image steered by a ControlNet: the family's ControlNet pipeline around the pipeline's modules and the
+    ControlNet, given the control image once (diffusers repeats it for each prompt and resizes it to ``size``) at the
+    control's weight, start and end; (B, H, W, 3) floats in [0, 1]."""
+    control = settings.control
+    run = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options, family.controlnet_pipeline,
+                         {"controlnet": control.model})
+    return _call(run, pipe, family, settings, prompts, image=control.hint(),
+                 controlnet_conditioning_scale=control.weight, control_guidance_start=control.start,
+                 control_guidance_end=control.end, width=size[0], height=size[1], output_type="np",
+                 callback_on_step_end=_step_end(on_step, should_stop), **call).images
 
 
 def _hires_fix(pipe, family, settings: Settings, prompts: list[str], size: tuple[int, int], call: dict,
@@ -245,8 +296,9 @@ def _hires_fix(pipe, family, settings: Settings, prompts: list[str], size: tuple
 
     hires, (width, height), done = settings.hires, size, [0]
     run = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options)
-    first = run(prompts, width=width, height=height, output_type="latent" if hires.in_latents else "np",
-                callback_on_step_end=_step_end(on_step, should_stop, done), **call).images
+    first = _call(run, pipe, family, settings, prompts, width=width, height=height,
+                  output_type="latent" if hires.in_latents else "np",
+                  callback_on_step_end=_step_end(on_step, should_stop, done), **call).images
     target, scale = hires.target(width, height, family.size_multiple(pipe)), pipe.vae_scale_factor
     if hires.in_latents:
         if family.latent_packing > 1:  # Flux.1's latents come back packed into 2x2 patches
@@ -256,8 +308,9 @@ def _hires_fix(pipe, family, settings: Settings, prompts: list[str], size: tuple
         image = upscale_pixels(first, target, hires.upscaler)
     refine = _sampling_copy(pipe, sampler_of(settings), family.pipeline_options, family.img2img_pipeline)
     second = {**call, "num_inference_steps": hires.steps_of(settings.steps)}
-    return refine(prompts, image=image, strength=hires.strength, **_sized(refine, target), output_type="np",
-                  callback_on_step_end=_step_end(on_step, should_stop, done), **second).images
+    return _call(refine, pipe, family, settings, prompts, image=image, strength=hires.strength,
+                 **_sized(refine, target), output_type="np",
+                 callback_on_step_end=_step_end(on_step, should_stop, done), **second).images
 
 
 def check_refiner(family, base, refiner: Refiner) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import WorkbenchError
 
+MAX_STRENGTH = 10.0  # AUTOMATIC1111's slider spans -2 to 2; a strength past 10 is a typing slip (every command's bound)
 # A1111 matches ``<(\w+):([^>]+)>``; only its LoRA networks are read here: other tags stay in the text
 LORA_TAG = re.compile(r"<(?:lora|lyco):([^<>]*)>")
 

@@ -7,7 +7,9 @@ pipeline's modules (``models.generation.images``; each family's entry names them
 mask at every step, as diffusers does; an inpainting model (a UNet that takes the mask and the masked image beside
 its latents: 9 input channels for 4 latent ones) draws only with a mask. The names and defaults are AUTOMATIC1111's:
 ``Denoising strength`` 0.75 (image to image) and 0.7 (hires fix), ``Mask blur`` 4, ``Hires upscale`` 2 by the
-``Latent`` upscaler, ``Hires steps`` 0 (as many as the first draw).
+``Latent`` upscaler, ``Hires steps`` 0 (as many as the first draw). A ControlNet (``Control``) steers a text-to-image
+draw through the family's ControlNet pipeline (``Family.controlnet_pipeline``) with its control image, preprocessed
+by canny where asked.
 
 Light to import (no torch): command lines show these values in their help.
 """
@@ -40,6 +42,13 @@ PIXEL_UPSCALERS = {"Lanczos": "LANCZOS", "Nearest": "NEAREST"}
 HIRES_UPSCALERS = (*LATENT_UPSCALERS, *PIXEL_UPSCALERS)
 DEFAULT_HIRES_UPSCALER = "Latent"
 MODES = ("txt2img", "img2img", "inpaint")  # what a record's ``mode`` says; "" is text to image as well
+# ControlNet, as AUTOMATIC1111's ControlNet extension sets it: the preprocessor ("Module") run on the uploaded image,
+# canny's thresholds (its "Threshold A" and "Threshold B" sliders: 100 and 200 of 1 to 255), the "Weight" (diffusers'
+# controlnet_conditioning_scale, the extension's slider from 0 to 2) and the share of the steps it steers ("Guidance
+# Start" to "Guidance End")
+CONTROL_MODULES = ("none", "canny")
+DEFAULT_CANNY = (100, 200)
+MAX_CONTROL_WEIGHT = 2.0
 
 
 def check_strength(value, what: str = "denoising strength") -> float:
@@ -129,6 +138,59 @@ class HiresFix:
 
     def steps_of(self, first: int) -> int:
         return self.steps or first
+
+
+@dataclass(frozen=True)
+class Control:
+    """A ControlNet steering a text-to-image draw: ``model`` (``models.checkpoints.open_controlnet``'s, named ``name``
+    and hashed ``hash`` for the record) conditioned on ``image`` (PIL) after the ``module`` preprocessor, at ``weight``
+    from ``start`` to ``end`` of the steps. The control image is resized to the drawn size by diffusers' control image
+    processor (Lanczos: AUTOMATIC1111's "Just Resize"), so one of another size or aspect is stretched to it."""
+
+    model: object = field(repr=False)
+    name: str
+    hash: str
+    image: object = field(repr=False)
+    module: str = "none"
+    weight: float = 1.0
+    start: float = 0.0
+    end: float = 1.0
+    thresholds: tuple[int, int] = DEFAULT_CANNY
+
+    def __post_init__(self):
+        if self.module not in CONTROL_MODULES:
+            raise WorkbenchError(f"control preprocess {str(self.module)[:40]!r} is not one of: "
+                                 f"{', '.join(CONTROL_MODULES)}")
+        object.__setattr__(self, "weight", _fraction(self.weight, "control strength", MAX_CONTROL_WEIGHT))
+        object.__setattr__(self, "start", _fraction(self.start, "control start"))
+        object.__setattr__(self, "end", _fraction(self.end, "control end"))
+        if not self.start < self.end:
+            raise WorkbenchError(f"control start {self.start:g} must come before control end {self.end:g} (the share "
+                                 "of the steps the ControlNet steers)")
+        low, high = (_whole(t, "canny threshold", 1, 255) for t in self.thresholds)
+        if not low <= high:
+            raise WorkbenchError(f"canny's low threshold {low} is above its high one {high}")
+        object.__setattr__(self, "thresholds", (low, high))
+        check_pixels(self.image.size, "the control image")
+        object.__setattr__(self, "image", self.image.convert("RGB"))
+
+    def hint(self):
+        """The image the ControlNet is given (PIL, RGB): the upload itself, or its canny edges as A1111's canny
+        module makes them (OpenCV's ``Canny`` over the RGB pixels at the upload's size, white edges on black)."""
+        if self.module == "none":
+            return self.image
+        import cv2
+        import numpy as np
+        from PIL import Image
+
+        edges = cv2.Canny(np.asarray(self.image), *self.thresholds)
+        return Image.fromarray(np.stack([edges] * 3, axis=-1))
+
+
+def _fraction(value, what: str, top: float = 1.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+        raise WorkbenchError(f"{what} must be a number from 0 to {top:g}, got {str(value)[:40]!r}")
+    return float(value)
 
 
 def check_pixels(size: tuple[int, int], what: str) -> None:

@@ -58,6 +58,21 @@ class ImageRecord:
     lora_hashes: str = field(default="")
     lora_strengths: str = field(default="")
     clip_skip: int = field(default=1)  # A1111's "Clip skip" (``Settings.clip_skip``; 1: the towers' usual layer)
+    # the ControlNet that steered the image (``Settings.control``): its name and hash, its preprocessor and canny's
+    # thresholds, its weight and the share of the steps it steered, written as A1111's ControlNet extension writes a
+    # unit ("ControlNet 0"); "" where none did
+    controlnet: str = field(default="")
+    controlnet_hash: str = field(default="")
+    control_module: str = field(default="")
+    control_weight: float = field(default=0.0)
+    control_start: float = field(default=0.0)
+    control_end: float = field(default=0.0)
+    control_low: int = field(default=0)
+    control_high: int = field(default=0)
+    # the VAE drawn with in place of the checkpoint's (``Settings.vae``): its file's name and AUTOMATIC1111's hash of
+    # it, written as A1111 writes them ("VAE hash: HASH, VAE: NAME"); "" where the checkpoint's own drew
+    vae: str = field(default="")
+    vae_hash: str = field(default="")
 
     @classmethod
     def of(cls, settings: Settings, prompt: str, seed: int, size: tuple[int, int], sampler: str, checkpoint: str,
@@ -69,7 +84,9 @@ class ImageRecord:
                                                 refiner_switch=refiner.switch)
         return cls(prompt, settings.negative_prompt, sampler, settings.steps, float(settings.guidance), size[0],
                    size[1], int(seed), checkpoint, checkpoint_hash, weights, guidance_kind=guidance_kind, **stage,
-                   **_modes_of(settings), **_loras_of(settings), clip_skip=settings.clip_skip)
+                   **_modes_of(settings), **_loras_of(settings), clip_skip=settings.clip_skip,
+                   **_control_of(settings),
+                   **({} if settings.vae is None else dict(vae=settings.vae.name, vae_hash=settings.vae.hash)))
 
     def refiner_fields(self) -> list[tuple[str, str]]:
         """The refiner as A1111 and Forge write it: "Refiner: NAME [HASH], Refiner switch at: 0.8"; none without."""
@@ -91,6 +108,22 @@ class ImageRecord:
                        ("Hires upscaler", _quote(self.hires_upscaler))]
         return fields
 
+    def control_fields(self) -> list[tuple[str, str]]:
+        """The ControlNet as A1111's ControlNet extension writes its first unit: ``ControlNet 0: "Module: canny, Model:
+        NAME [HASH], Weight: 1, Resize Mode: Just Resize, Threshold A: 100, Threshold B: 200, Guidance Start: 0,
+        Guidance End: 1, Control Mode: Balanced"`` (the thresholds for canny alone); none without one."""
+        return [("ControlNet 0", _quote(self.control_unit()))] if self.controlnet else []
+
+    def control_unit(self) -> str:
+        """The ControlNet unit's own text (``control_fields``' value before it is quoted)."""
+        unit = [("Module", self.control_module), ("Model", f"{self.controlnet} [{self.controlnet_hash}]"),
+                ("Weight", f"{self.control_weight:g}"), ("Resize Mode", "Just Resize"),
+                *([("Threshold A", str(self.control_low)), ("Threshold B", str(self.control_high))]
+                  if self.control_module == "canny" else []),
+                ("Guidance Start", f"{self.control_start:g}"), ("Guidance End", f"{self.control_end:g}"),
+                ("Control Mode", "Balanced")]
+        return ", ".join(f"{k}: {v}" for k, v in unit)
+
     def guidance_fields(self) -> list[tuple[str, str]]:
         """The guidance as Forge writes it: "CFG scale" for classifier-free guidance; for a model that takes none,
         "CFG scale: 1" (no second pass), and its distilled scale as "Distilled CFG Scale" where it takes one."""
@@ -111,8 +144,9 @@ class ImageRecord:
         settings = [("Steps", self.steps), ("Sampler", self.sampler), *self.guidance_fields(),
                     ("Seed", self.seed), ("Size", f"{self.width}x{self.height}"),
                     ("Model hash", self.checkpoint_hash), ("Model", _quote(self.checkpoint)),
+                    *([("VAE hash", self.vae_hash), ("VAE", _quote(self.vae))] if self.vae else []),
                     ("Weights", weights), *([("Clip skip", self.clip_skip)] if self.clip_skip > 1 else []),
-                    *self.mode_fields(), *self.refiner_fields(),
+                    *self.mode_fields(), *self.refiner_fields(), *self.control_fields(),
                     *([("Lora hashes", _quote(self.lora_hashes))] if self.lora_hashes else []),
                     ("Version", self.software)]
         lines.append(", ".join(f"{k}: {v}" for k, v in settings))
@@ -167,6 +201,34 @@ def _modes_of(settings: Settings) -> dict:
         return dict(mode="txt2img", strength=hires.strength, hires_scale=hires.scale, hires_steps=hires.steps,
                     hires_upscaler=hires.upscaler)
     return {}
+
+
+def _control_of(settings: Settings) -> dict:
+    """The record's ControlNet fields of ``settings.control`` (``ImageRecord.controlnet`` and after)."""
+    control = settings.control
+    if control is None:
+        return {}
+    low, high = control.thresholds if control.module == "canny" else (0, 0)
+    return dict(controlnet=control.name, controlnet_hash=control.hash, control_module=control.module,
+                control_weight=control.weight, control_start=control.start, control_end=control.end,
+                control_low=low, control_high=high)
+
+
+def control_of(parsed: dict) -> dict | None:
+    """The first ControlNet unit a ``parse_parameters`` dict names (A1111's, Forge's or ours: ``ControlNet 0: "Module:
+    canny, Model: NAME [HASH], Weight: 1, ..."``) as the text of ``module``, ``model``, ``hash``, ``weight``,
+    ``start``, ``end``, ``low`` and ``high`` where given (the caller reads them as numbers); None without one."""
+    value = parsed.get("ControlNet 0") or parsed.get("ControlNet")
+    if not isinstance(value, str) or not value.strip():
+        return None
+    unit = settings_line(value)
+    names = {"module": "Module", "weight": "Weight", "start": "Guidance Start", "end": "Guidance End",
+             "low": "Threshold A", "high": "Threshold B"}
+    out = {key: unit[name] for key, name in names.items() if name in unit}
+    model = unit.get("Model", "")
+    match = REFINER_VALUE.fullmatch(model)
+    out["model"], out["hash"] = (match.group(1), match.group(2).strip()) if match else (model.strip(), "")
+    return out
 
 
 def _loras_of(settings: Settings) -> dict:

@@ -19,6 +19,7 @@ __getattr__, __all__ = face(__name__, {
     "grammar": "ATTRIBUTES COUNTS KINDS RELATIONS Scene asked_attributes captions_for describe_group kinds_of "
                "parse_caption",
     "samples": "SPLITS framed_prompts make_sample sample_meta shapes_prompts",
-    "scenes": "BACKGROUND COLORS FRAMES SHAPES SIZES SUPERSAMPLE frame_size layout regions render sample_scene",
-    "scorer": "ShapesScorer letterbox read_scenes train_scorer",
+    "scenes": "ALL_SHAPES BACKGROUND COLORS FRAMES NEW_COLORS NEW_SHAPES PALETTE SHAPES SIZES SUPERSAMPLE frame_size "
+              "layout regions render sample_scene",
+    "scorer": "ShapesScorer letterbox read_scenes teach_new_concepts train_scorer",
 })

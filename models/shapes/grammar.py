@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .scenes import COLORS, MAX_COUNT, PLACEMENTS, SHAPES, SIZES
+from .scenes import ALL_SHAPES, MAX_COUNT, PALETTE, PLACEMENTS, SIZES
 
 COUNTS = {1: "a", 2: "two", 3: "three"}
 assert set(COUNTS) == set(range(1, MAX_COUNT + 1)), "a number word for every count a scene can hold"
@@ -23,7 +23,7 @@ RELATIONS = {"above": "below", "below": "above", "left of": "right of", "right o
 CANONICAL = PLACEMENTS
 # A group's phrase, slot by slot: (attribute, its words by value, whether a caption may leave it out).
 GROUP_SLOTS = (("count", COUNTS, False), ("size", {s: s for s in SIZES}, True),
-               ("color", {c: c for c in COLORS}, False), ("shape", {s: s for s in SHAPES}, False))
+               ("color", {c: c for c in PALETTE}, False), ("shape", {s: s for s in ALL_SHAPES}, False))
 
 ATTRIBUTES = ("color", "shape", "count", "position")  # what a caption asks for ("position": of two groups)
 KINDS = ("object", "single", "pair")  # "a red circle" (one shape), one group of any count, two groups

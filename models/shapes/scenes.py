@@ -23,7 +23,18 @@ COLORS = {
     "purple": (155, 70, 205),
     "white": (240, 240, 240),
 }
+# Colours the captions and the renderer know but `sample_scene` never draws: the shapes data holds none of them, so
+# each is a concept a model trained on it has never seen, to be taught from a few images (bench/adapter_concept.py).
+# Append only: a scorer's colour head of n classes reads the first n colours of PALETTE (models/shapes/scorer.py).
+NEW_COLORS = {"tangerine": (245, 140, 30), "cyan": (40, 205, 215)}
+PALETTE = {**COLORS, **NEW_COLORS}  # every colour `render` draws: the drawn ones first, then the new ones
 SHAPES = ("circle", "square", "triangle")
+# Shapes the captions and the renderer know but `sample_scene` never draws, as ``NEW_COLORS`` are colours: a concept
+# drawn in the data's own colours, which the demo's VAE was trained on (its 8x8 latents blur a star's points all the
+# same: BENCHMARKS.md, "Teaching the demo's model a new shape or colour"). Append only, as ``NEW_COLORS``.
+NEW_SHAPES = ("star",)
+ALL_SHAPES = (*SHAPES, *NEW_SHAPES)  # every shape `render` draws: the drawn ones first, then the new ones
+STAR_INNER = 0.5  # a star's inner radius over its outer one: chunky points, for 32 px
 SIZES = {"small": 0.17, "large": 0.27}  # side of a shape as a fraction of the frame's shorter side
 MAX_COUNT = 3  # shapes in a group: 1 to 3
 PLACEMENTS = ("above", "left of")  # how two groups are placed: the first takes the top / left half
@@ -120,7 +131,7 @@ def render(scene: dict, boxes: list[list[list[float]]], size: int, frame: str = 
     img = Image.new("RGB", (big_w, big_h), BACKGROUND)
     draw = ImageDraw.Draw(img)
     for group, group_boxes in zip(scene["groups"], boxes):
-        color = COLORS[group["color"]]
+        color = PALETTE[group["color"]]
         for x0, y0, x1, y1 in group_boxes:
             px = [x0 * big_w, y0 * big_h, x1 * big_w - 1, y1 * big_h - 1]
             if group["shape"] == "circle":
@@ -128,6 +139,17 @@ def render(scene: dict, boxes: list[list[list[float]]], size: int, frame: str = 
             elif group["shape"] == "square":
                 inset = (px[2] - px[0]) * (1 - 1 / math.sqrt(1.3)) / 2  # equal visual area to the circle
                 draw.rectangle([px[0] + inset, px[1] + inset, px[2] - inset, px[3] - inset], fill=color)
-            else:
+            elif group["shape"] == "triangle":
                 draw.polygon([((px[0] + px[2]) / 2, px[1]), (px[2], px[3]), (px[0], px[3])], fill=color)
+            else:  # "star"
+                draw.polygon(star_points(px), fill=color)
     return img.resize((width, height), Image.Resampling.BOX)
+
+
+def star_points(box: list[float]) -> list[tuple[float, float]]:
+    """A five-pointed star's outline, one point up, inside ``box`` (x0, y0, x1, y1) and centred in it: its outer
+    points on a circle of the box's half width, its inner ones at ``STAR_INNER`` of that radius."""
+    cx, cy, r = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2, (box[2] - box[0]) / 2
+    cy += r * (1 - math.cos(math.pi / 5)) / 2  # the lowest points sit at cos(36 deg) r below the centre: centred
+    return [(cx + r * k * math.sin(i * math.pi / 5), cy - r * k * math.cos(i * math.pi / 5))
+            for i, k in zip(range(10), [1, STAR_INNER] * 5)]

@@ -40,11 +40,15 @@ from torch import nn
 from models.errors import WorkbenchError, first_line
 
 from .grammar import COUNTS, Group, Scene, scene_from_meta
-from .scenes import BACKGROUND, COLORS, PLACEMENTS, SHAPES, SIZES
+from .scenes import ALL_SHAPES, BACKGROUND, COLORS, PALETTE, PLACEMENTS, SHAPES, SIZES
 
 SCORER_SIZE = 32
 LAYOUTS = ("one group", *PLACEMENTS, "empty")  # "empty": nothing drawn (taught with blank images)
 COLOR_NAMES = tuple(COLORS)
+# A colour head of n classes reads the first n: the drawn colours, then the new ones a scorer was taught
+# (`teach_new_concepts`), so a scorer trained on the shapes data alone reads as it always did; a shape head likewise.
+PALETTE_NAMES = tuple(PALETTE)
+GROWN = {"color": PALETTE_NAMES, "shape": ALL_SHAPES}  # the heads a scorer can be taught new classes of, and their names
 SIZE_NAMES = tuple(SIZES)
 COUNT_VALUES = tuple(COUNTS)  # 1, 2, 3
 HEADS = {"color": len(COLOR_NAMES), "shape": len(SHAPES), "count": len(COUNT_VALUES), "size": len(SIZE_NAMES)}
@@ -54,7 +58,8 @@ FORMAT = "dwb-shapes-scorer-1"
 class ShapesNet(nn.Module):
     """(B, 3, 32, 32) floats in [0, 1] -> (features (B, 256), logits per head)."""
 
-    def __init__(self, width: int = 32, feature_dim: int = 256):
+    def __init__(self, width: int = 32, feature_dim: int = 256, colors: int = len(COLOR_NAMES),
+                 shapes: int = len(SHAPES)):
         super().__init__()
         w = width
         self.body = nn.Sequential(
@@ -67,7 +72,8 @@ class ShapesNet(nn.Module):
             nn.Linear(4 * w * 16, feature_dim), nn.ReLU(inplace=True),
         )
         self.layout = nn.Linear(feature_dim, len(LAYOUTS))
-        self.slots = nn.ModuleList(nn.ModuleDict({k: nn.Linear(feature_dim, n) for k, n in HEADS.items()}) for _ in range(2))
+        heads = {**HEADS, "color": colors, "shape": shapes}
+        self.slots = nn.ModuleList(nn.ModuleDict({k: nn.Linear(feature_dim, n) for k, n in heads.items()}) for _ in range(2))
         self.feature_dim = feature_dim
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -113,8 +119,8 @@ def targets(scenes: list[Scene]) -> dict[str, torch.Tensor]:
         out["layout"].append(LAYOUTS.index(s.layout))
         for i in range(2):
             g = s.groups[i] if i < len(s.groups) else None
-            out[f"color{i}"].append(COLOR_NAMES.index(g.color) if g else -100)
-            out[f"shape{i}"].append(SHAPES.index(g.shape) if g else -100)
+            out[f"color{i}"].append(PALETTE_NAMES.index(g.color) if g else -100)
+            out[f"shape{i}"].append(ALL_SHAPES.index(g.shape) if g else -100)
             out[f"count{i}"].append(COUNT_VALUES.index(g.count) if g else -100)
             out[f"size{i}"].append(SIZE_NAMES.index(g.size) if g and g.size else -100)
     return {k: torch.tensor(v) for k, v in out.items()}
@@ -126,7 +132,7 @@ def read_scenes(logits: dict[str, torch.Tensor]) -> list[Scene]:
     scenes = []
     for b, lay in enumerate(idx["layout"]):
         n = {"one group": 1, "empty": 0}.get(LAYOUTS[lay], 2)
-        groups = tuple(Group(COLOR_NAMES[idx[f"color{i}"][b]], SHAPES[idx[f"shape{i}"][b]],
+        groups = tuple(Group(PALETTE_NAMES[idx[f"color{i}"][b]], ALL_SHAPES[idx[f"shape{i}"][b]],
                              COUNT_VALUES[idx[f"count{i}"][b]], SIZE_NAMES[idx[f"size{i}"][b]]) for i in range(n))
         scenes.append(Scene(LAYOUTS[lay], groups))
     return scenes
@@ -153,7 +159,11 @@ class ShapesScorer:
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise WorkbenchError(f"{path} is not a shapes scorer (expected format {FORMAT})")
         cfg = json.loads(state["config"])
-        self.net = ShapesNet(width=cfg["width"], feature_dim=cfg["feature_dim"])
+        classes = {"colors": cfg.get("colors", len(COLOR_NAMES)), "shapes": cfg.get("shapes", len(SHAPES))}  # more
+        for key, names, word in (("colors", PALETTE_NAMES, "colours"), ("shapes", ALL_SHAPES, "shapes")):  # if taught
+            if type(classes[key]) is not int or not 0 < classes[key] <= len(names):
+                raise WorkbenchError(f"{path} reads {classes[key]!r} {word}; the shapes domain knows {len(names)}")
+        self.net = ShapesNet(width=cfg["width"], feature_dim=cfg["feature_dim"], **classes)
         try:
             self.net.load_state_dict(state["weights"])
         except RuntimeError:
@@ -337,9 +347,55 @@ def train_scorer(data: str | Path, out: str | Path, *, epochs: int = 6, batch_si
             info["held_out_non_square"] = {k: round(v, 4) for k, v in reading_accuracy(
                 net, held_images[framed], [held_scenes[i] for i in framed]).items()}
             info["n_held_out_non_square"] = len(framed)
+    write_scorer(net, info, out)
+    return info
+
+
+def write_scorer(net: ShapesNet, info: dict, out: str | Path) -> None:
+    """The scorer file `ShapesScorer` reads: the weights and ``info`` (its config), written whole."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     torch.save({"format": FORMAT, "config": json.dumps(info), "weights": net.state_dict()}, tmp)
     tmp.replace(out)
+
+
+def grow_heads(net: ShapesNet) -> None:
+    """Each slot's colour and shape heads grown to every colour and shape the domain knows (``GROWN``): the old rows
+    kept, the new ones initialised as a fresh layer's."""
+    for heads in net.slots:
+        for attribute, names in GROWN.items():
+            grown = nn.Linear(net.feature_dim, len(names))
+            with torch.no_grad():
+                n = heads[attribute].out_features
+                grown.weight[:n], grown.bias[:n] = heads[attribute].weight, heads[attribute].bias
+            heads[attribute] = grown
+
+
+def teach_new_concepts(scorer: str | Path, data: str | Path, out: str | Path, new: tuple[torch.Tensor, list[Scene]],
+                       held_new: tuple[torch.Tensor, list[Scene]], *, base_images: int = 2048, epochs: int = 3,
+                       batch_size: int = 128, lr: float = 1e-3, seed: int = 0, progress: bool = False) -> dict:
+    """The scorer ``scorer`` taught the new colours and shapes (``NEW_COLORS``, ``NEW_SHAPES``) from ``new`` (32 px
+    images holding them, and their scenes), written to ``out``: its colour and shape heads grown (`grow_heads`), then
+    fitted as `train_scorer` fits, at a lower lr, on ``new`` mixed with the first ``base_images`` of ``data``'s
+    training split, so it keeps reading the drawn ones. Returns its held-out accuracies on ``data``'s held-out split
+    and on ``held_new``, also stored in the file."""
+    old = ShapesScorer(scorer)
+    net, cfg = old.net, dict(old.info)
+    torch.manual_seed(seed)
+    grow_heads(net)
+    data = Path(data)
+    images, scenes = load_split(data / str(SCORER_SIZE), base_images)
+    images, scenes = torch.cat([images, new[0]]), scenes + list(new[1])
+    t0 = time.perf_counter()
+    fit(net, images, scenes, epochs=epochs, batch_size=batch_size, lr=lr, gen=torch.Generator().manual_seed(seed),
+        progress=progress)
+    info = {**{k: cfg[k] for k in ("width", "feature_dim")}, "colors": len(PALETTE_NAMES), "shapes": len(ALL_SHAPES),
+            "taught_from": str(scorer), "epochs": epochs, "lr": lr, "seed": seed, "n_base": len(images) - len(new[0]), "n_new": len(new[0]),
+            "seconds": round(time.perf_counter() - t0, 1),
+            "held_out_new": {k: round(v, 4) for k, v in reading_accuracy(net, *held_new).items()}}
+    if (data / "eval" / str(SCORER_SIZE)).is_dir():
+        info["held_out"] = {k: round(v, 4) for k, v in
+                            reading_accuracy(net, *load_split(data / "eval" / str(SCORER_SIZE))).items()}
+    write_scorer(net, info, out)
     return info

@@ -1,56 +1,23 @@
 """Training an adapter on a model the user holds (``model.init_from`` with an ``adapter:`` section), end to end: the
 run's checkpoints hold the adapter alone (its weights, AdamW's state and EMA) and name the base by content hash; `dwb
 export --layout` writes files that plain diffusers (``load_lora_weights``, and its kohya converter for the kohya
-layout) loads into the untouched base to draw the trained model's image at strength 1 and 0.5; a run SIGKILLed after
+layout and Flux.1's ComfyUI layout) loads into the untouched base to draw the trained model's image at strength 1 and
+0.5; a run SIGKILLed after
 a checkpoint resumes to the same bits; 2 FSDP ranks train what one process trains. Bases: tiny random models written
-by diffusers' ``save_pretrained`` (SD 2, Flux.1-dev)."""
+by diffusers' ``save_pretrained`` (SD 2, SDXL, Flux.1-dev)."""
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from models.adapters.presets import FLUX_TARGETS
-
-from ..conftest import kill_once_saved
-from ..ranks import dwb_train_on_ranks
-from .adapted import draw, fresh
+from ..ranks import BIN, finish, launch
+from .adapted import denoiser_of, draw, fresh
+from .conftest import adapter_keys, killed_and_resumed
 
 ATOL = 1e-5  # the adapter's weights through each file: the same images to float rounding (as the layout tests)
-# Flux.1's kohya converter splits a single block's fused linear1 at full width only: the double block is adapted
-FLUX_DOUBLE_BLOCK = "[" + ", ".join(f"transformer_blocks.0.{t}" for t in FLUX_TARGETS) + "]"
-
-
-def adapter_keys(shapes_data: Path, base: Path, folder: Path, **extra) -> list[str]:
-    """A LoRA of alpha 8 over rank 4 (a scale of 2 the files must carry) trained 4 batches of 4 at a high lr (the
-    adapter must move the image), EMA from the first batch, per-sample draws (1 process and 2 ranks draw alike)."""
-    keys = {"model.init_from": base, "adapter.type": "lora", "adapter.alpha": 8, "data.path": shapes_data / "16",
-            "data.resolution": 16, "save_folder": folder, "global_train_batch_size": 4,
-            "device_train_microbatch_size": 2, "optimizer.lr": 0.02, "scheduler.t_warmup": "0ba",
-            "max_duration": "4ba", "save_interval": "2ba", "ema.enabled": "true", "ema.smoothing": 0.5,
-            "ema.ema_start": "0ba", "randomness": "per_sample", "autoresume": "true", "eval_interval": "null",
-            "progress_bar": "false", "loggers": "[]", "run_name": "lora", **extra}
-    return [f"{k}={v}" for k, v in keys.items()]
-
-
-@pytest.fixture(scope="module")
-def lora_runs(shapes_data, sd2_folder, family_folders, tmp_path_factory):
-    """family -> (the run's overrides, its checkpoint folder), trained once in this process."""
-    from train.config import load_config
-    from train.trainer import train
-
-    runs = {}
-    for family, base, extra in (("sd2", sd2_folder, {}),
-                                ("flux", family_folders["flux-dev"], {"adapter.targets": FLUX_DOUBLE_BLOCK})):
-        folder = tmp_path_factory.mktemp(f"lora-{family}") / "checkpoints"
-        keys = adapter_keys(shapes_data, base, folder, **extra)
-        train(load_config(None, keys))
-        runs[family] = (keys, folder)
-    return runs
 
 
 def trained_pipelines(keys: list[str], checkpoint: Path):
@@ -71,16 +38,17 @@ def trained_pipelines(keys: list[str], checkpoint: Path):
     return base, fresh(base, model.family, model.denoiser.eval())
 
 
-@pytest.mark.parametrize("family", ["sd2", "flux"])
+@pytest.mark.parametrize("family", ["sd2", "sdxl", "flux"])
 def test_exported_files_draw_the_trained_image_in_plain_diffusers_at_full_and_half_strength(family, lora_runs, dwb,
                                                                                             tmp_path):
-    keys, folder = lora_runs[family]
+    keys, folder = lora_runs(family)
     base, trained = trained_pipelines(keys, folder / "ep0-ba4-rank0.pt")
     base_image, full, half = draw(base, family), draw(trained, family), draw(trained, family, scale=0.5)
     for a, b in ((full, base_image), (half, full)):  # else the comparisons below prove nothing
         assert np.abs(a - b).max() > 0.02, "the trained adapter, or its strength, changed no pixel"
-    denoiser = base.unet if family == "sd2" else base.transformer
-    for layout in ("diffusers", "kohya"):
+    denoiser = denoiser_of(base, family)
+    # ComfyUI's own layout is written for the transformer families; diffusers' Flux.1 reader takes its names
+    for layout in ("diffusers", "kohya", *(("comfyui",) if family == "flux" else ())):
         out = tmp_path / f"{layout}.safetensors"
         done = dwb("export", str(folder / "ep0-ba4-rank0.pt"), str(out), "--layout", layout)
         assert done.returncode == 0 and f"in the {layout} layout" in done.stdout, done.stderr
@@ -97,7 +65,7 @@ def test_checkpoints_hold_the_adapter_its_optimizer_and_ema_and_name_the_base_by
 
     from ..train.test_resilience import training_state
 
-    path = lora_runs["sd2"][1] / "ep0-ba4-rank0.pt"
+    path = lora_runs("sd2")[1] / "ep0-ba4-rank0.pt"
     state = training_state(path)
     weights = [k[len("model."):] for k in state if k.startswith("model.")]
     ema = [k[len("ema."):] for k in state if k.startswith("ema.")]
@@ -116,25 +84,15 @@ def test_checkpoints_hold_the_adapter_its_optimizer_and_ema_and_name_the_base_by
 
 @pytest.mark.slow
 def test_an_adapter_run_sigkilled_after_a_checkpoint_resumes_bit_identically(lora_runs, tmp_path):
-    from train.config import load_config
-    from train.trainer import train
-
     from ..train.test_resilience import differing
 
-    keys, reference = lora_runs["sd2"]
-    folder, config = tmp_path / "checkpoints", tmp_path / "empty.yaml"
-    config.write_text("{}\n")
-    again = [k for k in keys if not k.startswith("save_folder=")] + [f"save_folder={folder}"]
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "dwb"), "train", str(config), *again],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    kill_once_saved(proc, folder / "ep0-ba2-rank0.pt")
-    assert not (folder / "ep0-ba4-rank0.pt").exists()
-    train(load_config(None, again))
-    assert differing(folder / "ep0-ba4-rank0.pt", reference / "ep0-ba4-rank0.pt") == []
+    keys, reference = lora_runs("sd2")
+    resumed = killed_and_resumed(keys, tmp_path / "checkpoints")
+    assert differing(resumed, reference / "ep0-ba4-rank0.pt") == []
 
 
 @pytest.mark.slow
-def test_two_fsdp_ranks_train_the_adapter_one_process_trains(lora_runs, tmp_path):
+def test_two_fsdp_ranks_train_the_adapter_one_process_trains(shapes_data, sd2_folder, tmp_path):
     """The adapter's weights, raw and EMA, after 2 batches on 2 ranks (SHARD_GRAD_OP, the base frozen inside the
     same FSDP units) against one process, within the float-sum bound of tests/train/test_scale.py. At the configs'
     lr of 1e-4: LoRA's down weights get no gradient at step 1 (the up weights start at zero) and a gradient of
@@ -145,13 +103,15 @@ def test_two_fsdp_ranks_train_the_adapter_one_process_trains(lora_runs, tmp_path
 
     from ..train.test_scale import WEIGHTS_ATOL, weights_of
 
-    keys = [k for k in lora_runs["sd2"][0] if not k.startswith(("save_folder=", "max_duration=", "optimizer.lr="))]
-    keys += ["max_duration=2ba", "optimizer.lr=1e-4"]
     one, two = tmp_path / "one", tmp_path / "two"
-    train(load_config(None, [*keys, f"save_folder={one}"]))
+    keys = [k for k in adapter_keys(shapes_data, sd2_folder, one, max_duration="2ba", **{"optimizer.lr": 1e-4})
+            if not k.startswith("save_folder=")]  # the shared runs' keys at the configs' lr, 2 batches
     config = tmp_path / "empty.yaml"
     config.write_text("{}\n")
-    run = dwb_train_on_ranks(config, [*keys, f"save_folder={two}", "fsdp=true"], nproc=2)
+    # the ranks start first: their interpreters load while this process trains the reference
+    ranks = launch([str(BIN / "dwb"), "train", str(config), *keys, f"save_folder={two}", "fsdp=true"], nproc=2)
+    train(load_config(None, [*keys, f"save_folder={one}"]))
+    run = finish(ranks)
     assert run.returncode == 0 and not run.hung, run.explain()
     assert "FSDP SHARD_GRAD_OP" in run.stdout
     for ema in (False, True):
@@ -171,7 +131,7 @@ def test_the_adapter_export_runs_with_the_training_framework_refused(lora_runs, 
     from ..test_no_training_framework import run_without_composer
 
     out = tmp_path / "peft.safetensors"
-    ckpt = lora_runs["sd2"][1] / "ep0-ba4-rank0.pt"
+    ckpt = lora_runs("sd2")[1] / "ep0-ba4-rank0.pt"
     done = run_without_composer(f"from dwb import main; main(['export', {str(ckpt)!r}, {str(out)!r}, '--layout', "
                                 f"'peft'])")
     assert done.returncode == 0, done.stderr[-2000:]

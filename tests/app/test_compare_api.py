@@ -194,7 +194,8 @@ def inputs(**kw) -> list:
     args = dict(checkpoint=BA4, weights="ema", prompt="two blue squares", negative_prompt="", sampler="DDIM", steps=2,
                 guidance_scale=5.0, width=16, height=16, seed=7, batch_size=1, parts="", refiner="", refiner_switch=0.8,
                 mode="txt2img", init_image=None, editor=None, strength=0.75, mask_blur=4, hires_scale=1, hires_steps=0,
-                hires_upscaler="Latent", clip_skip=1)
+                hires_upscaler="Latent", clip_skip=1, vae="", controlnet="", control_image=None,
+                control_preprocess="none", control_weight=1, control_start=0, control_end=1)
     return list({**args, **kw}.values())
 
 

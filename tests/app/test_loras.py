@@ -154,3 +154,22 @@ def test_an_xyz_lora_axis_draws_cells_equal_to_single_generations(folders, servi
                          [("lora", "style\nstyle-ep1"), ("none", ""), ("none", "")])
     assert [c.params.prompt for c in made.cells] == [f"a red circle <lora:style:{STRENGTH}>",
                                                      f"a red circle <lora:style-ep1:{STRENGTH}>"]
+
+
+def test_a_strength_changed_reads_no_checkpoint_again_and_leaves_the_base_as_it_was(folders):
+    """The base is cached once; each strength draws on a copy of its denoiser and text tower with the LoRA applied
+    (its VAE shared: a checkpoint read again would build a new one), drawing what a fresh service draws."""
+    service = Service([folders.root], runtime=Runtime("cpu", torch.float32), cache_size=4)
+    plain = drawn(service, "a red circle")[0]
+    np.testing.assert_array_equal(drawn(service, f"a red circle <lora:style:{STRENGTH}>")[0], pixels(folders.sampled))
+    lower = drawn(service, "a red circle <lora:style:0.35>")[0]
+    np.testing.assert_array_equal(drawn(service, "a red circle")[0], plain)  # neither LoRA reached the base
+    fresh = Service([folders.root], runtime=Runtime("cpu", torch.float32), cache_size=4)
+    np.testing.assert_array_equal(drawn(fresh, "a red circle <lora:style:0.35>")[0], lower)
+    assert not np.array_equal(lower, plain)
+    ckpt = service.open("base")
+    base = service.pipeline(ckpt, "auto")
+    for strength in (STRENGTH, 0.35):
+        adapted = service.pipeline(ckpt, "auto", service.loras.chosen(f"x <lora:style:{strength}>")[1])
+        assert adapted.vae is base.vae and adapted.unet is not base.unet
+    assert len(service.cache) == 3  # the base and one pipeline per strength

@@ -74,7 +74,8 @@ def test_inpainting_what_is_painted_is_drawn_recorded_and_restored(handlers, pai
     assert (values["mode"], values["strength"], values["mask_blur"]) == ("inpaint", 0.7, 1)
     assert "upload that image in Generate's Inpaint tab" in values["notes"]
     sent = handlers.send_to_generate(values)  # ..., Generate's tabs, mode, strength, mask blur, hires x 3, clip skip,
-    shown = (sent[13]["value"], sent[14]["value"], sent[15]["value"], sent[20].selected)
+    # VAE, the mode's tab
+    shown = (sent[13]["value"], sent[14]["value"], sent[15]["value"], sent[21].selected)
     assert shown == ("inpaint", 0.7, 1, "inpaint")
     again, _ = drawn(handlers, **{**{k: values[k] for k in ("mode", "strength", "mask_blur")},
                                   "editor": editor(background, layer)})
@@ -92,7 +93,8 @@ def test_a_hires_fix_and_image_to_image_are_drawn_recorded_and_restored(handlers
     assert {k: values[k] for k in hires} == {**hires, "hires_scale": 2.0}
     again, _ = drawn(handlers, **{k: values[k] for k in hires})
     assert np.array_equal(again, image)
-    cost = handlers.generate_cost(*BASE.values(), "", "", 0.8, **hires, init_image=None, editor=None, mask_blur=4)
+    cost = handlers.generate_cost(*BASE.values(), "", "", 0.8, **hires, init_image=None, editor=None, mask_blur=4,
+                                  vae="")
     assert not np.array_equal(drawn(handlers, **{**hires, "clip_skip": 1})[0], image)  # clip skip draws another
     assert cost == 16 * 16 * 3 + 32 * 32 * 2  # the hires fix's second draw counted against the limits
 

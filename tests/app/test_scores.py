@@ -102,7 +102,10 @@ def test_png_info_reads_automatic1111_parameters_and_says_what_it_cannot_carry()
                           steps=20, guidance=7.0, width=512, height=768, seed=1234, checkpoint=None, weights=None,
                           refiner="", refiner_switch=None,  # drawn without a refiner: the field is emptied
                           mode="txt2img", strength=None, mask_blur=None, hires_scale=1.0, hires_steps=0,
-                          hires_upscaler=None, clip_skip=1, loras=[])  # from text alone, no hires fix, no LoRA
+                          hires_upscaler=None, clip_skip=1, loras=[],  # from text alone, no hires fix, no LoRA
+                          vae="",  # drawn with its checkpoint's own VAE: the field is emptied
+                          controlnet="", control_preprocess=None, control_weight=None, control_start=None,
+                          control_end=None)  # no ControlNet: the field is emptied
     assert notes == ["no checkpoint under the app's folders has the model hash 6ce0161689 (v1-5-pruned-emaonly); "
                      "the current one is kept"]
     values, notes = settings_from(A1111.replace("DPM++ 2M", "DPM++ SDE"), lambda digest: None)

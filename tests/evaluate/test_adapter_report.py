@@ -23,9 +23,8 @@ from evaluate.scorers.clip import ClipScorer
 from evaluate.scorers.dinov2 import Dinov2Extractor
 from evaluate.scorers.features import prepare_image
 from evaluate.store import ResultsStore
-from models.adapters import MAX_STRENGTH, a1111_short_hash, add_adapter
+from models.adapters import a1111_short_hash, add_adapter
 from models.checkpoints import content_hash, find_checkpoint, parse_entry
-from models.checkpoints.entries import MAX_STRENGTH as ENTRY_MAX_STRENGTH
 from models.errors import WorkbenchError
 from models.generation import parse_parameters
 from models.readers import read_safetensors_head
@@ -216,7 +215,6 @@ def test_entry_spelling():
     for bad in ("runs/base + ", "runs/base + y.safetensors@11"):
         with pytest.raises(WorkbenchError):
             parse_entry(bad)
-    assert ENTRY_MAX_STRENGTH == MAX_STRENGTH
 
 
 def test_the_recommendation_is_the_least_drifting_fidelity_gain():

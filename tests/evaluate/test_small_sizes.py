@@ -10,7 +10,7 @@ from scipy import stats
 
 from evaluate.compare import compare_rows, write_comparison
 from evaluate.compare_page import verdict_table
-from evaluate.statistics.bootstrap import (SET_MIN_PROMPTS, SMALL_PROMPTS, flip, flip_by_subsets, mean_interval,
+from evaluate.statistics.bootstrap import (SET_MIN_PROMPTS, flip, flip_by_subsets, mean_interval,
                                            prompt_contributions, prompt_weights, skew_warning, t_interval, t_p_value,
                                            weighted_means)
 from evaluate.verdict import comparison_lines, flip_shown, overall
@@ -74,14 +74,17 @@ def test_contributions_are_prompt_means_and_keep_the_image_mean():
     assert np.isclose(c.mean(), np.nanmean(b) - a.mean())
 
 
-def test_the_rule_is_the_t_interval_below_the_measured_size_and_the_bootstrap_above():
+def test_the_rule_is_the_t_interval_at_every_size():
+    """At 8 and at 250 prompts (where the percentile bootstrap covered 91.6-94.7%), a mean's interval is the
+    t-interval of its prompts' means, and it excludes 0 exactly when p < 0.05."""
     rng = np.random.default_rng(1)
-    for prompts, rule in ((8, "t"), (SMALL_PROMPTS - 1, "t"), (SMALL_PROMPTS, "bootstrap")):
+    for prompts in (8, 250):
         ids = np.repeat(np.arange(prompts), 2)
         v = rng.standard_normal(len(ids)) + 0.2
         reps = weighted_means(v, prompt_weights(ids, 200))
-        got = mean_interval(ids, v, None, float(v.mean()), reps)
-        assert got["rule"] == rule
+        got = mean_interval(ids, v, None, reps)
+        assert got["rule"] == "t"
+        assert np.allclose((got["lo"], got["hi"]), t_interval(v.reshape(prompts, 2).mean(1)))
         assert (got["lo"] > 0 or got["hi"] < 0) == (got["p"] < 0.05)
 
 
@@ -130,20 +133,27 @@ def test_a_comparison_shows_its_flip_count_on_every_surface(small):
 
 
 def test_a_set_metric_below_the_measured_size_reads_one_warning(tmp_path, one_threaded):
-    """FID at 3 prompts (below ``SET_MIN_PROMPTS``, the fewest measured): no interval, a one-line reason, "cannot
-    tell"; a CLIP score of even gains has no skew warning."""
+    """FID's B - A one prompt below ``SET_MIN_PROMPTS`` (under which its paired interval was not measured to cover):
+    no interval, a one-line warning, "cannot tell"; at ``SET_MIN_PROMPTS`` an interval and a verdict. A CLIP score of
+    even gains has no skew warning."""
     rng = np.random.default_rng(2)
-    reference = _reference(tmp_path, rng)
-    features = rng.standard_normal((3, 4)) + 2.0
-    a = write_row(tmp_path, "a", features, np.array([30.0, 31.0, 29.0]), reference)
-    b = write_row(tmp_path, "b", features - 1.5, np.array([32.0, 33.1, 30.9]), reference)
-    assert 3 < SET_MIN_PROMPTS
-    metrics = {m["metric"]: m for m in compare_rows(tmp_path, a, b, replicates=200)["metrics"]}
-    fid = metrics["fid"]
-    assert fid["lo"] is None and fid["better"] is None and fid["flip"] is None
-    assert fid["sentence"] == (f"cannot tell on FID (3 prompts: below {SET_MIN_PROMPTS} no set-metric interval was "
-                               f"measured to cover (bench/coverage.py)): B - A = {fid['difference']:+.4g}")
-    assert "warning" not in metrics["clip_score"] and "skew" not in metrics["clip_score"]["sentence"]
+    for n in (SET_MIN_PROMPTS - 1, SET_MIN_PROMPTS):
+        out = tmp_path / str(n)
+        reference = _reference(out, rng)
+        features = rng.standard_normal((n, 4)) + 2.0
+        clip = 30.0 + np.arange(n) % 3
+        a = write_row(out, "a", features, clip, reference)
+        b = write_row(out, "b", features - 1.5, clip + 2.0 + 0.1 * (np.arange(n) % 3 - 1), reference)
+        metrics = {m["metric"]: m for m in compare_rows(out, a, b, replicates=200)["metrics"]}
+        fid = metrics["fid"]
+        if n < SET_MIN_PROMPTS:
+            assert fid["lo"] is None and fid["better"] is None and fid["flip"] is None
+            assert fid["sentence"] == (f"cannot tell on FID ({n} prompts: below {SET_MIN_PROMPTS} a set metric's "
+                                       f"paired interval was not measured to cover (FID's covered 87% at 4 in "
+                                       f"bench/coverage.py)): B - A = {fid['difference']:+.4g}")
+        else:
+            assert fid["lo"] is not None and "too_few" not in fid and fid["better"] == "B"
+        assert "warning" not in metrics["clip_score"] and "skew" not in metrics["clip_score"]["sentence"]
 
 
 def test_a_set_metrics_greedy_count_is_an_upper_bound_that_flips_it(tmp_path, one_threaded):

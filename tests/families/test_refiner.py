@@ -195,11 +195,12 @@ def test_the_app_refines_with_a_refiner_under_its_folders_and_refuses_in_one_lin
     _, values, _ = handlers.png_info(str(saved))
     assert (values["checkpoint"], values["refiner"], values["refiner_switch"]) == ("sdxl", "sdxl-refiner", SWITCH)
     sent = handlers.send_to_generate(values)
-    assert (sent[-2]["value"], sent[-1]["value"]) == ("sdxl-refiner", SWITCH)
+    refiner = len(sent) - 7  # the refiner and its switch, then the ControlNet's five controls
+    assert (sent[refiner]["value"], sent[refiner + 1]["value"]) == ("sdxl-refiner", SWITCH)
     plain = service.generate("sdxl", "auto", GenerationParams(**{**params.__dict__, "refiner": ""}))
     plain.images[0].save(saved, pnginfo=_png_text(plain.images[0]))
     _, values, _ = handlers.png_info(str(saved))
-    assert values["refiner"] == "" and handlers.send_to_generate(values)[-2]["value"] == ""
+    assert values["refiner"] == "" and handlers.send_to_generate(values)[refiner]["value"] == ""
 
 
 def _png_text(image):

@@ -48,117 +48,102 @@ def rate_with_ties(browser, url: str, problems: list[str]) -> None:
     assert page.is_hidden("#error")
 
 
-def test_rater_rates_with_mouse_and_keyboard(markup_study, good_bad_study):
-    from playwright import sync_api
-    study = load_study(markup_study)
-    prompts = {p.text for p in study.prompts}
-    done: list[tuple[str, str, str, str]] = []  # (pair shown, question, answer, model on the chosen side)
-    problems: list[str] = []
+class Rater:
+    """One rater's page of a study: what pair it shows, and answers by mouse or key, each recorded as (pair shown,
+    question, answer, model on the chosen side)."""
 
-    with Server(markup_study) as server, sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
-        page = browser.new_page()
-        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-        page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
-        page.goto(server.url)
-        page.fill("#rater-input", "alice")
-        page.click("#start-button")  # the mouse
+    def __init__(self, page, study):
+        self.page, self.study = page, study
+        self.done: list[tuple[str, str, str, str]] = []
 
-        def current() -> dict:
-            page.wait_for_selector("#rate:not([hidden])")
-            left, right = (page.get_attribute(sel, "src").removeprefix("/img/") for sel in ("#img-left", "#img-right"))
-            pair = next(q for q in study.pairs if {q.a, q.b} == {left, right})
-            return {"pair": pair.id, "left": study.images[left].model, "right": study.images[right].model,
-                    "progress": page.inner_text("#progress-text")}
+    def current(self) -> dict:
+        page = self.page
+        page.wait_for_selector("#rate:not([hidden])")
+        left, right = (page.get_attribute(sel, "src").removeprefix("/img/") for sel in ("#img-left", "#img-right"))
+        pair = next(q for q in self.study.pairs if {q.a, q.b} == {left, right})
+        return {"pair": pair.id, "left": self.study.images[left].model, "right": self.study.images[right].model,
+                "progress": page.inner_text("#progress-text")}
 
-        def answered(before: str) -> None:
-            page.wait_for_function("p => document.querySelector('#progress-text').textContent !== p "
-                                   "|| !document.querySelector('#done').hidden", arg=before)
+    def answered(self, before: str) -> None:
+        self.page.wait_for_function("p => document.querySelector('#progress-text').textContent !== p "
+                                    "|| !document.querySelector('#done').hidden", arg=before)
 
-        def record(state: dict, question: str, answer: str) -> None:
-            side = {"A": state["left"], "B": state["right"], "none": ""}[answer]
-            done.append((state["pair"], question, answer, side))
+    def record(self, state: dict, question: str, answer: str) -> None:
+        side = {"A": state["left"], "B": state["right"], "none": ""}[answer]
+        self.done.append((state["pair"], question, answer, side))
 
-        def click(question: str, answer: str) -> None:
-            page.click(f".question[data-question={question}] button[data-answer={answer}]")
+    def click(self, state: dict, question: str, answer: str) -> None:
+        self.page.click(f".question[data-question={question}] button[data-answer={answer}]")
+        self.record(state, question, answer)
 
-        def key_answer(key: str, question: str) -> None:
-            page.wait_for_selector(f".question.active[data-question={question}]")
-            page.keyboard.press(key)
+    def key(self, state: dict, key: str, question: str, answer: str) -> None:
+        self.page.wait_for_selector(f".question.active[data-question={question}]")
+        self.page.keyboard.press(key)
+        self.record(state, question, answer)
 
-        # pair 1: the mouse only
-        s = current()
-        assert s["progress"] == "Pair 1 of 4"
-        text = page.text_content("#prompt")
-        assert text in prompts  # shown exactly as written: markup as text
-        assert page.evaluate("document.querySelector('#prompt').children.length") == 0
-        assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth === 64)")
-        click("quality", "A")
-        record(s, "quality", "A")
-        page.wait_for_selector(".question.active[data-question=alignment]")
-        click("alignment", "none")
-        record(s, "alignment", "none")
-        answered(s["progress"])
 
-        # pair 2: the keyboard only
-        s = current()
-        assert s["progress"] == "Pair 2 of 4"
-        key_answer("ArrowRight", "quality")
-        record(s, "quality", "B")
-        key_answer("n", "alignment")
-        record(s, "alignment", "none")
-        answered(s["progress"])
+def rate_by_mouse_then_by_keyboard(r: Rater, prompts: set[str]) -> None:
+    """Pair 1 by the mouse only, its prompt shown exactly as written (markup as text); pair 2 by the keyboard only."""
+    page = r.page
+    s = r.current()
+    assert s["progress"] == "Pair 1 of 4"
+    assert page.text_content("#prompt") in prompts
+    assert page.evaluate("document.querySelector('#prompt').children.length") == 0
+    assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth === 64)")
+    r.click(s, "quality", "A")
+    page.wait_for_selector(".question.active[data-question=alignment]")
+    r.click(s, "alignment", "none")
+    r.answered(s["progress"])
+    s = r.current()
+    assert s["progress"] == "Pair 2 of 4"
+    r.key(s, "ArrowRight", "quality", "B")
+    r.key(s, "n", "alignment", "none")
+    r.answered(s["progress"])
 
-        # pair 3: one answer, then a reload; the rater resumes on the same pair with the same sides
-        s = current()
-        key_answer("a", "quality")
-        record(s, "quality", "A")
-        page.wait_for_selector(".question.active[data-question=alignment]")
-        page.reload()
-        assert page.input_value("#rater-input") == "alice"  # remembered
-        page.click("#start-button")
-        again = current()
-        assert again == s
-        assert page.is_disabled(".question[data-question=quality] button[data-answer=B]")
-        assert "chosen" in page.get_attribute(".question[data-question=quality] button[data-answer=A]", "class")
-        key_answer("ArrowLeft", "alignment")
-        record(s, "alignment", "A")
-        answered(s["progress"])
 
-        # pair 4: mouse and keyboard mixed, then the end
-        s = current()
-        assert s["progress"] == "Pair 4 of 4"
-        click("quality", "B")
-        record(s, "quality", "B")
-        key_answer("b", "alignment")
-        record(s, "alignment", "B")
-        page.wait_for_selector("#done:not([hidden])")
-        assert page.evaluate("window.pwned") is None
+def resume_after_a_reload_and_finish(r: Rater) -> None:
+    """Pair 3: one answer, then a reload; the rater resumes on the same pair with the same sides. Pair 4: mouse and
+    keyboard mixed, then the end, no script of the prompts run."""
+    page = r.page
+    s = r.current()
+    r.key(s, "a", "quality", "A")
+    page.wait_for_selector(".question.active[data-question=alignment]")
+    page.reload()
+    assert page.input_value("#rater-input") == "alice"  # remembered
+    page.click("#start-button")
+    assert r.current() == s
+    assert page.is_disabled(".question[data-question=quality] button[data-answer=B]")
+    assert "chosen" in page.get_attribute(".question[data-question=quality] button[data-answer=A]", "class")
+    r.key(s, "ArrowLeft", "alignment", "A")
+    r.answered(s["progress"])
+    s = r.current()
+    assert s["progress"] == "Pair 4 of 4"
+    r.click(s, "quality", "B")
+    r.key(s, "b", "alignment", "B")
+    page.wait_for_selector("#done:not([hidden])")
+    assert page.evaluate("window.pwned") is None
 
-        # another browser typing "alice" is a new rater, not alice; alice's link is alice in any browser
-        other = browser.new_context().new_page()
-        other.goto(server.url)
-        other.fill("#rater-input", "alice")
-        other.click("#start-button")
-        other.wait_for_selector("#rate:not([hidden])")
-        assert other.inner_text("#progress-text") == "Pair 1 of 4"
-        with sqlite3.connect(markup_study / "votes.sqlite") as conn:
-            (alice,) = conn.execute("SELECT id FROM raters WHERE label='alice' ORDER BY created_at LIMIT 1").fetchone()
-        link = browser.new_context().new_page()
-        link.goto(f"{server.url}/?rater={alice}&key={study.rater_key(alice)}")
-        link.wait_for_selector("#done:not([hidden])")  # alice has rated every pair
-        assert "key=" not in link.url  # the key leaves the address bar once used
-        with serving(good_bad_study) as url:
-            rate_with_ties(browser, url, problems)
-        browser.close()
 
-    assert not problems, problems
-    with sqlite3.connect(good_bad_study / "votes.sqlite") as conn:
-        ties = conn.execute("SELECT question, answer, choice FROM votes ORDER BY id").fetchall()
-    assert ties == [("quality", "good", "good"), ("alignment", "bad", "bad"), ("quality", "good", "good"),
-                    ("alignment", "bad", "bad")]
+def check_the_name_and_the_link(browser, url: str, folder: Path, study) -> None:
+    """Another browser typing "alice" is a new rater, not alice; alice's link is alice in any browser."""
+    other = browser.new_context().new_page()
+    other.goto(url)
+    other.fill("#rater-input", "alice")
+    other.click("#start-button")
+    other.wait_for_selector("#rate:not([hidden])")
+    assert other.inner_text("#progress-text") == "Pair 1 of 4"
+    with sqlite3.connect(folder / "votes.sqlite") as conn:
+        (alice,) = conn.execute("SELECT id FROM raters WHERE label='alice' ORDER BY created_at LIMIT 1").fetchone()
+    link = browser.new_context().new_page()
+    link.goto(f"{url}/?rater={alice}&key={study.rater_key(alice)}")
+    link.wait_for_selector("#done:not([hidden])")  # alice has rated every pair
+    assert "key=" not in link.url  # the key leaves the address bar once used
+
+
+def check_stored_votes(folder: Path, study, done: list[tuple[str, str, str, str]]) -> None:
+    """alice's 8 votes as stored: each answer, its time, and the model whose image was on the chosen side."""
     assert len({pair for pair, *_ in done}) == 4
-    with sqlite3.connect(markup_study / "votes.sqlite") as conn:
+    with sqlite3.connect(folder / "votes.sqlite") as conn:
         rows = conn.execute("SELECT pair_id, question, answer, choice, client_ms FROM votes "
                             "WHERE rater_id IN (SELECT id FROM raters WHERE label='alice')").fetchall()
     assert len(rows) == 8  # the second "alice" voted nothing
@@ -169,3 +154,32 @@ def test_rater_rates_with_mouse_and_keyboard(markup_study, good_bad_study):
         assert got_answer == answer and ms is not None and ms >= 0
         chosen = {"a": study.images[pair.a].model, "b": study.images[pair.b].model, "none": ""}[choice]
         assert chosen == model  # the model whose image was on the clicked side
+
+
+def test_rater_rates_with_mouse_and_keyboard(markup_study, good_bad_study):
+    from playwright import sync_api
+    study = load_study(markup_study)
+    problems: list[str] = []
+
+    with Server(markup_study) as server, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        page = browser.new_page()
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+        page.goto(server.url)
+        page.fill("#rater-input", "alice")
+        page.click("#start-button")  # the mouse
+        rater = Rater(page, study)
+        rate_by_mouse_then_by_keyboard(rater, {q.text for q in study.prompts})
+        resume_after_a_reload_and_finish(rater)
+        check_the_name_and_the_link(browser, server.url, markup_study, study)
+        with serving(good_bad_study) as url:
+            rate_with_ties(browser, url, problems)
+        browser.close()
+
+    assert not problems, problems
+    with sqlite3.connect(good_bad_study / "votes.sqlite") as conn:
+        ties = conn.execute("SELECT question, answer, choice FROM votes ORDER BY id").fetchall()
+    assert ties == [("quality", "good", "good"), ("alignment", "bad", "bad"), ("quality", "good", "good"),
+                    ("alignment", "bad", "bad")]
+    check_stored_votes(markup_study, study, rater.done)

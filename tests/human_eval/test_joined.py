@@ -2,20 +2,25 @@
 with raters (model pairs and image pairs), win rates per category, and the page `dwb human-eval report --results` writes."""
 import csv
 import json
+import re
+from html import escape
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from human_eval.analysis import analyze
 from human_eval.joined import (PromptTable, category_win_rates, humans_beside_metrics, image_pair_agreement,
                                model_pair_agreement)
+from human_eval.joined_page import page
+from human_eval.report import both_bad_text, summary, votes_flip_text
 from human_eval.samples import read_manifest
 from human_eval.scores import join_scores, match_row, read_scores
 from human_eval.store import Store, database_url
 from human_eval.study import build_study, load_study
 
 from ..conftest import run_dwb
-from .conftest import drawbench, model_secrets, write_samples
+from .conftest import cast_tie_votes, drawbench, model_secrets, write_samples
 
 NAMES = ("m0", "m1", "m2", "m3")  # better with each step: mean CLIP score +0.02, FID -8 and FD-DINOv2 -30 a step
 QUESTIONS = ("quality", "alignment")
@@ -196,8 +201,45 @@ def test_report_with_results_writes_the_joined_page(clip_study, tmp_path):
     assert len(models) == 2 * len(NAMES)
     row = next(x for x in models if x["model"] == model_secrets("m1")["model"] and x["question"] == "quality")
     assert float(row["fid"]) == 52.0 and float(row["fid_lo"]) == 47.0 and float(row["win_rate_lo"]) <= float(row["win_rate"])
-    assert json.loads((tmp_path / "out" / "joined.json").read_text())["table"][3]["metrics"] == {}
+    joined = json.loads((tmp_path / "out" / "joined.json").read_text())
+    assert joined["table"][3]["metrics"] == {}
     assert (tmp_path / "out" / "joined_agreement.csv").read_text().count("\n") > 10
+    flips = {(r["model"], q): votes_flip_text(r["human"][q]["flip"]) for r in joined["table"] for q in QUESTIONS}
+    assert any(flips.values()) and "both_bad" not in joined and "Both bad" not in html  # ties are one answer here
+    for (model, q), shown in flips.items():  # the page's "votes that would flip it", to the digit of the JSON's
+        cells = re.findall(r"<td>(.*?)</td>", re.search(rf"<tr><td>{re.escape(escape(model))}</td>(.*?)</tr>",
+                                                         _question_section(html, q)).group(1))
+        assert cells[2] == escape(shown)
+
+
+def _question_section(html: str, q: str) -> str:
+    return html.split(f"<h2>{q}: ")[1].split("<h2>")[0]
+
+
+def test_the_joined_page_gives_the_both_bad_shares_of_the_report(good_bad_study, clip_study, tmp_path):
+    """A good_bad study: joined.json's both-bad shares are the report's, and the page shows each model's share per
+    category and the prompts most often judged both bad, in the digits of the report's text."""
+    study = load_study(good_bad_study)
+    store = Store(database_url(tmp_path / "votes.sqlite"), study.id)
+    cast_tie_votes(store, study)
+    votes = store.all_votes()
+    store.close()
+    results = analyze(study, votes, n_boot=50)
+    joined = humans_beside_metrics(study, votes, read_scores([clip_study[1]]), n_boot=50)
+    assert joined["ties"] == "good_bad" and joined["both_bad"] == results["both_bad"]
+    html, text = page(joined), summary(results)
+    for q, found in joined["both_bad"].items():
+        section = _question_section(html, q)
+        assert section.count("<h3>Both bad</h3>") == 1 and found["prompts"]
+        for r in found["models"]:
+            shown = both_bad_text(r)
+            assert (f"<tr><td>{escape(r['model'])}</td><td>{escape(r['category'])}</td><td>{r['votes']}</td>"
+                    f"<td>{r['both_bad']}</td><td>{escape(shown)}</td></tr>") in section
+            assert (f"both bad, {r['model']}: {shown}" if r["category"] == "all" else f"{r['category']} {shown}") in text
+        for p in found["prompts"]:
+            assert (f"<tr><td>{escape(p['text'])}</td><td>{escape(p['category'])}</td><td>{p['both_bad']}</td>"
+                    f"<td>{p['votes']}</td></tr>") in section
+            assert f"{json.dumps(p['text'])} ({p['both_bad']} of {p['votes']} votes)" in text
 
 
 def test_labels_from_files_are_escaped_on_the_page(clip_study, tmp_path):

@@ -91,6 +91,8 @@ UPSTREAM = (
              "4ccc9b9c2df094f1", "tests/app/test_compare_api.py"),
     Upstream("app.gradio_patches", "queue_jobs", "gradio", "queueing.py", "Queue.start_processing",
              "3f80680fafa97f56", "tests/app/test_compare_api.py"),
+    Upstream("app.gradio_patches", "queue_waiting", "gradio", "queueing.py", "Event.__init__",
+             "3094e0d5d63117f7", "tests/app/test_jobs.py"),
     Upstream("app.gradio_patches", "upload_abort", "gradio", "route_utils.py", "GradioMultiPartParser.parse",
              "4c6de2662d10a3be", "tests/app/test_compare_api.py"),
     Upstream("app.gradio_patches", "serve_gradio_with", "gradio", "http_server.py", "start_server",

@@ -1,8 +1,8 @@
 """Fine-tuning a model the user holds (``model.init_from``): the family's recipe builds the training model around the
 parts the checkpoint door opens, so before any step it predicts what the source pipeline's own denoiser predicts from
 the source pipeline's own text encoding (``encode_prompt``), on the source scheduler's noise schedule. Bases: tiny
-random models written by diffusers' ``save_pretrained`` (SD 2 from tests/checkpoints/fixtures.py, SDXL and Flux.1
-from tests/family_fixtures.py)."""
+random models written by diffusers' ``save_pretrained`` (SD 2 from tests/checkpoints/fixtures.py, SDXL, SD3 with its
+CLIP-L, CLIP-G and T5, and Flux.1 from tests/family_fixtures.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -71,10 +71,22 @@ def flux_prediction(pipe, model, latents, noise, t):
     return source, model.denoise(latents, model.encode_captions(PROMPTS), noise, t)[0]
 
 
-PREDICTIONS = {"sd2": (sd2_prediction, 4, 4), "sdxl": (sdxl_prediction, 4, 8), "flux": (flux_prediction, 16, 8)}
+def sd3_prediction(pipe, model, latents, noise, t):
+    """StableDiffusion3Pipeline's own encoding (CLIP-L, CLIP-G and T5, at the run's T5 tokens) around the source
+    transformer, noised on the flow's straight path."""
+    text, _, pooled, _ = pipe.encode_prompt(PROMPTS, PROMPTS, PROMPTS, device="cpu", do_classifier_free_guidance=False,
+                                            max_sequence_length=model.text_tokens)
+    sigma = (t.float() / 1000).view(-1, 1, 1, 1)
+    source = pipe.transformer(hidden_states=(1 - sigma) * latents + sigma * noise, timestep=t.float(),
+                              encoder_hidden_states=text, pooled_projections=pooled).sample
+    return source, model.denoise(latents, model.encode_captions(PROMPTS), noise, t)[0]
 
 
-@pytest.mark.parametrize("family", ["sd2", "sdxl", "flux"])
+PREDICTIONS = {"sd2": (sd2_prediction, 4, 4), "sdxl": (sdxl_prediction, 4, 8), "sd3": (sd3_prediction, 16, 8),
+               "flux": (flux_prediction, 16, 8)}
+
+
+@pytest.mark.parametrize("family", ["sd2", "sdxl", "sd3", "flux"])
 @torch.no_grad()
 def test_a_full_fine_tune_predicts_at_step_0_what_the_source_pipeline_predicts(family, sd2_folder, family_folders):
     source_folder = sd2_folder if family == "sd2" else family_folders["flux-dev" if family == "flux" else family]
@@ -101,11 +113,23 @@ def test_the_run_takes_the_source_schedule_and_prediction_type(sd2_folder):
     assert model.source["kind"] == "diffusers" and len(model.source["content_hash"]) >= 8
 
 
-def test_sd3s_own_three_text_towers_are_refused_in_one_line(family_folders):
-    from train.trainer import build_model
+def test_sd3s_clip_g_ids_are_clip_ls_with_its_own_padding(family_folders):
+    """Stability's CLIP-G tokenizer pads with "!": the ids made from CLIP-L's are the ones it makes itself."""
+    from transformers import CLIPTokenizer
 
-    with pytest.raises(WorkbenchError, match=r"^config key 'model.init_from': SD3's own text towers [^\n]*$"):
-        build_model(init_config(family_folders["sd3"]))
+    from train.data import token_ids
+    from train.recipes.sd3 import ClipIds
+
+    folder = family_folders["sd3"]
+    clip_l = CLIPTokenizer.from_pretrained(folder / "tokenizer")
+    clip_g = CLIPTokenizer.from_pretrained(folder / "tokenizer_2", pad_token="!")
+    captions = [*PROMPTS, "", "a " * 100]  # the empty caption, and one cut at 77 tokens
+    want = token_ids(clip_g, captions)
+    assert not torch.equal(want, token_ids(clip_l, captions))  # else the padding made no difference
+    assert torch.equal(ClipIds(clip_l, clip_g)(token_ids(clip_l, captions)), want)
+    other = CLIPTokenizer.from_pretrained(folder / "tokenizer", model_max_length=32)
+    with pytest.raises(WorkbenchError, match=r"^config key 'model.init_from': SD3's two CLIP tokenizers [^\n]*$"):
+        ClipIds(clip_l, other)
 
 
 def test_load_path_at_an_exported_folder_says_what_it_takes_and_points_to_init_from(sd2_folder):

@@ -2,7 +2,7 @@ import numpy as np
 from streaming import LocalDataset
 
 from models.datasets.mds import count_samples
-from models.shapes import COLORS, make_sample, RELATIONS, SHAPES
+from models.shapes import ALL_SHAPES, COLORS, make_sample, PALETTE, RELATIONS, SHAPES
 from train.shapes import write_shapes_dataset
 from models.shapes.grammar import parse_caption, scene_from_meta
 from models.shapes.samples import shapes_prompts
@@ -91,7 +91,7 @@ def test_every_written_caption_is_the_grammars_phrasing():
                                                   "a small red circle right of two large white triangles"]
     assert captions_for(scene, with_size=False)[0] == "two white triangles left of a red circle"
     words = {w for _, table, _ in GROUP_SLOTS for w in table.values()}
-    assert {"a", "two", "three", "small", "large", *COLORS, *SHAPES} == words
+    assert {"a", "two", "three", "small", "large", *PALETTE, *ALL_SHAPES} == words
 
 
 def test_captions_parse_back_to_the_stored_scene():

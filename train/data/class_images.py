@@ -36,12 +36,19 @@ class ClassPrompt:
     steps: int | None = None
     guidance: float | None = None
     sampler: str | None = None
+    # the T5 tokens the run reads (its ``model.text_tokens``: SD3, Flux.1), which the base draws with; None: its
+    # pipeline's own default
+    text_tokens: int | None = None
 
     def __post_init__(self):
+        from models.families import MAX_TEXT_TOKENS
+
         if not self.prompt.strip():
             raise WorkbenchError("the class prompt is empty")
         if not 1 <= self.count <= MAX_CLASS_IMAGES:
             raise WorkbenchError(f"class images must number from 1 to {MAX_CLASS_IMAGES}, got {self.count}")
+        if self.text_tokens is not None and not 1 <= self.text_tokens <= MAX_TEXT_TOKENS:
+            raise WorkbenchError(f"class images' T5 tokens must be from 1 to {MAX_TEXT_TOKENS}, got {self.text_tokens}")
 
     def settings(self):
         from models.generation import DEFAULT_GUIDANCE, DEFAULT_SAMPLER, DEFAULT_STEPS, Settings
@@ -56,7 +63,7 @@ def cache_key(request: ClassPrompt, base_hash: str, weights: str) -> dict:
     settings = request.settings()
     return {"base": base_hash, "weights": weights, "prompt": request.prompt, "count": request.count,
             "size": request.size, "seed": request.seed, "steps": settings.steps, "guidance": settings.guidance,
-            "sampler": settings.sampler}
+            "sampler": settings.sampler, **({"text_tokens": request.text_tokens} if request.text_tokens else {})}
 
 
 def cache_folder(cache: str | Path, key: dict) -> Path:
@@ -93,7 +100,8 @@ def _draw(ckpt, weights: str, request: ClassPrompt, key: dict, todo: list[tuple[
     from models.generation import ImageRecord, generate_images, guidance_kind_of, pick_device, pipeline_dtype, save_png
 
     where = pick_device(device)
-    pipe = load_pipeline(ckpt, ema=weights == "ema", device=where, dtype=pipeline_dtype("auto", where))
+    pipe = with_text_tokens(load_pipeline(ckpt, ema=weights == "ema", device=where,
+                                          dtype=pipeline_dtype("auto", where)), request.text_tokens)
     pipe.set_progress_bar_config(disable=True)
     settings = request.settings()
     for start in range(0, len(todo), batch):
@@ -104,3 +112,19 @@ def _draw(ckpt, weights: str, request: ClassPrompt, key: dict, todo: list[tuple[
             record = ImageRecord.of(settings, request.prompt, seed, (request.size, request.size), key["sampler"],
                                     ckpt.label, key["base"], weights, guidance_kind_of(pipe))
             save_png(Image.fromarray(pixels), file, record)
+
+
+def with_text_tokens(pipe, tokens: int | None):
+    """``pipe`` drawing with ``tokens`` T5 tokens (``Family.text_length``: its T5 tokenizer saying so), as the run
+    that trains on the class images reads them; one line for a family whose pipeline takes no such count."""
+    from models.checkpoints import with_max_length
+    from models.families import family_of_pipeline
+
+    if tokens is None:
+        return pipe
+    family = family_of_pipeline(pipe)
+    tokenizer = getattr(pipe, family.text_length_tokenizer, None)
+    if family.text_length_option is None or tokenizer is None:
+        raise WorkbenchError(f"--class-text-tokens: this {family.label} pipeline has no T5 tower whose tokens it counts")
+    pipe.register_modules(**{family.text_length_tokenizer: with_max_length(tokenizer, tokens)})
+    return pipe

@@ -11,7 +11,7 @@ from models.families import TRAIN_TIMESTEPS
 from ..config import TrainConfig
 from .denoiser import (caption_options, prepared_denoiser, run_frozen_dtype, source_denoiser, source_parts,
                        with_recorded_shift)
-from .latent_diffusion import RectifiedFlowTransformer, TextConditioning
+from .latent_diffusion import RectifiedFlowTransformer, TextConditioning, frozen_text
 from .recipe import Recipe
 
 
@@ -45,7 +45,7 @@ class FluxStyleTransformer(RectifiedFlowTransformer):
         blocks = (*self.transformer.transformer_blocks, *self.transformer.single_transformer_blocks)
         return any(module is block for block in blocks)
 
-    @torch.no_grad()
+    @frozen_text
     def encode_text(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor | None = None) -> TextConditioning:
         """(B, L) CLIP token ids (and T5's own, (B, text_tokens), where the model has T5's tokenizer) -> T5's states
         (B, text_tokens, D) and CLIP's pooled output (B, P), as ``FluxPipeline.encode_prompt`` builds them (without

@@ -18,6 +18,7 @@ mask per sample and apply it to both.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -144,8 +145,20 @@ def masked_mean_squared_error(pred: torch.Tensor, target: torch.Tensor, mask: to
     return (error * weights).sum(dim=(1, 2, 3)) / (weights.sum(dim=(1, 2, 3)) * error.shape[1]).clamp(min=1e-12)
 
 
+def frozen_text(encode):
+    """An ``encode_text`` run without gradients, unless its model trains adapters on its text towers
+    (``trains_text``: ``adapter.text_encoders``) and gradients are on (a training step, not validation or a preview)."""
+    @functools.wraps(encode)
+    def run(self, *args, **kwargs):
+        with torch.set_grad_enabled(self.trains_text and torch.is_grad_enabled()):
+            return encode(self, *args, **kwargs)
+
+    return run
+
+
 class LatentDiffusion(ComposerModel):
     reads_captions = False  # precomputed data: its stored text states condition the UNet
+    trains_text = False  # adapters on the text towers train with the denoiser (their captions encoded with gradients)
     # The trained part's attribute: its parameters' names in state dicts and checkpoints (``unet.*``, ``transformer.*``)
     denoiser_name = "unet"
     family = "sd2"  # the ``models.families`` entry that assembles its pipeline
@@ -216,6 +229,11 @@ class LatentDiffusion(ComposerModel):
     def pipeline_tokenizer_2(self):
         """The second tokenizer as a pipeline drawing with this model holds it (Flux.1's says its T5's tokens)."""
         return self.second_tokenizer
+
+    def spec_tokenizers(self) -> dict:
+        """The tokenizers beside the first that a checkpoint's spec records (``models.checkpoints.make_spec``), by
+        the pipeline's names: the second tower's own, where it has one."""
+        return {"tokenizer_2": self.tokenizer_2}
 
     @property
     def second_tokenizer(self):
@@ -302,7 +320,7 @@ class LatentDiffusion(ComposerModel):
         eps = draws.normal(posterior.mean.shape, posterior.mean.device, posterior.mean.dtype)
         return self.scaled(posterior.mean + posterior.std * eps)
 
-    @torch.no_grad()
+    @frozen_text
     def encode_text(self, input_ids: torch.Tensor) -> TextConditioning:
         """(B, L) token ids -> the (B, L, D) last hidden states as ``states`` (SD2's text tower already ends at the
         penultimate layer), no pooled output, as ``StableDiffusionPipeline.encode_prompt`` builds them."""
@@ -388,6 +406,9 @@ class LatentDiffusion(ComposerModel):
 
         for part in self.frozen_components().values():
             hold_in(part, dtype)
+            for p in part.parameters():  # a text tower's adapter trains in float32, as the denoiser's does
+                if p.requires_grad and p.dtype != torch.float32:
+                    p.data = p.data.float()
         return self
 
     def forward(self, batch: dict):
@@ -465,7 +486,7 @@ class RectifiedFlowTransformer(LatentDiffusion):
         """Each joint transformer block is its own FSDP unit (the transformer itself is the outer one)."""
         return any(module is block for block in self.transformer.transformer_blocks)
 
-    @torch.no_grad()
+    @frozen_text
     def encode_text(self, input_ids: torch.Tensor) -> TextConditioning:
         """(B, L) token ids -> the penultimate states (B, L, slots x D) and pooled outputs (B, slots x P), as
         ``StableDiffusion3Pipeline.encode_prompt`` builds them from the same tower in each CLIP slot."""

@@ -11,7 +11,7 @@ from models.errors import WorkbenchError
 from ..config import TrainConfig
 from .denoiser import (caption_options, prepared_denoiser, run_frozen_dtype, source_denoiser, source_parts,
                        source_prediction_type, with_source_schedule)
-from .latent_diffusion import Draws, LatentDiffusion, TextConditioning
+from .latent_diffusion import Draws, LatentDiffusion, TextConditioning, frozen_text
 from .recipe import Recipe
 
 
@@ -37,7 +37,7 @@ class MicroConditionedUNet(LatentDiffusion):
         self.take_second_tower(text_encoder_2)
         self.take_second_tokenizer(tokenizer_2)
 
-    @torch.no_grad()
+    @frozen_text
     def encode_text(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor | None = None) -> TextConditioning:
         """(B, L) token ids (and the second tokenizer's, where the second tower has its own) -> both towers'
         penultimate states side by side (B, L, D1 + D2) and the second's pooled, projected output (B, P), as

@@ -1,8 +1,9 @@
 """A run that starts from a model the user holds (``model.init_from``): the checkpoint door opens it (a diffusers
 folder, a hub id, a single file, one of this workbench's checkpoints), its family's recipe builds the training model
 around the pipeline's own parts, and where the config asks for one, an adapter is added to its denoiser
-(``models.adapters``): the denoiser's own weights then stay frozen and leave every checkpoint, which holds the
-adapter, its optimizer state and EMA, and names the base by its content hash."""
+(``models.adapters``), and with ``adapter.text_encoders`` a LoRA to its CLIP towers: the base weights then stay frozen
+and leave every checkpoint, which holds the adapters, their optimizer state and EMA, and names the base by its
+content hash."""
 from __future__ import annotations
 
 from models.errors import WorkbenchError
@@ -37,6 +38,8 @@ def model_from_source(cfg: TrainConfig, recipe_for) -> LatentDiffusion:
                     "content_hash": content_hash(ckpt)}
     if cfg.adapter.type is not None:
         add_trained_adapter(model, cfg)
+        if cfg.adapter.text_encoders:
+            add_text_adapters(model, pipe, family)
     return model
 
 
@@ -56,6 +59,36 @@ def add_trained_adapter(model: LatentDiffusion, cfg: TrainConfig) -> None:
                      "dropout": float(getattr(config, "lora_dropout", None) or getattr(config, "rank_dropout", 0.0)),
                      "targets": sorted(config.target_modules), "peft_config": _plain_peft_config(config)}
     model._register_state_dict_hook(_adapter_state_only)
+
+
+# the text towers' LoRA targets: each CLIP layer's attention, as diffusers' train_dreambooth_lora_sdxl.py adapts them
+TEXT_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+
+def add_text_adapters(model: LatentDiffusion, pipe, family) -> None:
+    """A LoRA of the denoiser's rank and alpha on each text tower of the model that diffusers' LoRA loader of the
+    family's pipeline adapts (``models.adapters.adaptable_text_encoders``: CLIP towers, no T5), its base frozen; the
+    model then encodes captions with gradients in training (``trains_text``). No dropout: the towers run in eval
+    mode (``LatentDiffusion.train``), where a dropout would not act."""
+    from models.adapters import adapter_config, adaptable_text_encoders
+
+    a = model.adapter
+    towers, seen = {}, set()
+    for name in adaptable_text_encoders(pipe, family):
+        tower = getattr(model, name, None)
+        if tower is None or id(tower) in seen:  # a tower the model does not hold, or holds in two slots
+            continue
+        seen.add(id(tower))
+        config = adapter_config("lora", a["rank"], a["alpha"], 0.0, TEXT_TARGETS)  # one per tower
+        tower.add_adapter(config)
+        for key, p in tower.named_parameters():
+            p.requires_grad_(_is_adapter(key))
+        towers[name] = _plain_peft_config(config)
+    if not towers:
+        raise WorkbenchError(f"config key 'adapter.text_encoders': {family.label}'s pipeline has no text tower that "
+                             "diffusers' LoRA loader adapts")
+    a["text_encoders"] = towers
+    model.trains_text = True
 
 
 def _is_adapter(key: str) -> bool:

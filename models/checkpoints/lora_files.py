@@ -1,11 +1,12 @@
-"""The LoRA files under the app's folders, and the ``<lora:NAME:STRENGTH>`` tags of a prompt resolved among them.
+"""LoRA files under allowed folders, and the ``<lora:NAME:STRENGTH>`` tags of a prompt resolved among them: the one
+rule the app (its folders) and `dwb sample` (``--lora-dir``) resolve a tag's NAME by.
 
-The files are found under the same allowed folders as the checkpoints, by the same rules (``models.checkpoints``:
-each resolved, ``..`` and links followed, and left out where it lies or links outside them; hidden folders and a
-diffusers pipeline's insides skipped), and listed by their label, never by the server's path. A file is listed when
-its safetensors header (read bounded, ``models.readers``) names adapter weights; whether it fits a checkpoint is
-judged when it is applied (``models.adapters.apply_adapters``). A tag's NAME is looked up in that listing (a file's
-stem, as AUTOMATIC1111 looks it up, or its label): no text a client sends is ever opened as a path.
+The files are found under the allowed folders by the same rules as checkpoints (``find``: each resolved, ``..`` and
+links followed, and left out where it lies or links outside them; hidden folders and a diffusers pipeline's insides
+skipped), and listed by their label, never by the server's path. A file is listed when its safetensors header (read
+bounded, ``models.readers``) names adapter weights; whether it fits a checkpoint is judged when it is applied
+(``models.adapters.apply_adapters``). A tag's NAME is looked up in that listing (a file's stem, as AUTOMATIC1111 looks
+it up, or its label): no text a client sends is ever opened as a path.
 """
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.adapters import MAX_STRENGTH, a1111_short_hash, is_adapter_key
-from models.checkpoints import check_reads_inside, label_under
-from models.errors import WorkbenchError
-from models.generation import lora_tags
-from models.readers import read_safetensors_head
+from ..adapters import a1111_short_hash, is_adapter_key
+from ..errors import WorkbenchError
+from ..generation import MAX_STRENGTH, lora_tags
+from ..readers import read_safetensors_head
+from .find import check_reads_inside, label_under
 
 SUFFIX = ".safetensors"  # adapter files from elsewhere are read from safetensors only (a pickle could run code)
 MAX_DEPTH = 8  # folders below a root that are searched, as for checkpoints
@@ -29,7 +30,7 @@ NAMES_SHOWN = 5  # LoRA names an "unknown LoRA" message offers
 
 @dataclass(frozen=True)
 class LoraFile:
-    label: str  # its path under the roots, as the app lists it
+    label: str  # its path under the roots, as a listing shows it
     path: Path  # resolved, under a root
 
     @property
@@ -62,10 +63,11 @@ def holds_adapter(path: Path) -> bool:
 
 
 class LoraFiles:
-    """The adapter files under ``roots``; headers and hashes cached by each file's (path, size, modification time)."""
+    """The adapter files under ``roots``; headers and hashes cached by each file's (path, size, modification time).
+    ``where`` names the roots in messages (the app's folders, `dwb sample`'s ``--lora-dir``), never by their path."""
 
-    def __init__(self, roots: list[Path]):
-        self.roots = roots
+    def __init__(self, roots: list[Path], where: str = "the app's folders"):
+        self.roots, self.where = roots, where
         self._adapter: dict[tuple, bool] = {}
         self._hashes: dict[tuple, str] = {}
         self._lock = threading.Lock()
@@ -159,7 +161,8 @@ class LoraFiles:
         names = sorted({self.tag_name(f, listing) for f in listing})
         near = sorted(names, key=lambda n: difflib.SequenceMatcher(None, name, n).ratio(), reverse=True)[:NAMES_SHOWN]
         more = f" and {len(names) - len(near)} more" if len(names) > len(near) else ""
-        known = f"the app's LoRAs: {', '.join(near)}{more}" if names else "no LoRA file is under the app's folders"
+        known = f"the LoRAs in {self.where}: {', '.join(near)}{more}" if names else \
+            f"no LoRA file is in {self.where}"
         raise WorkbenchError(f"unknown LoRA {name[:80]!r} in <lora:...>; {known}")
 
     def chosen(self, prompt: str) -> tuple[str, tuple[ChosenLora, ...]]:
