@@ -84,11 +84,17 @@ class Service:
 
     def __init__(self, roots: list[Path], *, limits: Limits = Limits(), runtime: Runtime | None = None,
                  cache_size: int = 2, output: Path | None = None, workers: int = 1, allow_download: bool = False,
-                 results: list[Path] = (), studies: list[Path] = ()):
+                 results: list[Path] = (), studies: list[Path] = (), adapter_cache: Path | None = None):
+        from models.common import download_cache
+        from models.export import AdapterExports
+
         self.roots = roots
         self.scores = ScoreFiles(roots, results, studies,
                                  checkpoints=lambda: [c.path for c in self.checkpoints() if c.path is not None])
-        self.loras = LoraFiles(roots)  # the LoRA files under the same folders, by the same rules
+        # adapter checkpoints of runs are exported once per version into the app's own cache, never the user's folders
+        self.adapter_exports = AdapterExports(adapter_cache or download_cache("adapters"))
+        # the LoRA files (and adapter checkpoints) under the same folders, by the same rules
+        self.loras = LoraFiles(roots, exported=lambda path: self.adapter_exports.file_of(find_checkpoint(path)))
         self.allow_download = allow_download  # hub ids: only from the local cache unless the server allows more
         self.limits = limits
         self.runtime = runtime or Runtime.pick()
@@ -209,11 +215,11 @@ class Service:
 
         try:
             pipe = adaptable_copy(pipe)
-            apply_adapters(pipe, [(c.file.path, c.strength) for c in loras])
+            apply_adapters(pipe, [(c.path, c.strength) for c in loras])
         except Exception as e:  # noqa: BLE001 - a file from anywhere: its judge's one line, or what a reader raised
             message = first_line(e) if isinstance(e, WorkbenchError) else f"{type(e).__name__}: {first_line(e)}"
             for c in loras:
-                message = message.replace(str(c.file.path), c.file.label)
+                message = message.replace(str(c.path), c.file.label).replace(str(c.file.path), c.file.label)
             raise WorkbenchError(self.for_client(f"{ckpt.label} with LoRA: {message}")) from None
         return pipe
 

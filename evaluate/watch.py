@@ -19,7 +19,8 @@ AUTOMATIC1111 names a LoRA):
 - a checkpoint of the whole model: itself, or with adapter files applied when RUN is given as an entry,
   ``RUN + FILE@S`` (each checkpoint then scored as ``CHECKPOINT + FILE@S``);
 - an adapter checkpoint (a run with an ``adapter:`` section holds the adapter alone): its adapter written as a file,
-  ``OUT/adapters/<checkpoint>.safetensors`` (in its family's ``lora_layout``: kohya's, which AUTOMATIC1111 reads, for a
+  ``OUT/adapters/<checkpoint>.safetensors`` (``models.export.write_adapter_file``, the app's rule too: in its
+  family's ``lora_layout``: kohya's, which AUTOMATIC1111 reads, for a
   LoRA of SD 1/2 or SDXL; the peft layout, which holds every kind and family, otherwise), applied to the base its spec names
   (``model.init_from``, or ``--base`` where that path does not lead to it from here; checked by content hash) at each
   strength given (``--strengths``, default 1). The row's step, cost and file identity are the adapter checkpoint's.
@@ -104,17 +105,10 @@ class WatchedEntries:
         found = self.adapter_checkpoint(ckpt)
         if found is None:
             return [Entry(ckpt, self.adapters)]
-        from models.checkpoints import read_summary
-        from models.export import export_adapter
-        from models.families import family_named
+        from models.export import write_adapter_file
 
         adapter, local = found
-        family = family_named(read_summary(local.path)["spec"].get("family"))
-        layout = family.lora_layout if adapter.get("type") == "lora" else "peft"
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = export_adapter(local.path, self.file_of(ckpt, local), layout=layout,
-                              ema=weights_of(local, self.weights) == "ema")
-        written = entry_adapter(path, 1.0)
+        written = entry_adapter(write_adapter_file(local, self.file_of(ckpt, local), self.weights), 1.0)
         base = self.base_of(ckpt, adapter)
         return [Entry(base, (EntryAdapter(written.path, float(s), written.name, written.hash), *self.adapters))
                 for s in self.strengths]
