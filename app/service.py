@@ -110,7 +110,9 @@ class Service:
     # -- checkpoints -----------------------------------------------------------------------------
 
     def checkpoints(self) -> list[Checkpoint]:
-        return discover(self.roots)
+        """The checkpoints under the roots that draw: a run's adapter checkpoints are listed with the LoRAs instead
+        (``models.checkpoints.LoraFiles``), as they hold no whole model."""
+        return [c for c in discover(self.roots) if not self.loras.lists_as_lora(c)]
 
     def open(self, text: str, parts: str = "") -> Checkpoint:
         """A checkpoint under the roots (or a hub id from the cache), with the folder ``parts`` names as a single

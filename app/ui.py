@@ -215,11 +215,13 @@ class UI:
 
     def jobs_tab(self) -> None:
         """The requests of this server, queued, running and finished, with their progress (``app.jobs``: another
-        client's prompt and checkpoint are not shown), refreshed every second outside the queue."""
-        with gr.Tab("Jobs", id="jobs-tab"):
+        client's prompt and checkpoint are not shown), refreshed every second outside the queue while the tab is shown
+        (``watch_jobs_while_shown``: an open page polls nothing otherwise)."""
+        with gr.Tab("Jobs", id="jobs-tab") as self.jobs:
             table = gr.Dataframe(headers=list(JOB_COLUMNS), value=[], interactive=False, elem_id="jobs",
                                  label="Requests of this server (your own with their prompt and checkpoint)")
-            gr.Timer(1.0).tick(self.h.job_list, None, table, queue=False, api_name="jobs")
+            self.jobs_timer = gr.Timer(1.0, active=False)
+            self.jobs_timer.tick(self.h.job_list, None, table, queue=False, api_name="jobs")
 
     def control_controls(self) -> None:
         """A ControlNet steering the text-to-image draw, as `dwb sample --controlnet`: the ControlNet (a folder, a
@@ -354,6 +356,17 @@ def wire_generation(ui: UI) -> None:
         gallery.select(h.select, texts, parameters, queue=False, api_visibility="private")
 
 
+def watch_jobs_while_shown(ui: UI, tabs: gr.Tabs) -> None:
+    """The Jobs tab's timer on while that tab is shown and off once another is: each open page would otherwise ask
+    the server every second, as the queue's own polling did before ``calm_gradio_queue`` (it slowed the
+    generations running in this process)."""
+    def timer_on(on: bool):
+        return lambda: gr.Timer(active=on)
+
+    for tab in tabs.children:
+        tab.select(timer_on(tab is ui.jobs), None, ui.jobs_timer, queue=False, api_visibility="private")
+
+
 def wire_panels(ui: UI, demo: gr.Blocks, tabs: gr.Tabs) -> None:
     h, private = ui.h, dict(queue=False, api_visibility="private")
     carry_settings(ui, ui.checkpoint.change(h.checkpoint_note, ui.checkpoint, [ui.note, ui.g.width, ui.g.height],
@@ -455,6 +468,7 @@ def build_ui(service: Service, *, concurrency: int = 1, title: str = "diffusion-
         wire_generation(ui)
         wire_settings(ui)
         wire_panels(ui, demo, tabs)
+        watch_jobs_while_shown(ui, tabs)
     return demo, uploads
 
 

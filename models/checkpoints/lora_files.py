@@ -28,7 +28,7 @@ from ..generation import MAX_STRENGTH, lora_tags
 from ..readers import read_safetensors_head
 from .composer import read_summary
 from .find import check_reads_inside, label_under
-from .names import in_run_listing
+from .names import Checkpoint, in_run_listing
 
 SUFFIX = ".safetensors"  # adapter files from elsewhere are read from safetensors only (a pickle could run code)
 CHECKPOINT_SUFFIX = ".pt"  # an adapter checkpoint of a run (its pickle read by the door's skeleton reader, no code run)
@@ -144,14 +144,30 @@ class LoraFiles:
             version = self._version(real)
         except (OSError, RuntimeError, ValueError, WorkbenchError):
             return None
+        checkpoint = self.exported is not None and real.suffix == CHECKPOINT_SUFFIX
+        known = self._holds(version, is_adapter_checkpoint if checkpoint else holds_adapter)
+        return LoraFile(label, real, checkpoint) if known else None
+
+    def _holds(self, version: tuple, reads: Callable[[Path], bool]) -> bool:
+        """``reads(path)`` for the file of ``version`` (path, size, modification time), once per version."""
         with self._lock:
             known = self._adapter.get(version)
-        checkpoint = self.exported is not None and real.suffix == CHECKPOINT_SUFFIX
         if known is None:
-            known = is_adapter_checkpoint(real) if checkpoint else holds_adapter(real)
+            known = reads(Path(version[0]))
             with self._lock:
                 self._adapter[version] = known
-        return LoraFile(label, real, checkpoint) if known else None
+        return known
+
+    def lists_as_lora(self, ckpt: Checkpoint) -> bool:
+        """Whether a listed checkpoint is a run's adapter checkpoint (listed here, among the LoRAs, where the
+        caller exports them), read once per version of its file."""
+        if self.exported is None or ckpt.kind != "composer" or ckpt.path is None or not Path(ckpt.path).is_file():
+            return False
+        try:
+            version = self._version(Path(ckpt.path))
+        except OSError:
+            return False
+        return self._holds(version, is_adapter_checkpoint)
 
     def applied(self, lora: LoraFile) -> Path:
         """The file applied for ``lora``: the file itself, or an adapter checkpoint's exported file; a one-line

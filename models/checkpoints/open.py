@@ -128,6 +128,7 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
 
     ckpt = read_checkpoint(path, settings)
     spec = ckpt["spec"]
+    _refuse_adapter_alone(spec, path)
     family = family_or_ours(spec.get("family"))
     weights = model_weights(ckpt, ema=ema)
     _spec_memory_plan(spec, family, weights, path)
@@ -150,6 +151,17 @@ def pipeline_from_composer(path: str | Path, ema: bool = False, settings: dict |
         tokenizers[counted] = with_max_length(tokenizers[counted], int(spec["text_tokens"]))
     return _spec_built(lambda s: assemble_pipeline(family, parts, tokenizers, family.assembly.spec_settings(s)), spec,
                        path)
+
+
+def _refuse_adapter_alone(spec: dict, path) -> None:
+    """A run with an ``adapter:`` section saves the adapter alone, not a model to draw with: one line that says how
+    its adapter is drawn (on the base it names, as a file) instead of a count of the weights it lacks."""
+    adapter = spec.get("adapter")
+    if isinstance(adapter, dict):
+        raise CheckpointError(f"{Path(path).name} holds a {adapter.get('type', 'lora')} adapter alone, not a whole "
+                              f"model: write it as a file with `dwb export {Path(path).name} ADAPTER.safetensors "
+                              "--layout kohya|diffusers|peft` and draw it with --lora on the base its run started from "
+                              "(model.init_from; docs/adapters.md)")
 
 
 def _spec_memory_plan(spec: dict, family, weights: dict, path) -> MemoryPlan:

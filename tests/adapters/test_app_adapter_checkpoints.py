@@ -80,6 +80,7 @@ def test_the_picker_lists_the_runs_checkpoints_and_a_rewritten_one_is_exported_a
     service, root, cache, _ = app_of_run
     labels = Handlers(service).lora_labels()
     assert labels == [f"run/checkpoints/{n}-rank0.pt" for n in NAMES]  # the one linked in from outside is not
+    assert [c.label for c in service.checkpoints()] == ["base"]  # listed as LoRAs, not as models to draw with
     assert Handlers(service).add_lora("a red circle", labels[0], 0.5) == "a red circle <lora:ep0-ba2:0.5>"
     hashes = [service.loras.chosen(f"<lora:{n}:1>")[1][0].hash for n in NAMES]
     assert hashes[0] != hashes[1]
@@ -93,3 +94,16 @@ def test_the_picker_lists_the_runs_checkpoints_and_a_rewritten_one_is_exported_a
     message = str(e.value)
     assert "unknown LoRA" in message and "\n" not in message
     assert all(str(p) not in message for p in (root, cache, app_of_run[3]))
+
+
+def test_an_adapter_checkpoint_opened_as_a_model_says_how_its_adapter_is_drawn(lora_runs):
+    """Opened where a whole model is wanted (`dwb sample`, the app's checkpoint list, evaluate), an adapter checkpoint
+    is one line that names the file alone and says how to draw it, not a count of the weights it lacks."""
+    from models.checkpoints import find_checkpoint, load_pipeline
+
+    _, folder = lora_runs("sd2")
+    with pytest.raises(WorkbenchError) as e:
+        load_pipeline(find_checkpoint(str(folder / "ep0-ba4-rank0.pt")), device="cpu")
+    message = str(e.value)
+    assert "\n" not in message and str(folder) not in message
+    assert message.startswith("ep0-ba4-rank0.pt holds a lora adapter alone") and "dwb export ep0-ba4-rank0.pt" in message

@@ -577,3 +577,31 @@ def test_buttons_show_only_glyphs_the_browser_has_and_the_dice_its_icon(page):
         icon = page.locator(f"#{prefix}randomize img")
         assert icon.evaluate("i => i.complete && i.naturalWidth > 0"), prefix
         assert page.inner_text(f"#{prefix}randomize").strip() == "Random"
+
+
+def test_the_jobs_tab_lists_my_request_and_asks_the_server_only_while_shown(page, tree):
+    """A page polls nothing until the Jobs tab is shown; there it lists the page's own request with its prompt, and
+    once another tab is shown it stops asking."""
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url))
+    pick(page, "#checkpoint", "tiny-phase1/ep0-ba4-rank0.pt")
+    page.fill("#prompt textarea", "one green circle")
+    set_number(page, "#steps input[type=number]", 2)
+    page.click("#generate")
+    page.locator("#gallery img").first.wait_for()
+    before = len(asked)
+    page.wait_for_timeout(2500)
+    assert len(asked) == before  # the Jobs tab is not shown: nothing polls
+    page.get_by_role("tab", name="Jobs").click()
+    page.wait_for_function("document.querySelector('#jobs').innerText.includes('one green circle')")
+    rows = page.evaluate("[...document.querySelectorAll('#jobs tbody tr')]"
+                         ".map(r => [...r.querySelectorAll('td')].map(c => c.textContent.trim()))")
+    row = next(r for r in rows if "one green circle" in r)
+    assert "done" in row and "tiny-phase1/ep0-ba4-rank0.pt" in row and "16x16 x 1" in row
+    page.wait_for_timeout(2500)
+    assert len(asked) > before  # refreshed while shown
+    page.get_by_role("tab", name="Generate").first.click()
+    page.wait_for_timeout(1500)
+    settled = len(asked)
+    page.wait_for_timeout(2500)
+    assert len(asked) == settled
