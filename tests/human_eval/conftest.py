@@ -166,10 +166,16 @@ def check_tie_round_trip(study, store, cast: dict, out: Path) -> dict:
     from human_eval.analysis import analyze
     from human_eval.report import votes_csv, votes_json, write_report
 
+    from models.common.escaping import spreadsheet_cell
+
     votes = store.all_votes()
     assert {(v["rater_id"], v["pair_id"], v["question"]): (v["answer"], v["choice"]) for v in votes} == cast
-    for rows in (list(csv.DictReader(io.StringIO(votes_csv(study, votes)))), json.loads(votes_json(study, votes))):
-        assert {(r["rater"], r["pair"], r["question"]): (r["answer"], r["choice"]) for r in rows} == cast
+
+    # the CSV's cells as spreadsheet_cell writes them: a random pair id may start like a formula ("-...")
+    cast_in_csv = {(r, spreadsheet_cell(p), q): a for (r, p, q), a in cast.items()}
+    for rows, expected in ((list(csv.DictReader(io.StringIO(votes_csv(study, votes)))), cast_in_csv),
+                           (json.loads(votes_json(study, votes)), cast)):
+        assert {(r["rater"], r["pair"], r["question"]): (r["answer"], r["choice"]) for r in rows} == expected
         for r in rows:  # a tie prefers no model; a decisive vote names the one on the chosen side
             side = {"A": r["left_model"], "B": r["right_model"]}.get(r["answer"], "")
             assert r["preferred_model"] == side
