@@ -15,7 +15,6 @@ interpolation, as the original FID code did.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from pathlib import Path
 from typing import Iterator, Protocol
 
@@ -61,11 +60,9 @@ def to_batch(images: list[np.ndarray]) -> torch.Tensor:
 
 
 def file_hash(path: str | Path, n: int = 16) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:n]
+    from models.common import sha256_of
+
+    return sha256_of(path)[:n]
 
 
 @contextlib.contextmanager

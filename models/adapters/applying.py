@@ -32,7 +32,6 @@ A merged file changes the pipeline's weights: the pipeline is for this drawing, 
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from ..common import loads_outside
+from ..common import loads_outside, sha256_of
 from ..errors import WorkbenchError, first_line
 from ..families import FAMILIES, build_on_meta, family_named, family_of_pipeline
 from ..generation import MAX_STRENGTH
@@ -75,13 +74,8 @@ def parse_adapter_arg(text: str) -> tuple[Path, float]:
 
 def a1111_short_hash(path: Path, header_bytes: int) -> str:
     """AUTOMATIC1111's ``Lora hashes`` value: the first 12 hex digits of the sha256 of the bytes after the header
-    (kohya's ``addnet_hash_safetensors``, ``kohya_hashes``' first), read in 1 MiB pieces."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        f.seek(8 + header_bytes)
-        for piece in iter(lambda: f.read(1 << 20), b""):
-            digest.update(piece)
-    return digest.hexdigest()[:12]
+    (kohya's ``addnet_hash_safetensors``, ``kohya_hashes``' first)."""
+    return sha256_of(path, 8 + header_bytes)[:12]
 
 
 def _names_layers(head, denoiser, family, shapes: bool = False) -> bool:

@@ -61,16 +61,12 @@ def open_vae(ref, pipe, *, roots: list[Path] | None = None) -> OpenedVae:
 
 def a1111_vae_hash(path: Path) -> str:
     """AUTOMATIC1111's "VAE hash": the SHA-256 of the whole file (at most MAX_VAE_BYTES, read once), 10 digits."""
-    import hashlib
+    from ..common import sha256_of
 
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key not in _hashes:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                digest.update(block)
-        _hashes[key] = digest.hexdigest()[:A1111_HASH]
+        _hashes[key] = sha256_of(path)[:A1111_HASH]
     return _hashes[key]
 
 

@@ -26,7 +26,7 @@ __getattr__, __all__ = face(__name__, {
     "ranks": "PATIENT_S all_reduce barrier broadcast_object collective_device gather_objects global_rank join_group "
              "local_rank world_size",
     "outside_json": "MAX_DEPTH load_outside loads_outside nesting_depth",
-    "files": "disk_full_error is_disk_full torch_save_whole whole_file whole_folder write_bytes_whole "
+    "files": "disk_full_error is_disk_full sha256_of torch_save_whole whole_file whole_folder write_bytes_whole "
              "write_text_whole",
     "s3": "download_cache s3_client split_s3",
     "serving": "DeadlineProtocol allow_open_files deadline_protocol",

@@ -1,4 +1,4 @@
-"""Files written whole or not at all, and a full disk said in one line.
+"""Files written whole or not at all, and a full disk said in one line; the SHA-256 of a file's bytes.
 
 A write that runs out of space (ENOSPC), quota (EDQUOT) or the file-size limit (EFBIG) stops partway. Written
 in place, that left a torn file behind, and ``torch.save`` given a path said only "unexpected pos 3328 vs
@@ -8,6 +8,7 @@ error the temporary file is removed, and a full disk is a WorkbenchError naming 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -104,3 +105,14 @@ def whole_folder(path: str | Path) -> Iterator[Path]:
         if is_disk_full(e):
             raise disk_full_error(path.parent, path.name, e) from None
         raise
+
+
+def sha256_of(path: str | Path, start: int = 0) -> str:
+    """The hex SHA-256 of a file's bytes from ``start`` to its end, read in 1 MiB pieces (the hashes A1111 and kohya
+    give a file: a VAE's whole file, a LoRA's bytes after its safetensors header)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(start)
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
